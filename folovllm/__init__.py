@@ -1,0 +1,15 @@
+"""FoloVLLM: a small LLM inference and serving engine (continuous batching, paged KV cache)."""
+from folovllm.outputs import CompletionOutput, RequestOutput
+from folovllm.sampling_params import SamplingParams
+
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput"]
+__version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    # LLM pulls in the model code and transformers; import it only when asked for.
+    if name == "LLM":
+        from folovllm.entrypoints.llm import LLM
+
+        return LLM
+    raise AttributeError(f"module 'folovllm' has no attribute {name!r}")

@@ -1,0 +1,37 @@
+"""The attention backend interface: paged-KV attention over one ragged step batch."""
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from folovllm.attention.metadata import AttentionMetadata
+
+
+class AttentionBackend(Protocol):
+    """Writes this step's K/V into the paged cache, then attends each query over its sequence."""
+
+    name: str
+
+    def forward(
+        self,
+        query: torch.Tensor,  # [T, num_heads, head_dim]
+        key: torch.Tensor,  # [T, num_kv_heads, head_dim]
+        value: torch.Tensor,  # [T, num_kv_heads, head_dim]
+        k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:  # [T, num_heads * head_dim]
+        """Store key/value at ``meta.slot_mapping``, then return causal attention of every query token
+        over its own sequence's whole context (cached earlier tokens + this step's tokens)."""
+        ...
+
+
+def get_attention_backend(name: str = "torch") -> AttentionBackend:
+    """Return an attention backend by name ("torch": pure PyTorch, runs on any device)."""
+    if name == "torch":
+        from folovllm.attention.torch_backend import TorchAttentionBackend
+
+        return TorchAttentionBackend()
+    raise ValueError(f"unknown attention backend {name!r}; supported: ['torch']")

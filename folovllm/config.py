@@ -1,0 +1,75 @@
+"""Engine configuration: one dataclass of knobs, validated once at start-up."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import torch
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_SIZE_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20, "mb": 2**20,
+               "mib": 2**20, "g": 2**30, "gb": 2**30, "gib": 2**30}
+DEFAULT_CPU_KV_CACHE_MEMORY = 2 * 2**30
+
+
+def parse_size(text: str | int) -> int:
+    """Parses a memory size like ``512MiB``, ``2GiB`` or a plain byte count."""
+    if isinstance(text, int):
+        return text
+    match = re.fullmatch(r"\s*([0-9.]+)\s*([a-zA-Z]*)\s*", str(text))
+    if not match or match.group(2).lower() not in _SIZE_UNITS:
+        raise ValueError(f"cannot parse memory size {text!r}; use e.g. 512MiB or 2GiB")
+    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
+
+
+@dataclass
+class EngineConfig:
+    """Every engine knob, with vLLM's names where vLLM has one."""
+
+    model: str | None = None  # .gguf file, HF folder, or config for load_format="dummy"; None = default
+    dtype: str = "auto"  # auto = bfloat16
+    device: str = "auto"  # auto = cuda if available, else cpu
+    load_format: str = "auto"  # auto | dummy
+    seed: int = 0
+    max_model_len: int | None = None  # None = the model's max_position_embeddings
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    block_size: int = 16
+    kv_cache_memory: int | str | None = None  # CPU: bytes for the KV cache (default 2 GiB)
+    gpu_memory_utilization: float = 0.9  # CUDA: fraction of device memory the engine may use
+    num_gpu_blocks_override: int | None = None  # fixes the block count (tests, ablations)
+    enable_chunked_prefill: bool = True
+    attention_backend: str = "auto"  # auto | torch
+    num_threads: int | None = None  # CPU threads for torch; None = all cores
+
+    def __post_init__(self) -> None:
+        if self.dtype != "auto" and self.dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of auto, {', '.join(_DTYPES)}; got {self.dtype!r}")
+        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ValueError(f"device must be auto, cpu or cuda[:N]; got {self.device!r}")
+        if self.load_format not in ("auto", "dummy"):
+            raise ValueError(f"load_format must be auto or dummy; got {self.load_format!r}")
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1; got {getattr(self, name)}")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ValueError(f"max_model_len must be >= 1; got {self.max_model_len}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError("gpu_memory_utilization must be in (0, 1]")
+        if self.kv_cache_memory is not None:
+            self.kv_cache_memory = parse_size(self.kv_cache_memory)
+
+    @property
+    def torch_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        if self.dtype == "auto":
+            return torch.bfloat16
+        dtype = _DTYPES[self.dtype]
+        if dtype == torch.float16 and self.torch_device.type == "cpu":
+            raise ValueError("float16 is not supported on CPU; use bfloat16 or float32")
+        return dtype

@@ -1,0 +1,197 @@
+"""The engine: owns scheduler, KV cache, model runner and output processing; one step at a time.
+
+    step():  schedule  ->  run the model on one ragged batch  ->  append tokens, stop, free
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import time
+
+import torch
+
+from folovllm.attention.backend import get_attention_backend
+from folovllm.config import EngineConfig
+from folovllm.core.kv_cache import KVCacheManager
+from folovllm.core.scheduler import Scheduler, SchedulerLimits, SchedulerOutput
+from folovllm.engine.output_processor import OutputProcessor, RequestGroup
+from folovllm.model.loader import default_model_path, load_model
+from folovllm.model.tokenizer import load_tokenizer
+from folovllm.outputs import RequestOutput
+from folovllm.request import Request, RequestStatus
+from folovllm.sampling_params import SamplingParams
+from folovllm.worker import cache_sizing
+from folovllm.worker.model_runner import ModelRunner, allocate_kv_caches
+
+logger = logging.getLogger(__name__)
+
+PromptInput = str | list[int] | dict
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.device = config.torch_device
+        self.dtype = config.torch_dtype
+        torch.manual_seed(config.seed)
+        if self.device.type == "cpu":
+            torch.set_num_threads(config.num_threads or os.cpu_count() or 1)
+        self.model_path = config.model or default_model_path()
+        backend_name = "torch" if config.attention_backend == "auto" else config.attention_backend
+        self.model = load_model(self.model_path, load_format=config.load_format, dtype=self.dtype,
+                                device=self.device, attn_backend=get_attention_backend(backend_name),
+                                seed=config.seed)
+        self.tokenizer = load_tokenizer(self.model_path)
+        arch = self.model.arch
+        self.max_model_len = self._resolve_max_model_len(arch.max_position_embeddings)
+        self.eos_token_ids = list(arch.eos_token_ids)
+
+        num_blocks = self._num_kv_blocks()
+        self.kv_cache = KVCacheManager(num_blocks, config.block_size)
+        caches = allocate_kv_caches(arch.num_hidden_layers, num_blocks, config.block_size,
+                                    arch.num_key_value_heads, arch.head_dim, self.dtype, self.device)
+        self.runner = ModelRunner(self.model, caches, config.block_size, self.device)
+        max_batched = config.max_num_batched_tokens
+        if not config.enable_chunked_prefill and max_batched < self.max_model_len:
+            logger.info("chunked prefill is off: max_num_batched_tokens raised to max_model_len=%d",
+                        self.max_model_len)
+            max_batched = self.max_model_len
+        self.scheduler = Scheduler(
+            SchedulerLimits(max_batched, config.max_num_seqs, self.max_model_len,
+                            config.enable_chunked_prefill), self.kv_cache)
+        self.output_processor = OutputProcessor(self.tokenizer, self.max_model_len)
+        self.groups: dict[str, RequestGroup] = {}
+        self._ids = itertools.count()
+        self.num_steps = 0
+
+    # -- start-up -----------------------------------------------------------------------------
+
+    def _resolve_max_model_len(self, model_max: int) -> int:
+        wanted = self.config.max_model_len
+        if wanted is None:
+            return model_max
+        if wanted > model_max:
+            raise ValueError(f"max_model_len={wanted} exceeds the model's maximum of {model_max}")
+        return wanted
+
+    def _num_kv_blocks(self) -> int:
+        arch, cfg = self.model.arch, self.config
+        block_bytes = cache_sizing.bytes_per_block(arch.num_hidden_layers, cfg.block_size,
+                                                   arch.num_key_value_heads, arch.head_dim, self.dtype)
+        if cfg.num_gpu_blocks_override is not None:
+            num_blocks = cfg.num_gpu_blocks_override
+        else:
+            if self.device.type == "cuda":
+                budget = cache_sizing.cuda_kv_budget(self.model, cfg.max_num_batched_tokens,
+                                                     cfg.block_size, cfg.gpu_memory_utilization,
+                                                     self.device)
+            else:
+                budget = cache_sizing.cpu_kv_budget(cfg.kv_cache_memory)
+            num_blocks = budget // block_bytes
+        if num_blocks * cfg.block_size < self.max_model_len:
+            raise ValueError(
+                f"the KV cache holds {num_blocks * cfg.block_size} tokens, fewer than "
+                f"max_model_len={self.max_model_len}; give it more memory or lower max_model_len")
+        cache_sizing.log_capacity(num_blocks, cfg.block_size, block_bytes, self.max_model_len)
+        return num_blocks
+
+    # -- requests -----------------------------------------------------------------------------
+
+    def add_request(self, prompt: PromptInput, params: SamplingParams,
+                    request_id: str | None = None, arrival_time: float | None = None) -> str:
+        """Validates and queues one request; raises ValueError on bad input (nothing is queued)."""
+        request_id = request_id if request_id is not None else str(next(self._ids))
+        if request_id in self.groups:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        prompt_text, prompt_ids = self._tokenize(prompt)
+        if not prompt_ids:
+            raise ValueError("the prompt is empty; give at least one token")
+        if len(prompt_ids) >= self.max_model_len:
+            raise ValueError(f"the prompt has {len(prompt_ids)} tokens, but max_model_len is "
+                             f"{self.max_model_len} (the prompt plus at least one generated token must fit)")
+        vocab = self.model.arch.vocab_size
+        if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
+            raise ValueError(f"prompt token ids must be in [0, {vocab}); got an id outside")
+        room = self.max_model_len - len(prompt_ids)
+        max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
+        arrival = time.perf_counter() if arrival_time is None else arrival_time
+        samples = []
+        for index in range(params.n):
+            generator = None
+            if params.seed is not None:
+                generator = torch.Generator(device=self.device).manual_seed(params.seed + index)
+            sample_id = request_id if params.n == 1 else f"{request_id}-{index}"
+            sample = Request(sample_id, prompt_ids, params, arrival, max_tokens, self.eos_token_ids,
+                             generator, index, parent_id=request_id)
+            self.output_processor.start(sample)
+            samples.append(sample)
+        self.groups[request_id] = RequestGroup(request_id, prompt_text, prompt_ids, samples)
+        for sample in samples:
+            self.scheduler.add_request(sample)
+        return request_id
+
+    def _tokenize(self, prompt: PromptInput) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                return prompt.get("prompt"), list(prompt["prompt_token_ids"])
+            if "prompt" in prompt:
+                prompt = prompt["prompt"]
+            else:
+                raise ValueError("a dict prompt needs 'prompt' or 'prompt_token_ids'")
+        if isinstance(prompt, str):
+            return prompt, self.tokenizer.encode(prompt) if prompt else []
+        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+            return None, list(prompt)
+        raise ValueError(f"a prompt must be a string, a list of token ids or a dict; got {type(prompt).__name__}")
+
+    def abort_request(self, request_id: str) -> None:
+        group = self.groups.pop(request_id, None)
+        if group is None:
+            return
+        for sample in group.samples:
+            self._finish(sample, RequestStatus.FINISHED_ABORTED)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # -- the step -----------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """Runs one iteration; returns an output for every request that made progress or ended."""
+        sched = self.scheduler.schedule()
+        if sched.is_empty:
+            return []
+        result = self.runner.execute(sched)
+        self.num_steps += 1
+        now = time.perf_counter()
+        for request, num_new in zip(sched.requests, sched.num_new_tokens):
+            request.num_computed_tokens += num_new
+        touched: dict[str, RequestGroup] = {}
+        if result.sampler_output is not None:
+            out = result.sampler_output
+            for row, request in enumerate(result.sampled_requests):
+                logprobs = out.logprobs[row] if out.logprobs else None
+                status = self.output_processor.append_token(request, out.sampled_token_ids[row], logprobs)
+                if request.metrics.first_token_time is None:
+                    request.metrics.first_token_time = now
+                request.metrics.last_token_time = now
+                if status is not None:
+                    request.metrics.finished_time = now
+                    self._finish(request, status)
+                touched[request.parent_id] = self.groups[request.parent_id]
+        outputs = [OutputProcessor.make_output(g) for g in touched.values()]
+        for group in touched.values():
+            if group.finished:
+                del self.groups[group.request_id]
+        return outputs
+
+    def _finish(self, request: Request, status: RequestStatus) -> None:
+        if request.status.finished:
+            return
+        if request.metrics.finished_time is None:
+            request.metrics.finished_time = time.perf_counter()
+        self.scheduler.finish_request(request, status)
+
+    def get_kv_cache_stats(self) -> dict:
+        return self.kv_cache.stats()

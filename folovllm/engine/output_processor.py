@@ -1,0 +1,93 @@
+"""After each step: append sampled tokens, detokenize, apply stop rules, build RequestOutputs."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from folovllm.detokenizer import IncrementalDetokenizer, find_stop
+from folovllm.outputs import CompletionOutput, Logprob, RequestOutput
+from folovllm.request import Request, RequestStatus
+
+
+@dataclass
+class RequestGroup:
+    """The ``n`` samples of one user request."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    samples: list[Request]
+
+    @property
+    def finished(self) -> bool:
+        return all(s.status.finished for s in self.samples)
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer, max_model_len: int) -> None:
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
+
+    def start(self, request: Request) -> None:
+        request.detokenizer = IncrementalDetokenizer(
+            self.tokenizer, request.prompt_token_ids, request.params.skip_special_tokens)
+
+    def append_token(self, request: Request, token_id: int, logprobs=None) -> RequestStatus | None:
+        """Records one sampled token; returns the finish status if the request is now done."""
+        request.append_output_token(token_id)
+        if logprobs is not None and request.logprobs is not None:
+            request.logprobs.append(self._to_logprob_dict(logprobs))
+            request.cumulative_logprob += logprobs.logprob
+        params = request.params
+        stopped_by_token = (token_id in params.stop_token_ids
+                            or (not params.ignore_eos and token_id in request.eos_token_ids))
+        if not stopped_by_token or params.skip_special_tokens is False:
+            delta = request.detokenizer.append(token_id)
+            request.text = request.detokenizer.text
+        else:
+            delta = ""
+        if request.num_output_tokens >= params.min_tokens:
+            if stopped_by_token:
+                request.stop_reason = token_id if token_id in params.stop_token_ids else None
+                request.detokenizer.finish()
+                request.text = request.detokenizer.text
+                return RequestStatus.FINISHED_STOPPED
+            if params.stop and delta:
+                cut = find_stop(request.text, len(delta), params.stop)
+                if cut is not None:
+                    request.stop_reason = next(s for s in params.stop if request.text.startswith(s, cut))
+                    keep = cut + len(request.stop_reason) if params.include_stop_str_in_output else cut
+                    request.text = request.text[:keep]
+                    return RequestStatus.FINISHED_STOPPED
+        if request.num_output_tokens >= request.max_tokens or request.num_tokens >= self.max_model_len:
+            request.detokenizer.finish()  # flush a character cut off by the length limit
+            request.text = request.detokenizer.text
+            return RequestStatus.FINISHED_LENGTH
+        return None
+
+    def _to_logprob_dict(self, token_logprobs) -> dict[int, Logprob]:
+        decode = self.tokenizer.convert_ids_to_tokens
+        entries = {tid: Logprob(lp, rank + 1, decode(tid))
+                   for rank, (tid, lp) in enumerate(token_logprobs.top_logprobs)}
+        entries.setdefault(token_logprobs.token_id, Logprob(
+            token_logprobs.logprob, token_logprobs.rank, decode(token_logprobs.token_id)))
+        return entries
+
+    @staticmethod
+    def make_output(group: RequestGroup) -> RequestOutput:
+        samples = group.samples
+        outputs = [CompletionOutput(
+            index=s.sample_index, text=s.text, token_ids=list(s.output_token_ids),
+            cumulative_logprob=s.cumulative_logprob if s.logprobs is not None else None,
+            logprobs=list(s.logprobs) if s.logprobs is not None else None,
+            finish_reason=s.finish_reason, stop_reason=s.stop_reason) for s in samples]
+        first = samples[0]
+        metrics = replace(first.metrics)
+        if len(samples) > 1:  # the group's first token is its earliest, its end the latest
+            times = [s.metrics.first_token_time for s in samples if s.metrics.first_token_time]
+            metrics.first_token_time = min(times) if times else None
+            ends = [s.metrics.finished_time for s in samples]
+            metrics.finished_time = max(ends) if all(ends) else None
+        return RequestOutput(
+            request_id=group.request_id, prompt=group.prompt,
+            prompt_token_ids=group.prompt_token_ids, outputs=outputs, finished=group.finished,
+            metrics=metrics, num_cached_tokens=first.num_cached_tokens)

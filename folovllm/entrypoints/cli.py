@@ -1,0 +1,111 @@
+"""The ``folovllm`` command: ``generate`` and ``bench throughput``."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+
+from folovllm.config import EngineConfig
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    """Engine knobs shared by every subcommand, named as in vLLM's CLI."""
+    g = parser.add_argument_group("engine")
+    g.add_argument("--model", default=None, help="a .gguf file or HF folder (default: SmolLM2-135M-Instruct)")
+    g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    g.add_argument("--device", default="auto")
+    g.add_argument("--load-format", default="auto", choices=["auto", "dummy"])
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--max-model-len", type=int, default=None)
+    g.add_argument("--max-num-seqs", type=int, default=256)
+    g.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    g.add_argument("--block-size", type=int, default=16)
+    g.add_argument("--kv-cache-memory", default=None, help="CPU KV cache size, e.g. 2GiB (default)")
+    g.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    g.add_argument("--no-chunked-prefill", dest="enable_chunked_prefill", action="store_false")
+    g.add_argument("--attention-backend", default="auto")
+
+
+def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(
+        model=args.model, dtype=args.dtype, device=args.device, load_format=args.load_format,
+        seed=args.seed, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size,
+        kv_cache_memory=args.kv_cache_memory, gpu_memory_utilization=args.gpu_memory_utilization,
+        enable_chunked_prefill=args.enable_chunked_prefill, attention_backend=args.attention_backend)
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from folovllm.entrypoints.llm import LLM
+    from folovllm.sampling_params import SamplingParams
+
+    config = engine_config_from_args(args)
+    llm = LLM(**{k: v for k, v in vars(config).items()})
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                            max_tokens=args.max_tokens, seed=args.sampling_seed, n=args.n,
+                            stop=args.stop or None, ignore_eos=args.ignore_eos)
+    prompts = args.prompt or ["The capital of France is", "Write a haiku about the sea.",
+                              "Explain continuous batching in one sentence."]
+    start = time.perf_counter()
+    if args.chat:
+        outputs = llm.chat([[{"role": "user", "content": p}] for p in prompts], params, use_tqdm=False)
+    else:
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+    elapsed = time.perf_counter() - start
+    num_out = sum(len(c.token_ids) for o in outputs for c in o.outputs)
+    for prompt, output in zip(prompts, outputs):
+        for completion in output.outputs:
+            print(f"--- prompt: {prompt!r}\n{completion.text}\n[{completion.finish_reason}]")
+    print(f"\n{len(outputs)} requests, {num_out} output tokens in {elapsed:.2f} s "
+          f"({num_out / elapsed:.1f} output tok/s)")
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from folovllm.bench.throughput import run_throughput
+
+    run_throughput(args)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="folovllm", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="generate text for one or more prompts")
+    gen.add_argument("--prompt", action="append", help="a prompt (repeat for several)")
+    gen.add_argument("--chat", action="store_true", help="wrap each prompt in the chat template")
+    gen.add_argument("--max-tokens", type=int, default=64)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=-1)
+    gen.add_argument("--n", type=int, default=1)
+    gen.add_argument("--sampling-seed", type=int, default=None)
+    gen.add_argument("--stop", action="append")
+    gen.add_argument("--ignore-eos", action="store_true")
+    add_engine_args(gen)
+    gen.set_defaults(func=_generate)
+
+    bench = sub.add_parser("bench", help="benchmarks")
+    bench_sub = bench.add_subparsers(dest="bench_command", required=True)
+    throughput = bench_sub.add_parser("throughput", help="offline throughput on a seed workload")
+    from folovllm.bench.throughput import add_throughput_args
+
+    add_throughput_args(throughput)
+    throughput.set_defaults(func=_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

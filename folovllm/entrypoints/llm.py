@@ -1,0 +1,92 @@
+"""Offline API with vLLM's names: ``LLM(...).generate(prompts, sampling_params)``."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from folovllm.config import EngineConfig
+from folovllm.engine.llm_engine import LLMEngine, PromptInput
+from folovllm.outputs import RequestOutput
+from folovllm.sampling_params import SamplingParams
+
+
+class LLM:
+    """Generates for a list of prompts with continuous batching; results come in input order.
+
+    >>> llm = LLM()  # the embedded default model, SmolLM2-135M-Instruct
+    >>> llm.generate(["Hello"], SamplingParams(max_tokens=8))[0].outputs[0].text
+    """
+
+    def __init__(self, model: str | None = None, **engine_args: Any) -> None:
+        self.llm_engine = LLMEngine(EngineConfig(model=model, **engine_args))
+
+    @property
+    def tokenizer(self):
+        return self.llm_engine.tokenizer
+
+    @property
+    def model_path(self) -> str:
+        return self.llm_engine.model_path
+
+    def get_tokenizer(self):
+        return self.tokenizer
+
+    def generate(self, prompts: PromptInput | Sequence[PromptInput],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 use_tqdm: bool = True) -> list[RequestOutput]:
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        if isinstance(sampling_params, SamplingParams):
+            sampling_params = [sampling_params] * len(prompts)
+        if len(sampling_params) != len(prompts):
+            raise ValueError(f"got {len(sampling_params)} sampling_params for {len(prompts)} prompts")
+        engine = self.llm_engine
+        ids = []
+        try:
+            for prompt, params in zip(prompts, sampling_params):
+                ids.append(engine.add_request(prompt, params))
+        except ValueError:
+            for request_id in ids:  # all or nothing: a bad prompt queues none of the batch
+                engine.abort_request(request_id)
+            raise
+        return self._run(ids, use_tqdm)
+
+    def chat(self, messages: list[dict] | list[list[dict]],
+             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+             use_tqdm: bool = True, add_generation_prompt: bool = True,
+             chat_template: str | None = None) -> list[RequestOutput]:
+        """Applies the model's chat template to one conversation (or a list of them) and generates."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        if not getattr(self.tokenizer, "chat_template", None) and chat_template is None:
+            raise ValueError("this model has no chat template; pass chat_template= or use generate()")
+        prompts = [{"prompt_token_ids": self._apply_template(c, add_generation_prompt, chat_template)}
+                   for c in conversations]
+        return self.generate(prompts, sampling_params, use_tqdm)
+
+    def _apply_template(self, conversation: list[dict], add_generation_prompt: bool,
+                        chat_template: str | None) -> list[int]:
+        text = self.tokenizer.apply_chat_template(
+            conversation, tokenize=False, add_generation_prompt=add_generation_prompt,
+            chat_template=chat_template)
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def _run(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        engine = self.llm_engine
+        wanted = set(request_ids)
+        finished: dict[str, RequestOutput] = {}
+        bar = tqdm(total=len(request_ids), desc="Generating", disable=not use_tqdm)
+        while len(finished) < len(wanted) and engine.has_unfinished_requests():
+            for output in engine.step():
+                if output.finished and output.request_id in wanted:
+                    finished[output.request_id] = output
+                    bar.update(1)
+        bar.close()
+        return [finished[i] for i in request_ids]
+
+    def get_kv_cache_stats(self) -> dict:
+        return self.llm_engine.get_kv_cache_stats()

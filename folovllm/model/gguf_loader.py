@@ -1,0 +1,128 @@
+"""Read a llama.cpp GGUF file: ArchConfig from its metadata, dequantized weights under HF names."""
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import gguf
+import numpy as np
+import torch
+
+from folovllm.model.arch import ArchConfig
+
+# GGUF general.architecture -> HF architecture name
+_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+
+_GLOBAL_TENSORS = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+_BLOCK_TENSORS = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+
+
+def open_gguf(path: str) -> gguf.GGUFReader:
+    """Memory-map a GGUF file (nothing is dequantized yet)."""
+    try:
+        return gguf.GGUFReader(path)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"cannot read GGUF file {path!r}: {e}") from e
+
+
+def _field(reader: gguf.GGUFReader, key: str, default: Any = None) -> Any:
+    field = reader.fields.get(key)
+    return default if field is None else field.contents()
+
+
+def gguf_arch_config(reader: gguf.GGUFReader, name: str = "") -> ArchConfig:
+    """Build the ArchConfig from GGUF metadata (``{arch}.block_count``, ``tokenizer.ggml.*`` ...)."""
+    gguf_arch = _field(reader, "general.architecture")
+    if gguf_arch not in _ARCHITECTURES:
+        raise ValueError(
+            f"GGUF architecture {gguf_arch!r} in {name!r} is not supported; "
+            f"supported: {sorted(_ARCHITECTURES)}"
+        )
+    architecture = _ARCHITECTURES[gguf_arch]
+    if any(t.name == "rope_freqs.weight" for t in reader.tensors):
+        raise ValueError(f"GGUF {name!r} uses per-frequency rope factors (rope_freqs): not supported")
+
+    def key(suffix: str, default: Any = None) -> Any:
+        return _field(reader, f"{gguf_arch}.{suffix}", default)
+
+    required = ("embedding_length", "attention.head_count", "feed_forward_length", "block_count")
+    missing = [k for k in required if key(k) is None]
+    if missing:
+        raise ValueError(f"GGUF {name!r} lacks metadata {[f'{gguf_arch}.{k}' for k in missing]}")
+    hidden, num_heads = key("embedding_length"), key("attention.head_count")
+    scaling_type = key("rope.scaling.type", "none")
+    if scaling_type not in ("none", "linear"):
+        raise ValueError(f"GGUF {name!r}: rope scaling {scaling_type!r} is not supported")
+    rope_scaling = None
+    if scaling_type == "linear":
+        rope_scaling = {"rope_type": "linear", "factor": key("rope.scaling.factor")}
+    eos_ids = [_field(reader, f"tokenizer.ggml.{kind}_token_id") for kind in ("eos", "eot")]
+    has_bias = any(t.name.endswith("attn_q.bias") for t in reader.tensors)
+    return ArchConfig(
+        architecture=architecture,
+        vocab_size=key("vocab_size") or len(reader.fields["tokenizer.ggml.tokens"].data),
+        hidden_size=hidden,
+        intermediate_size=key("feed_forward_length"),
+        num_hidden_layers=key("block_count"),
+        num_attention_heads=num_heads,
+        num_key_value_heads=key("attention.head_count_kv", num_heads),
+        head_dim=key("attention.key_length") or hidden // num_heads,
+        rms_norm_eps=float(key("attention.layer_norm_rms_epsilon", 1e-6)),
+        rope_theta=float(key("rope.freq_base", 10000.0)),
+        rope_scaling=rope_scaling,
+        max_position_embeddings=key("context_length", 2048),
+        tie_word_embeddings=not any(t.name == "output.weight" for t in reader.tensors),
+        attention_bias=has_bias,
+        attention_out_bias=any(t.name.endswith("attn_output.bias") for t in reader.tensors),
+        bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
+        eos_token_ids=list(dict.fromkeys(i for i in eos_ids if i is not None)),
+        name=name,
+    )
+
+
+def iter_gguf_weights(reader: gguf.GGUFReader, arch: ArchConfig) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (HF parameter name, float32 tensor) one at a time, so only one is dequantized at once."""
+    for tensor in reader.tensors:
+        name = _hf_name(tensor.name)
+        # np.array copies: F32 tensors come back as views of the read-only mmap
+        weights = torch.from_numpy(np.array(gguf.quants.dequantize(tensor.data, tensor.tensor_type)))
+        if arch.architecture == "LlamaForCausalLM":
+            # llama.cpp's converter permutes Llama q/k rows for its rope layout; undo it
+            if ".q_proj." in name:
+                weights = unpermute_qk(weights, arch.num_attention_heads)
+            elif ".k_proj." in name:
+                weights = unpermute_qk(weights, arch.num_key_value_heads)
+        yield name, weights.float()
+
+
+def unpermute_qk(weights: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Inverse of llama.cpp's ``permute``: per head, rows (half, pair) -> (pair, half)."""
+    rows = weights.shape[0]
+    half = rows // num_heads // 2
+    w = weights.reshape(num_heads, half, 2, *weights.shape[1:])
+    return w.transpose(1, 2).reshape(weights.shape)
+
+
+def _hf_name(gguf_name: str) -> str:
+    base, _, kind = gguf_name.rpartition(".")
+    if base in _GLOBAL_TENSORS:
+        return f"{_GLOBAL_TENSORS[base]}.{kind}"
+    match = _BLOCK_RE.fullmatch(gguf_name)
+    if match is None or match.group(2) not in _BLOCK_TENSORS:
+        raise ValueError(f"GGUF tensor {gguf_name!r} is not supported by this loader")
+    layer, piece, kind = match.groups()
+    return f"model.layers.{layer}.{_BLOCK_TENSORS[piece]}.{kind}"

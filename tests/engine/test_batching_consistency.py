@@ -1,0 +1,62 @@
+"""Greedy output must not depend on batch company, chunk sizes or preemption."""
+import pytest
+
+from folovllm import SamplingParams
+from tests.engine.conftest import make_llm, random_prompts
+from tests.tolerance import assert_greedy_match
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=2)
+
+
+def run(llm, prompts, params=GREEDY):
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    return [o.outputs[0] for o in outs]
+
+
+def gaps(completion) -> list[float]:
+    """Top-2 logprob gap at each step, from the run's own logprobs."""
+    result = []
+    for step in completion.logprobs:
+        top = sorted((lp.logprob for lp in step.values()), reverse=True)
+        result.append(top[0] - top[1])
+    return result
+
+
+def assert_same(candidates, references):
+    for ours, ref in zip(candidates, references):
+        assert_greedy_match(ours.token_ids, ref.token_ids, gaps(ref))
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    return random_prompts(6, seed=1)
+
+
+@pytest.fixture(scope="module")
+def alone(tiny_llama_dir, prompts):
+    llm = make_llm(tiny_llama_dir)
+    return [run(llm, [p])[0] for p in prompts]
+
+
+def test_batch_equals_alone(tiny_llama_dir, prompts, alone):
+    assert_same(run(make_llm(tiny_llama_dir), prompts), alone)
+
+
+@pytest.mark.parametrize("chunk", [3, 5, 16])  # 3 and 5 cut the 4-token blocks
+def test_chunked_prefill_equals_alone(tiny_llama_dir, prompts, alone, chunk):
+    llm = make_llm(tiny_llama_dir, max_num_batched_tokens=chunk)
+    assert_same(run(llm, prompts), alone)
+
+
+def test_no_chunked_prefill_equals_alone(tiny_llama_dir, prompts, alone):
+    llm = make_llm(tiny_llama_dir, enable_chunked_prefill=False, max_num_batched_tokens=8)
+    assert_same(run(llm, prompts), alone)
+
+
+def test_preempted_requests_recompute_to_the_same_output(tiny_llama_dir, prompts, alone):
+    # 32 blocks of 4 = 128 slots < what 6 requests of up to 64 tokens need at once.
+    llm = make_llm(tiny_llama_dir, num_gpu_blocks_override=32, max_model_len=128)
+    outs = run(llm, prompts)
+    assert llm.llm_engine.scheduler.num_preemptions > 0
+    assert_same(outs, alone)
+    assert llm.llm_engine.kv_cache.num_free_blocks == 32

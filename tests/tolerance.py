@@ -1,0 +1,31 @@
+"""The one rule for comparing our greedy tokens with transformers' (used by every e2e test).
+
+Greedy sequences must be identical, except that they may part at a step where transformers' own
+top-2 log-probabilities are within ``TOP2_TOLERANCE`` (a near-tie that float rounding may flip);
+after such a step the continuations legitimately differ and are not compared further.
+"""
+from __future__ import annotations
+
+import torch
+
+TOP2_TOLERANCE = 1e-3
+
+
+def top2_gaps(step_logits: list[torch.Tensor]) -> list[float]:
+    """Gap between the best and second-best log-probability at each reference step."""
+    gaps = []
+    for logits in step_logits:
+        top = torch.log_softmax(logits.float().flatten(), dim=-1).topk(2).values
+        gaps.append(float(top[0] - top[1]))
+    return gaps
+
+
+def assert_greedy_match(ours: list[int], reference: list[int], reference_gaps: list[float],
+                        tolerance: float = TOP2_TOLERANCE) -> None:
+    for step, (a, b) in enumerate(zip(ours, reference)):
+        if a != b:
+            assert reference_gaps[step] <= tolerance, (
+                f"greedy tokens differ at step {step} ({a} vs reference {b}) although the reference's "
+                f"top-2 logprobs are {reference_gaps[step]:.2e} apart (> {tolerance})")
+            return
+    assert len(ours) == len(reference), f"lengths differ: {len(ours)} vs {len(reference)}"
