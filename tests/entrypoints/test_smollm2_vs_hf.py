@@ -34,13 +34,13 @@ def hf_model():
 
 
 def test_greedy_matches_transformers(smol_llm, hf_model):
-    params = SamplingParams(temperature=0, max_tokens=NUM_TOKENS, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=NUM_TOKENS)  # both stop at EOS
     ours = smol_llm.generate(PROMPTS, params, use_tqdm=False)
     for out in ours:
         ids = torch.tensor([out.prompt_token_ids])
         with torch.inference_mode():
             ref = hf_model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                    max_new_tokens=NUM_TOKENS, min_new_tokens=NUM_TOKENS,
+                                    max_new_tokens=NUM_TOKENS,
                                     output_logits=True, return_dict_in_generate=True,
                                     pad_token_id=0)
         ref_tokens = ref.sequences[0, ids.shape[1]:].tolist()
