@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(VENV)/bin/folovllm generate --max-tokens 64
+	$(VENV)/bin/folovllm generate --chat --max-tokens 64
 
 test: $(STAMP)
 	$(PY) -m pytest -q

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from folovllm.bench.hf_baseline import TORCH_DTYPES, run_hf_baselines
+from folovllm.bench.hf_baseline import run_hf_baselines
 from folovllm.bench.results import (
     CpuShare,
     RequestTiming,
@@ -27,6 +27,7 @@ from folovllm.bench.results import (
     write_results,
 )
 from folovllm.bench.workloads import WORKLOADS, BenchRequest, build_workload_for_tokenizer
+from folovllm.entrypoints.args import add_engine_args, engine_config_from_args
 from folovllm.sampling_params import SamplingParams
 
 NUM_WARMUP_REQUESTS = 4
@@ -41,20 +42,12 @@ def add_throughput_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     parser.add_argument("--input-len", type=int, default=None, help="Override the prompt length in tokens.")
     parser.add_argument("--output-len", type=int, default=None,
                         help="Override max_tokens (for 'variable': the upper end of its range).")
-    parser.add_argument("--seed", type=int, default=0, help="Seed of the workload and the engine.")
-    parser.add_argument("--model", default=None, help="A .gguf file or HF folder; default: the embedded SmolLM2.")
-    parser.add_argument("--dtype", choices=sorted(TORCH_DTYPES), default="bfloat16")
-    parser.add_argument("--max-num-seqs", type=int, default=256)
-    parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--baseline", choices=["none", "hf"], default="none",
                         help="'hf': also run transformers generate (static batch and sequential) in this process.")
     parser.add_argument("--hf-sequential-requests", type=int, default=8,
                         help="Run hf-sequential on the first K requests only (it is slow); 0 skips it.")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch CPU threads (default: all cores). Use fewer when other processes share the CPU: "
-                             "oversubscribed OpenMP threads wait on each other at every op.")
     parser.add_argument("--output-json", default=None, help="Write the list of result objects here.")
+    add_engine_args(parser)  # --model, --dtype, --seed (workload and engine), --num-threads, ...
     return parser
 
 
@@ -97,16 +90,16 @@ def run_throughput(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Run the benchmark described by ``args`` (see ``add_throughput_args``); print and return the results."""
     from folovllm import LLM  # the engine is heavy; keep `--help` and the baselines free of it
 
-    threads = (os.cpu_count() or 1) if args.threads is None else args.threads
+    config = engine_config_from_args(args)
+    threads = config.num_threads or os.cpu_count() or 1
     if threads < 1:
-        raise ValueError(f"--threads must be at least 1, got {threads}.")
+        raise ValueError(f"--num-threads must be at least 1, got {threads}.")
+    config.num_threads = threads
     torch.set_num_threads(threads)
-    engine_config = {
-        "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
-        "block_size": args.block_size, "seed": args.seed, "num_threads": threads,
-    }
+    engine_config = {k: v for k, v in vars(config).items() if v is not None}
+    dtype = str(config.torch_dtype).removeprefix("torch.")
     reset_peak_rss()
-    llm = LLM(model=args.model, dtype=args.dtype, **engine_config)
+    llm = LLM(**vars(config))
     load_peak = read_peak_rss_mb()
     requests = build_workload_for_tokenizer(
         llm.tokenizer, args.workload, num_requests=args.num_requests, input_len=args.input_len,
@@ -125,7 +118,7 @@ def run_throughput(args: argparse.Namespace) -> list[dict[str, Any]]:
     cpu_share = share.stop()
     run_peak = read_peak_rss_mb()
     ours = build_result(
-        name=args.workload, engine="folovllm", model=Path(model_path).name, dtype=args.dtype,
+        name=args.workload, engine="folovllm", model=Path(model_path).name, dtype=dtype,
         device=default_device(), config={**workload_config, **engine_config}, timings=timings,
         duration_s=duration, peak_memory_mb=max(load_peak, run_peak),
         kv_cache=kv_cache_summary(llm.get_kv_cache_stats()),
@@ -139,7 +132,7 @@ def run_throughput(args: argparse.Namespace) -> list[dict[str, Any]]:
     if args.baseline == "hf":
         torch.set_num_threads(threads)
         baselines = run_hf_baselines(
-            model_path, requests, name=args.workload, dtype=args.dtype, device=default_device(),
+            model_path, requests, name=args.workload, dtype=dtype, device=default_device(),
             sequential_requests=args.hf_sequential_requests, config=workload_config,
         )
         for base in baselines:

@@ -53,7 +53,7 @@ class KVCacheManager:
         self._num_slots_used: dict[str, int] = {}  # tokens each request has slots for
         self.total_slots_used = 0
         self.peak_blocks_used = 0
-        self.peak_used_slots = 0  # tokens stored when the block peak was reached
+        self.peak_used_slots = 0  # most tokens stored while the peak number of blocks was in use
 
     @property
     def num_blocks(self) -> int:
@@ -92,6 +92,8 @@ class KVCacheManager:
         if self.num_used_blocks > self.peak_blocks_used:
             self.peak_blocks_used = self.num_used_blocks
             self.peak_used_slots = self.total_slots_used
+        elif self.num_used_blocks == self.peak_blocks_used:  # the fullest the peak blocks got
+            self.peak_used_slots = max(self.peak_used_slots, self.total_slots_used)
         return True
 
     def free(self, request: Request) -> None:

@@ -6,34 +6,7 @@ import logging
 import sys
 import time
 
-from folovllm.config import EngineConfig
-
-
-def add_engine_args(parser: argparse.ArgumentParser) -> None:
-    """Engine knobs shared by every subcommand, named as in vLLM's CLI."""
-    g = parser.add_argument_group("engine")
-    g.add_argument("--model", default=None, help="a .gguf file or HF folder (default: SmolLM2-135M-Instruct)")
-    g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
-    g.add_argument("--device", default="auto")
-    g.add_argument("--load-format", default="auto", choices=["auto", "dummy"])
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--max-model-len", type=int, default=None)
-    g.add_argument("--max-num-seqs", type=int, default=256)
-    g.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    g.add_argument("--block-size", type=int, default=16)
-    g.add_argument("--kv-cache-memory", default=None, help="CPU KV cache size, e.g. 2GiB (default)")
-    g.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    g.add_argument("--no-chunked-prefill", dest="enable_chunked_prefill", action="store_false")
-    g.add_argument("--attention-backend", default="auto")
-
-
-def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
-    return EngineConfig(
-        model=args.model, dtype=args.dtype, device=args.device, load_format=args.load_format,
-        seed=args.seed, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size,
-        kv_cache_memory=args.kv_cache_memory, gpu_memory_utilization=args.gpu_memory_utilization,
-        enable_chunked_prefill=args.enable_chunked_prefill, attention_backend=args.attention_backend)
+from folovllm.entrypoints.args import add_engine_args, engine_config_from_args
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -41,7 +14,7 @@ def _generate(args: argparse.Namespace) -> int:
     from folovllm.sampling_params import SamplingParams
 
     config = engine_config_from_args(args)
-    llm = LLM(**{k: v for k, v in vars(config).items()})
+    llm = LLM(**vars(config))
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                             max_tokens=args.max_tokens, seed=args.sampling_seed, n=args.n,
                             stop=args.stop or None, ignore_eos=args.ignore_eos)

@@ -30,8 +30,8 @@ class RMSNorm(nn.Module):
         if residual is not None:
             x = x + residual
             residual = x
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        # One fused kernel in fp32, then HF's order: cast back, then scale by the weight.
+        h = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
         out = self.weight * h.to(x.dtype)
         return out if residual is None else (out, residual)
 

@@ -98,4 +98,4 @@ def test_run_throughput_with_hf_baseline_writes_json(tmp_path: Path, monkeypatch
 
 def test_defaults() -> None:
     args = add_throughput_args(argparse.ArgumentParser()).parse_args([])
-    assert (args.workload, args.dtype, args.baseline, args.model) == ("decode-heavy", "bfloat16", "none", None)
+    assert (args.workload, args.dtype, args.baseline, args.model) == ("decode-heavy", "auto", "none", None)

@@ -1,0 +1,32 @@
+"""Engine knobs on the command line, shared by every subcommand (named as in vLLM's CLI)."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from folovllm.config import EngineConfig
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    """Engine knobs shared by every subcommand, named as in vLLM's CLI."""
+    g = parser.add_argument_group("engine")
+    g.add_argument("--model", default=None, help="a .gguf file or HF folder (default: SmolLM2-135M-Instruct)")
+    g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    g.add_argument("--device", default="auto")
+    g.add_argument("--load-format", default="auto", choices=["auto", "dummy"])
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--max-model-len", type=int, default=None)
+    g.add_argument("--max-num-seqs", type=int, default=256)
+    g.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    g.add_argument("--block-size", type=int, default=16)
+    g.add_argument("--kv-cache-memory", default=None, help="CPU KV cache size, e.g. 2GiB (default)")
+    g.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    g.add_argument("--no-chunked-prefill", dest="enable_chunked_prefill", action="store_false")
+    g.add_argument("--attention-backend", default="auto")
+    g.add_argument("--num-threads", type=int, default=None, help="CPU threads for torch (default: all cores)")
+
+
+def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
+    """Every EngineConfig field that the parsed arguments carry."""
+    names = {f.name for f in dataclasses.fields(EngineConfig)}
+    return EngineConfig(**{k: v for k, v in vars(args).items() if k in names})
