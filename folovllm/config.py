@@ -39,6 +39,7 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9  # CUDA: fraction of device memory the engine may use
     num_gpu_blocks_override: int | None = None  # fixes the block count (tests, ablations)
     enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
     attention_backend: str = "auto"  # auto | torch
     num_threads: int | None = None  # CPU threads for torch; None = all cores
 

@@ -35,7 +35,7 @@ class Request:
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                  arrival_time: float, max_tokens: int, eos_token_ids: list[int],
                  generator: torch.Generator | None = None, sample_index: int = 0,
-                 parent_id: str | None = None) -> None:
+                 parent_id: str | None = None, cache_salt: str | None = None) -> None:
         self.request_id = request_id
         self.parent_id = parent_id or request_id
         self.sample_index = sample_index
@@ -48,6 +48,8 @@ class Request:
         self.output_token_ids: list[int] = []
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0  # prompt tokens served from the prefix cache
+        self.cache_salt = cache_salt  # requests with different salts never share cached blocks
+        self.block_hashes: list[bytes] = []  # prefix-cache names of its full blocks, grown lazily
         self.num_preemptions = 0
         self.status = RequestStatus.WAITING
         self.metrics = RequestMetrics(arrival_time=arrival_time)

@@ -1,59 +1,126 @@
-"""Paged KV cache bookkeeping: a pool of fixed-size blocks and each request's block table.
+"""Paged KV cache bookkeeping: a pool of fixed-size blocks, each request's block table, and the
+automatic prefix cache on top.
 
 Only ids live here; the K/V tensors themselves are owned by the model runner. Token ``i`` of a
 request is stored at slot ``block_table[i // block_size] * block_size + i % block_size``.
-Blocks carry ref counts so that several requests can share one (prefix caching builds on this).
+
+Prefix caching: a FULL block is named by a chained hash of (parent block's hash, its token ids,
+extra keys: model identity and the request's cache salt). A request that starts with blocks whose
+hashes are known shares those blocks (ref count + 1) instead of recomputing them. Blocks no one
+holds stay cached until a fresh block is needed; then the least recently freed goes first.
 """
 from __future__ import annotations
 
-from collections import deque
+import hashlib
+from array import array
+from collections import OrderedDict, deque
 
 from folovllm.request import Request
 
+BlockHash = bytes
+
+
+def hash_block(parent: BlockHash | None, token_ids: list[int], extra_key: bytes) -> BlockHash:
+    """SHA-256 chain: a false hit would need a SHA-256 collision. Extra keys seed the chain."""
+    digest = hashlib.sha256(parent if parent is not None else b"root:" + extra_key)
+    digest.update(array("q", token_ids).tobytes())
+    return digest.digest()
+
 
 class BlockPool:
-    """Fixed set of block ids with ref counts; a block is free when its ref count is zero."""
+    """Fixed set of block ids with ref counts, and the hash -> block map of cached full blocks.
+
+    A block with ref count 0 is either plain free (no hash) or evictable (cached, hash kept);
+    fresh blocks come from the plain free ones first, then the least recently used evictable.
+    """
 
     def __init__(self, num_blocks: int) -> None:
         if num_blocks < 1:
             raise ValueError(f"the KV cache needs at least one block, got {num_blocks}")
         self.num_blocks = num_blocks
         self.ref_counts = [0] * num_blocks
+        self.block_hashes: list[BlockHash | None] = [None] * num_blocks
+        self.cached: dict[BlockHash, int] = {}
         self._free: deque[int] = deque(range(num_blocks))
+        self._evictable: OrderedDict[int, None] = OrderedDict()  # first = least recently freed
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free)
+        """Blocks a new allocation can take (evicting cached ones if needed)."""
+        return len(self._free) + len(self._evictable)
+
+    @property
+    def num_evictable_blocks(self) -> int:
+        return len(self._evictable)
 
     def allocate(self, count: int) -> list[int]:
-        if count > len(self._free):
-            raise RuntimeError(f"asked for {count} blocks, only {len(self._free)} free")
-        blocks = [self._free.popleft() for _ in range(count)]
-        for block in blocks:
+        if count > self.num_free_blocks:
+            raise RuntimeError(f"asked for {count} blocks, only {self.num_free_blocks} free")
+        blocks = []
+        for _ in range(count):
+            if self._free:
+                block = self._free.popleft()
+            else:
+                block, _ = self._evictable.popitem(last=False)
+                del self.cached[self.block_hashes[block]]
+                self.block_hashes[block] = None
             self.ref_counts[block] = 1
+            blocks.append(block)
         return blocks
 
+    def touch(self, blocks: list[int]) -> None:
+        """Takes one more reference to cached blocks (a prefix hit); they stop being evictable."""
+        for block in blocks:
+            if self.ref_counts[block] == 0:
+                del self._evictable[block]
+            self.ref_counts[block] += 1
+
     def release(self, blocks: list[int]) -> None:
-        """Drops one reference to each block; blocks no one holds go back to the free queue."""
-        for block in reversed(blocks):  # tail first: the head of a sequence is the likelier to be reused
+        """Drops one reference to each block; blocks no one holds become free or evictable."""
+        for block in reversed(blocks):  # tail first, so a sequence's tail is evicted before its head
             if self.ref_counts[block] <= 0:
                 raise RuntimeError(f"block {block} released more often than allocated")
             self.ref_counts[block] -= 1
             if self.ref_counts[block] == 0:
-                self._free.append(block)
+                if self.block_hashes[block] is None:
+                    self._free.append(block)
+                else:
+                    self._evictable[block] = None
+
+    def cache(self, block: int, block_hash: BlockHash) -> None:
+        """Names a full, computed block so later requests can hit it (first writer wins)."""
+        if block_hash not in self.cached and self.block_hashes[block] is None:
+            self.cached[block_hash] = block
+            self.block_hashes[block] = block_hash
+
+    def reset_cache(self) -> int:
+        """Forgets every cached block that no request holds; returns how many were dropped."""
+        dropped = list(self._evictable)
+        for block in dropped:
+            del self.cached[self.block_hashes[block]]
+            self.block_hashes[block] = None
+            self._free.append(block)
+        self._evictable.clear()
+        return len(dropped)
 
 
 class KVCacheManager:
     """Gives each request the blocks its tokens need, on demand, and takes them back at the end."""
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 model_key: str = "") -> None:
         self.block_size = block_size
         self.pool = BlockPool(num_blocks)
+        self.enable_prefix_caching = enable_prefix_caching
+        self.model_key = model_key.encode()
         self.block_tables: dict[str, list[int]] = {}
         self._num_slots_used: dict[str, int] = {}  # tokens each request has slots for
+        self._num_cached_blocks: dict[str, int] = {}  # leading blocks of a request already named
         self.total_slots_used = 0
         self.peak_blocks_used = 0
         self.peak_used_slots = 0  # most tokens stored while the peak number of blocks was in use
+        self.prefix_cache_queries = 0  # tokens looked up at admission
+        self.prefix_cache_hits = 0  # of those, tokens found cached
 
     @property
     def num_blocks(self) -> int:
@@ -74,21 +141,81 @@ class KVCacheManager:
     def block_table(self, request_id: str) -> list[int]:
         return self.block_tables.get(request_id, [])
 
-    def num_blocks_needed(self, request: Request, num_new_tokens: int) -> int:
-        total_tokens = request.num_computed_tokens + num_new_tokens
-        have = len(self.block_tables.get(request.request_id, ()))
-        return max(0, -(-total_tokens // self.block_size) - have)
+    # -- prefix cache ---------------------------------------------------------------------------
 
-    def allocate_slots(self, request: Request, num_new_tokens: int) -> bool:
-        """Makes room for ``num_new_tokens`` more tokens; False (nothing changed) if blocks run out."""
-        needed = self.num_blocks_needed(request, num_new_tokens)
-        if needed > self.pool.num_free_blocks:
+    def _block_hashes(self, request: Request, num_blocks: int) -> list[BlockHash]:
+        """The request's full-block hashes, extended (never recomputed) to ``num_blocks``."""
+        hashes = request.block_hashes
+        size = self.block_size
+        extra = self.model_key + b"|salt:" + (request.cache_salt or "").encode()
+        while len(hashes) < num_blocks:
+            i = len(hashes)
+            parent = hashes[-1] if hashes else None
+            hashes.append(hash_block(parent, request.token_ids[i * size:(i + 1) * size], extra))
+        return hashes
+
+    def find_cached_prefix(self, request: Request) -> list[int]:
+        """The longest run of cached full blocks the request starts with (its last token excluded)."""
+        if not self.enable_prefix_caching:
+            return []
+        max_blocks = (request.num_tokens - 1) // self.block_size  # the last token's logits are needed
+        hits = []
+        for block_hash in self._block_hashes(request, max_blocks):
+            block = self.pool.cached.get(block_hash)
+            if block is None:
+                break
+            hits.append(block)
+        return hits
+
+    def record_prefix_query(self, num_tokens: int, num_hit_tokens: int) -> None:
+        if self.enable_prefix_caching:
+            self.prefix_cache_queries += num_tokens
+            self.prefix_cache_hits += num_hit_tokens
+
+    def cache_computed_blocks(self, request: Request) -> None:
+        """Names the request's blocks that are now full and computed, so others can share them."""
+        if not self.enable_prefix_caching:
+            return
+        table = self.block_tables.get(request.request_id)
+        if table is None:
+            return
+        num_full = request.num_computed_tokens // self.block_size
+        start = self._num_cached_blocks.get(request.request_id, 0)
+        if num_full <= start:
+            return
+        hashes = self._block_hashes(request, num_full)
+        for i in range(start, num_full):
+            self.pool.cache(table[i], hashes[i])
+        self._num_cached_blocks[request.request_id] = num_full
+
+    def reset_prefix_cache(self) -> int:
+        return self.pool.reset_cache()
+
+    # -- allocation -----------------------------------------------------------------------------
+
+    def allocate_slots(self, request: Request, num_new_tokens: int,
+                       cached_blocks: list[int] | None = None) -> bool:
+        """Makes room for ``num_new_tokens`` more tokens after ``cached_blocks`` (prefix hits).
+
+        Returns False, with nothing changed, if the blocks run out.
+        """
+        cached_blocks = cached_blocks or []
+        table = self.block_tables.get(request.request_id, [])
+        num_computed = request.num_computed_tokens + len(cached_blocks) * self.block_size
+        total_tokens = num_computed + num_new_tokens
+        needed = max(0, -(-total_tokens // self.block_size) - len(table) - len(cached_blocks))
+        # Hit blocks nobody holds are counted as free until we take them.
+        reusable = sum(1 for b in cached_blocks if self.pool.ref_counts[b] == 0)
+        if needed > self.pool.num_free_blocks - reusable:
             return False
-        table = self.block_tables.setdefault(request.request_id, [])
+        table = self.block_tables.setdefault(request.request_id, table)
+        if cached_blocks:
+            self.pool.touch(cached_blocks)
+            table.extend(cached_blocks)
+            self._num_cached_blocks[request.request_id] = len(cached_blocks)
         table.extend(self.pool.allocate(needed))
-        slots = request.num_computed_tokens + num_new_tokens
-        self.total_slots_used += slots - self._num_slots_used.get(request.request_id, 0)
-        self._num_slots_used[request.request_id] = slots
+        self.total_slots_used += total_tokens - self._num_slots_used.get(request.request_id, 0)
+        self._num_slots_used[request.request_id] = total_tokens
         if self.num_used_blocks > self.peak_blocks_used:
             self.peak_blocks_used = self.num_used_blocks
             self.peak_used_slots = self.total_slots_used
@@ -97,14 +224,17 @@ class KVCacheManager:
         return True
 
     def free(self, request: Request) -> None:
-        """Releases every block of the request (finish, abort or preemption)."""
+        """Releases every block of the request (finish, abort or preemption); cached ones stay named."""
         table = self.block_tables.pop(request.request_id, None)
         if table:
             self.pool.release(table)
         self.total_slots_used -= self._num_slots_used.pop(request.request_id, 0)
+        self._num_cached_blocks.pop(request.request_id, None)
 
     def stats(self) -> dict:
         return {"num_blocks": self.num_blocks, "block_size": self.block_size,
                 "blocks_used": self.num_used_blocks, "peak_blocks_used": self.peak_blocks_used,
                 "peak_used_slots": self.peak_used_slots,
-                "peak_usage": self.peak_blocks_used / self.num_blocks}
+                "peak_usage": self.peak_blocks_used / self.num_blocks,
+                "prefix_cache_queries": self.prefix_cache_queries,
+                "prefix_cache_hits": self.prefix_cache_hits}

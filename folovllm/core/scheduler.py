@@ -3,7 +3,7 @@
 vLLM v1 style: there is no prefill phase. A request only tracks ``num_computed_tokens`` and
 catches up to ``num_tokens``; a decoding request needs 1 token, an unfinished prompt takes a
 chunk of what is left of the step's token budget (chunked prefill). Running requests go first,
-then waiting ones are admitted in arrival order. When blocks run out, the most recently admitted
+then waiting ones are admitted in arrival order, starting after their prefix-cache hits. When blocks run out, the most recently admitted
 running request is preempted: its blocks are freed and it recomputes later.
 """
 from __future__ import annotations
@@ -101,10 +101,16 @@ class Scheduler:
         while self.waiting and not out.preempted and budget > 0 \
                 and len(self.running) < self.limits.max_num_seqs:
             request = self.waiting[0]
-            num_new = self._num_new_tokens(request, budget)
-            if num_new == 0 or not self.kv_cache.allocate_slots(request, num_new):
+            cached_blocks = self.kv_cache.find_cached_prefix(request)
+            num_cached = len(cached_blocks) * self.kv_cache.block_size
+            num_new = self._num_new_tokens(request, budget, num_cached)
+            if num_new == 0 or not self.kv_cache.allocate_slots(request, num_new, cached_blocks):
                 break
             self.waiting.popleft()
+            self.kv_cache.record_prefix_query(request.num_tokens, num_cached)
+            request.num_computed_tokens = num_cached
+            if request.num_preemptions == 0:
+                request.num_cached_tokens = num_cached
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             if request.metrics.first_scheduled_time is None:
@@ -113,8 +119,8 @@ class Scheduler:
             budget -= num_new
         return out
 
-    def _num_new_tokens(self, request: Request, budget: int) -> int:
-        num_new = request.num_tokens - request.num_computed_tokens
+    def _num_new_tokens(self, request: Request, budget: int, num_cached: int = 0) -> int:
+        num_new = request.num_tokens - request.num_computed_tokens - num_cached
         if num_new > budget:
             # Without chunking a prompt must fit whole into one step.
             num_new = budget if self.limits.enable_chunked_prefill else 0

@@ -16,6 +16,7 @@ from folovllm.config import EngineConfig
 from folovllm.core.kv_cache import KVCacheManager
 from folovllm.core.scheduler import Scheduler, SchedulerLimits, SchedulerOutput
 from folovllm.engine.output_processor import OutputProcessor, RequestGroup
+from folovllm.engine.stats import EngineStats, StepStats
 from folovllm.model.loader import default_model_path, load_model
 from folovllm.model.tokenizer import load_tokenizer
 from folovllm.outputs import RequestOutput
@@ -48,7 +49,9 @@ class LLMEngine:
         self.eos_token_ids = list(arch.eos_token_ids)
 
         num_blocks = self._num_kv_blocks()
-        self.kv_cache = KVCacheManager(num_blocks, config.block_size)
+        model_key = f"{self.model_path}|{config.load_format}|{config.seed}|{self.dtype}"
+        self.kv_cache = KVCacheManager(num_blocks, config.block_size,
+                                       config.enable_prefix_caching, model_key)
         caches = allocate_kv_caches(arch.num_hidden_layers, num_blocks, config.block_size,
                                     arch.num_key_value_heads, arch.head_dim, self.dtype, self.device)
         self.runner = ModelRunner(self.model, caches, config.block_size, self.device)
@@ -63,7 +66,7 @@ class LLMEngine:
         self.output_processor = OutputProcessor(self.tokenizer, self.max_model_len)
         self.groups: dict[str, RequestGroup] = {}
         self._ids = itertools.count()
-        self.num_steps = 0
+        self.stats = EngineStats()
 
     # -- start-up -----------------------------------------------------------------------------
 
@@ -99,8 +102,15 @@ class LLMEngine:
     # -- requests -----------------------------------------------------------------------------
 
     def add_request(self, prompt: PromptInput, params: SamplingParams,
-                    request_id: str | None = None, arrival_time: float | None = None) -> str:
-        """Validates and queues one request; raises ValueError on bad input (nothing is queued)."""
+                    request_id: str | None = None, arrival_time: float | None = None,
+                    cache_salt: str | None = None) -> str:
+        """Validates and queues one request; raises ValueError on bad input (nothing is queued).
+
+        ``cache_salt`` (or a ``"cache_salt"`` key in a dict prompt) keeps the request's KV blocks
+        apart from every request with another salt: tenants opt out of sharing prefixes.
+        """
+        if isinstance(prompt, dict) and prompt.get("cache_salt") is not None:
+            cache_salt = prompt["cache_salt"]
         request_id = request_id if request_id is not None else str(next(self._ids))
         if request_id in self.groups:
             raise ValueError(f"request id {request_id!r} is already in use")
@@ -123,7 +133,7 @@ class LLMEngine:
                 generator = torch.Generator(device=self.device).manual_seed(params.seed + index)
             sample_id = request_id if params.n == 1 else f"{request_id}-{index}"
             sample = Request(sample_id, prompt_ids, params, arrival, max_tokens, self.eos_token_ids,
-                             generator, index, parent_id=request_id)
+                             generator, index, parent_id=request_id, cache_salt=cache_salt)
             self.output_processor.start(sample)
             samples.append(sample)
         self.groups[request_id] = RequestGroup(request_id, prompt_text, prompt_ids, samples)
@@ -163,10 +173,11 @@ class LLMEngine:
         if sched.is_empty:
             return []
         result = self.runner.execute(sched)
-        self.num_steps += 1
         now = time.perf_counter()
+        num_decode = sched.num_decode_tokens()
         for request, num_new in zip(sched.requests, sched.num_new_tokens):
             request.num_computed_tokens += num_new
+            self.kv_cache.cache_computed_blocks(request)
         touched: dict[str, RequestGroup] = {}
         if result.sampler_output is not None:
             out = result.sampler_output
@@ -180,18 +191,39 @@ class LLMEngine:
                     request.metrics.finished_time = now
                     self._finish(request, status)
                 touched[request.parent_id] = self.groups[request.parent_id]
+        self._record_step(now, sched, num_decode, len(result.sampled_requests))
         outputs = [OutputProcessor.make_output(g) for g in touched.values()]
         for group in touched.values():
             if group.finished:
                 del self.groups[group.request_id]
         return outputs
 
+    def _record_step(self, now: float, sched: SchedulerOutput, num_decode: int, num_sampled: int) -> None:
+        stats = self.stats
+        stats.num_steps += 1
+        num_prefill = sched.total_num_tokens - num_decode
+        stats.prompt_tokens += num_prefill
+        stats.generation_tokens += num_sampled
+        stats.num_preemptions += len(sched.preempted)
+        stats.prefix_cache_queries = self.kv_cache.prefix_cache_queries
+        stats.prefix_cache_hits = self.kv_cache.prefix_cache_hits
+        stats.last_step = StepStats(
+            time=now, num_prefill_tokens=num_prefill, num_decode_tokens=num_decode,
+            num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
+            num_preempted=len(sched.preempted), kv_blocks_used=self.kv_cache.num_used_blocks,
+            kv_usage=self.kv_cache.usage)
+
     def _finish(self, request: Request, status: RequestStatus) -> None:
         if request.status.finished:
             return
+        self.stats.finished_by_reason[status.value] += 1
         if request.metrics.finished_time is None:
             request.metrics.finished_time = time.perf_counter()
         self.scheduler.finish_request(request, status)
+
+    def reset_prefix_cache(self) -> int:
+        """Drops every cached block that no running request uses; returns how many."""
+        return self.kv_cache.reset_prefix_cache()
 
     def get_kv_cache_stats(self) -> dict:
         return self.kv_cache.stats()

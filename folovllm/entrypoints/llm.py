@@ -88,5 +88,10 @@ class LLM:
         bar.close()
         return [finished[i] for i in request_ids]
 
+    def reset_prefix_cache(self) -> bool:
+        """Drops cached KV blocks that no running request uses (vLLM's name)."""
+        self.llm_engine.reset_prefix_cache()
+        return True
+
     def get_kv_cache_stats(self) -> dict:
         return self.llm_engine.get_kv_cache_stats()

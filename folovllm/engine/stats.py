@@ -1,0 +1,37 @@
+"""Counters the engine keeps as it steps; the server publishes them, the benchmarks trace them."""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+
+@dataclass
+class StepStats:
+    """What one step did (one record of the step trace)."""
+
+    time: float
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    num_running: int
+    num_waiting: int
+    num_preempted: int
+    kv_blocks_used: int
+    kv_usage: float
+
+
+@dataclass
+class EngineStats:
+    """Totals since start-up (Prometheus counters) plus the latest step (gauges)."""
+
+    num_steps: int = 0
+    prompt_tokens: int = 0  # prompt tokens computed (recomputation after preemption included)
+    generation_tokens: int = 0
+    num_preemptions: int = 0
+    prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache
+    prefix_cache_hits: int = 0  # of those, tokens found cached
+    finished_by_reason: Counter = field(default_factory=Counter)
+    last_step: StepStats | None = None
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
