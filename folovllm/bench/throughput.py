@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from folovllm.bench.hf_baseline import run_hf_baselines
+from folovllm.bench.prefix import PREFIX_WORKLOADS, run_prefix_workload
 from folovllm.bench.results import (
     CpuShare,
     RequestTiming,
@@ -36,7 +37,7 @@ WARMUP_MAX_TOKENS = 4
 
 def add_throughput_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the ``bench throughput`` options to ``parser`` and return it."""
-    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="decode-heavy",
+    parser.add_argument("--workload", choices=sorted(WORKLOADS) + list(PREFIX_WORKLOADS), default="decode-heavy",
                         help="decode-heavy: 64×10→128; prefill-heavy: 16×512→16; variable: 64×10→U[16,256].")
     parser.add_argument("--num-requests", type=int, default=None, help="Override the workload's request count.")
     parser.add_argument("--input-len", type=int, default=None, help="Override the prompt length in tokens.")
@@ -46,6 +47,8 @@ def add_throughput_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
                         help="'hf': also run transformers generate (static batch and sequential) in this process.")
     parser.add_argument("--hf-sequential-requests", type=int, default=8,
                         help="Run hf-sequential on the first K requests only (it is slow); 0 skips it.")
+    parser.add_argument("--request-rate", type=float, default=1.0,
+                        help="shared-prefix: requests per second (evenly spaced arrivals).")
     parser.add_argument("--output-json", default=None, help="Write the list of result objects here.")
     add_engine_args(parser)  # --model, --dtype, --seed (workload and engine), --num-threads, ...
     return parser
@@ -89,6 +92,9 @@ def ratio_metrics(workload: str) -> list[str]:
 def run_throughput(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Run the benchmark described by ``args`` (see ``add_throughput_args``); print and return the results."""
     from folovllm import LLM  # the engine is heavy; keep `--help` and the baselines free of it
+
+    if args.workload in PREFIX_WORKLOADS:
+        return run_prefix_workload(args)
 
     config = engine_config_from_args(args)
     threads = config.num_threads or os.cpu_count() or 1
