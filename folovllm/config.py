@@ -40,6 +40,15 @@ class EngineConfig:
     num_gpu_blocks_override: int | None = None  # fixes the block count (tests, ablations)
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = True
+    scheduling_policy: str = "fcfs"  # fcfs | priority | sjf | fair
+    max_queue_delay: float | None = None  # sjf / fair: seconds after which a request jumps the queue
+    tenant_weights: dict[str, float] | None = None  # fair: share per user (default 1 each)
+    admission: str = "on-demand"  # on-demand (vLLM) | reserve (TGI) | adaptive (SGLang)
+    max_batch_total_tokens: int | None = None  # reserve: default = the KV cache's token capacity
+    max_batch_prefill_tokens: int | None = None  # reserve: default = max_num_batched_tokens
+    waiting_served_ratio: float = 0.3  # reserve: TGI's default
+    max_waiting_tokens: int = 20  # reserve: TGI's default
+    adaptive_init_beta: float = 0.7  # adaptive: first guess of the used share of max_tokens
     attention_backend: str = "auto"  # auto | torch
     num_threads: int | None = None  # CPU threads for torch; None = all cores
 
@@ -57,6 +66,16 @@ class EngineConfig:
             raise ValueError(f"max_model_len must be >= 1; got {self.max_model_len}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError("gpu_memory_utilization must be in (0, 1]")
+        from folovllm.core.admission import ADMISSION_MODES
+        from folovllm.core.policy import POLICIES
+
+        if self.scheduling_policy not in POLICIES:
+            raise ValueError(f"scheduling_policy must be one of {', '.join(POLICIES)}; "
+                             f"got {self.scheduling_policy!r}")
+        if self.admission not in ADMISSION_MODES:
+            raise ValueError(f"admission must be one of {', '.join(ADMISSION_MODES)}; got {self.admission!r}")
+        if self.max_queue_delay is not None and self.max_queue_delay <= 0:
+            raise ValueError(f"max_queue_delay must be > 0 seconds; got {self.max_queue_delay}")
         if self.kv_cache_memory is not None:
             self.kv_cache_memory = parse_size(self.kv_cache_memory)
 

@@ -35,7 +35,8 @@ class Request:
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                  arrival_time: float, max_tokens: int, eos_token_ids: list[int],
                  generator: torch.Generator | None = None, sample_index: int = 0,
-                 parent_id: str | None = None, cache_salt: str | None = None) -> None:
+                 parent_id: str | None = None, cache_salt: str | None = None,
+                 priority: int = 0, user: str | None = None) -> None:
         self.request_id = request_id
         self.parent_id = parent_id or request_id
         self.sample_index = sample_index
@@ -48,6 +49,10 @@ class Request:
         self.output_token_ids: list[int] = []
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0  # prompt tokens served from the prefix cache
+        self.priority = priority  # lower runs first under the priority policy
+        self.user = user  # the tenant, for the fair policy
+        self.arrival_seq = 0  # set by the scheduler: tie-break among equal arrival times
+        self.admission_seq = 0  # set by the scheduler each time the request starts running
         self.cache_salt = cache_salt  # requests with different salts never share cached blocks
         self.block_hashes: list[bytes] = []  # prefix-cache names of its full blocks, grown lazily
         self.num_preemptions = 0

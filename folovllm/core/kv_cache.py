@@ -141,6 +141,9 @@ class KVCacheManager:
     def block_table(self, request_id: str) -> list[int]:
         return self.block_tables.get(request_id, [])
 
+    def blocks_for_tokens(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
     # -- prefix cache ---------------------------------------------------------------------------
 
     def _block_hashes(self, request: Request, num_blocks: int) -> list[BlockHash]:

@@ -3,16 +3,21 @@
 vLLM v1 style: there is no prefill phase. A request only tracks ``num_computed_tokens`` and
 catches up to ``num_tokens``; a decoding request needs 1 token, an unfinished prompt takes a
 chunk of what is left of the step's token budget (chunked prefill). Running requests go first,
-then waiting ones are admitted in arrival order, starting after their prefix-cache hits. When blocks run out, the most recently admitted
-running request is preempted: its blocks are freed and it recomputes later.
+then waiting ones are admitted in the policy's order, starting after their prefix-cache hits.
+When blocks run out, the running request the policy ranks last is preempted: its blocks are
+freed and it recomputes later. The policy (core/policy.py) orders; the admission mode
+(core/admission.py) says whether a request may join; the KV cache manager owns the blocks.
 """
 from __future__ import annotations
 
+import itertools
 import time
-from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from folovllm.core.admission import OnDemandAdmission
 from folovllm.core.kv_cache import KVCacheManager
+from folovllm.core.policy import SchedulingPolicy
 from folovllm.request import Request, RequestStatus
 
 
@@ -52,17 +57,30 @@ class SchedulerLimits:
 
 
 class Scheduler:
-    def __init__(self, limits: SchedulerLimits, kv_cache: KVCacheManager) -> None:
+    def __init__(self, limits: SchedulerLimits, kv_cache: KVCacheManager,
+                 policy: SchedulingPolicy | None = None, admission: OnDemandAdmission | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         self.limits = limits
         self.kv_cache = kv_cache
-        self.waiting: deque[Request] = deque()
+        self.policy = policy or SchedulingPolicy()
+        self.admission = admission or OnDemandAdmission()
+        self.clock = clock
+        self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.num_preemptions = 0
+        self._arrivals = itertools.count()
+        self._admissions = itertools.count()
 
     # -- queue management -------------------------------------------------------------------
 
+    def check_admissible(self, request: Request) -> None:
+        """Raises ValueError for a request the admission mode could never admit."""
+        self.admission.check(request, self.limits.max_num_batched_tokens)
+
     def add_request(self, request: Request) -> None:
+        request.arrival_seq = next(self._arrivals)
         self.waiting.append(request)
+        self.policy.on_arrival(request)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -77,73 +95,131 @@ class Scheduler:
             self.waiting.remove(request)
         request.status = status
         self.kv_cache.free(request)
+        self.policy.on_finished(request)
+        self.admission.on_finished(request)
+
+    def abort(self, request: Request) -> None:
+        self.finish_request(request, RequestStatus.FINISHED_ABORTED)
 
     # -- the per-step decision ---------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
+        now = self.clock()
+        self.waiting.sort(key=lambda r: self.policy.waiting_key(r, now))
+        self.running.sort(key=self._running_key)
+        plan = self.admission.plan_step(self.running, self.waiting)
+        if self.policy.preempts_for_priority and plan.admit:
+            self._preempt_for_better_arrivals(out)
         budget = self.limits.max_num_batched_tokens
+        shortage = False
 
         index = 0
-        while index < len(self.running) and budget > 0:
+        while plan.run_running and index < len(self.running) and budget > 0:
             request = self.running[index]
             num_new = self._num_new_tokens(request, budget)
             if num_new == 0:
                 index += 1
                 continue
-            if not self._allocate_or_preempt(request, num_new, out):
+            ok, shortage_here = self._allocate_or_preempt(request, num_new, out)
+            shortage = shortage or shortage_here
+            if not ok:
                 break  # the request preempted itself: nothing later in `running` is left
             out.add(request, num_new, self.kv_cache.block_table(request.request_id))
+            self.policy.on_scheduled(request, num_new)
             budget -= num_new
             index += 1
 
-        # Admitting while we just preempted would thrash: the freed blocks go to running requests.
-        while self.waiting and not out.preempted and budget > 0 \
+        # Admitting right after a shortage would thrash: the freed blocks go to running requests.
+        prefill_left = plan.max_prefill_tokens
+        while plan.admit and self.waiting and not shortage and budget > 0 \
                 and len(self.running) < self.limits.max_num_seqs:
             request = self.waiting[0]
+            if not self.admission.fits(request, self.running):
+                break
             cached_blocks = self.kv_cache.find_cached_prefix(request)
             num_cached = len(cached_blocks) * self.kv_cache.block_size
-            num_new = self._num_new_tokens(request, budget, num_cached)
+            num_new = self._num_new_tokens(request, budget, num_cached,
+                                           chunked=self.admission.chunked_admission)
+            if prefill_left is not None and num_new > prefill_left:
+                break
             if num_new == 0 or not self.kv_cache.allocate_slots(request, num_new, cached_blocks):
                 break
-            self.waiting.popleft()
-            self.kv_cache.record_prefix_query(request.num_tokens, num_cached)
-            request.num_computed_tokens = num_cached
-            if request.num_preemptions == 0:
-                request.num_cached_tokens = num_cached
-            request.status = RequestStatus.RUNNING
-            self.running.append(request)
-            if request.metrics.first_scheduled_time is None:
-                request.metrics.first_scheduled_time = time.perf_counter()
+            self._admit(request, num_cached)
             out.add(request, num_new, self.kv_cache.block_table(request.request_id))
+            self.policy.on_scheduled(request, num_new)
             budget -= num_new
+            if prefill_left is not None:
+                prefill_left -= num_new
         return out
 
-    def _num_new_tokens(self, request: Request, budget: int, num_cached: int = 0) -> int:
+    def _admit(self, request: Request, num_cached: int) -> None:
+        self.waiting.remove(request)
+        self.kv_cache.record_prefix_query(request.num_tokens, num_cached)
+        request.num_computed_tokens = num_cached
+        if request.num_preemptions == 0:
+            request.num_cached_tokens = num_cached
+        request.status = RequestStatus.RUNNING
+        request.admission_seq = next(self._admissions)
+        self.running.append(request)
+        if request.metrics.first_scheduled_time is None:
+            request.metrics.first_scheduled_time = self.clock()
+
+    def _running_key(self, request: Request) -> tuple:
+        key = self.admission.victim_key(request)
+        return key if key is not None else self.policy.running_key(request)
+
+    def _num_new_tokens(self, request: Request, budget: int, num_cached: int = 0,
+                        chunked: bool = True) -> int:
         num_new = request.num_tokens - request.num_computed_tokens - num_cached
         if num_new > budget:
             # Without chunking a prompt must fit whole into one step.
-            num_new = budget if self.limits.enable_chunked_prefill else 0
+            num_new = budget if chunked and self.limits.enable_chunked_prefill else 0
         return num_new
 
-    def _allocate_or_preempt(self, request: Request, num_new: int, out: SchedulerOutput) -> bool:
-        """Allocates blocks for ``request``, preempting from the back of ``running`` on shortage."""
-        while not self.kv_cache.allocate_slots(request, num_new):
-            victim = self.running[-1]
-            self._preempt(victim)
-            out.preempted.append(victim)
-            if victim is request:
-                return False
-        return True
+    def _allocate_or_preempt(self, request: Request, num_new: int,
+                             out: SchedulerOutput) -> tuple[bool, bool]:
+        """Allocates blocks for ``request``, preempting from the back of ``running`` on shortage.
 
-    def _preempt(self, request: Request) -> None:
+        Returns (allocated, there was a shortage).
+        """
+        shortage = False
+        while not self.kv_cache.allocate_slots(request, num_new):
+            if not self.admission.preempts:
+                raise RuntimeError(f"{self.admission.name} admission ran out of KV blocks; "
+                                   "its reservations should make that impossible")
+            shortage = True
+            victim = self.running[-1]
+            self._preempt(victim, out)
+            if victim is request:
+                return False, shortage
+        return True, shortage
+
+    def _preempt_for_better_arrivals(self, out: SchedulerOutput) -> None:
+        """Priority: waiting requests that outrank running ones take their places when needed."""
+        free_blocks, free_seqs = self.kv_cache.num_free_blocks, self.limits.max_num_seqs - len(self.running)
+        for candidate in list(self.waiting):
+            needed = self.kv_cache.blocks_for_tokens(candidate.num_tokens)
+            while (free_seqs < 1 or needed > free_blocks) and self.running \
+                    and self._running_key(self.running[-1]) > self._running_key(candidate):
+                victim = self.running[-1]
+                free_blocks += len(self.kv_cache.block_table(victim.request_id))
+                free_seqs += 1
+                self._preempt(victim, out)
+            if free_seqs < 1 or needed > free_blocks:
+                break
+            free_blocks, free_seqs = free_blocks - needed, free_seqs - 1
+        if out.preempted:
+            now = self.clock()
+            self.waiting.sort(key=lambda r: self.policy.waiting_key(r, now))
+
+    def _preempt(self, request: Request, out: SchedulerOutput) -> None:
         self.running.remove(request)
         self.kv_cache.free(request)
         request.num_computed_tokens = 0
         request.num_preemptions += 1
         request.status = RequestStatus.PREEMPTED
-        self.waiting.appendleft(request)
+        self.waiting.insert(0, request)
         self.num_preemptions += 1
-
-    def abort(self, request: Request) -> None:
-        self.finish_request(request, RequestStatus.FINISHED_ABORTED)
+        self.admission.on_preempted(request)
+        out.preempted.append(request)

@@ -13,7 +13,9 @@ import torch
 
 from folovllm.attention.backend import get_attention_backend
 from folovllm.config import EngineConfig
+from folovllm.core.admission import AdaptiveAdmission, OnDemandAdmission, ReserveAdmission
 from folovllm.core.kv_cache import KVCacheManager
+from folovllm.core.policy import make_policy
 from folovllm.core.scheduler import Scheduler, SchedulerLimits, SchedulerOutput
 from folovllm.engine.output_processor import OutputProcessor, RequestGroup
 from folovllm.engine.stats import EngineStats, StepStats
@@ -62,13 +64,28 @@ class LLMEngine:
             max_batched = self.max_model_len
         self.scheduler = Scheduler(
             SchedulerLimits(max_batched, config.max_num_seqs, self.max_model_len,
-                            config.enable_chunked_prefill), self.kv_cache)
+                            config.enable_chunked_prefill), self.kv_cache,
+            make_policy(config.scheduling_policy, config.max_queue_delay, config.tenant_weights),
+            self._make_admission(num_blocks, max_batched))
         self.output_processor = OutputProcessor(self.tokenizer, self.max_model_len)
         self.groups: dict[str, RequestGroup] = {}
         self._ids = itertools.count()
         self.stats = EngineStats()
 
     # -- start-up -----------------------------------------------------------------------------
+
+    def _make_admission(self, num_blocks: int, max_batched: int) -> OnDemandAdmission:
+        cfg = self.config
+        if cfg.admission == "reserve":
+            total = cfg.max_batch_total_tokens or num_blocks * cfg.block_size
+            prefill = cfg.max_batch_prefill_tokens or max_batched
+            logger.info("reserve admission: max_batch_total_tokens=%d, max_batch_prefill_tokens=%d",
+                        total, prefill)
+            return ReserveAdmission(cfg.block_size, total, prefill, cfg.max_num_seqs,
+                                    cfg.waiting_served_ratio, cfg.max_waiting_tokens)
+        if cfg.admission == "adaptive":
+            return AdaptiveAdmission(cfg.block_size, num_blocks, init_beta=cfg.adaptive_init_beta)
+        return OnDemandAdmission()
 
     def _resolve_max_model_len(self, model_max: int) -> int:
         wanted = self.config.max_model_len
@@ -103,7 +120,7 @@ class LLMEngine:
 
     def add_request(self, prompt: PromptInput, params: SamplingParams,
                     request_id: str | None = None, arrival_time: float | None = None,
-                    cache_salt: str | None = None) -> str:
+                    cache_salt: str | None = None, priority: int = 0, user: str | None = None) -> str:
         """Validates and queues one request; raises ValueError on bad input (nothing is queued).
 
         ``cache_salt`` (or a ``"cache_salt"`` key in a dict prompt) keeps the request's KV blocks
@@ -133,7 +150,9 @@ class LLMEngine:
                 generator = torch.Generator(device=self.device).manual_seed(params.seed + index)
             sample_id = request_id if params.n == 1 else f"{request_id}-{index}"
             sample = Request(sample_id, prompt_ids, params, arrival, max_tokens, self.eos_token_ids,
-                             generator, index, parent_id=request_id, cache_salt=cache_salt)
+                             generator, index, parent_id=request_id, cache_salt=cache_salt,
+                             priority=priority, user=user)
+            self.scheduler.check_admissible(sample)
             self.output_processor.start(sample)
             samples.append(sample)
         self.groups[request_id] = RequestGroup(request_id, prompt_text, prompt_ids, samples)

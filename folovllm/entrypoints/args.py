@@ -25,6 +25,16 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
                    help="turn automatic prefix caching off (ablation)")
     g.add_argument("--attention-backend", default="auto")
+    g.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority", "sjf", "fair"])
+    g.add_argument("--max-queue-delay", type=float, default=None,
+                   help="sjf/fair: seconds after which a waiting request goes first (aging)")
+    g.add_argument("--admission", default="on-demand", choices=["on-demand", "reserve", "adaptive"],
+                   help="on-demand (vLLM), reserve prompt+max_tokens (TGI), adaptive reservation (SGLang)")
+    g.add_argument("--max-batch-total-tokens", type=int, default=None)
+    g.add_argument("--max-batch-prefill-tokens", type=int, default=None)
+    g.add_argument("--waiting-served-ratio", type=float, default=0.3)
+    g.add_argument("--max-waiting-tokens", type=int, default=20)
+    g.add_argument("--adaptive-init-beta", type=float, default=0.7)
     g.add_argument("--num-threads", type=int, default=None, help="CPU threads for torch (default: all cores)")
 
 

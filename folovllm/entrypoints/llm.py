@@ -35,7 +35,10 @@ class LLM:
 
     def generate(self, prompts: PromptInput | Sequence[PromptInput],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
+                 use_tqdm: bool = True, priority: Sequence[int] | None = None,
+                 user: Sequence[str | None] | None = None) -> list[RequestOutput]:
+        """Generates for every prompt; ``priority`` / ``user`` (one per prompt) feed the
+        ``priority`` and ``fair`` scheduling policies."""
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
         prompts = list(prompts)
@@ -45,11 +48,15 @@ class LLM:
             sampling_params = [sampling_params] * len(prompts)
         if len(sampling_params) != len(prompts):
             raise ValueError(f"got {len(sampling_params)} sampling_params for {len(prompts)} prompts")
+        priority = list(priority) if priority is not None else [0] * len(prompts)
+        user = list(user) if user is not None else [None] * len(prompts)
+        if not len(priority) == len(user) == len(prompts):
+            raise ValueError(f"priority and user need one entry per prompt ({len(prompts)})")
         engine = self.llm_engine
         ids = []
         try:
-            for prompt, params in zip(prompts, sampling_params):
-                ids.append(engine.add_request(prompt, params))
+            for prompt, params, prio, tenant in zip(prompts, sampling_params, priority, user):
+                ids.append(engine.add_request(prompt, params, priority=prio, user=tenant))
         except ValueError:
             for request_id in ids:  # all or nothing: a bad prompt queues none of the batch
                 engine.abort_request(request_id)

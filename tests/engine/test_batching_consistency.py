@@ -60,3 +60,18 @@ def test_preempted_requests_recompute_to_the_same_output(tiny_llama_dir, prompts
     assert llm.llm_engine.scheduler.num_preemptions > 0
     assert_same(outs, alone)
     assert llm.llm_engine.kv_cache.num_free_blocks == 32
+
+
+@pytest.mark.parametrize("engine_args", [
+    dict(scheduling_policy="priority"),
+    dict(scheduling_policy="sjf", max_queue_delay=0.5),
+    dict(scheduling_policy="fair"),
+    dict(admission="reserve", max_num_batched_tokens=64),
+    dict(admission="adaptive", num_gpu_blocks_override=40, max_model_len=128),
+], ids=["priority", "sjf", "fair", "reserve", "adaptive"])
+def test_policies_and_admission_modes_do_not_change_outputs(tiny_llama_dir, prompts, alone, engine_args):
+    llm = make_llm(tiny_llama_dir, **{"max_num_seqs": 3, **engine_args})
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], GREEDY, use_tqdm=False,
+                        priority=[i % 3 for i in range(len(prompts))],
+                        user=[f"tenant{i % 2}" for i in range(len(prompts))])
+    assert_same([o.outputs[0] for o in outs], alone)
