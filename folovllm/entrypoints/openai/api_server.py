@@ -1,0 +1,197 @@
+"""The FastAPI app and its uvicorn server: routes, API key, backpressure, metrics, SIGTERM drain."""
+from __future__ import annotations
+
+import argparse
+import copy
+import logging
+import os
+import secrets
+import signal
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import uvicorn
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from folovllm.engine.async_engine import AsyncLLMEngine
+from folovllm.engine.llm_engine import LLMEngine
+from folovllm.entrypoints.openai.errors import APIError, bad_request, install_error_handlers
+from folovllm.entrypoints.openai.metrics import ServerMetrics
+from folovllm.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest,
+                                                  DetokenizeRequest, TokenizeRequest)
+from folovllm.entrypoints.openai.serving import ClientDisconnected, ServingContext, now_s, shutting_down
+from folovllm.entrypoints.openai.serving_chat import ChatServing
+from folovllm.entrypoints.openai.serving_completion import CompletionServing
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ServerConfig:
+    model_name: str
+    api_key: str | None = None
+    max_waiting_requests: int | None = None  # None: unbounded admission queue
+    drain_timeout_s: float = 30.0
+
+
+@dataclass
+class ServerState:
+    draining: bool = False  # set on SIGTERM: new requests get 503 while in-flight ones finish
+
+
+class DrainGate:
+    """ASGI middleware (not BaseHTTPMiddleware, which would wrap every streamed chunk): 503 while draining."""
+
+    def __init__(self, app, state: ServerState) -> None:
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and self.state.draining and scope["path"] != "/metrics":
+            await shutting_down().response()(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+def build_app(llm_engine: LLMEngine, config: ServerConfig, state: ServerState | None = None) -> FastAPI:
+    """The app over one engine; the engine thread runs between lifespan start-up and shutdown."""
+    state = state or ServerState()
+    metrics = ServerMetrics(config.model_name)
+    engine = AsyncLLMEngine(llm_engine, on_iteration=metrics.on_iteration)
+    ctx = ServingContext(engine, config.model_name, copy.deepcopy(llm_engine.tokenizer),
+                         config.max_waiting_requests)
+    completions, chat = CompletionServing(ctx), ChatServing(ctx)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI):
+        engine.start()
+        yield
+        await engine.shutdown()
+
+    async def require_api_key(request: Request) -> None:
+        if config.api_key is None:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip(), config.api_key):
+            raise APIError(401, "missing or invalid API key: send 'Authorization: Bearer <key>'",
+                           type="authentication_error", code="invalid_api_key")
+
+    app = FastAPI(title="FoloVLLM", lifespan=lifespan)
+    app.add_middleware(DrainGate, state=state)
+    install_error_handlers(app)
+    v1 = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)])
+
+    @v1.post("/completions")
+    async def create_completion(body: CompletionRequest, raw: Request):
+        return await _handle(completions.create(body, raw))
+
+    @v1.post("/chat/completions")
+    async def create_chat_completion(body: ChatCompletionRequest, raw: Request):
+        return await _handle(chat.create(body, raw))
+
+    @v1.get("/models")
+    async def list_models():
+        return {"object": "list", "data": [{
+            "id": config.model_name, "object": "model", "created": now_s(), "owned_by": "folovllm",
+            "root": llm_engine.model_path, "max_model_len": ctx.max_model_len}]}
+
+    app.include_router(v1)
+
+    @app.get("/health")
+    async def health():
+        if not engine.is_running:
+            raise APIError(503, "the engine thread is not running", type="service_unavailable")
+        return Response(status_code=200)
+
+    @app.get("/metrics")
+    async def prometheus_metrics():
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest):
+        ctx.check_model(body.model)
+        if (body.prompt is None) == (body.messages is None):
+            raise bad_request("give exactly one of prompt or messages", "prompt")
+        if body.messages is not None:
+            tokens = chat.prompt_token_ids(body.messages)
+        else:
+            tokens = ctx.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+        return {"tokens": tokens, "count": len(tokens), "max_model_len": ctx.max_model_len}
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest):
+        ctx.check_model(body.model)
+        vocab = len(ctx.tokenizer)
+        if any(not 0 <= t < vocab for t in body.tokens):
+            raise bad_request(f"tokens must be ids in [0, {vocab})", "tokens")
+        return {"prompt": ctx.tokenizer.decode(body.tokens)}
+
+    app.state.engine = engine
+    app.state.metrics = metrics
+    return app
+
+
+async def _handle(coro):
+    try:
+        return await coro
+    except ClientDisconnected:
+        return JSONResponse({}, status_code=499)  # nobody reads it; the request was aborted
+
+
+class _DrainingServer(uvicorn.Server):
+    """uvicorn's graceful shutdown (stop listening, finish in-flight requests, then cancel them
+    after timeout_graceful_shutdown), plus a 503 for requests that arrive on open connections."""
+
+    def __init__(self, config: uvicorn.Config, state: ServerState) -> None:
+        super().__init__(config)
+        self.state = state
+
+    def handle_exit(self, sig, frame) -> None:
+        if not self.state.draining:
+            logger.info("draining: finishing in-flight requests, refusing new ones")
+        self.state.draining = True
+        super().handle_exit(sig, frame)
+
+
+def default_model_name(model_arg: str | None, model_path: str) -> str:
+    if model_arg:
+        return model_arg
+    name = os.path.basename(model_path.rstrip("/"))
+    return name.split(".")[0] if name.endswith(".gguf") else name
+
+
+def add_server_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1")
+    g.add_argument("--port", type=int, default=8000)
+    g.add_argument("--served-model-name", default=None,
+                   help="the model name clients send (default: --model, or the default model's name)")
+    g.add_argument("--api-key", default=os.environ.get("FOLOVLLM_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on /v1/* (default: $FOLOVLLM_API_KEY)")
+    g.add_argument("--max-waiting-requests", type=int, default=None,
+                   help="queued requests beyond this get 503 + Retry-After (default: unbounded)")
+    g.add_argument("--drain-timeout", type=float, default=30.0,
+                   help="on SIGTERM, seconds to let in-flight requests finish before aborting them")
+    g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+
+def run_server(args: argparse.Namespace, llm_engine: LLMEngine) -> None:
+    """Serves until SIGINT/SIGTERM, then drains."""
+    if args.max_waiting_requests is not None and args.max_waiting_requests < 0:
+        raise ValueError(f"--max-waiting-requests must be >= 0; got {args.max_waiting_requests}")
+    config = ServerConfig(
+        model_name=args.served_model_name or default_model_name(args.model, llm_engine.model_path),
+        api_key=args.api_key or None, max_waiting_requests=args.max_waiting_requests,
+        drain_timeout_s=args.drain_timeout)
+    state = ServerState()
+    app = build_app(llm_engine, config, state)
+    uv_config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                               timeout_graceful_shutdown=config.drain_timeout_s, access_log=False)
+    logger.info("serving %r on http://%s:%d", config.model_name, args.host, args.port)
+    # uvicorn re-raises the signal it shut down on, with the handler found at start: make that a
+    # no-op so a drained SIGTERM ends in exit code 0, not death by signal.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
+    _DrainingServer(uv_config, state).run()
+    logger.info("drained; bye")

@@ -1,0 +1,102 @@
+"""Prometheus metrics with vLLM's names (``folovllm:`` prefix), on a per-app registry.
+
+Fed on the engine thread after every iteration: counters from EngineStats deltas, gauges from the
+scheduler and KV cache, histograms from the RequestOutputs of that step.
+"""
+from __future__ import annotations
+
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from folovllm.engine.llm_engine import LLMEngine
+from folovllm.outputs import RequestOutput
+
+_LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+                    7.5, 10.0, 20.0, 40.0, 80.0)
+_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+# EngineStats counter field -> metric name (without prefix and _total)
+_COUNTERS = {"prompt_tokens": "prompt_tokens", "generation_tokens": "generation_tokens",
+             "num_preemptions": "num_preemptions", "prefix_cache_queries": "prefix_cache_queries",
+             "prefix_cache_hits": "prefix_cache_hits"}
+
+
+class ServerMetrics:
+    def __init__(self, model_name: str) -> None:
+        self.registry = CollectorRegistry()
+        labels, values = ["model_name"], [model_name]
+        r = self.registry
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(f"folovllm:{name}", doc, labels, registry=r).labels(*values)
+
+        def histogram(name: str, doc: str, buckets) -> Histogram:
+            return Histogram(f"folovllm:{name}", doc, labels, buckets=buckets, registry=r).labels(*values)
+
+        self.num_running = gauge("num_requests_running", "Requests in the running batch.")
+        self.num_waiting = gauge("num_requests_waiting", "Requests waiting to be scheduled.")
+        self.kv_usage = gauge("kv_cache_usage_perc", "Fraction of KV cache blocks in use (0-1).")
+        self.counters = {field: Counter(f"folovllm:{name}", f"{name.replace('_', ' ')} (total).",
+                                        labels, registry=r).labels(*values)
+                         for field, name in _COUNTERS.items()}
+        self._success = Counter("folovllm:request_success", "Finished requests by finish reason.",
+                                labels + ["finished_reason"], registry=r)
+        self.ttft = histogram("time_to_first_token_seconds", "Arrival to first token.", _LATENCY_BUCKETS)
+        self.itl = histogram("inter_token_latency_seconds", "Time between output tokens.",
+                             _LATENCY_BUCKETS)
+        self.e2e = histogram("e2e_request_latency_seconds", "Arrival to finish.", _LATENCY_BUCKETS)
+        self.queue_time = histogram("request_queue_time_seconds", "Arrival to first scheduling.",
+                                    _LATENCY_BUCKETS)
+        self.iteration_tokens = histogram("iteration_tokens_total", "Tokens computed per step.",
+                                          _TOKEN_BUCKETS)
+        self._model_name = model_name
+        self._seen: dict[str, int] = {}  # counter snapshots (EngineStats fields, finish reasons)
+        self._last_step_time: float | None = None
+        self._last_token_time: dict[str, float] = {}  # request id -> when its latest token came
+
+    def on_iteration(self, engine: LLMEngine, outputs: list[RequestOutput]) -> None:
+        """The AsyncLLMEngine hook: runs on the engine thread after each loop iteration."""
+        stats = engine.stats
+        for field, counter in self.counters.items():
+            self._inc(field, counter, getattr(stats, field))
+        for reason, total in list(stats.finished_by_reason.items()):
+            self._inc(f"finished:{reason}", self._success.labels(self._model_name, reason), total)
+        self.num_running.set(len(engine.scheduler.running))
+        self.num_waiting.set(len(engine.scheduler.waiting))
+        self.kv_usage.set(engine.kv_cache.usage)
+        step = stats.last_step
+        if step is not None and step.time != self._last_step_time:
+            self._last_step_time = step.time
+            self.iteration_tokens.observe(step.num_prefill_tokens + step.num_decode_tokens)
+        for output in outputs:
+            self._observe_request(output)
+        if len(self._last_token_time) > len(engine.groups):  # aborted requests end without an output
+            for request_id in [r for r in self._last_token_time if r not in engine.groups]:
+                del self._last_token_time[request_id]
+
+    def _inc(self, key: str, counter, total: float) -> None:
+        delta = total - self._seen.get(key, 0)
+        if delta > 0:
+            counter.inc(delta)
+        self._seen[key] = total
+
+    def _observe_request(self, output: RequestOutput) -> None:
+        m = output.metrics
+        now = m.last_token_time or time.perf_counter()
+        previous = self._last_token_time.get(output.request_id)
+        if previous is None:
+            if m.first_token_time is not None:
+                self.ttft.observe(m.first_token_time - m.arrival_time)
+            if m.first_scheduled_time is not None:
+                self.queue_time.observe(m.first_scheduled_time - m.arrival_time)
+        else:
+            self.itl.observe(now - previous)
+        if output.finished:
+            self._last_token_time.pop(output.request_id, None)
+            if m.finished_time is not None:
+                self.e2e.observe(m.finished_time - m.arrival_time)
+        else:
+            self._last_token_time[output.request_id] = now
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,168 @@
+"""What both generation endpoints share: model check, admission, request start, SSE, logprob text."""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+
+from fastapi import Request
+
+from folovllm.detokenizer import stop_holdback
+from folovllm.engine.async_engine import AsyncLLMEngine, EngineShutdownError, RequestStream
+from folovllm.entrypoints.openai.errors import APIError, bad_request, server_busy
+from folovllm.outputs import CompletionOutput, RequestOutput
+from folovllm.sampling_params import SamplingParams
+
+
+class ClientDisconnected(Exception):
+    """The client hung up before a non-streaming response was ready."""
+
+
+def sse(payload: dict | str) -> str:
+    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
+    return f"data: {data}\n\n"
+
+
+def shutting_down() -> APIError:
+    return APIError(503, "the server is shutting down", type="service_unavailable",
+                    code="shutting_down", headers={"Retry-After": "5"})
+
+
+class ServingContext:
+    """State the endpoints share: the engine, the served model name, the API-side tokenizer."""
+
+    def __init__(self, engine: AsyncLLMEngine, model_name: str, tokenizer,
+                 max_waiting_requests: int | None) -> None:
+        self.engine = engine
+        self.model_name = model_name
+        self.tokenizer = tokenizer  # a copy: the engine thread decodes with its own
+        self.max_model_len = engine.engine.max_model_len
+        self.max_waiting_requests = max_waiting_requests
+        self._token_text: dict[int, str] = {}
+
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name != self.model_name:
+            raise APIError(404, f"the model {name!r} does not exist; this server serves "
+                                f"{self.model_name!r}", type="not_found_error", param="model",
+                           code="model_not_found")
+
+    async def start(self, prompts: list[dict], params: SamplingParams, request_id: str,
+                    arrival_time: float, param_renames: dict[str, str] | None = None,
+                    prompt_param: str = "prompt") -> list[RequestStream]:
+        """Queues one engine request per prompt, all or nothing; engine ValueErrors become 400s."""
+        limit = self.max_waiting_requests
+        if limit is not None and self.engine.num_pending + len(prompts) > limit:
+            raise server_busy()
+        streams: list[RequestStream] = []
+        try:
+            for i, prompt in enumerate(prompts):
+                sub_id = request_id if len(prompts) == 1 else f"{request_id}-p{i}"
+                streams.append(await self.engine.add_request(sub_id, prompt, params, arrival_time))
+        except ValueError as err:
+            self.abort_unfinished(streams)
+            raise bad_request(err, param=prompt_param if "prompt" in str(err) else None,
+                              renames=param_renames) from err
+        except EngineShutdownError as err:
+            raise shutting_down() from err
+        except BaseException:
+            self.abort_unfinished(streams)
+            raise
+        return streams
+
+    def abort_unfinished(self, streams: list[RequestStream]) -> None:
+        for stream in streams:
+            if not stream.finished:
+                self.engine.abort(stream.request_id)
+
+    async def collect(self, streams: list[RequestStream], raw: Request) -> list[RequestOutput]:
+        """The final output of every stream; aborts them all if the client disconnects first."""
+        async def last(stream: RequestStream) -> RequestOutput:
+            final = None
+            async for output in stream:
+                final = output
+            return final
+
+        work = asyncio.ensure_future(asyncio.gather(*(last(s) for s in streams)))
+        watcher = asyncio.ensure_future(_wait_for_disconnect(raw))
+        try:
+            await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watcher.cancel()
+        if not work.done():
+            work.cancel()  # each stream's iterator aborts its request on the way out
+            self.abort_unfinished(streams)
+            raise ClientDisconnected()
+        try:
+            return work.result()
+        except EngineShutdownError as err:
+            raise shutting_down() from err
+
+    def token_text(self, token_id: int) -> str:
+        text = self._token_text.get(token_id)
+        if text is None:
+            text = self._token_text[token_id] = self.tokenizer.decode([token_id])
+        return text
+
+
+async def _wait_for_disconnect(raw: Request) -> None:
+    while (await raw.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def merge_streams(streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """(prompt index, output) from several streams as they come; one stream is iterated directly."""
+    if len(streams) == 1:
+        async for output in streams[0]:
+            yield 0, output
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(index: int, stream: RequestStream) -> None:
+        try:
+            async for output in stream:
+                queue.put_nowait((index, output))
+        except Exception as err:
+            queue.put_nowait((index, err))
+
+    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        remaining = len(streams)
+        while remaining:
+            index, item = await queue.get()
+            if isinstance(item, Exception):
+                raise item
+            remaining -= item.finished
+            yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+class TextDeltas:
+    """Per-choice streaming cursor: new text (minus a possible stop-string prefix) and new tokens."""
+
+    def __init__(self, stop: list[str]) -> None:
+        self.stop = stop
+        self.num_chars = 0
+        self.num_tokens = 0
+
+    def advance(self, output: CompletionOutput) -> tuple[str, int]:
+        """The text not yet sent and the index of the first token not yet sent."""
+        text = output.text
+        if self.stop and not output.finished():
+            text = text[:len(text) - stop_holdback(text, self.stop)]  # could still become a stop
+        delta = text[self.num_chars:]
+        self.num_chars = max(self.num_chars, len(text))
+        first_token = self.num_tokens
+        self.num_tokens = len(output.token_ids)
+        return delta, first_token
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def now_s() -> int:
+    return int(time.time())

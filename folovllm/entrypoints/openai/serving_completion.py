@@ -1,0 +1,137 @@
+"""POST /v1/completions: prompts (text or token ids) in, text completions out, streamed or not."""
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from folovllm.engine.async_engine import EngineShutdownError, RequestStream
+from folovllm.entrypoints.openai.errors import bad_request
+from folovllm.entrypoints.openai.protocol import CompletionRequest
+from folovllm.entrypoints.openai.serving import (ServingContext, TextDeltas, merge_streams, now_s, sse,
+                                                 usage)
+from folovllm.outputs import CompletionOutput, RequestOutput
+
+
+class CompletionServing:
+    def __init__(self, ctx: ServingContext) -> None:
+        self.ctx = ctx
+
+    async def create(self, body: CompletionRequest, raw: Request):
+        arrival = time.perf_counter()
+        ctx = self.ctx
+        ctx.check_model(body.model)
+        prompts = self._prompts(body.prompt)
+        if body.echo and body.logprobs is not None:
+            raise bad_request("echo with logprobs is not supported (no prompt logprobs)", "echo")
+        try:
+            params = body.to_sampling_params(body.max_tokens, body.logprobs)
+        except ValueError as err:
+            raise bad_request(err) from err
+        request_id = f"cmpl-{uuid.uuid4().hex}"
+        streams = await ctx.start(prompts, params, request_id, arrival)
+        if body.stream:
+            return StreamingResponse(self._stream(body, prompts, streams, request_id, params.stop),
+                                     media_type="text/event-stream")
+        finals = await ctx.collect(streams, raw)
+        choices, completion_tokens = [], 0
+        for i, final in enumerate(finals):
+            echo = self._prompt_text(prompts[i]) if body.echo else ""
+            for out in final.outputs:
+                completion_tokens += len(out.token_ids)
+                logprobs = self._logprobs(out, 0, len(echo)) if body.logprobs is not None else None
+                choices.append({"index": i * params.n + out.index, "text": echo + out.text,
+                                "logprobs": logprobs, "finish_reason": out.finish_reason,
+                                "stop_reason": out.stop_reason})
+        prompt_tokens = sum(len(f.prompt_token_ids) for f in finals)
+        return JSONResponse({"id": request_id, "object": "text_completion", "created": now_s(),
+                             "model": ctx.model_name, "choices": choices,
+                             "usage": usage(prompt_tokens, completion_tokens)})
+
+    def _prompts(self, prompt) -> list[dict]:
+        """The request's prompts as engine inputs, tokenized here (not on the engine thread)."""
+        if isinstance(prompt, str):
+            prompt = [prompt]
+        if not prompt:
+            raise bad_request("prompt must not be empty", "prompt")
+        if isinstance(prompt[0], int):
+            prompt = [prompt]
+        inputs = []
+        for p in prompt:
+            if isinstance(p, str):
+                inputs.append({"prompt": p, "prompt_token_ids": self.ctx.tokenizer.encode(p) if p else []})
+            else:
+                inputs.append({"prompt_token_ids": list(p)})
+        return inputs
+
+    def _prompt_text(self, prompt: dict) -> str:
+        text = prompt.get("prompt")
+        return text if text is not None else self.ctx.tokenizer.decode(prompt["prompt_token_ids"])
+
+    def _logprobs(self, out: CompletionOutput, first_token: int, text_offset: int) -> dict:
+        """OpenAI completions format for tokens [first_token:]: tokens, token_logprobs, top_logprobs,
+        text_offset."""
+        token_text = self.ctx.token_text
+        result = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        offset = text_offset
+        for token_id, entries in zip(out.token_ids[first_token:], (out.logprobs or [])[first_token:]):
+            text = token_text(token_id)
+            result["tokens"].append(text)
+            result["token_logprobs"].append(entries[token_id].logprob)
+            result["top_logprobs"].append({token_text(t): lp.logprob for t, lp in
+                                           sorted(entries.items(), key=lambda e: e[1].rank)})
+            result["text_offset"].append(offset)
+            offset += len(text)
+        return result
+
+    async def _stream(self, body: CompletionRequest, prompts: list[dict], streams: list[RequestStream],
+                      request_id: str, stop: list[str]) -> AsyncIterator[str]:
+        n = body.n
+        created, model = now_s(), self.ctx.model_name
+        cursors = [[TextDeltas(stop) for _ in range(n)] for _ in streams]
+        offsets = [[0] * n for _ in streams]
+        finals: list[RequestOutput | None] = [None] * len(streams)
+
+        def chunk(choices: list[dict]) -> str:
+            return sse({"id": request_id, "object": "text_completion", "created": created,
+                        "model": model, "choices": choices})
+
+        try:
+            if body.echo:
+                for i, prompt in enumerate(prompts):
+                    text = self._prompt_text(prompt)
+                    for j in range(n):
+                        offsets[i][j] = len(text)
+                    yield chunk([{"index": i * n + j, "text": text, "logprobs": None,
+                                  "finish_reason": None} for j in range(n)])
+            async for i, output in merge_streams(streams):
+                finals[i] = output
+                choices = []
+                for out in output.outputs:
+                    delta, first_token = cursors[i][out.index].advance(out)
+                    if not delta and first_token == len(out.token_ids) and not out.finished():
+                        continue
+                    logprobs = None
+                    if body.logprobs is not None:
+                        logprobs = self._logprobs(out, first_token, offsets[i][out.index])
+                    offsets[i][out.index] += len(delta)
+                    choices.append({"index": i * n + out.index, "text": delta, "logprobs": logprobs,
+                                    "finish_reason": out.finish_reason,
+                                    "stop_reason": out.stop_reason})
+                if choices:
+                    yield chunk(choices)
+            if body.include_usage:
+                prompt_tokens = sum(len(f.prompt_token_ids) for f in finals)
+                completion_tokens = sum(len(o.token_ids) for f in finals for o in f.outputs)
+                yield sse({"id": request_id, "object": "text_completion", "created": created,
+                           "model": model, "choices": [],
+                           "usage": usage(prompt_tokens, completion_tokens)})
+        except EngineShutdownError as err:
+            yield sse({"error": {"message": str(err), "type": "service_unavailable", "param": None,
+                                 "code": "shutting_down"}})
+        finally:
+            self.ctx.abort_unfinished(streams)
+        yield sse("[DONE]")

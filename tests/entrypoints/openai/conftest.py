@@ -1,0 +1,112 @@
+"""A live `folovllm serve` subprocess on a free port, shared by the module tests."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+API_KEY = "test-key"
+MODEL_NAME = "smol"
+# Same engine settings as the offline `smol_llm` fixture, so greedy outputs can be compared.
+ENGINE_ARGS = ["--dtype", "float32", "--max-model-len", "512", "--kv-cache-memory", "256MiB",
+               "--seed", "0"]
+
+
+class ServerProcess:
+    """A server subprocess; ``stop()`` sends SIGTERM and returns the exit code."""
+
+    def __init__(self, *extra_args: str) -> None:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "folovllm.entrypoints.cli", "serve", "--port", str(self.port),
+               "--served-model-name", MODEL_NAME, "--log-level", "warning", *ENGINE_ARGS, *extra_args]
+        self.proc = subprocess.Popen(cmd, env={**os.environ, "FOLOVLLM_API_KEY": ""},
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    def wait_ready(self, timeout_s: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.proc.stderr.read()}")
+            try:
+                if httpx.get(f"{self.base_url}/health", timeout=1.0).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        self.kill()
+        raise RuntimeError("server did not become healthy in time")
+
+    def stop(self, timeout_s: float = 60.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture(scope="session")
+def server():
+    """The shared server: API key on, default admission queue."""
+    proc = ServerProcess("--api-key", API_KEY)
+    try:
+        proc.wait_ready()
+        yield proc
+    finally:
+        proc.stop()
+        proc.kill()
+
+
+@pytest.fixture(scope="session")
+def client(server):
+    import openai
+
+    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key=API_KEY, max_retries=0)
+
+
+@pytest.fixture(scope="session")
+def http(server):
+    """A raw HTTP client with the API key, for what the openai client hides (status, headers)."""
+    with httpx.Client(base_url=server.base_url, headers={"Authorization": f"Bearer {API_KEY}"},
+                      timeout=60.0) as c:
+        yield c
+
+
+@pytest.fixture(scope="session")
+def start_server():
+    """Starts an extra server (own settings); the test stops it."""
+    return ServerProcess
+
+
+@pytest.fixture(scope="session")
+def scrape(http):
+    """Reads /metrics of the shared server."""
+    return lambda: parse_metrics(http.get("/metrics"))
+
+
+def parse_metrics(response: httpx.Response) -> dict[str, float]:
+    """/metrics as {sample name{sorted labels, model_name dropped}: value}; must parse."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    assert response.status_code == 200
+    values = {}
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()) if k != "model_name")
+            values[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+    return values
