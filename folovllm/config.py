@@ -49,6 +49,9 @@ class EngineConfig:
     waiting_served_ratio: float = 0.3  # reserve: TGI's default
     max_waiting_tokens: int = 20  # reserve: TGI's default
     adaptive_init_beta: float = 0.7  # adaptive: first guess of the used share of max_tokens
+    scheduling: str = "continuous"  # continuous (iteration-level) | static (batch-level ablation)
+    kv_layout: str = "paged"  # paged | contiguous (reserve max_model_len per request: ablation)
+    trace_path: str | None = None  # write one JSON line per step (the step trace) here
     attention_backend: str = "auto"  # auto | torch
     num_threads: int | None = None  # CPU threads for torch; None = all cores
 
@@ -74,6 +77,10 @@ class EngineConfig:
                              f"got {self.scheduling_policy!r}")
         if self.admission not in ADMISSION_MODES:
             raise ValueError(f"admission must be one of {', '.join(ADMISSION_MODES)}; got {self.admission!r}")
+        if self.scheduling not in ("continuous", "static"):
+            raise ValueError(f"scheduling must be continuous or static; got {self.scheduling!r}")
+        if self.kv_layout not in ("paged", "contiguous"):
+            raise ValueError(f"kv_layout must be paged or contiguous; got {self.kv_layout!r}")
         if self.max_queue_delay is not None and self.max_queue_delay <= 0:
             raise ValueError(f"max_queue_delay must be > 0 seconds; got {self.max_queue_delay}")
         if self.kv_cache_memory is not None:

@@ -13,9 +13,64 @@ def fmt(value: float | None, digits: int = 1) -> str:
     return "–" if value is None else f"{value:,.{digits}f}"
 
 
+def shared_prefix_table(runs: list[dict], path: Path) -> str:
+    lines = [f"`{path.as_posix()}` — {runs[0]['num_requests']} requests, {runs[0]['prefix_len']}-token common "
+             f"prefix + {runs[0]['question_len']}-token question ({runs[0]['shared_fraction']:.0%} shared), "
+             f"{runs[0]['request_rate']} req/s", "",
+             "| prefix caching | prefill tokens computed | hit rate | TTFT mean ms | TTFT p90 ms |", "|---|---|---|---|---|"]
+    for r in runs:
+        lines.append(f"| {'on' if r['prefix_caching'] else 'off'} | {r['prefill_tokens_computed']:,} / "
+                     f"{r['prompt_tokens']:,} | {r['hit_rate']:.1%} | {fmt(r['ttft_ms']['mean'])} | {fmt(r['ttft_ms']['p90'])} |")
+    on = runs[0]
+    lines += ["", f"Computed prefill tokens drop {on['computed_prefill_drop']:.1%}; mean TTFT is "
+                  f"{on['ttft_speedup']:.1f}× lower with caching.", ""]
+    return "\n".join(lines)
+
+
+def multi_turn_table(runs: list[dict], path: Path) -> str:
+    r0 = runs[0]
+    lines = [f"`{path.as_posix()}` — {r0['conversations']} conversations × {r0['turns']} turns, "
+             f"{r0['system_len']}-token system prompt, {r0['user_len']}-token user messages, "
+             f"{r0['answer_len']}-token answers; each turn resends the whole history", "",
+             "| prefix caching | turn | prefill tokens computed | hit rate | TTFT mean ms |", "|---|---|---|---|---|"]
+    for r in runs:
+        for t in r["per_turn"]:
+            lines.append(f"| {'on' if r['prefix_caching'] else 'off'} | {t['turn']} | "
+                         f"{t['prefill_tokens_computed']:,} / {t['prompt_tokens']:,} | {t['hit_rate']:.1%} | "
+                         f"{fmt(t['ttft_ms_mean'])} |")
+    lines += ["", f"Hit rate from the second turn on, caching on: {r0['hit_rate_from_turn_2']:.1%}.", ""]
+    return "\n".join(lines)
+
+
+def policies_table(runs: list[dict], path: Path) -> str:
+    lines = [f"`{path.as_posix()}`", "",
+             "| scenario | config | class | TTFT mean / p99 ms | E2EL mean / p99 ms | worst queue ms | out tok/s | peak running | preemptions | peak KV |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in runs:
+        cfg = ", ".join(f"{k}={v}" for k, v in r["config"].items()
+                        if k in ("scheduling_policy", "admission", "max_queue_delay") and v is not None)
+        for tag, c in [("all", r)] + sorted(r["classes"].items()):
+            if tag != "all" and len(r["classes"]) < 2:
+                continue
+            whole = tag == "all"  # run-wide figures only on the run's own row
+            run_cells = (f"{fmt(r['output_tok_s'])} | {r['peak_running']} | {r['preemptions']} | "
+                         f"{r['peak_kv_usage']:.0%}") if whole else " |  |  | "
+            lines.append(f"| {r['name']} | {cfg} | {tag} | {fmt(c['ttft_ms']['mean'], 0)} / "
+                         f"{fmt(c['ttft_ms']['p99'], 0)} | {fmt(c['e2el_ms']['mean'], 0)} / "
+                         f"{fmt(c['e2el_ms']['p99'], 0)} | {fmt(c['queue_delay_ms']['max'], 0)} | {run_cells} |")
+    lines.append("")
+    return "\n".join(lines)
+
+
 def table(path: Path) -> str:
     runs = json.loads(path.read_text())
     ours = runs[0]
+    if ours["name"] == "shared-prefix":
+        return shared_prefix_table(runs, path)
+    if ours["name"] == "multi-turn":
+        return multi_turn_table(runs, path)
+    if ours["name"] in ("priority", "sjf", "fair", "admission"):
+        return policies_table(runs, path)
     lines = [f"**{ours['name']}** — {ours['num_requests']} requests, `{path.as_posix()}`", "",
              "| engine | requests | input tok/s | output tok/s | TTFT mean ms | TPOT mean ms | peak RSS MiB | ours/theirs (output tok/s) |",
              "|---|---|---|---|---|---|---|---|"]

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from folovllm.bench.hf_baseline import run_hf_baselines
+from folovllm.bench.ladder import run_ladder, write_ladder
 from folovllm.bench.prefix import PREFIX_WORKLOADS, run_prefix_workload
 from folovllm.bench.results import (
     CpuShare,
@@ -47,6 +48,8 @@ def add_throughput_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
                         help="'hf': also run transformers generate (static batch and sequential) in this process.")
     parser.add_argument("--hf-sequential-requests", type=int, default=8,
                         help="Run hf-sequential on the first K requests only (it is slow); 0 skips it.")
+    parser.add_argument("--compare", choices=["all"], default=None,
+                        help="all: run seed 002's ladder M1 -> M2 -> M3 -> M5 -> M6 on the workload")
     parser.add_argument("--request-rate", type=float, default=1.0,
                         help="shared-prefix: requests per second (evenly spaced arrivals).")
     parser.add_argument("--output-json", default=None, help="Write the list of result objects here.")
@@ -84,6 +87,11 @@ def measure_engine(llm: Any, requests: list[BenchRequest]) -> tuple[list[Request
     return timings, duration
 
 
+def _model_vocab_size(llm: Any) -> int | None:
+    engine = getattr(llm, "llm_engine", None)  # tests pass a stand-in without an engine
+    return engine.model.arch.vocab_size if engine is not None else None
+
+
 def ratio_metrics(workload: str) -> list[str]:
     """What to compare: output rate always; prefill rates where the workload is prompt-bound."""
     return ["output_tok_s", "input_tok_s", "prefill_tok_s"] if workload == "prefill-heavy" else ["output_tok_s"]
@@ -108,7 +116,7 @@ def run_throughput(args: argparse.Namespace) -> list[dict[str, Any]]:
     llm = LLM(**vars(config))
     load_peak = read_peak_rss_mb()
     requests = build_workload_for_tokenizer(
-        llm.tokenizer, args.workload, num_requests=args.num_requests, input_len=args.input_len,
+        llm.tokenizer, args.workload, _model_vocab_size(llm), num_requests=args.num_requests, input_len=args.input_len,
         output_len=args.output_len, seed=args.seed,
     )
     workload_config = {
@@ -117,6 +125,12 @@ def run_throughput(args: argparse.Namespace) -> list[dict[str, Any]]:
         "seed": args.seed,
     }
     model_path = str(llm.model_path)
+    if args.compare == "all":
+        del llm
+        gc.collect()
+        rows = run_ladder(vars(config), requests, measure_engine)
+        write_ladder(rows, args.output_json)
+        return rows
 
     reset_peak_rss()
     share = CpuShare(torch.get_num_threads())

@@ -76,6 +76,8 @@ def build_workload(
     return [BenchRequest([int(t) for t in row], int(m)) for row, m in zip(prompts, max_tokens)]
 
 
-def build_workload_for_tokenizer(tokenizer: Any, name: str, **overrides: Any) -> list[BenchRequest]:
-    """``build_workload`` over a HF tokenizer's vocabulary, skipping its special tokens."""
-    return build_workload(name, len(tokenizer), special_token_ids(tokenizer), **overrides)
+def build_workload_for_tokenizer(tokenizer: Any, name: str, model_vocab_size: int | None = None,
+                                 **overrides: Any) -> list[BenchRequest]:
+    """``build_workload`` over a HF tokenizer's vocabulary (capped at the model's), minus special tokens."""
+    vocab = len(tokenizer) if model_vocab_size is None else min(len(tokenizer), model_vocab_size)
+    return build_workload(name, vocab, special_token_ids(tokenizer), **overrides)

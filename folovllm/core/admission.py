@@ -145,3 +145,13 @@ class AdaptiveAdmission(OnDemandAdmission):
 
     def on_preempted(self, request: Request) -> None:
         self.beta = min(self.max_beta, self.beta + self.retract_step)
+
+
+class StaticBatchAdmission(OnDemandAdmission):
+    """Batch-level static batching (the ablation of seed 003 §7.2.2): a batch is admitted only when
+    the previous one has completely finished, so it waits for its slowest request."""
+
+    name = "static"
+
+    def plan_step(self, running: list[Request], waiting: list[Request]) -> StepPlan:
+        return StepPlan(admit=not running)

@@ -108,8 +108,11 @@ class KVCacheManager:
     """Gives each request the blocks its tokens need, on demand, and takes them back at the end."""
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
-                 model_key: str = "") -> None:
+                 model_key: str = "", reserve_tokens_per_request: int = 0) -> None:
         self.block_size = block_size
+        # > 0: the "contiguous" layout ablation (seed 002 M1): every request holds blocks for this
+        # many tokens from its first step on, as if it had one max_model_len buffer.
+        self.reserve_tokens_per_request = reserve_tokens_per_request
         self.pool = BlockPool(num_blocks)
         self.enable_prefix_caching = enable_prefix_caching
         self.model_key = model_key.encode()
@@ -206,7 +209,8 @@ class KVCacheManager:
         table = self.block_tables.get(request.request_id, [])
         num_computed = request.num_computed_tokens + len(cached_blocks) * self.block_size
         total_tokens = num_computed + num_new_tokens
-        needed = max(0, -(-total_tokens // self.block_size) - len(table) - len(cached_blocks))
+        held_tokens = max(total_tokens, self.reserve_tokens_per_request)
+        needed = max(0, -(-held_tokens // self.block_size) - len(table) - len(cached_blocks))
         # Hit blocks nobody holds are counted as free until we take them.
         reusable = sum(1 for b in cached_blocks if self.pool.ref_counts[b] == 0)
         if needed > self.pool.num_free_blocks - reusable:

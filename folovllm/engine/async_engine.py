@@ -68,6 +68,8 @@ class _AddOp:
     arrival_time: float
     stream: RequestStream
     accepted: asyncio.Future
+    priority: int = 0
+    user: str | None = None
 
 
 class AsyncLLMEngine:
@@ -106,14 +108,15 @@ class AsyncLLMEngine:
     # -- requests (event-loop side) -----------------------------------------------------------
 
     async def add_request(self, request_id: str, prompt: PromptInput, params: SamplingParams,
-                          arrival_time: float | None = None) -> RequestStream:
+                          arrival_time: float | None = None, priority: int = 0,
+                          user: str | None = None) -> RequestStream:
         """Queues a request; raises the engine's ValueError (bad prompt) before any output."""
         if self._loop is None or self._stopping:
             raise EngineShutdownError("the engine is not running")
         stream = RequestStream(request_id, self)
         accepted = self._loop.create_future()
         arrival = time.perf_counter() if arrival_time is None else arrival_time
-        self._submit(_AddOp(request_id, prompt, params, arrival, stream, accepted))
+        self._submit(_AddOp(request_id, prompt, params, arrival, stream, accepted, priority, user))
         try:
             await accepted
         except asyncio.CancelledError:
@@ -170,7 +173,8 @@ class AsyncLLMEngine:
                 self._streams.pop(op, None)
                 continue
             try:
-                self.engine.add_request(op.prompt, op.params, op.request_id, op.arrival_time)
+                self.engine.add_request(op.prompt, op.params, op.request_id, op.arrival_time,
+                                        priority=op.priority, user=op.user)
             except ValueError as err:
                 self._loop.call_soon_threadsafe(_resolve, op.accepted, err)
                 continue

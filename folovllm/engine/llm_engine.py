@@ -4,7 +4,9 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import json
 import logging
 import os
 import time
@@ -13,7 +15,8 @@ import torch
 
 from folovllm.attention.backend import get_attention_backend
 from folovllm.config import EngineConfig
-from folovllm.core.admission import AdaptiveAdmission, OnDemandAdmission, ReserveAdmission
+from folovllm.core.admission import (AdaptiveAdmission, OnDemandAdmission, ReserveAdmission,
+                                     StaticBatchAdmission)
 from folovllm.core.kv_cache import KVCacheManager
 from folovllm.core.policy import make_policy
 from folovllm.core.scheduler import Scheduler, SchedulerLimits, SchedulerOutput
@@ -52,8 +55,9 @@ class LLMEngine:
 
         num_blocks = self._num_kv_blocks()
         model_key = f"{self.model_path}|{config.load_format}|{config.seed}|{self.dtype}"
+        reserve = self.max_model_len if config.kv_layout == "contiguous" else 0
         self.kv_cache = KVCacheManager(num_blocks, config.block_size,
-                                       config.enable_prefix_caching, model_key)
+                                       config.enable_prefix_caching, model_key, reserve)
         caches = allocate_kv_caches(arch.num_hidden_layers, num_blocks, config.block_size,
                                     arch.num_key_value_heads, arch.head_dim, self.dtype, self.device)
         self.runner = ModelRunner(self.model, caches, config.block_size, self.device)
@@ -71,11 +75,17 @@ class LLMEngine:
         self.groups: dict[str, RequestGroup] = {}
         self._ids = itertools.count()
         self.stats = EngineStats()
+        # Line-buffered so a trace is complete up to the last step even if the process is killed.
+        self._trace = open(config.trace_path, "w", buffering=1) if config.trace_path else None
 
     # -- start-up -----------------------------------------------------------------------------
 
     def _make_admission(self, num_blocks: int, max_batched: int) -> OnDemandAdmission:
         cfg = self.config
+        if cfg.scheduling == "static":
+            if cfg.admission != "on-demand":
+                raise ValueError("scheduling=static is its own admission rule; use admission=on-demand")
+            return StaticBatchAdmission()
         if cfg.admission == "reserve":
             total = cfg.max_batch_total_tokens or num_blocks * cfg.block_size
             prefill = cfg.max_batch_prefill_tokens or max_batched
@@ -231,6 +241,9 @@ class LLMEngine:
             num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
             num_preempted=len(sched.preempted), kv_blocks_used=self.kv_cache.num_used_blocks,
             kv_usage=self.kv_cache.usage)
+        stats.peak_num_running = max(stats.peak_num_running, stats.last_step.num_running)
+        if self._trace is not None:
+            self._trace.write(json.dumps(dataclasses.asdict(stats.last_step)) + "\n")
 
     def _finish(self, request: Request, status: RequestStatus) -> None:
         if request.status.finished:

@@ -30,6 +30,7 @@ class EngineStats:
     prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache
     prefix_cache_hits: int = 0  # of those, tokens found cached
     finished_by_reason: Counter = field(default_factory=Counter)
+    peak_num_running: int = 0
     last_step: StepStats | None = None
 
     @property

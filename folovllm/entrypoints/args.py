@@ -35,6 +35,12 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--waiting-served-ratio", type=float, default=0.3)
     g.add_argument("--max-waiting-tokens", type=int, default=20)
     g.add_argument("--adaptive-init-beta", type=float, default=0.7)
+    g.add_argument("--scheduling", default="continuous", choices=["continuous", "static"],
+                   help="static: batch-level static batching (ablation)")
+    g.add_argument("--kv-layout", default="paged", choices=["paged", "contiguous"],
+                   help="contiguous: each request reserves max_model_len up front (ablation)")
+    g.add_argument("--trace", dest="trace_path", default=None,
+                   help="write the step trace (JSONL: tokens by kind, running, waiting, KV) here")
     g.add_argument("--num-threads", type=int, default=None, help="CPU threads for torch (default: all cores)")
 
 

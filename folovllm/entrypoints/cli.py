@@ -43,6 +43,19 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plot_timeline(args: argparse.Namespace) -> int:
+    from folovllm.bench.plots import plot_step_timeline
+
+    plot_step_timeline(args.trace, args.png)
+    print(f"wrote {args.png}")
+    return 0
+
+
+def _run_bench(run, args: argparse.Namespace) -> int:
+    run(args)
+    return 0
+
+
 def _bench(args: argparse.Namespace) -> int:
     from folovllm.bench.throughput import run_throughput
 
@@ -82,11 +95,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_throughput_args(throughput)
     throughput.set_defaults(func=_bench)
+    serve_bench = bench_sub.add_parser("serve", help="online load against an OpenAI-compatible server")
+    from folovllm.bench.serve import add_serve_args, run_serve
+
+    add_serve_args(serve_bench)
+    serve_bench.set_defaults(func=lambda args: _run_bench(run_serve, args))
+    timeline = bench_sub.add_parser("timeline", help="plot a step trace (--trace JSONL) as a PNG timeline")
+    timeline.add_argument("trace", help="the JSONL written by --trace")
+    timeline.add_argument("png", help="where to write the PNG")
+    timeline.set_defaults(func=_plot_timeline)
     policies = bench_sub.add_parser("policies", help="scheduling policies and admission modes compared")
     from folovllm.bench.policies import add_policies_args, run_policies
 
     add_policies_args(policies)
-    policies.set_defaults(func=lambda args: run_policies(args) and 0)
+    policies.set_defaults(func=lambda args: _run_bench(run_policies, args))
     return parser
 
 

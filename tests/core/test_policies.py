@@ -178,3 +178,25 @@ def test_adaptive_beta_learns_from_short_outputs_and_grows_on_retraction():
     low = admission.beta
     admission.on_preempted(request)
     assert admission.beta > low
+
+
+def test_static_batching_admits_only_into_an_empty_batch():
+    from folovllm.core.admission import StaticBatchAdmission
+
+    scheduler, clock = build(admission=StaticBatchAdmission(), max_seqs=2)
+    reqs = [make_request("short", 4, 2, 0.0), make_request("long", 4, 10, 0.0),
+            make_request("next", 4, 2, 0.0)]
+    simulate(scheduler, clock, reqs)
+    short, long_, nxt = reqs
+    # "next" waits for the slowest of the first batch, not just for the slot "short" freed.
+    assert nxt.metrics.first_scheduled_time >= long_.metrics.first_scheduled_time + 10
+
+
+def test_contiguous_layout_reserves_max_model_len_per_request():
+    kv = KVCacheManager(num_blocks=100, block_size=4, reserve_tokens_per_request=64)
+    request = make_request("a", 5, 3, 0.0)
+    assert kv.allocate_slots(request, 5)
+    assert len(kv.block_table("a")) == 16  # 64 tokens' worth, held from the first step
+    request.num_computed_tokens = 5
+    assert kv.allocate_slots(request, 1) and len(kv.block_table("a")) == 16
+    assert kv.stats()["peak_used_slots"] == 6

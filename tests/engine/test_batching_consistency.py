@@ -68,10 +68,25 @@ def test_preempted_requests_recompute_to_the_same_output(tiny_llama_dir, prompts
     dict(scheduling_policy="fair"),
     dict(admission="reserve", max_num_batched_tokens=64),
     dict(admission="adaptive", num_gpu_blocks_override=40, max_model_len=128),
-], ids=["priority", "sjf", "fair", "reserve", "adaptive"])
+    dict(scheduling="static"),
+    dict(kv_layout="contiguous"),
+], ids=["priority", "sjf", "fair", "reserve", "adaptive", "static", "contiguous"])
 def test_policies_and_admission_modes_do_not_change_outputs(tiny_llama_dir, prompts, alone, engine_args):
     llm = make_llm(tiny_llama_dir, **{"max_num_seqs": 3, **engine_args})
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], GREEDY, use_tqdm=False,
                         priority=[i % 3 for i in range(len(prompts))],
                         user=[f"tenant{i % 2}" for i in range(len(prompts))])
     assert_same([o.outputs[0] for o in outs], alone)
+
+
+def test_step_trace_records_every_step(tiny_llama_dir, prompts, tmp_path):
+    trace = tmp_path / "trace.jsonl"
+    llm = make_llm(tiny_llama_dir, trace_path=str(trace), max_num_batched_tokens=16)
+    run(llm, prompts)
+    import json
+
+    records = [json.loads(line) for line in trace.read_text().splitlines()]
+    assert len(records) == llm.llm_engine.stats.num_steps
+    assert all(r["num_prefill_tokens"] + r["num_decode_tokens"] <= 16 for r in records)
+    assert sum(r["num_prefill_tokens"] for r in records) >= sum(len(p) for p in prompts)
+    assert records[-1]["num_running"] == 0 and max(r["num_running"] for r in records) > 1

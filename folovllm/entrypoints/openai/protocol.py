@@ -25,6 +25,8 @@ class _SamplingRequest(BaseModel):
     top_p: float = 1.0
     stop: str | list[str] | None = None
     seed: int | None = None
+    priority: int = 0  # lower is served first under --scheduling-policy priority (vLLM's field)
+    user: str | None = None  # the tenant, for --scheduling-policy fair (OpenAI's field)
     stream: bool = False
     stream_options: StreamOptions | None = None
     presence_penalty: float = 0.0

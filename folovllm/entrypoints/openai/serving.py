@@ -49,7 +49,8 @@ class ServingContext:
 
     async def start(self, prompts: list[dict], params: SamplingParams, request_id: str,
                     arrival_time: float, param_renames: dict[str, str] | None = None,
-                    prompt_param: str = "prompt") -> list[RequestStream]:
+                    prompt_param: str = "prompt", priority: int = 0,
+                    user: str | None = None) -> list[RequestStream]:
         """Queues one engine request per prompt, all or nothing; engine ValueErrors become 400s."""
         limit = self.max_waiting_requests
         if limit is not None and self.engine.num_pending + len(prompts) > limit:
@@ -58,7 +59,8 @@ class ServingContext:
         try:
             for i, prompt in enumerate(prompts):
                 sub_id = request_id if len(prompts) == 1 else f"{request_id}-p{i}"
-                streams.append(await self.engine.add_request(sub_id, prompt, params, arrival_time))
+                streams.append(await self.engine.add_request(sub_id, prompt, params, arrival_time,
+                                                             priority=priority, user=user))
         except ValueError as err:
             self.abort_unfinished(streams)
             raise bad_request(err, param=prompt_param if "prompt" in str(err) else None,

@@ -46,7 +46,8 @@ class ChatServing:
             raise bad_request(err, renames=renames) from err
         prompt = {"prompt_token_ids": self.prompt_token_ids(body.messages)}
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
-        streams = await ctx.start([prompt], params, request_id, arrival, renames, prompt_param="messages")
+        streams = await ctx.start([prompt], params, request_id, arrival, renames, prompt_param="messages",
+                                  priority=body.priority, user=body.user)
         if body.stream:
             return StreamingResponse(self._stream(body, streams[0], request_id, params.stop),
                                      media_type="text/event-stream")

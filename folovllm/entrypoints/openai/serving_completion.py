@@ -32,7 +32,7 @@ class CompletionServing:
         except ValueError as err:
             raise bad_request(err) from err
         request_id = f"cmpl-{uuid.uuid4().hex}"
-        streams = await ctx.start(prompts, params, request_id, arrival)
+        streams = await ctx.start(prompts, params, request_id, arrival, priority=body.priority, user=body.user)
         if body.stream:
             return StreamingResponse(self._stream(body, prompts, streams, request_id, params.stop),
                                      media_type="text/event-stream")

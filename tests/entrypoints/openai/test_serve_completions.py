@@ -134,3 +134,12 @@ def test_models_tokenize_detokenize(client, http):
     chat = http.post("/tokenize", json={"messages": [{"role": "user", "content": "Hi"}]}).json()
     assert chat["count"] > 2
     assert http.get("/health").status_code == 200
+
+
+def test_priority_and_user_are_accepted(client):
+    completion = client.completions.create(model="smol", prompt=PROMPT, max_tokens=4, temperature=0,
+                                           user="tenant-a", extra_body={"priority": -3})
+    chat = client.chat.completions.create(model="smol", messages=[{"role": "user", "content": "Hi"}],
+                                          max_tokens=4, temperature=0, user="tenant-b",
+                                          extra_body={"priority": 2})
+    assert completion.usage.completion_tokens == 4 and chat.usage.completion_tokens <= 4

@@ -1,0 +1,235 @@
+"""``folovllm bench serve``: online load against any OpenAI-compatible server (ours, vLLM, SGLang, ...).
+
+Requests arrive at a rate (burst, Poisson, or gamma-bursty), optionally capped in flight, each
+streamed; the client's timestamps give DESIGN.md's metrics. ``--sweep-rates`` repeats the run at
+several rates for a throughput-latency curve. The CLI couples to this module only through
+``add_serve_args`` and ``run_serve``.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+from tqdm import tqdm
+
+from folovllm.bench import datasets as ds
+from folovllm.bench.driver import poisson_arrivals
+from folovllm.bench.results import write_results
+from folovllm.bench.serve_client import (RequestOutcome, ServedModel, auth_headers, fetch_models,
+                                         send_request)
+from folovllm.bench.serve_results import (build_serve_result, format_serve_result, latency_samples_ms,
+                                          parse_goodput)
+
+REQUEST_TIMEOUT_S = 6 * 3600.0  # a request under heavy load may queue long: only a hung server times out
+CHECK_MAX_TOKENS = 4
+
+
+def arrival_offsets(num: int, rate: float, burstiness: float = 1.0, seed: int = 0) -> list[float]:
+    """Send offsets (s, the first at 0): all 0 for an infinite rate; else gaps with mean 1/rate drawn
+    from a gamma with shape ``burstiness`` (1.0: exponential, i.e. Poisson; < 1 burstier; > 1 steadier)."""
+    if not rate > 0:
+        raise ValueError(f"request rate must be positive (or inf), got {rate}.")
+    if not burstiness > 0:
+        raise ValueError(f"burstiness must be positive, got {burstiness}.")
+    if burstiness == 1.0 or math.isinf(rate):
+        return [float(t) for t in poisson_arrivals(num, rate, seed)]
+    gaps = np.random.default_rng(seed).gamma(burstiness, 1.0 / (rate * burstiness), size=num)
+    return [float(t) for t in np.cumsum(gaps) - gaps[0]]
+
+
+def parse_rates(text: str) -> list[float]:
+    """``"1,2,4,inf"`` → [1.0, 2.0, 4.0, inf]."""
+    try:
+        rates = [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(f"--sweep-rates takes comma-separated numbers (or inf), got {text!r}.") from None
+    if not rates or any(not r > 0 for r in rates):
+        raise ValueError(f"--sweep-rates needs positive rates, got {text!r}.")
+    return rates
+
+
+def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the ``bench serve`` options to ``parser`` and return it."""
+    g = parser.add_argument_group("server")
+    g.add_argument("--base-url", default="http://127.0.0.1:8000", help="the server, without /v1")
+    g.add_argument("--endpoint", choices=["completions", "chat"], default="completions",
+                   help="completions sends token-id prompts (exact lengths); chat sends random words")
+    g.add_argument("--model", default=None, help="model name to request (default: first id of GET /v1/models)")
+    g.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"), help="default: $OPENAI_API_KEY")
+    d = parser.add_argument_group("dataset")
+    d.add_argument("--dataset", choices=ds.DATASETS, default="random",
+                   help="random, shared-prefix, sharegpt-like, a seed workload of DESIGN.md's table "
+                        "(its count, lengths and arrivals; e.g. mixed = 50%% 1024-token prompts, Poisson 64/s), "
+                        "or jsonl (--dataset-path)")
+    d.add_argument("--dataset-path", default=None,
+                   help='jsonl: one {"prompt"|"messages", "max_tokens", "arrival_s"?, "class"?} per line')
+    d.add_argument("--num-prompts", type=int, default=None,
+                   help="requests (default: 64 for random/shared-prefix, 500 sharegpt-like, the table's "
+                        "count for seed workloads, the whole file for jsonl)")
+    d.add_argument("--input-len", type=int, default=None,
+                   help="prompt tokens (random: 128; shared-prefix: the suffix; mixed: the long class)")
+    d.add_argument("--output-len", type=int, default=None, help="max_tokens (random/shared-prefix: 64)")
+    d.add_argument("--input-len-range", default=None, metavar="A:B", help="prompt tokens uniform in [A, B]")
+    d.add_argument("--output-len-range", default=None, metavar="A:B", help="max_tokens uniform in [A, B]")
+    d.add_argument("--prefix-len", type=int, default=256, help="shared-prefix: tokens of the common prefix")
+    d.add_argument("--token-id-range", default="%d:%d" % ds.DEFAULT_TOKEN_ID_RANGE, metavar="A:B",
+                   help="token ids of synthetic completions prompts are drawn from [A, B)")
+    a = parser.add_argument_group("load")
+    a.add_argument("--request-rate", type=float, default=None,
+                   help="requests/s; inf = all at once (default: the dataset's, e.g. 64 for mixed, else inf; "
+                        "jsonl with arrival_s replays them)")
+    a.add_argument("--burstiness", type=float, default=1.0,
+                   help="gamma shape of the inter-arrival times: 1 = Poisson, < 1 burstier, > 1 steadier")
+    a.add_argument("--sweep-rates", default=None, metavar="R1,R2,...",
+                   help="run once per rate (inf allowed) for a throughput-latency curve")
+    a.add_argument("--max-concurrency", type=int, default=None, help="requests in flight at most")
+    a.add_argument("--seed", type=int, default=0, help="seeds the dataset and the arrivals")
+    o = parser.add_argument_group("output")
+    o.add_argument("--goodput", nargs="+", default=None, metavar="KEY:MS",
+                   help="SLOs for goodput, e.g. ttft:200 tpot:50 e2el:5000")
+    o.add_argument("--output-json", default=None, help="write the list of result objects here")
+    o.add_argument("--plot", default=None, metavar="DIR", help="write latency CDFs (and the sweep curve) as PNGs")
+    o.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return parser
+
+
+def _len_bounds(fixed: int | None, text: str | None, default: int | None, name: str) -> tuple[int, int] | None:
+    if fixed is not None and text is not None:
+        raise ValueError(f"give --{name} or --{name}-range, not both.")
+    if text is not None:
+        return ds.parse_len_range(text, f"--{name}-range")
+    value = default if fixed is None else fixed
+    if value is not None and value < 1:
+        raise ValueError(f"--{name} must be at least 1, got {value}.")
+    return None if value is None else (value, value)
+
+
+def build_requests(args: argparse.Namespace, served: ServedModel | None) -> list[ds.ServeRequest]:
+    """The dataset ``args`` name, shaped for ``args.endpoint``."""
+    if args.num_prompts is not None and args.num_prompts < 1:
+        raise ValueError(f"--num-prompts must be at least 1, got {args.num_prompts}.")
+    fmt = "ids" if args.endpoint == "completions" else "text"
+    maker = ds.PromptMaker(fmt, np.random.default_rng(args.seed),
+                           ds.parse_len_range(args.token_id_range, "--token-id-range"))
+    name, n = args.dataset, args.num_prompts
+    if name == "jsonl":
+        if not args.dataset_path:
+            raise ValueError("--dataset jsonl needs --dataset-path.")
+        requests = ds.load_jsonl(args.dataset_path, n)
+    elif name in ds.SEED_WORKLOADS:
+        ins = _len_bounds(args.input_len, args.input_len_range, None, "input-len")
+        outs = _len_bounds(args.output_len, args.output_len_range, None, "output-len")
+        requests = ds.seed_workload(name, n, maker, ins, outs)
+    elif name == "sharegpt-like":
+        requests = ds.sharegpt_like_dataset(n or 500, maker, served.max_model_len if served else None)
+    else:
+        ins = _len_bounds(args.input_len, args.input_len_range, 128, "input-len")
+        outs = _len_bounds(args.output_len, args.output_len_range, 64, "output-len")
+        requests = (ds.random_dataset(n or 64, ins, outs, maker) if name == "random" else
+                    ds.shared_prefix_dataset(n or 64, args.prefix_len, ins, outs, maker))
+    return ds.adapt_to_endpoint(requests, args.endpoint)
+
+
+async def run_benchmark(requests: list[ds.ServeRequest], arrivals: list[float], *, base_url: str,
+                        endpoint: str, model: str, api_key: str | None = None,
+                        max_concurrency: int | None = None, progress: bool = True) -> list[RequestOutcome]:
+    """Sends each request at its offset (s from the start), at most ``max_concurrency`` in flight;
+    returns the outcomes in send order."""
+    if max_concurrency is not None and max_concurrency < 1:
+        raise ValueError(f"--max-concurrency must be at least 1, got {max_concurrency}.")
+    limit = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+    order = sorted(range(len(requests)), key=lambda i: arrivals[i])
+    # No connection cap: a pool limit would queue requests on the client and inflate TTFT.
+    async with httpx.AsyncClient(base_url=base_url.rstrip("/"), headers=auth_headers(api_key),
+                                 timeout=httpx.Timeout(REQUEST_TIMEOUT_S, connect=30.0),
+                                 limits=httpx.Limits(max_connections=None, max_keepalive_connections=None)) as http:
+        with tqdm(total=len(requests), disable=not progress, desc="requests") as bar:
+            async def one(req: ds.ServeRequest) -> RequestOutcome:
+                if limit is None:
+                    outcome = await send_request(http, endpoint, model, req)
+                else:
+                    async with limit:
+                        outcome = await send_request(http, endpoint, model, req)
+                bar.update(1)
+                return outcome
+
+            start = time.perf_counter()
+            tasks = []
+            for i in order:
+                delay = start + arrivals[i] - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                tasks.append(asyncio.create_task(one(requests[i])))
+            return list(await asyncio.gather(*tasks))
+
+
+def _check_endpoint(args: argparse.Namespace, model: str, req: ds.ServeRequest) -> None:
+    """One short request before timing anything: a wrong URL, model or prompt fails fast, with the reason."""
+    probe = ds.ServeRequest(req.prompt, min(req.max_tokens, CHECK_MAX_TOKENS), req.prompt_len,
+                            messages=req.messages, ignore_eos=req.ignore_eos)
+    outcome = asyncio.run(run_benchmark([probe], [0.0], base_url=args.base_url, endpoint=args.endpoint,
+                                        model=model, api_key=args.api_key, progress=False))[0]
+    if not outcome.success:
+        raise ValueError(f"the check request to {args.base_url} failed: {outcome.error}")
+
+
+def run_serve(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Runs the benchmark (once, or once per ``--sweep-rates`` rate), prints each report and writes
+    the JSON list and plots asked for; returns the result objects."""
+    slos = parse_goodput(args.goodput)
+    models = fetch_models(args.base_url, args.api_key)
+    served = next((m for m in models if m.id == args.model), None) if args.model else (models or [None])[0]
+    model = args.model or (served.id if served else None)
+    if model is None:
+        raise ValueError(f"{args.base_url}/v1/models lists no model; pass --model.")
+    engine = served.owned_by if served and served.owned_by else "openai-compatible"
+    requests = build_requests(args, served)
+    fixed_arrivals = args.request_rate is None and all(r.arrival_s is not None for r in requests)
+    if args.sweep_rates:
+        rates: list[float | None] = list(parse_rates(args.sweep_rates))
+    else:
+        rate = ds.default_request_rate(args.dataset) if args.request_rate is None else args.request_rate
+        rates = [None if fixed_arrivals else rate]
+    _check_endpoint(args, model, requests[0])
+
+    results, samples = [], []
+    for rate in rates:
+        arrivals = ([r.arrival_s for r in requests] if rate is None else
+                    arrival_offsets(len(requests), rate, args.burstiness, args.seed))
+        outcomes = asyncio.run(run_benchmark(requests, arrivals, base_url=args.base_url, endpoint=args.endpoint,
+                                             model=model, api_key=args.api_key,
+                                             max_concurrency=args.max_concurrency,
+                                             progress=not args.no_progress))
+        label = "trace" if rate is None else f"{rate:g}"
+        config = {"base_url": args.base_url, "endpoint": args.endpoint, "dataset": args.dataset,
+                  "dataset_path": args.dataset_path, "num_prompts": len(requests), "request_rate": label,
+                  "burstiness": args.burstiness, "max_concurrency": args.max_concurrency, "seed": args.seed,
+                  "input_len": args.input_len, "output_len": args.output_len,
+                  "input_len_range": args.input_len_range, "output_len_range": args.output_len_range}
+        result = build_serve_result(outcomes, name=f"serve-{args.dataset}@{label}", engine=engine, model=model,
+                                    config=config, slos=slos)
+        print(format_serve_result(result))
+        results.append(result)
+        samples.append(latency_samples_ms([o.timing() for o in outcomes if o.success]))
+    if args.output_json:
+        write_results(results, args.output_json)
+    if args.plot:
+        _write_plots(Path(args.plot), results, samples)
+    return results
+
+
+def _write_plots(folder: Path, results: list[dict[str, Any]], samples: list[dict[str, list[float]]]) -> None:
+    from folovllm.bench.plots import plot_latency_cdfs, plot_sweep
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for result, sample in zip(results, samples):
+        plot_latency_cdfs(sample, folder / f"{result['name'].replace('@', '-rate')}-cdf.png", title=result["name"])
+    if len(results) > 1:
+        plot_sweep(results, folder / f"serve-{results[0]['config']['dataset']}-sweep.png")

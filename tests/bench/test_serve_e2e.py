@@ -1,0 +1,44 @@
+"""One short `bench serve` sweep against a live `folovllm serve`: the JSON list, fields and plots."""
+import argparse
+import json
+
+import pytest
+
+from folovllm.bench.serve import add_serve_args, run_serve
+from tests.entrypoints.openai.conftest import MODEL_NAME, ServerProcess
+
+LATENCY_FIELDS = {"mean", "p50", "p90", "p99", "max"}
+
+
+@pytest.mark.slow
+def test_bench_serve_sweep_against_live_server(tmp_path, capsys):
+    server = ServerProcess()
+    try:
+        server.wait_ready()
+        out_json, plot_dir = tmp_path / "serve.json", tmp_path / "plots"
+        args = add_serve_args(argparse.ArgumentParser()).parse_args([
+            "--base-url", server.base_url, "--num-prompts", "3", "--input-len", "8", "--output-len", "4",
+            "--sweep-rates", "inf,20", "--max-concurrency", "2", "--goodput", "ttft:60000",
+            "--output-json", str(out_json), "--plot", str(plot_dir), "--no-progress"])
+        returned = run_serve(args)
+    finally:
+        server.stop()
+        server.kill()
+
+    results = json.loads(out_json.read_text())
+    assert results == json.loads(json.dumps(returned))
+    assert [r["config"]["request_rate"] for r in results] == ["inf", "20"]
+    for r in results:
+        assert r["model"] == MODEL_NAME and r["engine"] == "folovllm"
+        assert r["num_requests"] == 3 and r["failed_requests"] == 0 and r["failures"] == {}
+        assert r["input_tokens"] == 3 * 8 and r["output_tokens"] == 3 * 4  # ignore_eos: exact lengths
+        assert r["duration_s"] > 0 and r["output_tok_s"] == pytest.approx(12 / r["duration_s"])
+        for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms"):
+            assert set(r[key]) == LATENCY_FIELDS and 0 < r[key]["p50"] <= r[key]["max"]
+        assert r["ttft_ms"]["max"] <= r["e2el_ms"]["max"]
+        assert r["goodput"]["good_requests"] == 3
+    assert len(list(plot_dir.glob("*-cdf.png"))) == 2 and len(list(plot_dir.glob("*-sweep.png"))) == 1
+    console = capsys.readouterr().out
+    for label in ("Successful requests:", "Benchmark duration (s):", "Input tokens:", "Output tokens:",
+                  "Mean / P50 / P90 / P99 TTFT:", "Mean / P50 / P90 / P99 ITL:", "Failed requests:"):
+        assert label in console
