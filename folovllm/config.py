@@ -40,6 +40,7 @@ class EngineConfig:
     num_gpu_blocks_override: int | None = None  # fixes the block count (tests, ablations)
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = True
+    long_prefill_token_threshold: int = 0  # > 0: cap a prompt's chunk per step (chunked prefill only)
     scheduling_policy: str = "fcfs"  # fcfs | priority | sjf | fair
     max_queue_delay: float | None = None  # sjf / fair: seconds after which a request jumps the queue
     tenant_weights: dict[str, float] | None = None  # fair: share per user (default 1 each)

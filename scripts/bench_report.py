@@ -62,6 +62,22 @@ def policies_table(runs: list[dict], path: Path) -> str:
     return "\n".join(lines)
 
 
+def serve_rows(paths: list[Path]) -> str:
+    """One table for `bench serve` results (seed 000's experiments), a row per run and class."""
+    lines = ["| run | rate (req/s) | requests | input tok/s | output tok/s | TTFT p50 / p90 / p99 ms | "
+             "TPOT mean ms | E2EL mean ms |", "|---|---|---|---|---|---|---|---|"]
+    for path in paths:
+        for r in json.loads(path.read_text()):
+            rows = [(path.stem, r)] + [(f"{path.stem} · {tag}", c) for tag, c in sorted((r.get("classes") or {}).items())]
+            for label, c in rows:
+                t = c["ttft_ms"]
+                lines.append(f"| {label} | {r['config']['request_rate']} | {c.get('num_requests', r['num_requests'])} | "
+                             f"{fmt(c.get('input_tok_s'))} | {fmt(c.get('output_tok_s'))} | "
+                             f"{fmt(t['p50'], 0)} / {fmt(t['p90'], 0)} / {fmt(t['p99'], 0)} | "
+                             f"{fmt((c.get('tpot_ms') or {}).get('mean'))} | {fmt((c.get('e2el_ms') or {}).get('mean'), 0)} |")
+    return "\n".join(lines) + "\n"
+
+
 def table(path: Path) -> str:
     runs = json.loads(path.read_text())
     ours = runs[0]
@@ -95,4 +111,8 @@ def table(path: Path) -> str:
 
 
 if __name__ == "__main__":
-    print("\n".join(table(Path(p)) for p in sys.argv[1:]))
+    paths = [Path(p) for p in sys.argv[1:]]
+    serve_paths = [p for p in paths if json.loads(p.read_text())[0]["name"].startswith("serve-")]
+    print("\n".join(table(p) for p in paths if p not in serve_paths))
+    if serve_paths:
+        print(serve_rows(serve_paths))

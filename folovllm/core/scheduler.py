@@ -54,6 +54,9 @@ class SchedulerLimits:
     max_num_seqs: int
     max_model_len: int
     enable_chunked_prefill: bool = True
+    # > 0: a prompt advances at most this many tokens per step, leaving budget for other requests
+    # (vLLM's long_prefill_token_threshold), so short requests are not stuck behind a long prefill.
+    long_prefill_token_threshold: int = 0
 
 
 class Scheduler:
@@ -172,6 +175,9 @@ class Scheduler:
     def _num_new_tokens(self, request: Request, budget: int, num_cached: int = 0,
                         chunked: bool = True) -> int:
         num_new = request.num_tokens - request.num_computed_tokens - num_cached
+        threshold = self.limits.long_prefill_token_threshold
+        if chunked and self.limits.enable_chunked_prefill and 0 < threshold < num_new:
+            num_new = threshold
         if num_new > budget:
             # Without chunking a prompt must fit whole into one step.
             num_new = budget if chunked and self.limits.enable_chunked_prefill else 0

@@ -68,7 +68,8 @@ class LLMEngine:
             max_batched = self.max_model_len
         self.scheduler = Scheduler(
             SchedulerLimits(max_batched, config.max_num_seqs, self.max_model_len,
-                            config.enable_chunked_prefill), self.kv_cache,
+                            config.enable_chunked_prefill, config.long_prefill_token_threshold),
+            self.kv_cache,
             make_policy(config.scheduling_policy, config.max_queue_delay, config.tenant_weights),
             self._make_admission(num_blocks, max_batched))
         self.output_processor = OutputProcessor(self.tokenizer, self.max_model_len)

@@ -22,6 +22,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--kv-cache-memory", default=None, help="CPU KV cache size, e.g. 2GiB (default)")
     g.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     g.add_argument("--no-chunked-prefill", dest="enable_chunked_prefill", action="store_false")
+    g.add_argument("--long-prefill-token-threshold", type=int, default=0,
+                   help="cap each prompt's chunk per step so short requests can join (0 = off)")
     g.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
                    help="turn automatic prefix caching off (ablation)")
     g.add_argument("--attention-backend", default="auto")

@@ -136,3 +136,13 @@ def test_abort_waiting_and_running():
     assert not scheduler.has_unfinished()
     assert scheduler.kv_cache.num_free_blocks == 10
     assert a.status == b.status == RequestStatus.FINISHED_ABORTED
+
+
+def test_long_prefill_threshold_leaves_room_for_short_requests():
+    limits = SchedulerLimits(64, 4, 200, enable_chunked_prefill=True, long_prefill_token_threshold=16)
+    scheduler = Scheduler(limits, KVCacheManager(100, 4))
+    long_, short = make_request("long", 100, 2), make_request("short", 5, 2)
+    scheduler.add_request(long_)
+    scheduler.add_request(short)
+    out = scheduler.schedule()
+    assert out.num_new_tokens == [16, 5]  # without the cap the long prompt would take all 64

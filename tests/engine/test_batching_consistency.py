@@ -70,7 +70,8 @@ def test_preempted_requests_recompute_to_the_same_output(tiny_llama_dir, prompts
     dict(admission="adaptive", num_gpu_blocks_override=40, max_model_len=128),
     dict(scheduling="static"),
     dict(kv_layout="contiguous"),
-], ids=["priority", "sjf", "fair", "reserve", "adaptive", "static", "contiguous"])
+    dict(long_prefill_token_threshold=5, max_num_batched_tokens=16),
+], ids=["priority", "sjf", "fair", "reserve", "adaptive", "static", "contiguous", "prefill-threshold"])
 def test_policies_and_admission_modes_do_not_change_outputs(tiny_llama_dir, prompts, alone, engine_args):
     llm = make_llm(tiny_llama_dir, **{"max_num_seqs": 3, **engine_args})
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], GREEDY, use_tqdm=False,
