@@ -1,12 +1,22 @@
-"""Prints the throughput tables of docs/benchmarks.md from the saved result JSON (no hand-typed figures).
+"""Renders docs/benchmarks.md from the saved result JSON, so no figure in it is typed by hand.
 
-    .venv/bin/python scripts/bench_report.py docs/results/throughput-*.json
+    .venv/bin/python scripts/bench_report.py --write-docs                   # the whole page
+    .venv/bin/python scripts/bench_report.py docs/results/throughput-*.json  # just these tables
+
+The template (docs/benchmarks.template.md) holds the prose; a line ``<!-- tables: NAME ... -->``
+becomes the tables of docs/results/NAME.json, and ``{{EXPR:FORMAT}}`` becomes a figure computed
+from the results, where ``J('NAME')`` is the JSON of docs/results/NAME.json.
 """
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
+
+RESULTS = Path("docs/results")
+TEMPLATE = Path("docs/benchmarks.template.md")
+DOC = Path("docs/benchmarks.md")
 
 
 def fmt(value: float | None, digits: int = 1) -> str:
@@ -78,9 +88,59 @@ def serve_rows(paths: list[Path]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def http_table(paths: list[Path]) -> str:
+    lines = ["| torch threads | HTTP output tok/s | offline output tok/s | HTTP / offline |", "|---|---|---|---|"]
+    for path in paths:
+        r = json.loads(path.read_text())[0]
+        lines.append(f"| {r['num_threads']} | {fmt(r['http_output_tok_s'])} | {fmt(r['offline_output_tok_s'])} "
+                     f"| {r['ratio']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def ladder_table(path: Path) -> str:
+    sys.path.insert(0, ".")
+    from folovllm.bench.ladder import format_ladder
+
+    return format_ladder(json.loads(path.read_text())) + "\n"
+
+
+def render(paths: list[Path]) -> str:
+    """The tables of several result files, grouped the way the page shows them."""
+    first = [json.loads(p.read_text())[0] for p in paths]
+    if all(r["name"] == "http-vs-offline" for r in first):
+        return http_table(paths)
+    serve_paths = [p for p, r in zip(paths, first) if r["name"].startswith("serve-")]
+    parts = [table(p) for p in paths if p not in serve_paths]
+    if serve_paths:
+        parts.append(serve_rows(serve_paths))
+    return "\n".join(parts)
+
+
+def render_docs() -> str:
+    """The whole docs/benchmarks.md: the template with its tables and figures filled in."""
+    cache: dict[str, object] = {}
+
+    def load(name: str):
+        if name not in cache:
+            cache[name] = json.loads((RESULTS / f"{name}.json").read_text())
+        return cache[name]
+
+    def figure(match: re.Match) -> str:
+        expr, _, spec = match.group(1).rpartition(":") if ":" in match.group(1) else (match.group(1), "", "")
+        return format(eval(expr, {"J": load}), spec)  # the template is ours; J() reads one result file
+
+    text = TEMPLATE.read_text()
+    text = re.sub(r"^<!-- tables: (.+?) -->$",
+                  lambda m: render([RESULTS / f"{n}.json" for n in m.group(1).split()]).rstrip(),
+                  text, flags=re.M)
+    return re.sub(r"\{\{(.+?)\}\}", figure, text, flags=re.S)
+
+
 def table(path: Path) -> str:
     runs = json.loads(path.read_text())
     ours = runs[0]
+    if "speedup" in ours:
+        return ladder_table(path)
     if ours["name"] == "shared-prefix":
         return shared_prefix_table(runs, path)
     if ours["name"] == "multi-turn":
@@ -111,8 +171,8 @@ def table(path: Path) -> str:
 
 
 if __name__ == "__main__":
-    paths = [Path(p) for p in sys.argv[1:]]
-    serve_paths = [p for p in paths if json.loads(p.read_text())[0]["name"].startswith("serve-")]
-    print("\n".join(table(p) for p in paths if p not in serve_paths))
-    if serve_paths:
-        print(serve_rows(serve_paths))
+    if sys.argv[1:] == ["--write-docs"]:
+        DOC.write_text(render_docs())
+        print(f"wrote {DOC}")
+    else:
+        print(render([Path(p) for p in sys.argv[1:]]))

@@ -98,6 +98,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--num-threads", type=int, default=None, help="torch CPU threads, both sides")
+    parser.add_argument("--output-json", default=None)
     args = parser.parse_args()
     if args.num_threads:
         ENGINE_ARGS["num_threads"] = args.num_threads
@@ -126,6 +127,12 @@ def main() -> None:
     print(f"http    : {http_tokens} tokens in {http_s:.2f} s = {http_rate:.1f} output tok/s")
     print(f"offline : {offline_tokens} tokens in {offline_s:.2f} s = {offline_rate:.1f} output tok/s")
     print(f"ratio http/offline: {http_rate / offline_rate:.3f} (target >= 0.85)")
+    if args.output_json:
+        with open(args.output_json, "w") as f:
+            json.dump([{"name": "http-vs-offline", "num_requests": len(requests), "input_len": args.input_len,
+                        "output_len": args.output_len, "num_threads": args.num_threads or os.cpu_count(),
+                        "rounds": args.rounds, "http_output_tok_s": http_rate,
+                        "offline_output_tok_s": offline_rate, "ratio": http_rate / offline_rate}], f, indent=2)
 
 
 if __name__ == "__main__":
