@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import argparse
 import gc
-import time
 from typing import Any
 
 import numpy as np
 
+from folovllm.bench.driver import TimedRequest, drive
 from folovllm.bench.results import latency_stats, write_results
 from folovllm.bench.workloads import special_token_ids
 from folovllm.sampling_params import SamplingParams
@@ -29,30 +29,6 @@ def _allowed_ids(tokenizer, vocab_size: int) -> np.ndarray:
     return np.setdiff1d(np.arange(min(len(tokenizer), vocab_size)), specials)
 
 
-def drive(engine: Any, prompts: list[list[int]], params: SamplingParams,
-          arrivals: list[float]) -> list[float]:
-    """Adds each prompt at its arrival offset (seconds) and steps until all finish; returns TTFTs."""
-    start = time.perf_counter()
-    ids: list[str] = []
-    pending = list(zip(arrivals, prompts))
-    ttft: dict[str, float] = {}
-    arrived: dict[str, float] = {}
-    while pending or engine.has_unfinished_requests():
-        now = time.perf_counter() - start
-        while pending and pending[0][0] <= now:
-            offset, prompt = pending.pop(0)
-            rid = engine.add_request({"prompt_token_ids": prompt}, params)
-            ids.append(rid)
-            arrived[rid] = start + offset
-        if not engine.has_unfinished_requests():
-            time.sleep(max(0.0, pending[0][0] - now))
-            continue
-        for out in engine.step():
-            if out.request_id not in ttft and out.outputs[0].token_ids:
-                ttft[out.request_id] = out.metrics.first_token_time - arrived[out.request_id]
-    return [ttft[rid] for rid in ids]
-
-
 def _measure(make_llm, prompts, params, arrivals) -> dict[str, Any]:
     llm = make_llm()
     engine = llm.llm_engine
@@ -61,9 +37,8 @@ def _measure(make_llm, prompts, params, arrivals) -> dict[str, Any]:
     engine.reset_prefix_cache()
     before = (engine.stats.prompt_tokens, engine.kv_cache.prefix_cache_queries,
               engine.kv_cache.prefix_cache_hits)
-    t0 = time.perf_counter()
-    ttfts = drive(engine, prompts, params, arrivals)
-    duration = time.perf_counter() - t0
+    records, trace = drive(engine, [TimedRequest(p, params, t) for p, t in zip(prompts, arrivals)])
+    ttfts, duration = [r.ttft for r in records], trace.duration_s
     computed = engine.stats.prompt_tokens - before[0]
     queries = engine.kv_cache.prefix_cache_queries - before[1]
     hits = engine.kv_cache.prefix_cache_hits - before[2]
