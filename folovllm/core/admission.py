@@ -101,16 +101,20 @@ class ReserveAdmission(OnDemandAdmission):
         return StepPlan(admit=False)
 
     def _count_admissible(self, running: list[Request], waiting: list[Request]) -> int:
-        """How many of the waiting requests (in order) one prefill step could take."""
-        batch = list(running)
-        prefill = 0
+        """How many of the waiting requests (in order) one prefill step could take.
+
+        Runs every step, so the reservation total is summed once and grown, not re-summed per candidate.
+        """
+        reserved = sum(self.reserved_tokens(r) for r in running)
+        count = prefill = 0
         for request in waiting:
             prefill += request.num_tokens
-            if (prefill > self.max_batch_prefill_tokens or len(batch) >= self.max_num_seqs
-                    or not self.fits(request, batch)):
+            reserved += self.reserved_tokens(request)
+            if (prefill > self.max_batch_prefill_tokens or len(running) + count >= self.max_num_seqs
+                    or reserved > self.max_batch_total_tokens):
                 break
-            batch.append(request)
-        return len(batch) - len(running)
+            count += 1
+        return count
 
 
 class AdaptiveAdmission(OnDemandAdmission):
