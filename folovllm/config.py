@@ -53,7 +53,10 @@ class EngineConfig:
     scheduling: str = "continuous"  # continuous (iteration-level) | static (batch-level ablation)
     kv_layout: str = "paged"  # paged | contiguous (reserve max_model_len per request: ablation)
     trace_path: str | None = None  # write one JSON line per step (the step trace) here
-    attention_backend: str = "auto"  # auto | torch
+    attention_backend: str = "auto"  # auto (triton on CUDA, torch elsewhere) | torch | triton
+    enforce_eager: bool = False  # CUDA: no CUDA graphs for decode steps
+    cuda_graph_max_batch: int = 256  # CUDA: largest decode batch captured (ladder 1, 2, 4, 8, 16, 24, ...)
+    overlap_scheduling: bool = True  # schedule step N+1 while the device runs step N
     num_threads: int | None = None  # CPU threads for torch; None = all cores
 
     def __post_init__(self) -> None:
@@ -84,6 +87,10 @@ class EngineConfig:
             raise ValueError(f"kv_layout must be paged or contiguous; got {self.kv_layout!r}")
         if self.max_queue_delay is not None and self.max_queue_delay <= 0:
             raise ValueError(f"max_queue_delay must be > 0 seconds; got {self.max_queue_delay}")
+        if self.attention_backend not in ("auto", "torch", "triton"):
+            raise ValueError(f"attention_backend must be auto, torch or triton; got {self.attention_backend!r}")
+        if self.cuda_graph_max_batch < 1:
+            raise ValueError(f"cuda_graph_max_batch must be >= 1; got {self.cuda_graph_max_batch}")
         if self.kv_cache_memory is not None:
             self.kv_cache_memory = parse_size(self.kv_cache_memory)
 

@@ -31,6 +31,7 @@ class EngineStats:
     prefix_cache_hits: int = 0  # of those, tokens found cached
     finished_by_reason: Counter = field(default_factory=Counter)
     peak_num_running: int = 0
+    host_time_s: float = 0.0  # CPU time in step() not spent waiting for the device (schedule, prepare, update)
     last_step: StepStats | None = None
 
     @property
