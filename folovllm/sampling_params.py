@@ -25,6 +25,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    detokenize: bool = True  # False: token ids only, no text (benchmarks, foreign vocabularies)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -61,6 +62,9 @@ class SamplingParams:
             raise bad("repetition_penalty", "in (0, 2]")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty.")
+        if self.stop and not self.detokenize:
+            raise ValueError("stop strings need detokenize=True (they match text); "
+                             "use stop_token_ids with detokenize=False.")
 
     @property
     def greedy(self) -> bool:

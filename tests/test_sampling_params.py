@@ -43,3 +43,9 @@ def test_zero_temperature_is_greedy() -> None:
 def test_rejects_bad_values(kwargs: dict, field: str) -> None:
     with pytest.raises(ValueError, match=field):
         SamplingParams(**kwargs)
+
+
+def test_stop_strings_need_detokenize() -> None:
+    assert SamplingParams(detokenize=False, stop_token_ids=[7]).stop_token_ids == [7]
+    with pytest.raises(ValueError, match="detokenize"):
+        SamplingParams(detokenize=False, stop=["\n"])

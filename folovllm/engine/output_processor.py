@@ -28,8 +28,9 @@ class OutputProcessor:
         self.max_model_len = max_model_len
 
     def start(self, request: Request) -> None:
-        request.detokenizer = IncrementalDetokenizer(
-            self.tokenizer, request.prompt_token_ids, request.params.skip_special_tokens)
+        if request.params.detokenize:  # detokenize=False: ids only, the tokenizer is never asked
+            request.detokenizer = IncrementalDetokenizer(
+                self.tokenizer, request.prompt_token_ids, request.params.skip_special_tokens)
 
     def append_token(self, request: Request, token_id: int, logprobs=None) -> RequestStatus | None:
         """Records one sampled token; returns the finish status if the request is now done."""
@@ -40,7 +41,7 @@ class OutputProcessor:
         params = request.params
         stopped_by_token = (token_id in params.stop_token_ids
                             or (not params.ignore_eos and token_id in request.eos_token_ids))
-        if not stopped_by_token or params.skip_special_tokens is False:
+        if request.detokenizer is not None and (not stopped_by_token or params.skip_special_tokens is False):
             delta = request.detokenizer.append(token_id)
             request.text = request.detokenizer.text
         else:
@@ -48,8 +49,7 @@ class OutputProcessor:
         if request.num_output_tokens >= params.min_tokens:
             if stopped_by_token:
                 request.stop_reason = token_id if token_id in params.stop_token_ids else None
-                request.detokenizer.finish()
-                request.text = request.detokenizer.text
+                self._flush_text(request)
                 return RequestStatus.FINISHED_STOPPED
             if params.stop and delta:
                 cut = find_stop(request.text, len(delta), params.stop)
@@ -59,10 +59,15 @@ class OutputProcessor:
                     request.text = request.text[:keep]
                     return RequestStatus.FINISHED_STOPPED
         if request.num_output_tokens >= request.max_tokens or request.num_tokens >= self.max_model_len:
-            request.detokenizer.finish()  # flush a character cut off by the length limit
-            request.text = request.detokenizer.text
+            self._flush_text(request)  # a character cut off by the length limit
             return RequestStatus.FINISHED_LENGTH
         return None
+
+    @staticmethod
+    def _flush_text(request: Request) -> None:
+        if request.detokenizer is not None:
+            request.detokenizer.finish()
+            request.text = request.detokenizer.text
 
     def _to_logprob_dict(self, token_logprobs) -> dict[int, Logprob]:
         decode = self.tokenizer.convert_ids_to_tokens
