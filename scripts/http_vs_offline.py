@@ -2,10 +2,11 @@
 
     .venv/bin/python scripts/http_vs_offline.py                 # 32 × 10-token prompts × 64 tokens, greedy
     .venv/bin/python scripts/http_vs_offline.py --num-requests 64 --output-len 128
+    .venv/bin/python scripts/http_vs_offline.py --no-engine-process   # the engine on a server thread
 
 The server runs in a subprocess (`folovllm serve`), the client here with httpx (raw SSE, so the
 client's own parsing costs little); LLM.generate runs the same requests in this process while the
-server idles (its engine thread sleeps). The two alternate for --rounds rounds; the median of each counts,
+server idles (its engine core sleeps). The two alternate for --rounds rounds; the median of each counts,
 which keeps a busy shared machine from skewing one side.
 """
 from __future__ import annotations
@@ -65,6 +66,8 @@ def _start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
     port = _free_port()
     cmd = [sys.executable, "-m", "folovllm.entrypoints.cli", "serve", "--port", str(port),
            "--log-level", "warning", "--dtype", args.dtype]
+    if not args.engine_process:
+        cmd.append("--no-engine-process")
     for name, value in ENGINE_ARGS.items():
         cmd += [f"--{name.replace('_', '-')}", str(value)]
     proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL)
@@ -98,6 +101,8 @@ def main() -> None:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--num-threads", type=int, default=None, help="torch CPU threads, both sides")
+    parser.add_argument("--no-engine-process", dest="engine_process", action="store_false",
+                        help="serve with the engine on a thread of the server process")
     parser.add_argument("--output-json", default=None)
     args = parser.parse_args()
     if args.num_threads:
@@ -126,11 +131,13 @@ def main() -> None:
           f"tokens, greedy, ignore_eos, dtype={args.dtype}, cpus={os.cpu_count()}")
     print(f"http    : {http_tokens} tokens in {http_s:.2f} s = {http_rate:.1f} output tok/s")
     print(f"offline : {offline_tokens} tokens in {offline_s:.2f} s = {offline_rate:.1f} output tok/s")
+    print(f"server engine core: {'own process' if args.engine_process else 'server thread'}")
     print(f"ratio http/offline: {http_rate / offline_rate:.3f} (target >= 0.85)")
     if args.output_json:
         with open(args.output_json, "w") as f:
             json.dump([{"name": "http-vs-offline", "num_requests": len(requests), "input_len": args.input_len,
                         "output_len": args.output_len, "num_threads": args.num_threads or os.cpu_count(),
+                        "engine_core": "process" if args.engine_process else "thread",
                         "rounds": args.rounds, "http_output_tok_s": http_rate,
                         "offline_output_tok_s": offline_rate, "ratio": http_rate / offline_rate}], f, indent=2)
 

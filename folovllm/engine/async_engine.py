@@ -1,36 +1,33 @@
-"""AsyncLLMEngine: one background thread steps the LLMEngine; asyncio callers get per-request streams.
+"""AsyncLLMEngine: the asyncio side of serving; each request gets its own output stream.
 
-    asyncio side (server)                     engine thread
-    add_request() ── ops queue + notify ──►   apply adds/aborts, step(), batch outputs
-    RequestStream ◄── call_soon_threadsafe ──  one callback per step for all outputs
+    asyncio callers                 AsyncLLMEngine                      engine core (thread/process)
+    add_request() / abort()  ──►    AddOp / AbortOp  ── send ──►        run_core_loop (core_loop.py)
+    async for out in stream  ◄──    route by request id  ◄── message ── one IterationMessage per step
 
-Only the engine thread touches the LLMEngine; requests from all clients are batched at step
-granularity because they all land in the same scheduler.
+Requests from all clients are batched at step granularity because they all land in the one scheduler
+inside the core. This class keeps only what the event loop needs: streams, pending adds, the latest
+queue length for backpressure.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 
-import torch
-
-from folovllm.engine.llm_engine import LLMEngine, PromptInput
+from folovllm.engine.core_client import ProcessCore, ThreadCore
+from folovllm.engine.core_loop import (AbortOp, AddOp, EngineInfo, EngineShutdownError, EngineSnapshot,
+                                       IterationMessage, StopOp)
+from folovllm.engine.llm_engine import PromptInput
 from folovllm.outputs import RequestOutput
 from folovllm.sampling_params import SamplingParams
 
+__all__ = ["AsyncLLMEngine", "EngineShutdownError", "RequestStream"]
+
 logger = logging.getLogger(__name__)
 
-# Called on the engine thread after every loop iteration (step or not) with that step's outputs.
-IterationHook = Callable[[LLMEngine, list[RequestOutput]], None]
-
-
-class EngineShutdownError(RuntimeError):
-    """The engine stopped (server shutdown) before the request finished."""
+# Called on the event loop after every core iteration: (snapshot, that step's outputs, aborted ids).
+IterationHook = Callable[[EngineSnapshot, list[RequestOutput], list[str]], None]
 
 
 class RequestStream:
@@ -60,63 +57,56 @@ class RequestStream:
                 self._engine.abort(self.request_id)
 
 
-@dataclass
-class _AddOp:
-    request_id: str
-    prompt: PromptInput
-    params: SamplingParams
-    arrival_time: float
-    stream: RequestStream
-    accepted: asyncio.Future
-    priority: int = 0
-    user: str | None = None
-
-
 class AsyncLLMEngine:
-    """Runs ``LLMEngine.step()`` on a dedicated thread that sleeps while there is no work."""
+    """Routes the core's messages to per-request streams on the event loop that called ``start``."""
 
-    def __init__(self, engine: LLMEngine, on_iteration: IterationHook | None = None) -> None:
-        self.engine = engine
+    def __init__(self, core: ProcessCore | ThreadCore, on_iteration: IterationHook | None = None) -> None:
+        self.core = core
+        self.info: EngineInfo = core.info
         self.on_iteration = on_iteration
-        self._ops: list[_AddOp | str] = []  # adds and aborts (request ids), applied in order
-        self._wakeup = threading.Condition()
-        self._streams: dict[str, RequestStream] = {}  # owned by the engine thread
+        self._streams: dict[str, RequestStream] = {}
+        self._pending: dict[str, tuple[asyncio.Future, RequestStream]] = {}  # sent, not yet accepted
+        self._num_waiting = 0  # the scheduler's waiting queue after the latest step
         self._stopping = False
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
+        self._stopped: asyncio.Event | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Starts the engine thread; call from the event loop that will consume the streams."""
-        self._loop = asyncio.get_running_loop()
-        self._thread = threading.Thread(target=self._run, name="folovllm-engine", daemon=True)
-        self._thread.start()
+        """Starts routing; call from the event loop that will consume the streams."""
+        self._stopped = asyncio.Event()
+        self.core.attach(asyncio.get_running_loop(), self._on_message)
 
     @property
     def is_running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return not self._stopped.is_set() and self.core.is_alive() if self._stopped else False
 
-    async def shutdown(self) -> None:
-        """Aborts whatever is left, fails its streams and joins the engine thread."""
-        with self._wakeup:
-            self._stopping = True
-            self._wakeup.notify()
-        if self._thread is not None:
-            await asyncio.to_thread(self._thread.join)
+    async def shutdown(self, timeout_s: float = 30.0) -> None:
+        """Aborts whatever is left (its streams fail) and waits for the core to stop."""
+        self._stopping = True
+        if self._stopped is not None and not self._stopped.is_set() and self.core.is_alive():
+            self.core.send(StopOp())
+            try:
+                await asyncio.wait_for(self._stopped.wait(), timeout_s)
+            except asyncio.TimeoutError:
+                logger.warning("the engine did not answer the stop in %.0f s", timeout_s)
+        await asyncio.to_thread(self.core.close)
 
-    # -- requests (event-loop side) -----------------------------------------------------------
+    # -- requests -----------------------------------------------------------------------------
 
     async def add_request(self, request_id: str, prompt: PromptInput, params: SamplingParams,
                           arrival_time: float | None = None, priority: int = 0,
                           user: str | None = None) -> RequestStream:
         """Queues a request; raises the engine's ValueError (bad prompt) before any output."""
-        if self._loop is None or self._stopping:
+        if self._stopped is None or self._stopping or self._stopped.is_set():
             raise EngineShutdownError("the engine is not running")
+        if request_id in self._streams or request_id in self._pending:
+            raise ValueError(f"request id {request_id!r} is already in use")
         stream = RequestStream(request_id, self)
-        accepted = self._loop.create_future()
+        accepted = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = (accepted, stream)
         arrival = time.perf_counter() if arrival_time is None else arrival_time
-        self._submit(_AddOp(request_id, prompt, params, arrival, stream, accepted, priority, user))
+        self.core.send(AddOp(request_id, prompt, params, arrival, priority, user))
         try:
             await accepted
         except asyncio.CancelledError:
@@ -125,99 +115,59 @@ class AsyncLLMEngine:
         return stream
 
     def abort(self, request_id: str) -> None:
-        """Aborts a request (its KV blocks are freed before the next step); safe from any thread."""
-        self._submit(request_id)
+        """Aborts a request; the core frees its KV blocks before its next step."""
+        self._streams.pop(request_id, None)
+        if not self._stopping:
+            self.core.send(AbortOp(request_id))
 
     @property
     def num_pending(self) -> int:
-        """Requests submitted but not yet scheduled (the admission queue for backpressure)."""
-        adds = sum(isinstance(op, _AddOp) for op in list(self._ops))
-        return adds + len(self.engine.scheduler.waiting)
+        """Requests sent but not yet scheduled (the admission queue, for backpressure)."""
+        return len(self._pending) + self._num_waiting
 
-    def _submit(self, op: _AddOp | str) -> None:
-        with self._wakeup:
-            self._ops.append(op)
-            self._wakeup.notify()
+    # -- messages from the core (on the event loop) -------------------------------------------
 
-    # -- the engine thread --------------------------------------------------------------------
-
-    def _run(self) -> None:
-        engine = self.engine
-        if engine.device.type == "cpu":  # OpenMP's thread count is per thread: set it here too
-            torch.set_num_threads(engine.config.num_threads or os.cpu_count() or 1)
-        while True:
-            with self._wakeup:
-                while not self._ops and not self._stopping and not engine.has_unfinished_requests():
-                    self._wakeup.wait()
-                ops, self._ops = self._ops, []
-                stopping = self._stopping
-            self._apply(ops)
-            if stopping:
-                self._abort_all(EngineShutdownError("the server is shutting down"))
-                self._call_hook([])
-                return
-            outputs: list[RequestOutput] = []
-            if engine.has_unfinished_requests():
-                try:
-                    outputs = engine.step()
-                except Exception as err:  # a bug must not hang every client: fail them, keep serving
-                    logger.exception("engine step failed; aborting all requests")
-                    self._abort_all(err)
-            self._call_hook(outputs)  # first: a client that got its output sees it in the metrics
-            self._deliver(outputs)
-
-    def _apply(self, ops: list[_AddOp | str]) -> None:
-        for op in ops:
-            if isinstance(op, str):
-                self.engine.abort_request(op)
-                self._streams.pop(op, None)
+    def _on_message(self, message: IterationMessage) -> None:
+        for request_id, error in message.accepted:
+            future, stream = self._pending.pop(request_id, (None, None))
+            if future is None or future.done():  # its caller was cancelled meanwhile
                 continue
-            try:
-                self.engine.add_request(op.prompt, op.params, op.request_id, op.arrival_time,
-                                        priority=op.priority, user=op.user)
-            except ValueError as err:
-                self._loop.call_soon_threadsafe(_resolve, op.accepted, err)
-                continue
-            self._streams[op.request_id] = op.stream
-            self._loop.call_soon_threadsafe(_resolve, op.accepted, None)
-
-    def _deliver(self, outputs: list[RequestOutput]) -> None:
-        batch = []
-        for output in outputs:
+            if error is None:
+                self._streams[request_id] = stream
+                future.set_result(None)
+            else:
+                future.set_exception(error)
+        for output in message.outputs:
             stream = self._streams.get(output.request_id)
-            if stream is None:
-                continue
-            batch.append((stream, output))
-            if output.finished:
-                del self._streams[output.request_id]
-        if batch:  # one cross-thread callback per step, not one per request
-            self._loop.call_soon_threadsafe(_put_all, batch)
+            if stream is not None:
+                stream.put(output)
+                if output.finished:
+                    del self._streams[output.request_id]
+        for request_id in message.failed:
+            stream = self._streams.pop(request_id, None)
+            if stream is not None:
+                stream.put(message.error)
+        if message.snapshot is not None:
+            self._num_waiting = message.snapshot.num_waiting
+            self._call_hook(message)
+        if message.stopped:
+            self._close_all(message.error or EngineShutdownError("the engine stopped"))
+            self._stopped.set()
 
-    def _abort_all(self, error: Exception) -> None:
-        for request_id in list(self.engine.groups):
-            self.engine.abort_request(request_id)
-        streams, self._streams = self._streams, {}
-        if streams:
-            self._loop.call_soon_threadsafe(_put_all, [(s, error) for s in streams.values()])
+    def _close_all(self, error: Exception) -> None:
+        """The core is gone: every open stream and pending add fails with ``error``."""
+        for future, _ in self._pending.values():
+            if not future.done():
+                future.set_exception(error)
+        self._pending.clear()
+        for stream in self._streams.values():
+            stream.put(error)
+        self._streams.clear()
 
-    def _call_hook(self, outputs: list[RequestOutput]) -> None:
+    def _call_hook(self, message: IterationMessage) -> None:
         if self.on_iteration is None:
             return
         try:
-            self.on_iteration(self.engine, outputs)
+            self.on_iteration(message.snapshot, message.outputs, message.aborted + message.failed)
         except Exception:
             logger.exception("the iteration hook failed")
-
-
-def _resolve(future: asyncio.Future, error: Exception | None) -> None:
-    if future.done():  # cancelled by its caller meanwhile
-        return
-    if error is None:
-        future.set_result(None)
-    else:
-        future.set_exception(error)
-
-
-def _put_all(batch: list[tuple[RequestStream, RequestOutput | Exception]]) -> None:
-    for stream, item in batch:
-        stream.put(item)

@@ -36,10 +36,9 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from folovllm.engine.llm_engine import LLMEngine
     from folovllm.entrypoints.openai.api_server import run_server
 
-    run_server(args, LLMEngine(engine_config_from_args(args)))
+    run_server(args, engine_config_from_args(args))
     return 0
 
 

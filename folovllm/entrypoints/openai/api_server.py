@@ -14,7 +14,9 @@ import uvicorn
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from folovllm.config import EngineConfig
 from folovllm.engine.async_engine import AsyncLLMEngine
+from folovllm.engine.core_client import ProcessCore, ThreadCore
 from folovllm.engine.llm_engine import LLMEngine
 from folovllm.entrypoints.openai.errors import APIError, bad_request, install_error_handlers
 from folovllm.entrypoints.openai.metrics import ServerMetrics
@@ -54,13 +56,14 @@ class DrainGate:
         await self.app(scope, receive, send)
 
 
-def build_app(llm_engine: LLMEngine, config: ServerConfig, state: ServerState | None = None) -> FastAPI:
-    """The app over one engine; the engine thread runs between lifespan start-up and shutdown."""
+def build_app(core: ProcessCore | ThreadCore, tokenizer, config: ServerConfig,
+              state: ServerState | None = None) -> FastAPI:
+    """The app over one started engine core; its messages are routed between lifespan start-up and
+    shutdown. ``tokenizer`` is the server's own (chat templates, /tokenize, logprob text)."""
     state = state or ServerState()
     metrics = ServerMetrics(config.model_name)
-    engine = AsyncLLMEngine(llm_engine, on_iteration=metrics.on_iteration)
-    ctx = ServingContext(engine, config.model_name, copy.deepcopy(llm_engine.tokenizer),
-                         config.max_waiting_requests)
+    engine = AsyncLLMEngine(core, on_iteration=metrics.on_iteration)
+    ctx = ServingContext(engine, config.model_name, tokenizer, config.max_waiting_requests)
     completions, chat = CompletionServing(ctx), ChatServing(ctx)
 
     @asynccontextmanager
@@ -94,14 +97,14 @@ def build_app(llm_engine: LLMEngine, config: ServerConfig, state: ServerState | 
     async def list_models():
         return {"object": "list", "data": [{
             "id": config.model_name, "object": "model", "created": now_s(), "owned_by": "folovllm",
-            "root": llm_engine.model_path, "max_model_len": ctx.max_model_len}]}
+            "root": engine.info.model_path, "max_model_len": ctx.max_model_len}]}
 
     app.include_router(v1)
 
     @app.get("/health")
     async def health():
         if not engine.is_running:
-            raise APIError(503, "the engine thread is not running", type="service_unavailable")
+            raise APIError(503, "the engine is not running", type="service_unavailable")
         return Response(status_code=200)
 
     @app.get("/metrics")
@@ -174,18 +177,41 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--drain-timeout", type=float, default=30.0,
                    help="on SIGTERM, seconds to let in-flight requests finish before aborting them")
     g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    g.add_argument("--no-engine-process", dest="engine_process", action="store_false",
+                   help="step the engine on a thread of the server process instead of its own process")
 
 
-def run_server(args: argparse.Namespace, llm_engine: LLMEngine) -> None:
+def start_engine_core(engine_config: EngineConfig, own_process: bool, log_level: str
+                      ) -> tuple[ProcessCore | ThreadCore, object]:
+    """Starts the engine core and returns it with a tokenizer for the server; the child process
+    loads the model while this process loads the tokenizer."""
+    if not own_process:
+        engine = LLMEngine(engine_config)
+        return ThreadCore(engine), copy.deepcopy(engine.tokenizer)
+    from folovllm.model.loader import default_model_path
+    from folovllm.model.tokenizer import load_tokenizer
+
+    core = ProcessCore(engine_config, getattr(logging, log_level.upper()))
+    try:
+        tokenizer = load_tokenizer(engine_config.model or default_model_path())
+        core.wait_ready()
+    except BaseException:
+        core.close(0)
+        raise
+    return core, tokenizer
+
+
+def run_server(args: argparse.Namespace, engine_config: EngineConfig) -> None:
     """Serves until SIGINT/SIGTERM, then drains."""
     if args.max_waiting_requests is not None and args.max_waiting_requests < 0:
         raise ValueError(f"--max-waiting-requests must be >= 0; got {args.max_waiting_requests}")
+    core, tokenizer = start_engine_core(engine_config, args.engine_process, args.log_level)
     config = ServerConfig(
-        model_name=args.served_model_name or default_model_name(args.model, llm_engine.model_path),
+        model_name=args.served_model_name or default_model_name(args.model, core.info.model_path),
         api_key=args.api_key or None, max_waiting_requests=args.max_waiting_requests,
         drain_timeout_s=args.drain_timeout)
     state = ServerState()
-    app = build_app(llm_engine, config, state)
+    app = build_app(core, tokenizer, config, state)
     uv_config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                timeout_graceful_shutdown=config.drain_timeout_s, access_log=False)
     logger.info("serving %r on http://%s:%d", config.model_name, args.host, args.port)

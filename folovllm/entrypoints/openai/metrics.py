@@ -1,7 +1,7 @@
 """Prometheus metrics with vLLM's names (``folovllm:`` prefix), on a per-app registry.
 
-Fed on the engine thread after every iteration: counters from EngineStats deltas, gauges from the
-scheduler and KV cache, histograms from the RequestOutputs of that step.
+Fed on the event loop after every engine iteration: counters from EngineStats deltas, gauges from the
+engine's snapshot (scheduler queues, KV cache), histograms from the RequestOutputs of that step.
 """
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from folovllm.engine.llm_engine import LLMEngine
+from folovllm.engine.core_loop import EngineSnapshot
 from folovllm.outputs import RequestOutput
 
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
@@ -54,25 +54,24 @@ class ServerMetrics:
         self._last_step_time: float | None = None
         self._last_token_time: dict[str, float] = {}  # request id -> when its latest token came
 
-    def on_iteration(self, engine: LLMEngine, outputs: list[RequestOutput]) -> None:
-        """The AsyncLLMEngine hook: runs on the engine thread after each loop iteration."""
-        stats = engine.stats
+    def on_iteration(self, snap: EngineSnapshot, outputs: list[RequestOutput], ended: list[str]) -> None:
+        """The AsyncLLMEngine hook: one engine iteration's snapshot, outputs and aborted request ids."""
+        stats = snap.stats
         for field, counter in self.counters.items():
             self._inc(field, counter, getattr(stats, field))
         for reason, total in list(stats.finished_by_reason.items()):
             self._inc(f"finished:{reason}", self._success.labels(self._model_name, reason), total)
-        self.num_running.set(len(engine.scheduler.running))
-        self.num_waiting.set(len(engine.scheduler.waiting))
-        self.kv_usage.set(engine.kv_cache.usage)
+        self.num_running.set(snap.num_running)
+        self.num_waiting.set(snap.num_waiting)
+        self.kv_usage.set(snap.kv_usage)
         step = stats.last_step
         if step is not None and step.time != self._last_step_time:
             self._last_step_time = step.time
             self.iteration_tokens.observe(step.num_prefill_tokens + step.num_decode_tokens)
         for output in outputs:
             self._observe_request(output)
-        if len(self._last_token_time) > len(engine.groups):  # aborted requests end without an output
-            for request_id in [r for r in self._last_token_time if r not in engine.groups]:
-                del self._last_token_time[request_id]
+        for request_id in ended:  # aborted requests end without a finished output
+            self._last_token_time.pop(request_id, None)
 
     def _inc(self, key: str, counter, total: float) -> None:
         delta = total - self._seen.get(key, 0)

@@ -24,8 +24,8 @@ def sse(payload: dict | str) -> str:
     return f"data: {data}\n\n"
 
 
-def shutting_down() -> APIError:
-    return APIError(503, "the server is shutting down", type="service_unavailable",
+def shutting_down(message: str = "the server is shutting down") -> APIError:
+    return APIError(503, message, type="service_unavailable",
                     code="shutting_down", headers={"Retry-After": "5"})
 
 
@@ -36,8 +36,8 @@ class ServingContext:
                  max_waiting_requests: int | None) -> None:
         self.engine = engine
         self.model_name = model_name
-        self.tokenizer = tokenizer  # a copy: the engine thread decodes with its own
-        self.max_model_len = engine.engine.max_model_len
+        self.tokenizer = tokenizer  # the server's own: the engine core decodes with its own
+        self.max_model_len = engine.info.max_model_len
         self.max_waiting_requests = max_waiting_requests
         self._token_text: dict[int, str] = {}
 
@@ -66,7 +66,7 @@ class ServingContext:
             raise bad_request(err, param=prompt_param if "prompt" in str(err) else None,
                               renames=param_renames) from err
         except EngineShutdownError as err:
-            raise shutting_down() from err
+            raise shutting_down(str(err)) from err
         except BaseException:
             self.abort_unfinished(streams)
             raise

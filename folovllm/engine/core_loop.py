@@ -1,0 +1,140 @@
+"""The engine-core loop and the messages it trades with the server, wherever the loop runs.
+
+    server (asyncio)                            engine core (a thread or its own process)
+    AddOp / AbortOp / STOP  ── inbox ──►        apply them in order, step() once, then
+    IterationMessage        ◄── emit ──         one message: accepted adds, outputs, metrics snapshot
+
+The loop only touches its LLMEngine; everything it tells the server is plain data that pickles, so
+the same loop runs on a thread (engine/core_client.py ThreadCore) or in a child process (ProcessCore).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from folovllm.engine.llm_engine import LLMEngine, PromptInput
+from folovllm.engine.stats import EngineStats
+from folovllm.outputs import RequestOutput
+from folovllm.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+class EngineShutdownError(RuntimeError):
+    """The engine stopped (server shutdown, or the engine died) before the request finished."""
+
+
+# -- server -> core ------------------------------------------------------------------------------
+
+@dataclass
+class AddOp:
+    request_id: str
+    prompt: PromptInput
+    params: SamplingParams
+    arrival_time: float
+    priority: int = 0
+    user: str | None = None
+
+
+@dataclass
+class AbortOp:
+    request_id: str
+
+
+@dataclass
+class StopOp:
+    """Abort whatever is left, answer with a final message, end the loop."""
+
+
+Op = AddOp | AbortOp | StopOp
+# Returns every op queued so far, in order; when ``block`` is true it waits for at least one.
+Inbox = Callable[[bool], list[Op]]
+
+
+# -- core -> server ------------------------------------------------------------------------------
+
+@dataclass
+class EngineInfo:
+    """What the server needs to know about the engine it cannot see (sent once, at start-up)."""
+
+    model_path: str
+    max_model_len: int
+
+
+@dataclass
+class EngineSnapshot:
+    """The engine's counters and gauges after one iteration, for /metrics."""
+
+    stats: EngineStats
+    num_running: int
+    num_waiting: int
+    kv_usage: float
+
+
+@dataclass
+class IterationMessage:
+    """Everything one loop iteration has to say, in one message."""
+
+    accepted: list[tuple[str, Exception | None]] = field(default_factory=list)  # add -> None or its ValueError
+    outputs: list[RequestOutput] = field(default_factory=list)
+    aborted: list[str] = field(default_factory=list)  # request ids aborted this iteration
+    failed: list[str] = field(default_factory=list)  # request ids ended by ``error``
+    error: Exception | None = None
+    snapshot: EngineSnapshot | None = None
+    stopped: bool = False  # the loop has ended; nothing follows
+
+
+def snapshot(engine: LLMEngine) -> EngineSnapshot:
+    stats = dataclasses.replace(engine.stats, finished_by_reason=Counter(engine.stats.finished_by_reason))
+    return EngineSnapshot(stats, len(engine.scheduler.running), len(engine.scheduler.waiting),
+                          engine.kv_cache.usage)
+
+
+def run_core_loop(engine: LLMEngine, inbox: Inbox, emit: Callable[[IterationMessage], None]) -> None:
+    """Sleeps while there is no work; otherwise applies the queued ops and steps, one message each."""
+    while True:
+        message = IterationMessage()
+        stopping = _apply(engine, inbox(not engine.has_unfinished_requests()), message)
+        if stopping:
+            _fail_all(engine, EngineShutdownError("the server is shutting down"), message)
+            message.stopped = True
+        elif engine.has_unfinished_requests():
+            try:
+                message.outputs = engine.step()
+            except Exception as err:  # a bug must not hang every client: fail them, keep serving
+                logger.exception("engine step failed; aborting all requests")
+                _fail_all(engine, RuntimeError(f"engine step failed: {err!r}"), message)
+        message.snapshot = snapshot(engine)
+        emit(message)
+        if stopping:
+            return
+
+
+def _apply(engine: LLMEngine, ops: list[Op], message: IterationMessage) -> bool:
+    """Applies adds and aborts in order; returns whether a stop was asked for."""
+    stopping = False
+    for op in ops:
+        if isinstance(op, StopOp):
+            stopping = True
+        elif isinstance(op, AbortOp):
+            engine.abort_request(op.request_id)
+            message.aborted.append(op.request_id)
+        else:
+            try:
+                engine.add_request(op.prompt, op.params, op.request_id, op.arrival_time,
+                                   priority=op.priority, user=op.user)
+            except ValueError as err:
+                message.accepted.append((op.request_id, err))
+                continue
+            message.accepted.append((op.request_id, None))
+    return stopping
+
+
+def _fail_all(engine: LLMEngine, error: Exception, message: IterationMessage) -> None:
+    for request_id in list(engine.groups):
+        engine.abort_request(request_id)
+        message.failed.append(request_id)
+    message.error = error
