@@ -46,3 +46,33 @@ class BlockPool:
         while len(table) * block_size < num_tokens:
             table.append(self.free.pop())
         return table
+
+
+def use_triton_interpreter_without_cuda() -> None:
+    """Without CUDA, run Triton kernels on CPU tensors through Triton's interpreter.
+
+    Call before folovllm.attention.triton_kernels is first imported: ``@triton.jit`` reads
+    TRITON_INTERPRET when it decorates. Also works around triton-lang/triton#9171 (Triton 3.6's
+    interpreter cannot use a loaded scalar as a ``range`` bound under numpy >= 2.4).
+    """
+    import os
+    import sys
+
+    if torch.cuda.is_available():
+        return
+    if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError("triton was imported before TRITON_INTERPRET=1 was set; its own kernels "
+                           "(tl.zeros, ...) would not run in the interpreter")
+    os.environ["TRITON_INTERPRET"] = "1"
+    from triton.runtime import interpreter
+
+    original = interpreter._patch_lang_tensor
+    if getattr(original, "folovllm_patched", False):
+        return
+
+    def patch_lang_tensor(tensor, scope) -> None:
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    patch_lang_tensor.folovllm_patched = True
+    interpreter._patch_lang_tensor = patch_lang_tensor

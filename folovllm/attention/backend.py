@@ -29,9 +29,28 @@ class AttentionBackend(Protocol):
 
 
 def get_attention_backend(name: str = "torch") -> AttentionBackend:
-    """Return an attention backend by name ("torch": pure PyTorch, runs on any device)."""
+    """Return an attention backend by name.
+
+    "torch": pure PyTorch, runs on any device. "triton": Triton kernels for CUDA (CUDA-graph safe);
+    on CPU only under Triton's interpreter (``TRITON_INTERPRET=1``, tests).
+    """
     if name == "torch":
         from folovllm.attention.torch_backend import TorchAttentionBackend
 
         return TorchAttentionBackend()
-    raise ValueError(f"unknown attention backend {name!r}; supported: ['torch']")
+    if name == "triton":
+        from folovllm.attention.triton_backend import TritonAttentionBackend
+
+        return TritonAttentionBackend()
+    raise ValueError(f"unknown attention backend {name!r}; supported: ['torch', 'triton']")
+
+
+def default_attention_backend(device: torch.device) -> str:
+    """What attention_backend="auto" means: "triton" on CUDA when triton imports, else "torch"."""
+    if device.type != "cuda":
+        return "torch"
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return "torch"
+    return "triton"

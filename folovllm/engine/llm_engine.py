@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from folovllm.attention.backend import get_attention_backend
+from folovllm.attention.backend import default_attention_backend, get_attention_backend
 from folovllm.config import EngineConfig
 from folovllm.core.admission import (AdaptiveAdmission, OnDemandAdmission, ReserveAdmission,
                                      StaticBatchAdmission)
@@ -44,7 +44,8 @@ class LLMEngine:
         if self.device.type == "cpu":
             torch.set_num_threads(config.num_threads or os.cpu_count() or 1)
         self.model_path = config.model or default_model_path()
-        backend_name = "torch" if config.attention_backend == "auto" else config.attention_backend
+        backend_name = (default_attention_backend(self.device) if config.attention_backend == "auto"
+                        else config.attention_backend)
         self.model = load_model(self.model_path, load_format=config.load_format, dtype=self.dtype,
                                 device=self.device, attn_backend=get_attention_backend(backend_name),
                                 seed=config.seed)

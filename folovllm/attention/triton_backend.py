@@ -1,0 +1,51 @@
+"""Paged attention with Triton kernels: one KV-store launch and one attention launch per layer.
+
+The work is planned on the device from ``AttentionMetadata``'s tensors only (no host lists, no
+device-to-host copies), so a decode step through this backend can be captured in a CUDA graph.
+"""
+from __future__ import annotations
+
+import torch
+
+from folovllm.attention.metadata import AttentionMetadata
+
+
+class TritonAttentionBackend:
+    """Fast path for CUDA; on CPU it runs only under Triton's interpreter (``TRITON_INTERPRET=1``)."""
+
+    name = "triton"
+
+    def __init__(self) -> None:
+        from folovllm.attention import triton_kernels  # imports triton only when this backend is chosen
+
+        self._kernels = triton_kernels
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        num_tokens, num_heads, head_dim = query.shape
+        self._check(query, k_cache, v_cache)
+        self._kernels.store_kv(key, value, k_cache, v_cache, meta.slot_mapping)
+        out = self._kernels.paged_attention(query, k_cache, v_cache, meta.block_tables, meta.seq_lens,
+                                            meta.query_start_loc, scale)
+        return out.view(num_tokens, num_heads * head_dim)
+
+    def _check(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+        if not query.is_cuda and not self._kernels.is_interpreted():
+            raise RuntimeError("the triton attention backend needs a CUDA device; on CPU use "
+                               "attention_backend='torch' (tests: set TRITON_INTERPRET=1 before start-up)")
+        head_dim, num_heads, num_kv_heads = query.shape[2], query.shape[1], k_cache.shape[2]
+        if head_dim & (head_dim - 1) or not 16 <= head_dim <= 256:
+            raise ValueError(f"the triton attention backend needs head_dim a power of two in [16, 256]; "
+                             f"got {head_dim}: use attention_backend='torch'")
+        if num_heads % num_kv_heads:
+            raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
+        if k_cache.stride() != v_cache.stride() or k_cache.stride(-1) != 1:
+            raise ValueError("the K and V caches must share one layout with unit stride along head_dim")
