@@ -2,8 +2,15 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import pytest
+import torch
+
+# Triton reads TRITON_INTERPRET as it is first imported (transformers imports it too): without CUDA,
+# the triton backend's tests run its kernels on CPU in Triton's interpreter.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 

@@ -49,23 +49,23 @@ class BlockPool:
 
 
 def use_triton_interpreter_without_cuda() -> None:
-    """Without CUDA, run Triton kernels on CPU tensors through Triton's interpreter.
+    """Without CUDA, make sure Triton kernels run on CPU tensors through Triton's interpreter.
 
-    Call before folovllm.attention.triton_kernels is first imported: ``@triton.jit`` reads
-    TRITON_INTERPRET when it decorates. Also works around triton-lang/triton#9171 (Triton 3.6's
-    interpreter cannot use a loaded scalar as a ``range`` bound under numpy >= 2.4).
+    TRITON_INTERPRET=1 must be set before triton is first imported, since ``@triton.jit`` reads it
+    as it decorates (tests/conftest.py sets it). Also works around triton-lang/triton#9171 (Triton
+    3.6's interpreter cannot use a loaded scalar as a ``range`` bound under numpy >= 2.4).
     """
     import os
-    import sys
 
     if torch.cuda.is_available():
         return
-    if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-        raise RuntimeError("triton was imported before TRITON_INTERPRET=1 was set; its own kernels "
-                           "(tl.zeros, ...) would not run in the interpreter")
     os.environ["TRITON_INTERPRET"] = "1"
+    import triton.language as tl
     from triton.runtime import interpreter
 
+    if not isinstance(tl.zeros, interpreter.InterpretedFunction):
+        raise RuntimeError("triton was imported before TRITON_INTERPRET=1 was set, so its own "
+                           "kernels (tl.zeros, ...) will not run in the interpreter")
     original = interpreter._patch_lang_tensor
     if getattr(original, "folovllm_patched", False):
         return

@@ -28,6 +28,7 @@ from folovllm.outputs import RequestOutput
 from folovllm.request import Request, RequestStatus
 from folovllm.sampling_params import SamplingParams
 from folovllm.worker import cache_sizing
+from folovllm.worker.cuda_graphs import capture_decode_graphs
 from folovllm.worker.model_runner import ModelRunner, allocate_kv_caches
 
 logger = logging.getLogger(__name__)
@@ -61,7 +62,9 @@ class LLMEngine:
                                        config.enable_prefix_caching, model_key, reserve)
         caches = allocate_kv_caches(arch.num_hidden_layers, num_blocks, config.block_size,
                                     arch.num_key_value_heads, arch.head_dim, self.dtype, self.device)
-        self.runner = ModelRunner(self.model, caches, config.block_size, self.device)
+        graphs = capture_decode_graphs(self.model, caches, config, backend_name, self.max_model_len,
+                                       self.device)
+        self.runner = ModelRunner(self.model, caches, config.block_size, self.device, graphs)
         max_batched = config.max_num_batched_tokens
         if not config.enable_chunked_prefill and max_batched < self.max_model_len:
             logger.info("chunked prefill is off: max_num_batched_tokens raised to max_model_len=%d",

@@ -9,6 +9,7 @@ from folovllm.attention.metadata import AttentionMetadata
 from folovllm.core.scheduler import SchedulerOutput
 from folovllm.request import Request
 from folovllm.sample.sampler import Sampler, SamplerOutput, build_sampling_batch
+from folovllm.worker.cuda_graphs import CudaGraphRunner
 
 
 @dataclass
@@ -81,8 +82,9 @@ class ModelRunner:
     """Owns the model, its paged KV tensors and the sampler; runs one step at a time."""
 
     def __init__(self, model: torch.nn.Module, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-                 block_size: int, device: torch.device) -> None:
+                 block_size: int, device: torch.device, cuda_graphs: CudaGraphRunner | None = None) -> None:
         self.model = model
+        self.cuda_graphs = cuda_graphs  # decode-step graphs (CUDA + triton backend); None: always eager
         self.kv_caches = kv_caches
         self.block_size = block_size
         self.device = device
@@ -92,7 +94,7 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> StepResult:
         batch = prepare_step_batch(sched, self.block_size, self.device)
-        hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.attn_metadata)
+        hidden = self._forward(batch)
         if not batch.sampling_requests:
             return StepResult([], None)
         logits = self.model.compute_logits(hidden[batch.logits_indices])
@@ -107,6 +109,13 @@ class ModelRunner:
             device=self.device,
         )
         return StepResult(requests, self.sampler.forward(logits, sampling_batch))
+
+    def _forward(self, batch: StepBatch) -> torch.Tensor:
+        """Hidden states of the step: a CUDA graph replay for decode-only batches that fit one."""
+        ids, positions, meta = batch.input_ids, batch.positions, batch.attn_metadata
+        if self.cuda_graphs is not None and self.cuda_graphs.can_run(ids, meta):
+            return self.cuda_graphs.run(ids, positions, meta)
+        return self.model(ids, positions, self.kv_caches, meta)
 
 
 def _banned_token_ids(request: Request) -> list[int]:
