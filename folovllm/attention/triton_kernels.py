@@ -171,7 +171,7 @@ def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
         return out
     group = num_heads // num_kv_heads
     group_pad = triton.next_power_of_2(group)
-    # One token per sequence (decode): small tiles so no rows are wasted; prefill: 64-row tiles.
+    # Decode (one token per sequence): the smallest tile tl.dot takes; prefill: 64-row (or 32) tiles.
     rows = _MIN_DOT_ROWS if num_tokens == num_seqs else (64 if head_dim <= 128 else 32)
     block_q = max(1, max(rows, group_pad) // group_pad)
     grid = (num_tokens // block_q + num_seqs, num_kv_heads)
