@@ -56,7 +56,7 @@ class EngineConfig:
     attention_backend: str = "auto"  # auto (triton on CUDA, torch elsewhere) | torch | triton
     enforce_eager: bool = False  # CUDA: no CUDA graphs for decode steps
     cuda_graph_max_batch: int = 256  # CUDA: largest decode batch captured (ladder 1, 2, 4, 8, 16, 24, ...)
-    overlap_scheduling: bool = True  # schedule step N+1 while the device runs step N
+    overlap_scheduling: bool | str = "auto"  # schedule step N+1 while the device runs step N (auto: CUDA)
     num_threads: int | None = None  # CPU threads for torch; None = all cores
 
     def __post_init__(self) -> None:
@@ -89,6 +89,8 @@ class EngineConfig:
             raise ValueError(f"max_queue_delay must be > 0 seconds; got {self.max_queue_delay}")
         if self.attention_backend not in ("auto", "torch", "triton"):
             raise ValueError(f"attention_backend must be auto, torch or triton; got {self.attention_backend!r}")
+        if self.overlap_scheduling not in (True, False, "auto"):
+            raise ValueError(f"overlap_scheduling must be True, False or 'auto'; got {self.overlap_scheduling!r}")
         if self.cuda_graph_max_batch < 1:
             raise ValueError(f"cuda_graph_max_batch must be >= 1; got {self.cuda_graph_max_batch}")
         if self.kv_cache_memory is not None:

@@ -48,6 +48,9 @@ class Request:
         self.token_ids: list[int] = list(prompt_token_ids)  # prompt + output
         self.output_token_ids: list[int] = []
         self.num_computed_tokens = 0
+        # Overlap scheduling: tokens already sampled on the device by a step still in flight, not
+        # yet in token_ids. They count in num_tokens, so the next step can be scheduled meanwhile.
+        self.num_pending_tokens = 0
         self.num_cached_tokens = 0  # prompt tokens served from the prefix cache
         self.priority = priority  # lower runs first under the priority policy
         self.user = user  # the tenant, for the fair policy
@@ -70,11 +73,11 @@ class Request:
 
     @property
     def num_tokens(self) -> int:
-        return len(self.token_ids)
+        return len(self.token_ids) + self.num_pending_tokens
 
     @property
     def num_output_tokens(self) -> int:
-        return len(self.output_token_ids)
+        return len(self.output_token_ids) + self.num_pending_tokens
 
     @property
     def finish_reason(self) -> str | None:

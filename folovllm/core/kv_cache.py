@@ -185,7 +185,8 @@ class KVCacheManager:
         table = self.block_tables.get(request.request_id)
         if table is None:
             return
-        num_full = request.num_computed_tokens // self.block_size
+        # Only known tokens are named: under overlap the last computed one may still be pending.
+        num_full = min(request.num_computed_tokens, len(request.token_ids)) // self.block_size
         start = self._num_cached_blocks.get(request.request_id, 0)
         if num_full <= start:
             return

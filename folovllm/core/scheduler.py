@@ -174,6 +174,8 @@ class Scheduler:
 
     def _num_new_tokens(self, request: Request, budget: int, num_cached: int = 0,
                         chunked: bool = True) -> int:
+        if request.num_output_tokens >= request.max_tokens or request.num_tokens >= self.limits.max_model_len:
+            return 0  # overlap: its last token is still pending and will end it by length
         num_new = request.num_tokens - request.num_computed_tokens - num_cached
         threshold = self.limits.long_prefill_token_threshold
         if chunked and self.limits.enable_chunked_prefill and 0 < threshold < num_new:

@@ -1,6 +1,10 @@
 """The engine: owns scheduler, KV cache, model runner and output processing; one step at a time.
 
     step():  schedule  ->  run the model on one ragged batch  ->  append tokens, stop, free
+
+With overlap scheduling (CUDA by default) the last part moves one call later: step() schedules and
+launches step N+1 while step N still runs on the device, then resolves N. Tokens of N that N+1 needs
+go device to device; a request that N finishes has its N+1 token dropped.
 """
 from __future__ import annotations
 
@@ -29,7 +33,7 @@ from folovllm.request import Request, RequestStatus
 from folovllm.sampling_params import SamplingParams
 from folovllm.worker import cache_sizing
 from folovllm.worker.cuda_graphs import capture_decode_graphs
-from folovllm.worker.model_runner import ModelRunner, allocate_kv_caches
+from folovllm.worker.model_runner import LaunchedStep, ModelRunner, allocate_kv_caches
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +81,8 @@ class LLMEngine:
             make_policy(config.scheduling_policy, config.max_queue_delay, config.tenant_weights),
             self._make_admission(num_blocks, max_batched))
         self.output_processor = OutputProcessor(self.tokenizer, self.max_model_len)
+        self.overlap = _resolve_overlap(config.overlap_scheduling, self.device)
+        self._in_flight: tuple[SchedulerOutput, LaunchedStep, int] | None = None  # + its decode count
         self.groups: dict[str, RequestGroup] = {}
         self._ids = itertools.count()
         self.stats = EngineStats()
@@ -197,47 +203,75 @@ class LLMEngine:
             self._finish(sample, RequestStatus.FINISHED_ABORTED)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or self._in_flight is not None
 
     # -- the step -----------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """Runs one iteration; returns an output for every request that made progress or ended."""
-        sched = self.scheduler.schedule()
-        if sched.is_empty:
-            return []
-        result = self.runner.execute(sched)
-        now = time.perf_counter()
-        num_decode = sched.num_decode_tokens()
-        for request, num_new in zip(sched.requests, sched.num_new_tokens):
-            request.num_computed_tokens += num_new
-            self.kv_cache.cache_computed_blocks(request)
+        """Runs one iteration; returns an output for every request that made progress or ended.
+
+        With overlap, the step launched here is resolved by the next call (its outputs come then).
+        """
+        started = time.perf_counter()
         touched: dict[str, RequestGroup] = {}
-        if result.sampler_output is not None:
-            out = result.sampler_output
-            for row, request in enumerate(result.sampled_requests):
-                logprobs = out.logprobs[row] if out.logprobs else None
-                status = self.output_processor.append_token(request, out.sampled_token_ids[row], logprobs)
-                if request.metrics.first_token_time is None:
-                    request.metrics.first_token_time = now
-                request.metrics.last_token_time = now
-                if status is not None:
-                    request.metrics.finished_time = now
-                    self._finish(request, status)
-                touched[request.parent_id] = self.groups[request.parent_id]
-        self._record_step(now, sched, num_decode, len(result.sampled_requests))
+        wait_s = 0.0
+        previous = self._in_flight
+        self._in_flight = None
+        if previous is not None and _needs_exact_history(previous[1]):
+            wait_s += self._resolve(*previous, touched)  # penalties read every earlier token
+            previous = None
+        sched = self.scheduler.schedule()
+        if not sched.is_empty:
+            num_decode = sched.num_decode_tokens()  # before num_computed_tokens moves
+            launched = self.runner.launch(sched, previous[1] if previous else None)
+            for request, num_new in zip(sched.requests, sched.num_new_tokens):
+                request.num_computed_tokens += num_new
+            for request in launched.sampled_requests:
+                request.num_pending_tokens += 1
+            self._in_flight = (sched, launched, num_decode)
+        if previous is not None:
+            wait_s += self._resolve(*previous, touched)
+        if self._in_flight is not None and not self.overlap:
+            wait_s += self._resolve(*self._in_flight, touched)
+            self._in_flight = None
         outputs = [OutputProcessor.make_output(g) for g in touched.values()]
         for group in touched.values():
             if group.finished:
                 del self.groups[group.request_id]
+        self.stats.host_time_s += time.perf_counter() - started - wait_s
         return outputs
 
-    def _record_step(self, now: float, sched: SchedulerOutput, num_decode: int, num_sampled: int) -> None:
+    def _resolve(self, sched: SchedulerOutput, launched: LaunchedStep, num_decode: int,
+                 touched: dict[str, RequestGroup]) -> float:
+        """Takes a launched step's sampled tokens: append, stop checks, prefix-cache naming.
+        Returns the time spent waiting for the device."""
+        result = self.runner.resolve(launched)
+        now = time.perf_counter()
+        for request in sched.requests:
+            self.kv_cache.cache_computed_blocks(request)
+        out = result.sampler_output
+        for row, request in enumerate(result.sampled_requests):
+            request.num_pending_tokens -= 1
+            if request.status.finished:  # ended meanwhile (stopped one step earlier, or aborted)
+                continue
+            logprobs = out.logprobs[row] if out.logprobs else None
+            status = self.output_processor.append_token(request, out.sampled_token_ids[row], logprobs)
+            if request.metrics.first_token_time is None:
+                request.metrics.first_token_time = now
+            request.metrics.last_token_time = now
+            if status is not None:
+                request.metrics.finished_time = now
+                self._finish(request, status)
+            self.stats.generation_tokens += 1
+            touched[request.parent_id] = self.groups[request.parent_id]
+        self._record_step(now, sched, num_decode)
+        return result.wait_s
+
+    def _record_step(self, now: float, sched: SchedulerOutput, num_decode: int) -> None:
         stats = self.stats
         stats.num_steps += 1
         num_prefill = sched.total_num_tokens - num_decode
         stats.prompt_tokens += num_prefill
-        stats.generation_tokens += num_sampled
         stats.num_preemptions += len(sched.preempted)
         stats.prefix_cache_queries = self.kv_cache.prefix_cache_queries
         stats.prefix_cache_hits = self.kv_cache.prefix_cache_hits
@@ -264,3 +298,17 @@ class LLMEngine:
 
     def get_kv_cache_stats(self) -> dict:
         return self.kv_cache.stats()
+
+
+def _resolve_overlap(setting: bool | str, device: torch.device) -> bool:
+    """auto: overlap on CUDA only. On CPU the forward runs synchronously, so overlapping would only
+    hand each token out one step later."""
+    if setting == "auto":
+        return device.type == "cuda"
+    return bool(setting)
+
+
+def _needs_exact_history(step: LaunchedStep) -> bool:
+    """Penalties count every earlier output token: such requests wait for their pending one."""
+    return any(r.params.presence_penalty or r.params.frequency_penalty or r.params.repetition_penalty != 1.0
+               for r in step.sampled_requests)

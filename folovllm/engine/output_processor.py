@@ -46,7 +46,8 @@ class OutputProcessor:
             request.text = request.detokenizer.text
         else:
             delta = ""
-        if request.num_output_tokens >= params.min_tokens:
+        num_outputs = len(request.output_token_ids)  # known tokens: a pending one is not judged yet
+        if num_outputs >= params.min_tokens:
             if stopped_by_token:
                 request.stop_reason = token_id if token_id in params.stop_token_ids else None
                 self._flush_text(request)
@@ -58,7 +59,7 @@ class OutputProcessor:
                     keep = cut + len(request.stop_reason) if params.include_stop_str_in_output else cut
                     request.text = request.text[:keep]
                     return RequestStatus.FINISHED_STOPPED
-        if request.num_output_tokens >= request.max_tokens or request.num_tokens >= self.max_model_len:
+        if num_outputs >= request.max_tokens or len(request.token_ids) >= self.max_model_len:
             self._flush_text(request)  # a character cut off by the length limit
             return RequestStatus.FINISHED_LENGTH
         return None

@@ -31,8 +31,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--enforce-eager", action="store_true", help="CUDA: no CUDA graphs for decode steps")
     g.add_argument("--cuda-graph-max-batch", type=int, default=256,
                    help="CUDA: the largest decode batch captured in a CUDA graph")
-    g.add_argument("--no-overlap", dest="overlap_scheduling", action="store_false",
-                   help="do not schedule step N+1 while the device runs step N")
+    g.add_argument("--no-overlap", dest="overlap_scheduling", action="store_const", const=False,
+                   default="auto", help="do not schedule step N+1 while the device runs step N "
+                                        "(default: overlap on CUDA, where the device runs asynchronously)")
     g.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority", "sjf", "fair"])
     g.add_argument("--max-queue-delay", type=float, default=None,
                    help="sjf/fair: seconds after which a waiting request goes first (aging)")

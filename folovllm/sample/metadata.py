@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from folovllm.sampling_params import SamplingParams
+from folovllm.tensors import to_device
 
 _GREEDY_EPS = 1e-5  # same threshold as SamplingParams.greedy
 
@@ -92,19 +93,16 @@ def build_sampling_batch(
     wanted = [n for n in num_logprobs if n is not None]
 
     def floats(values: list[float]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.float32, device=device)
+        return to_device(values, torch.float32, device)
 
     greedy_mask = temperature = top_k = top_p = min_p = None
     if not all_greedy:
         temperature = floats([1.0 if g else p.temperature for p, g in zip(params, greedy)])
         if not all_random:
-            greedy_mask = torch.tensor(greedy, dtype=torch.bool, device=device)
+            greedy_mask = to_device(greedy, torch.bool, device)
         if any(p.top_k != -1 and p.top_k < vocab_size for p in params):
-            top_k = torch.tensor(
-                [vocab_size if p.top_k == -1 else min(p.top_k, vocab_size) for p in params],
-                dtype=torch.int64,
-                device=device,
-            )
+            top_k = to_device([vocab_size if p.top_k == -1 else min(p.top_k, vocab_size) for p in params],
+                              torch.int64, device)
         if any(p.top_p < 1.0 for p in params):
             top_p = floats([p.top_p for p in params])
         if any(p.min_p > 0.0 for p in params):
@@ -128,10 +126,8 @@ def build_sampling_batch(
     banned_rows = banned_cols = None
     if any(banned_token_ids):
         rows = [i for i, ids in enumerate(banned_token_ids) for _ in ids]
-        banned_rows = torch.tensor(rows, dtype=torch.int64, device=device)
-        banned_cols = torch.tensor(
-            list(itertools.chain.from_iterable(banned_token_ids)), dtype=torch.int64, device=device
-        )
+        banned_rows = to_device(rows, torch.int64, device)
+        banned_cols = to_device(list(itertools.chain.from_iterable(banned_token_ids)), torch.int64, device)
 
     return SamplingBatch(
         num_rows=num_rows,
@@ -169,6 +165,6 @@ def _flat_positions(
     index = [row * vocab_size + t for row, ids in rows_and_ids for t in ids]
     rows = [row for row, ids in rows_and_ids for _ in ids]
     return (
-        torch.tensor(index, dtype=torch.int64, device=device),
-        torch.tensor(rows, dtype=torch.int64, device=device),
+        to_device(index, torch.int64, device),
+        to_device(rows, torch.int64, device),
     )

@@ -52,13 +52,21 @@ class Sampler:
 
     def forward(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
         """``logits``: ``[N, V]``, one row per sequence sampling this step. Not modified."""
+        sampled, logprobs = self.sample(logits, batch)
+        return SamplerOutput(sampled.tolist(), logprobs)
+
+    def sample(self, logits: torch.Tensor, batch: SamplingBatch
+               ) -> tuple[torch.Tensor, list[TokenLogprobs | None]]:
+        """The sampled ids as a device tensor ``[N]`` (no host sync unless logprobs are asked for,
+        so the caller can overlap the next step's CPU work), plus each row's logprobs."""
         if logits.dim() != 2 or tuple(logits.shape) != (batch.num_rows, batch.vocab_size):
             raise ValueError(
                 f"logits must be [num_rows={batch.num_rows}, vocab_size={batch.vocab_size}], "
                 f"got {tuple(logits.shape)}."
             )
+        no_logprobs: list[TokenLogprobs | None] = [None] * batch.num_rows
         if self.fast_paths and batch.is_plain_greedy:
-            return SamplerOutput(logits.argmax(dim=-1).tolist(), [None] * batch.num_rows)
+            return logits.argmax(dim=-1), no_logprobs
 
         raw_logprobs = None
         if batch.max_num_logprobs is not None:
@@ -75,12 +83,9 @@ class Sampler:
             sampled = logits.argmax(dim=-1)
         else:
             sampled = self._sample(logits, batch)
-        token_ids = sampled.tolist()
-
-        logprobs: list[TokenLogprobs | None] = [None] * batch.num_rows
-        if raw_logprobs is not None:
-            logprobs = _gather_logprobs(raw_logprobs, sampled, token_ids, batch)
-        return SamplerOutput(token_ids, logprobs)
+        if raw_logprobs is None:
+            return sampled, no_logprobs
+        return sampled, _gather_logprobs(raw_logprobs, sampled, sampled.tolist(), batch)
 
     def _sample(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         greedy_tokens = None

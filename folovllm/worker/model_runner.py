@@ -1,7 +1,13 @@
-"""Turns one scheduler decision into one ragged forward pass and samples the next tokens."""
+"""Turns one scheduler decision into one ragged forward pass and samples the next tokens.
+
+``launch`` queues a step's work on the device and returns at once (on CUDA); ``resolve`` waits for
+its sampled tokens. Between the two the engine schedules and launches the next step (overlap
+scheduling); a token still on the device is fed to the next step straight from device memory.
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 import torch
 
@@ -9,6 +15,7 @@ from folovllm.attention.metadata import AttentionMetadata
 from folovllm.core.scheduler import SchedulerOutput
 from folovllm.request import Request
 from folovllm.sample.sampler import Sampler, SamplerOutput, build_sampling_batch
+from folovllm.tensors import to_device
 from folovllm.worker.cuda_graphs import CudaGraphRunner
 
 
@@ -21,12 +28,29 @@ class StepBatch:
     attn_metadata: AttentionMetadata
     logits_indices: torch.Tensor  # rows of the hidden states whose next token is sampled
     sampling_requests: list[Request]  # the requests those rows belong to, in order
+    # Rows whose input token is still pending on the device (overlap): (row, request id).
+    pending_inputs: list[tuple[int, str]] = field(default_factory=list)
+
+
+@dataclass
+class LaunchedStep:
+    """A step queued on the device; its sampled tokens are read back by ``ModelRunner.resolve``."""
+
+    sampled_requests: list[Request]
+    token_ids: torch.Tensor | None  # [len(sampled_requests)] on the device; None: nothing sampled
+    logprobs: list | None
+    host_token_ids: torch.Tensor | None = None  # CUDA: pinned copy, valid once ``ready`` fires
+    ready: torch.cuda.Event | None = None
+
+    def row_of(self) -> dict[str, int]:
+        return {r.request_id: i for i, r in enumerate(self.sampled_requests)}
 
 
 @dataclass
 class StepResult:
     sampled_requests: list[Request]
     sampler_output: SamplerOutput | None
+    wait_s: float = 0.0  # time spent blocked on the device for this result
 
 
 def allocate_kv_caches(num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
@@ -46,10 +70,14 @@ def prepare_step_batch(sched: SchedulerOutput, block_size: int, device: torch.de
     seq_lens: list[int] = []
     logits_indices: list[int] = []
     sampling_requests: list[Request] = []
+    pending_inputs: list[tuple[int, str]] = []
     for request, num_new, table in zip(sched.requests, sched.num_new_tokens, sched.block_tables):
         start = request.num_computed_tokens
         end = start + num_new
         input_ids.extend(request.token_ids[start:end])
+        for pos in range(max(start, len(request.token_ids)), end):  # not known yet: on the device
+            pending_inputs.append((len(input_ids), request.request_id))
+            input_ids.append(0)
         positions.extend(range(start, end))
         slot_mapping.extend(table[pos // block_size] * block_size + pos % block_size
                             for pos in range(start, end))
@@ -63,7 +91,7 @@ def prepare_step_batch(sched: SchedulerOutput, block_size: int, device: torch.de
     tables = [t + [0] * (max_blocks - len(t)) for t in sched.block_tables]
 
     def as_tensor(values: list) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.int64, device=device)
+        return to_device(values, torch.int64, device)
 
     meta = AttentionMetadata(
         slot_mapping=as_tensor(slot_mapping),
@@ -75,7 +103,7 @@ def prepare_step_batch(sched: SchedulerOutput, block_size: int, device: torch.de
         block_size=block_size,
     )
     return StepBatch(as_tensor(input_ids), as_tensor(positions), meta, as_tensor(logits_indices),
-                     sampling_requests)
+                     sampling_requests, pending_inputs)
 
 
 class ModelRunner:
@@ -91,12 +119,19 @@ class ModelRunner:
         self.sampler = Sampler()
         self.vocab_size = model.arch.vocab_size
 
-    @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> StepResult:
+        """One step, start to finish (no overlap)."""
+        return self.resolve(self.launch(sched))
+
+    @torch.inference_mode()
+    def launch(self, sched: SchedulerOutput, previous: LaunchedStep | None = None) -> LaunchedStep:
+        """Queues the step's forward and sampling; ``previous`` holds tokens its inputs still await."""
         batch = prepare_step_batch(sched, self.block_size, self.device)
+        if batch.pending_inputs:
+            self._fill_pending_inputs(batch, previous)
         hidden = self._forward(batch)
         if not batch.sampling_requests:
-            return StepResult([], None)
+            return LaunchedStep([], None, None)
         logits = self.model.compute_logits(hidden[batch.logits_indices])
         requests = batch.sampling_requests
         sampling_batch = build_sampling_batch(
@@ -108,7 +143,38 @@ class ModelRunner:
             vocab_size=self.vocab_size,
             device=self.device,
         )
-        return StepResult(requests, self.sampler.forward(logits, sampling_batch))
+        token_ids, logprobs = self.sampler.sample(logits, sampling_batch)
+        step = LaunchedStep(requests, token_ids, logprobs)
+        if self.device.type == "cuda":  # start the copy home now; resolve() only waits for it
+            step.host_token_ids = torch.empty(token_ids.shape, dtype=token_ids.dtype, pin_memory=True)
+            step.host_token_ids.copy_(token_ids, non_blocking=True)
+            step.ready = torch.cuda.Event()
+            step.ready.record()
+        return step
+
+    def resolve(self, step: LaunchedStep) -> StepResult:
+        """Waits for the step's sampled tokens and hands them over as host lists."""
+        if step.token_ids is None:
+            return StepResult([], None)
+        start = time.perf_counter()
+        if step.ready is not None:
+            step.ready.synchronize()
+            ids = step.host_token_ids.tolist()
+        else:
+            ids = step.token_ids.tolist()
+        return StepResult(step.sampled_requests, SamplerOutput(ids, step.logprobs),
+                          time.perf_counter() - start)
+
+    @staticmethod
+    def _fill_pending_inputs(batch: StepBatch, previous: LaunchedStep | None) -> None:
+        """Copies the previous step's sampled tokens into this step's inputs, device to device."""
+        if previous is None or previous.token_ids is None:
+            raise RuntimeError("a step needs tokens from a step that is not in flight")
+        rows = previous.row_of()
+        device = batch.input_ids.device
+        dst = to_device([row for row, _ in batch.pending_inputs], torch.int64, device)
+        src = to_device([rows[rid] for _, rid in batch.pending_inputs], torch.int64, device)
+        batch.input_ids[dst] = previous.token_ids[src].to(batch.input_ids.dtype)
 
     def _forward(self, batch: StepBatch) -> torch.Tensor:
         """Hidden states of the step: a CUDA graph replay for decode-only batches that fit one."""
