@@ -89,11 +89,14 @@ def serve_rows(paths: list[Path]) -> str:
 
 
 def http_table(paths: list[Path]) -> str:
-    lines = ["| torch threads | HTTP output tok/s | offline output tok/s | HTTP / offline |", "|---|---|---|---|"]
+    lines = ["| engine core | workload | torch threads | HTTP output tok/s | offline output tok/s | HTTP / offline |",
+             "|---|---|---|---|---|---|"]
     for path in paths:
         r = json.loads(path.read_text())[0]
-        lines.append(f"| {r['num_threads']} | {fmt(r['http_output_tok_s'])} | {fmt(r['offline_output_tok_s'])} "
-                     f"| {r['ratio']:.2f} |")
+        core = {"process": "own process", "thread": "server thread"}[r.get("engine_core", "thread")]
+        workload = f"{r['num_requests']} × {r['input_len']} × {r['output_len']}"
+        lines.append(f"| {core} | {workload} | {r['num_threads']} | {fmt(r['http_output_tok_s'])} "
+                     f"| {fmt(r['offline_output_tok_s'])} | {r['ratio']:.2f} |")
     return "\n".join(lines) + "\n"
 
 

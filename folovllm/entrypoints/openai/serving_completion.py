@@ -52,7 +52,7 @@ class CompletionServing:
                              "usage": usage(prompt_tokens, completion_tokens)})
 
     def _prompts(self, prompt) -> list[dict]:
-        """The request's prompts as engine inputs, tokenized here (not on the engine thread)."""
+        """The request's prompts as engine inputs, tokenized here (not in the engine core)."""
         if isinstance(prompt, str):
             prompt = [prompt]
         if not prompt:
