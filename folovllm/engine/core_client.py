@@ -130,7 +130,8 @@ class ProcessCore:
             self._loop.remove_reader(self._conn.fileno())
         self._proc.join(timeout_s)
         if self._proc.is_alive():
-            logger.warning("the engine process did not stop in %.0f s; terminating it", timeout_s)
+            if timeout_s > 0:
+                logger.warning("the engine process did not stop in %.0f s; terminating it", timeout_s)
             self._proc.terminate()
             self._proc.join()
         self._ops.close()
@@ -142,9 +143,12 @@ def _core_process_main(config: EngineConfig, ops, conn, log_level: int) -> None:
     logging.basicConfig(level=log_level, format="%(levelname)s %(name)s (engine): %(message)s")
     try:
         engine = LLMEngine(config)
-    except Exception as err:  # the server reports it and exits; a ValueError stays a ValueError
+    except ValueError as err:  # bad settings: the server prints it and exits
+        conn.send(err)
+        return
+    except Exception as err:
         logger.exception("the engine failed to start")
-        conn.send(err if isinstance(err, ValueError) else RuntimeError(f"engine start-up failed: {err!r}"))
+        conn.send(RuntimeError(f"engine start-up failed: {err!r}"))
         return
     conn.send(EngineInfo(engine.model_path, engine.max_model_len))
     parent = multiprocessing.parent_process()
