@@ -55,3 +55,15 @@ def test_dead_engine_process_fails_requests_and_health(start_server):
         srv.stop()
     finally:
         srv.kill()
+
+
+def test_bad_engine_setting_exits_2_with_the_reason(start_server):
+    """The engine process finds the bad setting; the server prints it once and exits 2."""
+    srv = start_server("--max-model-len", "999999")
+    try:
+        assert srv.proc.wait(120) == 2
+        err = srv.proc.stderr.read()
+        assert "error: max_model_len=999999 exceeds the model's maximum" in err
+        assert "Traceback" not in err
+    finally:
+        srv.kill()
