@@ -19,6 +19,7 @@ from folovllm.engine.core_client import ProcessCore, ThreadCore
 from folovllm.engine.core_loop import (AbortOp, AddOp, EngineInfo, EngineShutdownError, EngineSnapshot,
                                        IterationMessage, StopOp)
 from folovllm.engine.llm_engine import PromptInput
+from folovllm.engine.output_delta import DeltaDecoder
 from folovllm.outputs import RequestOutput
 from folovllm.sampling_params import SamplingParams
 
@@ -66,6 +67,7 @@ class AsyncLLMEngine:
         self.on_iteration = on_iteration
         self._streams: dict[str, RequestStream] = {}
         self._pending: dict[str, tuple[asyncio.Future, RequestStream]] = {}  # sent, not yet accepted
+        self._deltas = DeltaDecoder()  # the core sends what is new; streams get cumulative outputs
         self._num_waiting = 0  # the scheduler's waiting queue after the latest step
         self._stopping = False
         self._stopped: asyncio.Event | None = None
@@ -137,7 +139,8 @@ class AsyncLLMEngine:
                 future.set_result(None)
             else:
                 future.set_exception(error)
-        for output in message.outputs:
+        outputs = [self._deltas.decode(delta) for delta in message.outputs]
+        for output in outputs:
             stream = self._streams.get(output.request_id)
             if stream is not None:
                 stream.put(output)
@@ -147,9 +150,11 @@ class AsyncLLMEngine:
             stream = self._streams.pop(request_id, None)
             if stream is not None:
                 stream.put(message.error)
+        for request_id in message.aborted + message.failed:
+            self._deltas.forget(request_id)
         if message.snapshot is not None:
             self._num_waiting = message.snapshot.num_waiting
-            self._call_hook(message)
+            self._call_hook(message, outputs)
         if message.stopped:
             self._close_all(message.error or EngineShutdownError("the engine stopped"))
             self._stopped.set()
@@ -164,10 +169,10 @@ class AsyncLLMEngine:
             stream.put(error)
         self._streams.clear()
 
-    def _call_hook(self, message: IterationMessage) -> None:
+    def _call_hook(self, message: IterationMessage, outputs: list[RequestOutput]) -> None:
         if self.on_iteration is None:
             return
         try:
-            self.on_iteration(message.snapshot, message.outputs, message.aborted + message.failed)
+            self.on_iteration(message.snapshot, outputs, message.aborted + message.failed)
         except Exception:
             logger.exception("the iteration hook failed")

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from folovllm.engine.llm_engine import LLMEngine, PromptInput
+from folovllm.engine.output_delta import DeltaEncoder, OutputDelta
 from folovllm.engine.stats import EngineStats
-from folovllm.outputs import RequestOutput
 from folovllm.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -79,7 +79,7 @@ class IterationMessage:
     """Everything one loop iteration has to say, in one message."""
 
     accepted: list[tuple[str, Exception | None]] = field(default_factory=list)  # add -> None or its ValueError
-    outputs: list[RequestOutput] = field(default_factory=list)
+    outputs: list[OutputDelta] = field(default_factory=list)  # what each request gained this step
     aborted: list[str] = field(default_factory=list)  # request ids aborted this iteration
     failed: list[str] = field(default_factory=list)  # request ids ended by ``error``
     error: Exception | None = None
@@ -95,6 +95,7 @@ def snapshot(engine: LLMEngine) -> EngineSnapshot:
 
 def run_core_loop(engine: LLMEngine, inbox: Inbox, emit: Callable[[IterationMessage], None]) -> None:
     """Sleeps while there is no work; otherwise applies the queued ops and steps, one message each."""
+    deltas = DeltaEncoder()
     while True:
         message = IterationMessage()
         stopping = _apply(engine, inbox(not engine.has_unfinished_requests()), message)
@@ -103,10 +104,12 @@ def run_core_loop(engine: LLMEngine, inbox: Inbox, emit: Callable[[IterationMess
             message.stopped = True
         elif engine.has_unfinished_requests():
             try:
-                message.outputs = engine.step()
+                message.outputs = [deltas.encode(output) for output in engine.step()]
             except Exception as err:  # a bug must not hang every client: fail them, keep serving
                 logger.exception("engine step failed; aborting all requests")
                 _fail_all(engine, RuntimeError(f"engine step failed: {err!r}"), message)
+        for request_id in message.aborted + message.failed:
+            deltas.forget(request_id)
         message.snapshot = snapshot(engine)
         emit(message)
         if stopping:
