@@ -42,6 +42,7 @@ class SamplingBatch:
     generators: dict[int, torch.Generator]  # row -> its own RNG (seeded requests)
     num_logprobs: list[int | None]  # per row: params.logprobs
     max_num_logprobs: int | None  # None when no row wants logprobs
+    max_top_k: int | None = None  # the largest k of top_k, kept on the host (no device sync to read it)
 
     @property
     def needs_penalties(self) -> bool:
@@ -95,14 +96,14 @@ def build_sampling_batch(
     def floats(values: list[float]) -> torch.Tensor:
         return to_device(values, torch.float32, device)
 
-    greedy_mask = temperature = top_k = top_p = min_p = None
+    greedy_mask = temperature = top_k = top_p = min_p = max_top_k = None
     if not all_greedy:
         temperature = floats([1.0 if g else p.temperature for p, g in zip(params, greedy)])
         if not all_random:
             greedy_mask = to_device(greedy, torch.bool, device)
         if any(p.top_k != -1 and p.top_k < vocab_size for p in params):
-            top_k = to_device([vocab_size if p.top_k == -1 else min(p.top_k, vocab_size) for p in params],
-                              torch.int64, device)
+            ks = [vocab_size if p.top_k == -1 else min(p.top_k, vocab_size) for p in params]
+            top_k, max_top_k = to_device(ks, torch.int64, device), max(ks)
         if any(p.top_p < 1.0 for p in params):
             top_p = floats([p.top_p for p in params])
         if any(p.min_p > 0.0 for p in params):
@@ -137,6 +138,7 @@ def build_sampling_batch(
         greedy_mask=greedy_mask,
         temperature=temperature,
         top_k=top_k,
+        max_top_k=max_top_k,
         top_p=top_p,
         min_p=min_p,
         repetition_penalty=repetition,

@@ -96,7 +96,7 @@ class Sampler:
         if batch.top_p is not None or (batch.top_k is not None and not self.fast_paths):
             _apply_top_k_top_p(logits, batch.top_k, batch.top_p)
         elif batch.top_k is not None:
-            _apply_top_k_only(logits, batch.top_k)
+            _apply_top_k_only(logits, batch.top_k, batch.max_top_k)
         if batch.min_p is not None:
             _apply_min_p(logits, batch.min_p)
 
@@ -144,9 +144,11 @@ def _apply_top_k_top_p(
     logits.scatter_(1, sorted_ids, sorted_logits)
 
 
-def _apply_top_k_only(logits: torch.Tensor, top_k: torch.Tensor) -> None:
+def _apply_top_k_only(logits: torch.Tensor, top_k: torch.Tensor, max_top_k: int | None = None) -> None:
     """Top-k without a full sort: ``topk`` up to the largest k gives each row's threshold."""
-    top_values = logits.topk(int(top_k.max()), dim=-1).values
+    if max_top_k is None:  # reading it from the device waits for the device
+        max_top_k = int(top_k.max())
+    top_values = logits.topk(max_top_k, dim=-1).values
     kth_largest = top_values.gather(1, (top_k - 1).unsqueeze(1))
     logits.masked_fill_(logits < kth_largest, float("-inf"))
 

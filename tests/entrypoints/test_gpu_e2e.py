@@ -58,3 +58,31 @@ def test_cuda_fast_path_matches_cpu_torch_backend(qwen3_dir, dtype, tolerance):
     ours = greedy_runs(qwen3_dir, dtype, device="cuda")  # auto: triton, CUDA graphs, overlap
     for (tokens, _), (ref_tokens, ref_gaps) in zip(ours, reference):
         assert_greedy_match(tokens, ref_tokens, ref_gaps, tolerance)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_launching_a_step_never_waits_for_the_device(qwen3_dir):
+    """Overlap only pays if launch() queues work without a host sync: CUDA's sync debug mode turns
+    any sync (a blocking copy, .item(), .tolist()) inside launch into an error."""
+    llm = LLM(qwen3_dir, dtype="bfloat16", device="cuda", max_model_len=512, max_num_batched_tokens=256,
+              num_gpu_blocks_override=512)
+    runner = llm.llm_engine.runner
+    launch = runner.launch
+
+    def strict_launch(*args, **kwargs):
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return launch(*args, **kwargs)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+    runner.launch = strict_launch
+    params = [SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, detokenize=False),
+              SamplingParams(temperature=0.8, top_k=20, top_p=0.9, max_tokens=16, ignore_eos=True,
+                             seed=1, detokenize=False),
+              SamplingParams(temperature=1.0, top_k=5, max_tokens=16, ignore_eos=True, detokenize=False)]
+    outs = llm.generate([{"prompt_token_ids": list(range(3, 3 + 40 * (i + 1)))} for i in range(3)], params,
+                        use_tqdm=False)
+    assert [len(o.outputs[0].token_ids) for o in outs] == [16, 16, 16]
+    assert llm.llm_engine.overlap
