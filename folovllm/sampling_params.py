@@ -26,6 +26,9 @@ class SamplingParams:
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     detokenize: bool = True  # False: token ids only, no text (benchmarks, foreign vocabularies)
+    # vLLM's RequestOutputKind: "cumulative" = an output every step; "final_only" = only when it ends
+    # (LLM.generate sets it: building outputs nobody reads costs host time every step)
+    output_kind: str = "cumulative"
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -62,6 +65,8 @@ class SamplingParams:
             raise bad("repetition_penalty", "in (0, 2]")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty.")
+        if self.output_kind not in ("cumulative", "final_only"):
+            raise bad("output_kind", "'cumulative' or 'final_only'")
         if self.stop and not self.detokenize:
             raise ValueError("stop strings need detokenize=True (they match text); "
                              "use stop_token_ids with detokenize=False.")

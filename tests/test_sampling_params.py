@@ -38,6 +38,7 @@ def test_zero_temperature_is_greedy() -> None:
         ({"frequency_penalty": -3.0}, "frequency_penalty"),
         ({"repetition_penalty": 0.0}, "repetition_penalty"),
         ({"stop": ["ok", ""]}, "stop"),
+        ({"output_kind": "delta"}, "output_kind"),
     ],
 )
 def test_rejects_bad_values(kwargs: dict, field: str) -> None:

@@ -140,7 +140,8 @@ def run_workload(llm: LLM, name: str, requests: list[BenchRequest], *, device: s
     """
     engine = llm.llm_engine
     temperatures = temperature if isinstance(temperature, list) else [temperature] * len(requests)
-    params = [SamplingParams(temperature=t, max_tokens=r.max_tokens, ignore_eos=True, detokenize=False)
+    params = [SamplingParams(temperature=t, max_tokens=r.max_tokens, ignore_eos=True, detokenize=False,
+                             output_kind="final_only")
               for r, t in zip(requests, temperatures)]
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()

@@ -234,9 +234,12 @@ class LLMEngine:
         if self._in_flight is not None and not self.overlap:
             wait_s += self._resolve(*self._in_flight, touched)
             self._in_flight = None
-        outputs = [OutputProcessor.make_output(g) for g in touched.values()]
+        outputs = []
         for group in touched.values():
-            if group.finished:
+            finished = group.finished
+            if finished or not group.final_only:
+                outputs.append(OutputProcessor.make_output(group))
+            if finished:
                 del self.groups[group.request_id]
         self.stats.host_time_s += time.perf_counter() - started - wait_s
         return outputs

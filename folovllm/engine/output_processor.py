@@ -21,6 +21,11 @@ class RequestGroup:
     def finished(self) -> bool:
         return all(s.status.finished for s in self.samples)
 
+    @property
+    def final_only(self) -> bool:
+        """Its caller reads only the final output (SamplingParams.output_kind)."""
+        return self.samples[0].params.output_kind == "final_only"
+
 
 class OutputProcessor:
     def __init__(self, tokenizer, max_model_len: int) -> None:

@@ -105,3 +105,17 @@ def test_prefix_cache_names_only_known_tokens_with_overlap(tiny_llama_dir, promp
         results[overlap] = ([c.token_ids for c in again], stats.prefix_cache_hits)
     assert results[True] == results[False]
     assert results[True][1] >= 20
+
+
+def test_final_only_outputs_skip_the_steps_in_between(tiny_llama_dir, prompts):
+    """output_kind="final_only" (what LLM.generate uses): one output per request, when it ends."""
+    for kind, expected_per_request in (("cumulative", 20), ("final_only", 1)):
+        engine = make_llm(tiny_llama_dir).llm_engine
+        params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True, output_kind=kind)
+        for prompt in prompts[:3]:
+            engine.add_request({"prompt_token_ids": prompt}, params)
+        seen = []
+        while engine.has_unfinished_requests():
+            seen.extend(engine.step())
+        assert len(seen) == 3 * expected_per_request
+        assert sum(o.finished for o in seen) == 3 and all(len(o.outputs[0].token_ids) == 20 for o in seen[-3:])
