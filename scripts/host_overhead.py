@@ -51,7 +51,7 @@ def main() -> None:
     max_tokens = 50 + args.steps + 10
     llm = LLM(str(folder), load_format="dummy", device="cpu", dtype="float32", num_threads=1,
               max_model_len=1024, max_num_seqs=args.batch,
-              num_gpu_blocks_override=args.batch * (-(-(max_tokens + 10) // 16) + 1))
+              num_gpu_blocks_override=max(64, args.batch * (-(-(max_tokens + 10) // 16) + 1)))
     engine = llm.llm_engine
     totals: collections.Counter = collections.Counter()
     timed(engine.scheduler, "schedule", totals, "schedule")
