@@ -234,6 +234,12 @@ class LLMEngine:
         if self._in_flight is not None and not self.overlap:
             wait_s += self._resolve(*self._in_flight, touched)
             self._in_flight = None
+        outputs = self._collect_outputs(touched)
+        self.stats.host_time_s += time.perf_counter() - started - wait_s
+        return outputs
+
+    def _collect_outputs(self, touched: dict[str, RequestGroup]) -> list[RequestOutput]:
+        """One output per group that made progress (final_only groups: only when finished)."""
         outputs = []
         for group in touched.values():
             finished = group.finished
@@ -241,7 +247,6 @@ class LLMEngine:
                 outputs.append(OutputProcessor.make_output(group))
             if finished:
                 del self.groups[group.request_id]
-        self.stats.host_time_s += time.perf_counter() - started - wait_s
         return outputs
 
     def _resolve(self, sched: SchedulerOutput, launched: LaunchedStep, num_decode: int,
