@@ -81,7 +81,8 @@ class AsyncLLMEngine:
 
     @property
     def is_running(self) -> bool:
-        return not self._stopped.is_set() and self.core.is_alive() if self._stopped else False
+        started = self._stopped is not None
+        return started and not self._stopped.is_set() and self.core.is_alive()
 
     async def shutdown(self, timeout_s: float = 30.0) -> None:
         """Aborts whatever is left (its streams fail) and waits for the core to stop."""
