@@ -93,7 +93,7 @@ def http_table(paths: list[Path]) -> str:
              "|---|---|---|---|---|---|"]
     for path in paths:
         r = json.loads(path.read_text())[0]
-        core = {"process": "own process", "thread": "server thread"}[r.get("engine_core", "thread")]
+        core = {"process": "own process", "thread": "server thread"}[r["engine_core"]]
         workload = f"{r['num_requests']} × {r['input_len']} × {r['output_len']}"
         lines.append(f"| {core} | {workload} | {r['num_threads']} | {fmt(r['http_output_tok_s'])} "
                      f"| {fmt(r['offline_output_tok_s'])} | {r['ratio']:.2f} |")

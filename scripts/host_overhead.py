@@ -3,12 +3,17 @@ scheduling must hide under a GPU step. A toy Qwen3 (one layer, hidden 32) keeps 
 
     .venv/bin/python scripts/host_overhead.py                     # batch 128, cumulative outputs
     .venv/bin/python scripts/host_overhead.py --batch 256 --output-kind final_only
+    .venv/bin/python scripts/host_overhead.py --steps 940   # outputs of ~1,000 tokens: message cost grows
+
+With cumulative outputs it also prices what the server's engine process sends per step: the step's
+outputs pickled whole, or as deltas (engine/output_delta.py).
 """
 from __future__ import annotations
 
 import argparse
 import collections
 import json
+import pickle
 import sys
 import tempfile
 import time
@@ -18,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from folovllm import LLM, SamplingParams  # noqa: E402
 from folovllm.bench.gpu_runs import SMOKE_CONFIG, save_placeholder_tokenizer  # noqa: E402
+from folovllm.engine.output_delta import DeltaEncoder  # noqa: E402
 from folovllm.engine.output_processor import OutputProcessor  # noqa: E402
 from folovllm.worker import model_runner  # noqa: E402
 
@@ -76,6 +82,25 @@ def main() -> None:
     for key, value in totals.items():
         if key != "forward":
             print(f"  {key:<24}{value / args.steps * 1e3:6.2f} ms")
+    if args.output_kind == "cumulative":
+        print_message_cost(engine)
+
+
+def print_message_cost(engine) -> None:
+    """One step's outputs as the engine process would send them: whole, or as deltas."""
+    deltas = DeltaEncoder()
+    for output in engine.step():  # what the server has already seen
+        deltas.encode(output)
+    outputs = engine.step()
+    start = time.perf_counter()
+    whole = pickle.dumps(outputs)
+    whole_s = time.perf_counter() - start
+    start = time.perf_counter()
+    delta = pickle.dumps([deltas.encode(o) for o in outputs])
+    delta_s = time.perf_counter() - start
+    tokens = sum(len(o.outputs[0].token_ids) for o in outputs) // max(1, len(outputs))
+    print(f"  message to the server   whole {len(whole) / 1024:,.0f} KB in {whole_s * 1e3:.2f} ms, "
+          f"deltas {len(delta) / 1024:,.0f} KB in {delta_s * 1e3:.2f} ms (~{tokens} tokens per request)")
 
 
 if __name__ == "__main__":

@@ -145,7 +145,7 @@ def run_workload(llm: LLM, name: str, requests: list[BenchRequest], *, device: s
               for r, t in zip(requests, temperatures)]
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
-    steps_before, host_before = engine.stats.num_steps, getattr(engine.stats, "host_time_s", None)
+    steps_before, host_before = engine.stats.num_steps, engine.stats.host_time_s
     walls, contexts = [], []
     sync(device)
     start = time.perf_counter()
@@ -178,12 +178,10 @@ def run_workload(llm: LLM, name: str, requests: list[BenchRequest], *, device: s
                              finished_time=o.metrics.finished_time or time.perf_counter()) for o in outputs]
     peak = torch.cuda.max_memory_allocated() / 2**20 if device.startswith("cuda") else read_peak_rss_mb()
     num_steps = engine.stats.num_steps - steps_before
-    host = getattr(engine.stats, "host_time_s", None)
-    # None, not 0, where the engine does not measure host time
-    host_time = None if host is None or host_before is None or host <= host_before else host - host_before
+    host_time = engine.stats.host_time_s - host_before
     extra = {"prefill_tok_s": prefill_tok_s(timings), "num_steps": num_steps,
              "wall_ms_per_step": 1000 * duration / num_steps if num_steps else None,
-             "host_ms_per_step": 1000 * host_time / num_steps if num_steps and host_time is not None else None}
+             "host_ms_per_step": 1000 * host_time / num_steps if num_steps else None}
     result = build_result(name=name, engine="folovllm", model=config["model_name"], dtype="bfloat16",
                           device=config["device_name"], config=config["engine"], timings=timings,
                           duration_s=duration, peak_memory_mb=peak,

@@ -7,11 +7,13 @@ interface: ``info``, ``send(op)``, ``attach(loop, on_message)``, ``is_alive()``,
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import multiprocessing
 import os
 import queue
 import threading
+from collections import Counter
 from collections.abc import Callable
 
 import torch
@@ -46,6 +48,14 @@ def _died() -> IterationMessage:
     return IterationMessage(stopped=True, error=EngineShutdownError("the engine process died"))
 
 
+def _detached(message: IterationMessage) -> IterationMessage:
+    """The engine thread goes on mutating its stats: the event loop gets a copy of them."""
+    if message.snapshot is not None:
+        stats = message.snapshot.stats
+        message.snapshot.stats = dataclasses.replace(stats, finished_by_reason=Counter(stats.finished_by_reason))
+    return message
+
+
 class ThreadCore:
     """The loop on a daemon thread of this process (``folovllm serve --no-engine-process``)."""
 
@@ -63,7 +73,7 @@ class ThreadCore:
             if self.engine.device.type == "cpu":  # OpenMP's thread count is per thread: set it here too
                 torch.set_num_threads(self.engine.config.num_threads or os.cpu_count() or 1)
             run_core_loop(self.engine, lambda block: _drain(self._ops, block),
-                          lambda message: loop.call_soon_threadsafe(on_message, message))
+                          lambda message: loop.call_soon_threadsafe(on_message, _detached(message)))
 
         self._thread = threading.Thread(target=run, name="folovllm-engine", daemon=True)
         self._thread.start()

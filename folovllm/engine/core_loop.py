@@ -9,9 +9,7 @@ the same loop runs on a thread (engine/core_client.py ThreadCore) or in a child 
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -88,8 +86,8 @@ class IterationMessage:
 
 
 def snapshot(engine: LLMEngine) -> EngineSnapshot:
-    stats = dataclasses.replace(engine.stats, finished_by_reason=Counter(engine.stats.finished_by_reason))
-    return EngineSnapshot(stats, len(engine.scheduler.running), len(engine.scheduler.waiting),
+    """The live stats object: sending it to a process copies it; ThreadCore copies it itself."""
+    return EngineSnapshot(engine.stats, len(engine.scheduler.running), len(engine.scheduler.waiting),
                           engine.kv_cache.usage)
 
 

@@ -217,7 +217,7 @@ class LLMEngine:
         wait_s = 0.0
         previous = self._in_flight
         self._in_flight = None
-        if previous is not None and _needs_exact_history(previous[1]):
+        if previous is not None and previous[1].needs_penalties:
             wait_s += self._resolve(*previous, touched)  # penalties read every earlier token
             previous = None
         sched = self.scheduler.schedule()
@@ -314,9 +314,3 @@ def _resolve_overlap(setting: bool | str, device: torch.device) -> bool:
     if setting == "auto":
         return device.type == "cuda"
     return bool(setting)
-
-
-def _needs_exact_history(step: LaunchedStep) -> bool:
-    """Penalties count every earlier output token: such requests wait for their pending one."""
-    return any(r.params.presence_penalty or r.params.frequency_penalty or r.params.repetition_penalty != 1.0
-               for r in step.sampled_requests)

@@ -50,8 +50,9 @@ class LLM:
         if len(sampling_params) != len(prompts):
             raise ValueError(f"got {len(sampling_params)} sampling_params for {len(prompts)} prompts")
         # Only the final outputs are returned: the engine need not build one per step.
-        sampling_params = [p if p.output_kind == "final_only" else dataclasses.replace(p, output_kind="final_only")
-                           for p in sampling_params]
+        final_only = {id(p): p if p.output_kind == "final_only" else dataclasses.replace(p, output_kind="final_only")
+                      for p in sampling_params}
+        sampling_params = [final_only[id(p)] for p in sampling_params]
         priority = list(priority) if priority is not None else [0] * len(prompts)
         user = list(user) if user is not None else [None] * len(prompts)
         if not len(priority) == len(user) == len(prompts):

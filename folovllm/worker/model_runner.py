@@ -39,6 +39,7 @@ class LaunchedStep:
     sampled_requests: list[Request]
     token_ids: torch.Tensor | None  # [len(sampled_requests)] on the device; None: nothing sampled
     logprobs: list | None
+    needs_penalties: bool = False  # some row's penalties count every earlier output token
     host_token_ids: torch.Tensor | None = None  # CUDA: pinned copy, valid once ``ready`` fires
     ready: torch.cuda.Event | None = None
 
@@ -119,10 +120,6 @@ class ModelRunner:
         self.sampler = Sampler()
         self.vocab_size = model.arch.vocab_size
 
-    def execute(self, sched: SchedulerOutput) -> StepResult:
-        """One step, start to finish (no overlap)."""
-        return self.resolve(self.launch(sched))
-
     @torch.inference_mode()
     def launch(self, sched: SchedulerOutput, previous: LaunchedStep | None = None) -> LaunchedStep:
         """Queues the step's forward and sampling; ``previous`` holds tokens its inputs still await."""
@@ -144,7 +141,7 @@ class ModelRunner:
             device=self.device,
         )
         token_ids, logprobs = self.sampler.sample(logits, sampling_batch)
-        step = LaunchedStep(requests, token_ids, logprobs)
+        step = LaunchedStep(requests, token_ids, logprobs, sampling_batch.needs_penalties)
         if self.device.type == "cuda":  # start the copy home now; resolve() only waits for it
             step.host_token_ids = torch.empty(token_ids.shape, dtype=token_ids.dtype, pin_memory=True)
             step.host_token_ids.copy_(token_ids, non_blocking=True)

@@ -8,5 +8,5 @@ def test_host_overhead_script_reports_stages():
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "outside the forward" in proc.stdout
-    for stage in ("schedule", "prepare inputs", "append tokens + stops", "build outputs"):
+    for stage in ("schedule", "prepare inputs", "append tokens + stops", "build outputs", "message to the server"):
         assert stage in proc.stdout

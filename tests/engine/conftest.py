@@ -3,6 +3,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from folovllm.bench.gpu_runs import save_tokenizer
+
 TINY_VOCAB = 512
 
 
@@ -16,20 +18,9 @@ def tiny_llama_dir(tmp_path_factory) -> str:
     model = LlamaForCausalLM(config).eval()
     path = tmp_path_factory.mktemp("tiny_llama")
     model.save_pretrained(path, safe_serialization=True)
-    _save_tokenizer(path)  # a fast-loading tokenizer.json next to the weights
+    # a fast-loading tokenizer.json next to the weights (a stand-in where the default model is absent)
+    save_tokenizer(path)
     return str(path)
-
-
-def _save_tokenizer(path) -> None:
-    """The default model's tokenizer; a one-word stand-in where its package is absent (GPU machines)."""
-    from folovllm.bench.gpu_runs import save_placeholder_tokenizer
-    from folovllm.model.loader import default_model_path
-    from folovllm.model.tokenizer import load_tokenizer
-
-    try:
-        load_tokenizer(default_model_path()).save_pretrained(path)
-    except ValueError:
-        save_placeholder_tokenizer(path)
 
 
 def make_llm(model_dir: str, **kwargs):
