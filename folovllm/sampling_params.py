@@ -1,7 +1,10 @@
 """Per-request generation settings, with vLLM's field names."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass
+
+_INT64 = (-(2**63), 2**63 - 1)  # seeds and token ids are 64-bit integers (OpenAI's seed is int64)
 
 
 @dataclass
@@ -41,13 +44,24 @@ class SamplingParams:
         def bad(name: str, rule: str) -> ValueError:
             return ValueError(f"{name} must be {rule}, got {getattr(self, name)!r}.")
 
-        if not isinstance(self.n, int) or self.n < 1:
+        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
+                     "repetition_penalty"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise bad(name, "a finite number")
+        for name in ("n", "top_k", "min_tokens"):
+            if not _is_int(getattr(self, name)):
+                raise bad(name, "an integer")
+        for name in ("max_tokens", "logprobs", "seed"):
+            if getattr(self, name) is not None and not _is_int(getattr(self, name)):
+                raise bad(name, "an integer or None")
+        if self.n < 1:
             raise bad("n", "an integer >= 1")
         if self.temperature < 0.0:
             raise bad("temperature", "non-negative (0 means greedy)")
         if not 0.0 < self.top_p <= 1.0:
             raise bad("top_p", "in (0, 1]")
-        if not isinstance(self.top_k, int) or self.top_k == 0 or self.top_k < -1:
+        if self.top_k == 0 or self.top_k < -1:
             raise bad("top_k", "-1 (disabled) or a positive integer")
         if not 0.0 <= self.min_p <= 1.0:
             raise bad("min_p", "in [0, 1]")
@@ -57,14 +71,21 @@ class SamplingParams:
             raise bad("min_tokens", "in [0, max_tokens]")
         if self.logprobs is not None and not 0 <= self.logprobs <= 20:
             raise bad("logprobs", "in [0, 20]")
+        if self.seed is not None and not _INT64[0] <= self.seed <= _INT64[1]:
+            raise bad("seed", "a 64-bit signed integer")
         if not -2.0 <= self.presence_penalty <= 2.0:
             raise bad("presence_penalty", "in [-2, 2]")
         if not -2.0 <= self.frequency_penalty <= 2.0:
             raise bad("frequency_penalty", "in [-2, 2]")
         if not 0.0 < self.repetition_penalty <= 2.0:
             raise bad("repetition_penalty", "in (0, 2]")
+        if any(not isinstance(s, str) for s in self.stop):
+            raise ValueError("stop must be a string or a list of strings.")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty.")
+        bad_ids = [t for t in self.stop_token_ids if not _is_int(t) or t < 0 or t > _INT64[1]]
+        if bad_ids:
+            raise ValueError(f"stop_token_ids must be non-negative token ids, got {bad_ids[0]!r}.")
         if self.output_kind not in ("cumulative", "final_only"):
             raise bad("output_kind", "'cumulative' or 'final_only'")
         if self.stop and not self.detokenize:
@@ -74,3 +95,7 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature < 1e-5
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -161,6 +161,8 @@ class LLMEngine:
         vocab = self.model.arch.vocab_size
         if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
             raise ValueError(f"prompt token ids must be in [0, {vocab}); got an id outside")
+        if any(t >= vocab for t in params.stop_token_ids):
+            raise ValueError(f"stop_token_ids must be in [0, {vocab}) for this model; got an id outside")
         room = self.max_model_len - len(prompt_ids)
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
         arrival = time.perf_counter() if arrival_time is None else arrival_time
