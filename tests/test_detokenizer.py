@@ -165,3 +165,21 @@ def test_holdback_never_leaks_part_of_a_stop_string(text: str, stop: str, more: 
     index = find_stop(full, len(more), [stop])
     if index is not None:
         assert index >= emitted
+
+
+def _holdback_by_every_suffix(text: str, stop: list[str]) -> int:
+    """The definition, one suffix length at a time: the longest suffix that starts a stop string."""
+    return max([k for s in stop for k in range(1, min(len(s) - 1, len(text)) + 1)
+                if text.endswith(s[:k])] + [0])
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text("ab\n", max_size=12), st.lists(st.text("ab\n", min_size=1, max_size=6), max_size=4))
+def test_stop_holdback_matches_its_definition(text: str, stop: list[str]) -> None:
+    assert stop_holdback(text, stop) == _holdback_by_every_suffix(text, stop)
+
+
+def test_stop_holdback_is_cheap_for_many_long_stops() -> None:
+    # Each stop string is looked for once, not once per suffix length: 1,000 strings of 10,000 chars.
+    stop = [f"{i:04d}" + "x" * 9996 for i in range(1000)]
+    assert stop_holdback("y" * 20000 + "0999xx", stop) == 6
