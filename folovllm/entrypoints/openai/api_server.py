@@ -8,7 +8,7 @@ import os
 import secrets
 import signal
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 
 import uvicorn
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -18,6 +18,7 @@ from folovllm.config import EngineConfig
 from folovllm.engine.async_engine import AsyncLLMEngine
 from folovllm.engine.core_client import ProcessCore, ThreadCore
 from folovllm.engine.llm_engine import LLMEngine
+from folovllm.entrypoints.openai.body_limit import BodySizeLimit
 from folovllm.entrypoints.openai.errors import APIError, bad_request, install_error_handlers
 from folovllm.entrypoints.openai.metrics import ServerMetrics
 from folovllm.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest,
@@ -25,6 +26,7 @@ from folovllm.entrypoints.openai.protocol import (ChatCompletionRequest, Complet
 from folovllm.entrypoints.openai.serving import ClientDisconnected, ServingContext, now_s, shutting_down
 from folovllm.entrypoints.openai.serving_chat import ChatServing
 from folovllm.entrypoints.openai.serving_completion import CompletionServing
+from folovllm.entrypoints.openai.validation import RequestLimits
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +37,7 @@ class ServerConfig:
     api_key: str | None = None
     max_waiting_requests: int | None = None  # None: unbounded admission queue
     drain_timeout_s: float = 30.0
+    limits: RequestLimits = field(default_factory=RequestLimits)
 
 
 @dataclass
@@ -63,7 +66,7 @@ def build_app(core: ProcessCore | ThreadCore, tokenizer, config: ServerConfig,
     state = state or ServerState()
     metrics = ServerMetrics(config.model_name)
     engine = AsyncLLMEngine(core, on_iteration=metrics.on_iteration)
-    ctx = ServingContext(engine, config.model_name, tokenizer, config.max_waiting_requests)
+    ctx = ServingContext(engine, config.model_name, tokenizer, config.max_waiting_requests, config.limits)
     completions, chat = CompletionServing(ctx), ChatServing(ctx)
 
     @asynccontextmanager
@@ -71,16 +74,22 @@ def build_app(core: ProcessCore | ThreadCore, tokenizer, config: ServerConfig,
         engine.start()
         yield
         await engine.shutdown()
+        ctx.close()
+
+    expected_key = config.api_key.encode() if config.api_key is not None else None
 
     async def require_api_key(request: Request) -> None:
-        if config.api_key is None:
+        if expected_key is None:
             return
+        # Compared as bytes (headers arrive as latin-1 text), in constant time, whatever they hold.
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip(), config.api_key):
+        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode("latin-1"),
+                                                                     expected_key):
             raise APIError(401, "missing or invalid API key: send 'Authorization: Bearer <key>'",
                            type="authentication_error", code="invalid_api_key")
 
     app = FastAPI(title="FoloVLLM", lifespan=lifespan)
+    app.add_middleware(BodySizeLimit, max_bytes=config.limits.max_request_body_bytes)
     app.add_middleware(DrainGate, state=state)
     install_error_handlers(app)
     v1 = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)])
@@ -111,24 +120,24 @@ def build_app(core: ProcessCore | ThreadCore, tokenizer, config: ServerConfig,
     async def prometheus_metrics():
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    @app.post("/tokenize")
+    guarded = [Depends(require_api_key)]
+
+    @app.post("/tokenize", dependencies=guarded)
     async def tokenize(body: TokenizeRequest):
         ctx.check_model(body.model)
         if (body.prompt is None) == (body.messages is None):
             raise bad_request("give exactly one of prompt or messages", "prompt")
+        validator = ctx.validator
         if body.messages is not None:
-            tokens = chat.prompt_token_ids(body.messages)
+            tokens = await ctx.off_loop(validator.render_chat, body.messages, body.add_generation_prompt)
         else:
-            tokens = ctx.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+            tokens = await ctx.off_loop(validator.encode, body.prompt, body.add_special_tokens, "prompt")
         return {"tokens": tokens, "count": len(tokens), "max_model_len": ctx.max_model_len}
 
-    @app.post("/detokenize")
+    @app.post("/detokenize", dependencies=guarded)
     async def detokenize(body: DetokenizeRequest):
         ctx.check_model(body.model)
-        vocab = len(ctx.tokenizer)
-        if any(not 0 <= t < vocab for t in body.tokens):
-            raise bad_request(f"tokens must be ids in [0, {vocab})", "tokens")
-        return {"prompt": ctx.tokenizer.decode(body.tokens)}
+        return {"prompt": await ctx.off_loop(ctx.validator.detokenize, body.tokens)}
 
     app.state.engine = engine
     app.state.metrics = metrics
@@ -171,12 +180,24 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--served-model-name", default=None,
                    help="the model name clients send (default: --model, or the default model's name)")
     g.add_argument("--api-key", default=os.environ.get("FOLOVLLM_API_KEY"),
-                   help="require 'Authorization: Bearer KEY' on /v1/* (default: $FOLOVLLM_API_KEY)")
+                   help="require 'Authorization: Bearer KEY' on /v1/*, /tokenize and /detokenize "
+                        "(default: $FOLOVLLM_API_KEY)")
     g.add_argument("--max-waiting-requests", type=int, default=None,
                    help="queued requests beyond this get 503 + Retry-After (default: unbounded)")
     g.add_argument("--drain-timeout", type=float, default=30.0,
                    help="on SIGTERM, seconds to let in-flight requests finish before aborting them")
     g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    limits = RequestLimits()
+    g.add_argument("--max-request-body-bytes", type=int, default=limits.max_request_body_bytes,
+                   help="larger request bodies get 413 (default: %(default)s)")
+    g.add_argument("--max-prompts-per-request", type=int, default=limits.max_prompts_per_request,
+                   help="prompts in one /v1/completions request (default: %(default)s)")
+    g.add_argument("--max-n", type=int, default=limits.max_n,
+                   help="largest n (samples per prompt) a request may ask for (default: %(default)s)")
+    g.add_argument("--max-stop-strings", type=int, default=limits.max_stop_strings,
+                   help="stop strings (and stop_token_ids) per request (default: %(default)s)")
+    g.add_argument("--max-stop-string-chars", type=int, default=limits.max_stop_string_chars,
+                   help="length of each stop string (default: %(default)s)")
     g.add_argument("--no-engine-process", dest="engine_process", action="store_false",
                    help="step the engine on a thread of the server process instead of its own process")
 
@@ -205,11 +226,12 @@ def run_server(args: argparse.Namespace, engine_config: EngineConfig) -> None:
     """Serves until SIGINT/SIGTERM, then drains."""
     if args.max_waiting_requests is not None and args.max_waiting_requests < 0:
         raise ValueError(f"--max-waiting-requests must be >= 0; got {args.max_waiting_requests}")
+    limits = RequestLimits(**{f.name: getattr(args, f.name) for f in fields(RequestLimits)})
     core, tokenizer = start_engine_core(engine_config, args.engine_process, args.log_level)
     config = ServerConfig(
         model_name=args.served_model_name or default_model_name(args.model, core.info.model_path),
         api_key=args.api_key or None, max_waiting_requests=args.max_waiting_requests,
-        drain_timeout_s=args.drain_timeout)
+        drain_timeout_s=args.drain_timeout, limits=limits)
     state = ServerState()
     app = build_app(core, tokenizer, config, state)
     uv_config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,

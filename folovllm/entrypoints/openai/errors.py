@@ -1,11 +1,15 @@
 """OpenAI-style error bodies: {"error": {"message", "type", "param", "code"}} with the right status."""
 from __future__ import annotations
 
+import logging
 import re
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+logger = logging.getLogger(__name__)
 
 _PARAM_IN_MESSAGE = re.compile(r"^(\w+) must be")  # SamplingParams' "top_p must be in (0, 1], ..."
 
@@ -34,10 +38,14 @@ class APIError(Exception):
 
 def bad_request(err: ValueError | str, param: str | None = None,
                 renames: dict[str, str] | None = None) -> APIError:
-    """A 400 from a validation message; the parameter is read from the message when not given."""
+    """A 400 from a validation message; the parameter is read from the message when not given.
+    ``renames`` maps the engine's names to the request's (max_tokens -> max_completion_tokens)."""
     message = str(err)
-    if param is None:
+    match = _PARAM_IN_MESSAGE.match(message)
+    if match and renames and match.group(1) in renames:
+        message = renames[match.group(1)] + message[len(match.group(1)):]
         match = _PARAM_IN_MESSAGE.match(message)
+    if param is None:
         param = match.group(1) if match else None
     if param is not None and renames:
         param = renames.get(param, param)
@@ -50,19 +58,59 @@ def server_busy(retry_after_s: int = 1) -> APIError:
                     headers={"Retry-After": str(retry_after_s)})
 
 
+def request_too_large(limit: int) -> APIError:
+    return APIError(413, f"the request body is larger than {limit} bytes (this server's "
+                         "--max-request-body-bytes)", code="request_too_large")
+
+
+_HTTP_ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error"}
+
+
 def install_error_handlers(app: FastAPI) -> None:
+    """Every error leaves the server as an OpenAI error body, whatever raised it."""
     @app.exception_handler(APIError)
     async def _api_error(_: Request, err: APIError) -> JSONResponse:
         return err.response()
 
+    @app.exception_handler(HTTPException)
+    async def _http_error(request: Request, err: HTTPException) -> JSONResponse:
+        # Unknown paths and wrong methods: the router's 404 / 405, in the same shape as ours.
+        message = f"{request.method} {request.url.path}: {err.detail}"
+        error_type = _HTTP_ERROR_TYPES.get(err.status_code, "invalid_request_error")
+        return APIError(err.status_code, message, type=error_type,
+                        headers=getattr(err, "headers", None)).response()
+
     @app.exception_handler(RequestValidationError)
     async def _schema_error(_: Request, err: RequestValidationError) -> JSONResponse:
         # Malformed JSON and schema mismatches are the client's 400, not FastAPI's default 422.
-        first = err.errors()[0] if err.errors() else {}
+        errors = err.errors()
+        first = errors[0] if errors else {}
         loc = [str(p) for p in first.get("loc", ()) if p != "body"]
         if first.get("type") == "json_invalid":
             message, param = f"the request body is not valid JSON: {first.get('msg', '')}", None
         else:
-            where = ".".join(loc) or "body"
-            message, param = f"{where}: {first.get('msg', 'invalid value')}", (loc[0] if loc else None)
+            where = _field_path(loc) or "body"
+            detail = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+            message, param = f"{where}: {detail}", (loc[0] if loc else None)
         return APIError(400, message, param=param).response()
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, err: Exception) -> JSONResponse:
+        if isinstance(err, RecursionError):  # JSON nested deeper than the parser goes
+            return APIError(400, "the request body is nested too deeply").response()
+        logger.exception("unexpected error on %s %s", request.method, request.url.path)
+        return APIError(500, f"internal server error: {type(err).__name__}", type="internal_error",
+                        code="internal_error").response()
+
+
+def _field_path(loc: list[str]) -> str:
+    """``messages.0.content`` as ``messages[0].content``; pydantic's union-member tags dropped."""
+    parts: list[str] = []
+    for part in loc:
+        if part.isdigit() and parts:
+            parts[-1] += f"[{part}]"
+        elif "[" in part or part in ("str", "int", "float", "bool", "function-after"):
+            continue
+        else:
+            parts.append(part)
+    return ".".join(parts)

@@ -1,104 +1,238 @@
 """Request bodies of the OpenAI API (plus vLLM's sampling extras), as pydantic models.
 
-Ranges are checked once, by SamplingParams, so the messages match the offline API's.
+Types are checked strictly here ("3" is not a number, NaN is not a temperature, text must be valid
+Unicode); ranges are checked once, by SamplingParams, so the messages match the offline API's.
 Responses are built as plain dicts in the serving modules (cheaper per streamed chunk).
 """
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+import logging
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
 
-from folovllm.sampling_params import SamplingParams
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
+
+logger = logging.getLogger(__name__)
+
+# Numbers must be finite; ints are not bools; a JSON int is a fine float.
+Float = Annotated[float, Field(allow_inf_nan=False, strict=True)]
+Int = StrictInt
+Bool = StrictBool
+TokenIds = list[StrictInt]
+
+# Fields of the OpenAI API (or vLLM's extensions) that this server does not implement, each with the
+# test for its no-op value: anything else is a 400 that names the field, never a silently different
+# result. Unknown keys beyond these are ignored with a log line, as vLLM does.
+_NOOP: dict[str, Callable[[Any], bool]] = {
+    "best_of": lambda v: v in (None, 1),
+    "logit_bias": lambda v: v in (None, {}),
+    "suffix": lambda v: v in (None, ""),
+    "use_beam_search": lambda v: v in (None, False),
+    "length_penalty": lambda v: v in (None, 1, 1.0),
+    "truncate_prompt_tokens": lambda v: v is None,
+    "allowed_token_ids": lambda v: v is None,
+    "bad_words": lambda v: v in (None, []),
+    "prompt_logprobs": lambda v: v is None,
+    "response_format": lambda v: v is None or v == {"type": "text"},
+    "structured_outputs": lambda v: v is None,
+    "guided_json": lambda v: v is None,
+    "guided_regex": lambda v: v is None,
+    "guided_choice": lambda v: v is None,
+    "guided_grammar": lambda v: v is None,
+    "guided_decoding_backend": lambda v: v is None,
+    "guided_whitespace_pattern": lambda v: v is None,
+    "logits_processors": lambda v: v is None,
+    "return_tokens_as_token_ids": lambda v: v in (None, False),
+    "return_token_ids": lambda v: v in (None, False),
+    "spaces_between_special_tokens": lambda v: v in (None, True),
+    "prompt_embeds": lambda v: v is None,
+    "kv_transfer_params": lambda v: v is None,
+    "mm_processor_kwargs": lambda v: v in (None, {}),
+    "tools": lambda v: v in (None, []),
+    "tool_choice": lambda v: v in (None, "none"),
+    "functions": lambda v: v in (None, []),
+    "function_call": lambda v: v in (None, "none"),
+    "audio": lambda v: v is None,
+    "modalities": lambda v: v in (None, ["text"]),
+    "prediction": lambda v: v is None,
+    "reasoning_effort": lambda v: v is None,
+    "verbosity": lambda v: v is None,
+    "web_search_options": lambda v: v is None,
+    "continue_final_message": lambda v: v in (None, False),
+    "documents": lambda v: v is None,
+    "chat_template": lambda v: v is None,
+    "chat_template_kwargs": lambda v: v in (None, {}),
+    "store": lambda v: v in (None, False),
+    "echo": lambda v: v in (None, False),  # chat only: completions implement it
+}
+# Fields that only describe the request (no effect on what is generated): accepted as they are.
+_METADATA = {"metadata", "service_tier", "prompt_cache_key", "safety_identifier", "request_id",
+             "parallel_tool_calls", "vllm_xargs"}
+
+
+def _lone_surrogate_path(value: Any, path: str) -> str | None:
+    """The path of the first string (or key) that is not valid Unicode (a lone UTF-16 surrogate,
+    which JSON's \\ud800 escapes can carry), else None."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return path or "body"
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found = _lone_surrogate_path(key, path) or _lone_surrogate_path(item, f"{path}.{key}" if path else str(key))
+            if found:
+                return found
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            found = _lone_surrogate_path(item, f"{path}[{i}]")
+            if found:
+                return found
+    return None
+
+
+class UnsupportedField(ValueError):
+    def __init__(self, name: str, value: Any) -> None:
+        shown = repr(value)
+        shown = shown if len(shown) <= 80 else shown[:77] + "..."
+        super().__init__(f"{name} is not supported by this server (got {shown}); leave it out")
+        self.param = name
+
+
+class _Body(BaseModel):
+    """The checks every request body gets: valid Unicode, and no unimplemented field in use."""
+
+    model_config = ConfigDict(extra="allow")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data: Any) -> Any:
+        path = _lone_surrogate_path(data, "")
+        if path is not None:
+            raise ValueError(f"{path} is not valid Unicode (it holds a lone UTF-16 surrogate)")
+        return data
+
+    def check_supported(self) -> None:
+        """Raises UnsupportedField for an unimplemented field set to something other than its no-op;
+        logs unknown fields (ignored)."""
+        ignored = []
+        for name, value in (self.model_extra or {}).items():
+            noop = _NOOP.get(name)
+            if noop is not None:
+                if not noop(value) and not (name == "best_of" and value == getattr(self, "n", None)):
+                    raise UnsupportedField(name, value)
+            elif name not in _METADATA:
+                ignored.append(name)
+        if ignored:
+            logger.warning("ignoring unknown request fields: %s", ", ".join(sorted(ignored)))
 
 
 class StreamOptions(BaseModel):
-    include_usage: bool = False
+    include_usage: Bool = False
+    continuous_usage_stats: Literal[False] = False  # vLLM's usage on every chunk: not implemented
 
 
-class _SamplingRequest(BaseModel):
+class SamplingRequest(_Body):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
-    model_config = ConfigDict(extra="ignore")
-
     model: str | None = None
-    n: int = 1
-    temperature: float = 1.0
-    top_p: float = 1.0
+    n: Int = 1
+    temperature: Float = 1.0
+    top_p: Float = 1.0
     stop: str | list[str] | None = None
-    seed: int | None = None
-    priority: int = 0  # lower is served first under --scheduling-policy priority (vLLM's field)
-    user: str | None = None  # the tenant, for --scheduling-policy fair (OpenAI's field)
-    stream: bool = False
+    seed: Int | None = None
+    priority: Int = 0  # lower is served first under --scheduling-policy priority (vLLM's field)
+    user: str | None = Field(default=None, max_length=256)  # the tenant, for --scheduling-policy fair
+    stream: Bool = False
     stream_options: StreamOptions | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    presence_penalty: Float = 0.0
+    frequency_penalty: Float = 0.0
     # vLLM extras
-    top_k: int | None = None  # 0 or -1: disabled
-    min_p: float = 0.0
-    ignore_eos: bool = False
-    min_tokens: int = 0
-    repetition_penalty: float = 1.0
-    stop_token_ids: list[int] | None = None
-    include_stop_str_in_output: bool = False
-    skip_special_tokens: bool = True
+    top_k: Int | None = None  # 0 or -1: disabled
+    min_p: Float = 0.0
+    ignore_eos: Bool = False
+    min_tokens: Int = 0
+    repetition_penalty: Float = 1.0
+    stop_token_ids: TokenIds | None = None
+    include_stop_str_in_output: Bool = False
+    skip_special_tokens: Bool = True
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=256)  # keeps prefixes apart
 
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
-    def to_sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
-        """Raises ValueError naming the parameter and its range (from SamplingParams)."""
-        top_k = -1 if self.top_k in (None, 0) else self.top_k
-        return SamplingParams(
-            n=self.n, temperature=self.temperature, top_p=self.top_p, top_k=top_k, min_p=self.min_p,
-            seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids, max_tokens=max_tokens,
-            min_tokens=self.min_tokens, ignore_eos=self.ignore_eos, logprobs=logprobs,
-            presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
-            repetition_penalty=self.repetition_penalty, skip_special_tokens=self.skip_special_tokens,
-            include_stop_str_in_output=self.include_stop_str_in_output)
+    @property
+    def stop_list(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
 
 
-class CompletionRequest(_SamplingRequest):
-    prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = 16
-    logprobs: int | None = None
-    echo: bool = False
+class CompletionRequest(SamplingRequest):
+    prompt: str | list[str] | TokenIds | list[TokenIds]
+    max_tokens: Int | None = 16
+    logprobs: Int | None = None
+    echo: Bool = False
+    add_special_tokens: Bool = True
 
 
 class ContentPart(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")
 
     type: str
     text: str | None = None
 
 
+Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")  # name, tool_call_id, ... go to the template as given
 
-    role: str
+    role: Role
     content: str | list[ContentPart] | None = None
 
     def to_template_dict(self) -> dict:
         message = self.model_dump(exclude_none=True)
-        if isinstance(self.content, list):  # text parts only: this server has no vision models
-            message["content"] = "".join(p.text or "" for p in self.content if p.type == "text")
+        if isinstance(self.content, list):
+            message["content"] = "".join(p.text or "" for p in self.content)
+        elif self.content is None:
+            message["content"] = ""  # an assistant turn that only called tools
         return message
 
 
-class ChatCompletionRequest(_SamplingRequest):
+class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
-    logprobs: bool = False
-    top_logprobs: int | None = None
+    max_tokens: Int | None = None
+    max_completion_tokens: Int | None = None
+    logprobs: Bool = False
+    top_logprobs: Int | None = None
+    add_generation_prompt: Bool = True
+    add_special_tokens: Bool = False
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        for i, message in enumerate(self.messages):
+            if message.content is None and message.role != "assistant":
+                raise ValueError(f"messages[{i}].content must not be null for role {message.role!r} "
+                                 "(only an assistant message may leave it out)")
+            for part in message.content if isinstance(message.content, list) else ():
+                if part.type != "text" or part.text is None:
+                    raise ValueError(
+                        f"messages[{i}].content parts must be {{'type': 'text', 'text': ...}}; "
+                        f"got type {part.type!r}: this server serves a text-only model")
 
 
-class TokenizeRequest(BaseModel):
+class TokenizeRequest(_Body):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
-    add_special_tokens: bool = True
+    add_special_tokens: Bool = True
+    add_generation_prompt: Bool = True
 
 
-class DetokenizeRequest(BaseModel):
+class DetokenizeRequest(_Body):
     model: str | None = None
-    tokens: list[int]
+    tokens: TokenIds

@@ -4,15 +4,21 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 from fastapi import Request
 
 from folovllm.detokenizer import stop_holdback
 from folovllm.engine.async_engine import AsyncLLMEngine, EngineShutdownError, RequestStream
 from folovllm.entrypoints.openai.errors import APIError, bad_request, server_busy
+from folovllm.entrypoints.openai.validation import RequestLimits, Validator
 from folovllm.outputs import CompletionOutput, RequestOutput
 from folovllm.sampling_params import SamplingParams
+
+
+_T = TypeVar("_T")
 
 
 class ClientDisconnected(Exception):
@@ -33,13 +39,24 @@ class ServingContext:
     """State the endpoints share: the engine, the served model name, the API-side tokenizer."""
 
     def __init__(self, engine: AsyncLLMEngine, model_name: str, tokenizer,
-                 max_waiting_requests: int | None) -> None:
+                 max_waiting_requests: int | None, limits: RequestLimits | None = None) -> None:
         self.engine = engine
         self.model_name = model_name
         self.tokenizer = tokenizer  # the server's own: the engine core decodes with its own
         self.max_model_len = engine.info.max_model_len
         self.max_waiting_requests = max_waiting_requests
+        self.validator = Validator(tokenizer, self.max_model_len, limits or RequestLimits())
+        # Tokenizing and chat templates run here, off the event loop; one thread, since a tokenizer
+        # object is not safe to call from two threads at once.
+        self._tokenizer_thread = ThreadPoolExecutor(1, thread_name_prefix="folovllm-tokenizer")
         self._token_text: dict[int, str] = {}
+
+    async def off_loop(self, fn: Callable[..., _T], *args) -> _T:
+        """Runs ``fn(*args)`` on the tokenizer thread: the event loop keeps serving meanwhile."""
+        return await asyncio.get_running_loop().run_in_executor(self._tokenizer_thread, fn, *args)
+
+    def close(self) -> None:
+        self._tokenizer_thread.shutdown(wait=False, cancel_futures=True)
 
     def check_model(self, name: str | None) -> None:
         if name is not None and name != self.model_name:
@@ -161,9 +178,13 @@ class TextDeltas:
         return delta, first_token
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+def usage(finals: list[RequestOutput], completion_tokens: int) -> dict:
+    """OpenAI's usage block; cached_tokens counts prompt tokens served from the prefix cache."""
+    prompt_tokens = sum(len(f.prompt_token_ids) for f in finals)
+    cached = sum(f.num_cached_tokens for f in finals)
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 def now_s() -> int:

@@ -9,8 +9,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from folovllm.engine.async_engine import EngineShutdownError, RequestStream
-from folovllm.entrypoints.openai.errors import bad_request
-from folovllm.entrypoints.openai.protocol import ChatCompletionRequest, ChatMessage
+from folovllm.entrypoints.openai.protocol import ChatCompletionRequest
 from folovllm.entrypoints.openai.serving import ServingContext, TextDeltas, now_s, sse, usage
 from folovllm.outputs import CompletionOutput
 
@@ -19,32 +18,11 @@ class ChatServing:
     def __init__(self, ctx: ServingContext) -> None:
         self.ctx = ctx
 
-    def prompt_token_ids(self, messages: list[ChatMessage]) -> list[int]:
-        """The conversation rendered by the model's chat template, ready for the assistant's turn."""
-        tokenizer = self.ctx.tokenizer
-        if not getattr(tokenizer, "chat_template", None):
-            raise bad_request("this model has no chat template; use /v1/completions", "messages")
-        try:
-            text = tokenizer.apply_chat_template([m.to_template_dict() for m in messages],
-                                                 tokenize=False, add_generation_prompt=True)
-        except Exception as err:  # a template rejecting the conversation (e.g. role order)
-            raise bad_request(f"the chat template rejected the messages: {err}", "messages") from err
-        return tokenizer.encode(text, add_special_tokens=False)
-
     async def create(self, body: ChatCompletionRequest, raw: Request):
         arrival = time.perf_counter()
         ctx = self.ctx
         ctx.check_model(body.model)
-        if body.top_logprobs is not None and not body.logprobs:
-            raise bad_request("top_logprobs needs logprobs=true", "top_logprobs")
-        max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-        renames = {"max_tokens": "max_completion_tokens"} if body.max_completion_tokens is not None else None
-        logprobs = (body.top_logprobs or 0) if body.logprobs else None
-        try:
-            params = body.to_sampling_params(max_tokens, logprobs)
-        except ValueError as err:
-            raise bad_request(err, renames=renames) from err
-        prompt = {"prompt_token_ids": self.prompt_token_ids(body.messages)}
+        prompt, params, renames = await ctx.off_loop(ctx.validator.chat, body)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         streams = await ctx.start([prompt], params, request_id, arrival, renames, prompt_param="messages",
                                   priority=body.priority, user=body.user)
@@ -59,7 +37,7 @@ class ChatServing:
         completion_tokens = sum(len(o.token_ids) for o in final.outputs)
         return JSONResponse({"id": request_id, "object": "chat.completion", "created": now_s(),
                              "model": ctx.model_name, "choices": choices,
-                             "usage": usage(len(final.prompt_token_ids), completion_tokens)})
+                             "usage": usage([final], completion_tokens)})
 
     def _logprobs(self, out: CompletionOutput, first_token: int, top_n: int) -> dict:
         """OpenAI chat format: {"content": [{token, logprob, bytes, top_logprobs: [...]}, ...]}."""
@@ -106,7 +84,7 @@ class ChatServing:
                     yield chunk(choices)
             if body.include_usage:
                 completion_tokens = sum(len(o.token_ids) for o in final.outputs)
-                yield chunk([], usage=usage(len(final.prompt_token_ids), completion_tokens))
+                yield chunk([], usage=usage([final], completion_tokens))
         except EngineShutdownError as err:
             yield sse({"error": {"message": str(err), "type": "service_unavailable", "param": None,
                                  "code": "shutting_down"}})

@@ -9,7 +9,6 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from folovllm.engine.async_engine import EngineShutdownError, RequestStream
-from folovllm.entrypoints.openai.errors import bad_request
 from folovllm.entrypoints.openai.protocol import CompletionRequest
 from folovllm.entrypoints.openai.serving import (ServingContext, TextDeltas, merge_streams, now_s, sse,
                                                  usage)
@@ -24,13 +23,7 @@ class CompletionServing:
         arrival = time.perf_counter()
         ctx = self.ctx
         ctx.check_model(body.model)
-        prompts = self._prompts(body.prompt)
-        if body.echo and body.logprobs is not None:
-            raise bad_request("echo with logprobs is not supported (no prompt logprobs)", "echo")
-        try:
-            params = body.to_sampling_params(body.max_tokens, body.logprobs)
-        except ValueError as err:
-            raise bad_request(err) from err
+        prompts, params = await ctx.off_loop(ctx.validator.completion, body)
         request_id = f"cmpl-{uuid.uuid4().hex}"
         streams = await ctx.start(prompts, params, request_id, arrival, priority=body.priority, user=body.user)
         if body.stream:
@@ -46,26 +39,9 @@ class CompletionServing:
                 choices.append({"index": i * params.n + out.index, "text": echo + out.text,
                                 "logprobs": logprobs, "finish_reason": out.finish_reason,
                                 "stop_reason": out.stop_reason})
-        prompt_tokens = sum(len(f.prompt_token_ids) for f in finals)
         return JSONResponse({"id": request_id, "object": "text_completion", "created": now_s(),
                              "model": ctx.model_name, "choices": choices,
-                             "usage": usage(prompt_tokens, completion_tokens)})
-
-    def _prompts(self, prompt) -> list[dict]:
-        """The request's prompts as engine inputs, tokenized here (not in the engine core)."""
-        if isinstance(prompt, str):
-            prompt = [prompt]
-        if not prompt:
-            raise bad_request("prompt must not be empty", "prompt")
-        if isinstance(prompt[0], int):
-            prompt = [prompt]
-        inputs = []
-        for p in prompt:
-            if isinstance(p, str):
-                inputs.append({"prompt": p, "prompt_token_ids": self.ctx.tokenizer.encode(p) if p else []})
-            else:
-                inputs.append({"prompt_token_ids": list(p)})
-        return inputs
+                             "usage": usage(finals, completion_tokens)})
 
     def _prompt_text(self, prompt: dict) -> str:
         text = prompt.get("prompt")
@@ -124,11 +100,9 @@ class CompletionServing:
                 if choices:
                     yield chunk(choices)
             if body.include_usage:
-                prompt_tokens = sum(len(f.prompt_token_ids) for f in finals)
                 completion_tokens = sum(len(o.token_ids) for f in finals for o in f.outputs)
                 yield sse({"id": request_id, "object": "text_completion", "created": created,
-                           "model": model, "choices": [],
-                           "usage": usage(prompt_tokens, completion_tokens)})
+                           "model": model, "choices": [], "usage": usage(finals, completion_tokens)})
         except EngineShutdownError as err:
             yield sse({"error": {"message": str(err), "type": "service_unavailable", "param": None,
                                  "code": "shutting_down"}})
