@@ -95,7 +95,6 @@ case("completion-body-too-large", CMPL, {"prompt": "x" * (3 * 2**20)}, status=41
 case("chat-body-too-large", CHAT, {"messages": [{"role": "user", "content": "x" * (3 * 2**20)}]}, status=413)
 case("tokenize-body-too-large", TOK, {"prompt": "x" * (3 * 2**20)}, status=413)
 case("detokenize-body-too-large", DETOK, {"tokens": [1] * (1 * 2**20)}, status=413)
-case("completion-lying-content-length", CMPL, b"{}", headers={**JSON, "Content-Length": "999999999"}, status=413)
 case("completion-prompt-too-many-chars", CMPL, {"prompt": "hello " * 200_000, "max_tokens": 2})
 case("tokenize-too-many-chars", TOK, {"prompt": "hello " * 200_000})
 case("completion-prompt-too-many-tokens", CMPL, {"prompt": list(range(100, 700)), "max_tokens": 2})

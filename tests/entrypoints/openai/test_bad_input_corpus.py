@@ -3,6 +3,7 @@ the server stays healthy after each, and a stream running through the whole corp
 from __future__ import annotations
 
 import json
+import socket
 import threading
 
 import httpx
@@ -81,3 +82,13 @@ def test_the_stream_beside_the_corpus_was_undisturbed(server, background_stream,
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
     response = client.completions.create(model="smol", prompt="Hi", max_tokens=2, temperature=0)
     assert response.usage.completion_tokens == 2
+
+
+def test_a_declared_length_over_the_limit_is_refused_unread(server):
+    """A Content-Length over the limit gets its 413 before the server waits for that many bytes."""
+    request = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               b"Authorization: Bearer " + API_KEY.encode() + b"\r\nContent-Length: 999999999\r\n\r\n{}")
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall(request)
+        reply = sock.recv(65536).decode()
+    assert reply.startswith("HTTP/1.1 413") and '"code":"request_too_large"' in reply

@@ -26,7 +26,7 @@ def test_out_of_vocab_stop_ids_fail_alone(server, http):
         assert response.status_code == 400 and response.json()["error"]["param"] == "stop_token_ids"
     worker.join(120)
     assert lines[-1] == "data: [DONE]"
-    last = json.loads(lines[-2])
+    last = json.loads(lines[-2][len("data: "):])
     assert last["choices"][0]["finish_reason"] == "length" and "error" not in last
 
 
