@@ -50,3 +50,25 @@ def test_stop_strings_need_detokenize() -> None:
     assert SamplingParams(detokenize=False, stop_token_ids=[7]).stop_token_ids == [7]
     with pytest.raises(ValueError, match="detokenize"):
         SamplingParams(detokenize=False, stop=["\n"])
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    ({"temperature": float("nan")}, "temperature"),
+    ({"temperature": float("inf")}, "temperature"),
+    ({"top_p": float("nan")}, "top_p"),
+    ({"min_p": float("nan")}, "min_p"),
+    ({"presence_penalty": float("-inf")}, "presence_penalty"),
+    ({"repetition_penalty": float("nan")}, "repetition_penalty"),
+    ({"temperature": True}, "temperature"),
+    ({"n": 2.0}, "n"),
+    ({"max_tokens": True}, "max_tokens"),
+    ({"seed": 2**64}, "seed"),
+    ({"seed": 1.5}, "seed"),
+    ({"stop_token_ids": [-1]}, "stop_token_ids"),
+    ({"stop_token_ids": [2**63]}, "stop_token_ids"),
+    ({"stop": [3]}, "stop"),
+])
+def test_rejects_non_finite_and_mistyped_values(kwargs: dict, field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**kwargs)
+

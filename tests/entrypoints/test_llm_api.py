@@ -125,3 +125,11 @@ def test_abort_frees_blocks(smol_llm):
         finished += [o for o in engine.step() if o.finished]
     assert [o.request_id for o in finished] == ["other"]
     assert engine.kv_cache.num_used_blocks == 0
+
+
+def test_the_engine_rejects_stop_ids_outside_the_vocabulary(smol_llm) -> None:
+    engine = smol_llm.llm_engine
+    vocab = engine.model.arch.vocab_size
+    with pytest.raises(ValueError, match="stop_token_ids must be in"):
+        engine.add_request("Hi", SamplingParams(stop_token_ids=[vocab], min_tokens=1))
+    assert not engine.has_unfinished_requests()
