@@ -91,24 +91,3 @@ def find_stop(
         if best is None or match < best:
             best = match
     return None if best is None else best[1]
-
-
-def stop_holdback(text: str, stop: list[str]) -> int:
-    """How many trailing chars of ``text`` to hold back from streaming: the longest suffix that
-    is a proper prefix of some stop string (it may become a stop string with the next token).
-
-    Only places in the tail where a stop string's first char occurs are tried, so the cost is about
-    one ``find`` per stop string, not one comparison per suffix length."""
-    longest = 0
-    for stop_str in stop:
-        tail_len = min(len(stop_str) - 1, len(text))
-        if tail_len <= longest:
-            continue
-        tail = text[len(text) - tail_len:]
-        start = tail.find(stop_str[0])
-        while start != -1 and tail_len - start > longest:
-            if stop_str.startswith(tail[start:]):
-                longest = tail_len - start
-                break
-            start = tail.find(stop_str[0], start + 1)
-    return longest

@@ -20,7 +20,7 @@ import httpx
 
 
 def heavy_requests(max_body: int) -> list[tuple[str, str, dict]]:
-    ids = list(range(1000, 1000 + (max_body - 100) // 7))  # a body of token ids just under the limit
+    ids = list(range(1000, 1000 + (max_body - 100) // 6))  # "1234," a token: a body just under the limit
     return [
         ("body of token ids at the size limit", "/v1/completions", {"prompt": ids, "max_tokens": 1}),
         ("a text at the size limit to /tokenize", "/tokenize", {"prompt": "hello " * ((max_body - 100) // 6)}),
@@ -29,8 +29,8 @@ def heavy_requests(max_body: int) -> list[tuple[str, str, dict]]:
          {"prompt": "Count:", "max_tokens": 200, "ignore_eos": True, "stream": True,
           "stop": [f"{i:03d}" + "z" * 997 for i in range(64)]}),
         ("n=128", "/v1/completions", {"prompt": "Hi", "max_tokens": 4, "n": 128}),
-        ("a chat of 2,000 short messages", "/v1/chat/completions",
-         {"messages": [{"role": "user" if i % 2 == 0 else "assistant", "content": "hi"} for i in range(2000)],
+        ("a chat of 1,000 short messages", "/v1/chat/completions",
+         {"messages": [{"role": "user" if i % 2 == 0 else "assistant", "content": "hi"} for i in range(1000)],
           "max_tokens": 1}),
     ]
 
@@ -42,7 +42,7 @@ def probe(base_url: str, path: str, body: dict) -> tuple[float, int, int]:
 
     def send() -> None:
         with httpx.Client(timeout=600) as client:
-            with client.stream("POST", base_url + path, content=json.dumps(body),
+            with client.stream("POST", base_url + path, content=json.dumps(body, separators=(",", ":")),
                                headers={"Content-Type": "application/json"}) as response:
                 for _ in response.iter_bytes():
                     pass

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from folovllm.detokenizer import IncrementalDetokenizer, find_stop, stop_holdback
+from folovllm.detokenizer import IncrementalDetokenizer, find_stop
 
 PROMPT = "<|im_start|>user\nSay something<|im_end|>\n<|im_start|>assistant\n"
 fixture_ok = settings(suppress_health_check=[HealthCheck.function_scoped_fixture], deadline=None)
@@ -144,42 +144,3 @@ def test_find_stop_takes_earliest_match() -> None:
     text = "abc STOP xyz END"
     assert find_stop(text, len(text), ["END", "STOP"]) == 4
     assert find_stop(text, len(text), ["END", "STOP"], include_stop_str=True) == 8
-
-
-def test_stop_holdback() -> None:
-    assert stop_holdback("Hello wo", ["world"]) == 2
-    assert stop_holdback("Hello w", ["world", "Hello w!"]) == 7
-    assert stop_holdback("Hello", ["world"]) == 0
-    assert stop_holdback("Hello world", ["world"]) == 0  # a full match is find_stop's job
-    assert stop_holdback("ab", ["abc", "bcd"]) == 2
-
-
-@given(text=st.text(alphabet="abc", max_size=10), stop=st.text(alphabet="abc", min_size=1, max_size=4),
-       more=st.text(alphabet="abc", max_size=4))
-def test_holdback_never_leaks_part_of_a_stop_string(text: str, stop: str, more: str) -> None:
-    """Streaming all but the held-back tail never emits chars that a later stop match removes."""
-    if stop in text:
-        return  # would already have been caught by find_stop on an earlier step
-    emitted = len(text) - stop_holdback(text, [stop])
-    full = text + more
-    index = find_stop(full, len(more), [stop])
-    if index is not None:
-        assert index >= emitted
-
-
-def _holdback_by_every_suffix(text: str, stop: list[str]) -> int:
-    """The definition, one suffix length at a time: the longest suffix that starts a stop string."""
-    return max([k for s in stop for k in range(1, min(len(s) - 1, len(text)) + 1)
-                if text.endswith(s[:k])] + [0])
-
-
-@settings(max_examples=500, deadline=None)
-@given(st.text("ab\n", max_size=12), st.lists(st.text("ab\n", min_size=1, max_size=6), max_size=4))
-def test_stop_holdback_matches_its_definition(text: str, stop: list[str]) -> None:
-    assert stop_holdback(text, stop) == _holdback_by_every_suffix(text, stop)
-
-
-def test_stop_holdback_is_cheap_for_many_long_stops() -> None:
-    # Each stop string is looked for once, not once per suffix length: 1,000 strings of 10,000 chars.
-    stop = [f"{i:04d}" + "x" * 9996 for i in range(1000)]
-    assert stop_holdback("y" * 20000 + "0999xx", stop) == 6

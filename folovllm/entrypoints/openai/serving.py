@@ -10,7 +10,6 @@ from typing import TypeVar
 
 from fastapi import Request
 
-from folovllm.detokenizer import stop_holdback
 from folovllm.engine.async_engine import AsyncLLMEngine, EngineShutdownError, RequestStream
 from folovllm.entrypoints.openai.errors import APIError, bad_request, server_busy
 from folovllm.entrypoints.openai.validation import RequestLimits, Validator
@@ -159,20 +158,24 @@ async def merge_streams(streams: list[RequestStream]) -> AsyncIterator[tuple[int
 
 
 class TextDeltas:
-    """Per-choice streaming cursor: new text (minus a possible stop-string prefix) and new tokens."""
+    """Per-choice streaming cursor: new text and new tokens.
+
+    With stop strings, the last ``longest stop - 1`` chars are held back until the request ends:
+    they could still turn into a stop string, which the client must never see. Holding back a fixed
+    number of chars costs nothing per step, whatever the stop strings are.
+    """
 
     def __init__(self, stop: list[str]) -> None:
-        self.stop = stop
+        self.holdback = max((len(s) for s in stop), default=1) - 1
         self.num_chars = 0
         self.num_tokens = 0
 
     def advance(self, output: CompletionOutput) -> tuple[str, int]:
         """The text not yet sent and the index of the first token not yet sent."""
         text = output.text
-        if self.stop and not output.finished():
-            text = text[:len(text) - stop_holdback(text, self.stop)]  # could still become a stop
-        delta = text[self.num_chars:]
-        self.num_chars = max(self.num_chars, len(text))
+        end = len(text) if output.finished() else max(len(text) - self.holdback, 0)
+        delta = text[self.num_chars:end] if end > self.num_chars else ""
+        self.num_chars = max(self.num_chars, end)
         first_token = self.num_tokens
         self.num_tokens = len(output.token_ids)
         return delta, first_token
