@@ -46,6 +46,7 @@ from folovllm import LLM  # noqa: E402
 from folovllm.bench import hf_baseline  # noqa: E402
 from folovllm.bench.results import build_result  # noqa: E402
 from folovllm.bench.workloads import BenchRequest  # noqa: E402
+from folovllm.paging import blocks_for_tokens  # noqa: E402
 from folovllm.bench.gpu_runs import (GPU_SCALE, SMOKE_SCALE, SMOKE_CONFIG, Run, sync, free_device_memory, copy_bandwidth, save_tokenizer, nano_vllm_requests, seed000_requests, run_workload, versions, bar_rows, format_table)  # noqa: E402
 
 QWEN3_CONFIG = ROOT / "benchmarks/configs/qwen3-0.6b/config.json"
@@ -233,8 +234,8 @@ class GpuBench:
         """Decode-heavy on a fresh engine with ``overrides``; its KV cache sized for that workload only."""
         num, input_len, output_len = self.scale.decode_heavy
         block = self.engine_args.get("block_size", 16)
-        blocks = max(num * -(-(input_len + output_len) // block) * 5 // 4,
-                     -(-self.engine_args["max_model_len"] // block))
+        blocks = max(num * blocks_for_tokens(input_len + output_len, block) * 5 // 4,
+                     blocks_for_tokens(self.engine_args["max_model_len"], block))
         llm, startup = self.make_llm(num_gpu_blocks_override=blocks, **overrides)
         try:
             requests = self.workloads(llm.llm_engine.model.arch.vocab_size)["decode_heavy"]

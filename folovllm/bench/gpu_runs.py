@@ -16,6 +16,7 @@ from folovllm import LLM, SamplingParams
 from folovllm.bench.results import (RequestTiming, build_result, kv_cache_summary, prefill_tok_s,
                                     read_peak_rss_mb)
 from folovllm.bench.workloads import BenchRequest, build_workload
+from folovllm.engine.run_loop import run_until_finished
 
 # (figure, section, key, bar): issue 7's bars on an H100.
 BARS = [("nano-vllm offline, output tok/s", "nano_vllm_offline", "output_tok_s", 15_000),
@@ -150,20 +151,25 @@ def run_workload(llm: LLM, name: str, requests: list[BenchRequest], *, device: s
     sync(device)
     start = time.perf_counter()
     ids = [engine.add_request({"prompt_token_ids": r.prompt_token_ids}, p) for r, p in zip(requests, params)]
-    finished: dict[str, Any] = {}
+
+    def context_tokens() -> int:
+        return sum(r.num_tokens for r in engine.scheduler.running) if steady_batch else 0
+
+    last, context = time.perf_counter(), context_tokens()  # of the step about to run
+
+    def time_step(outputs: list[Any]) -> None:
+        nonlocal last, context
+        now = time.perf_counter()
+        step = engine.stats.last_step
+        if steady_batch and step and step.num_prefill_tokens == 0 and step.num_decode_tokens == steady_batch:
+            walls.append(now - last)
+            contexts.append(context)
+        if now - start > time_limit_s:
+            raise TimeoutError(f"{name} ran past {time_limit_s:.0f} s")
+        last, context = now, context_tokens()
+
     try:
-        last = time.perf_counter()
-        while len(finished) < len(ids) and engine.has_unfinished_requests():
-            context = sum(r.num_tokens for r in engine.scheduler.running) if steady_batch else 0
-            finished.update((o.request_id, o) for o in engine.step() if o.finished)
-            now = time.perf_counter()
-            step = engine.stats.last_step
-            if steady_batch and step and step.num_prefill_tokens == 0 and step.num_decode_tokens == steady_batch:
-                walls.append(now - last)
-                contexts.append(context)
-            last = now
-            if now - start > time_limit_s:
-                raise TimeoutError(f"{name} ran past {time_limit_s:.0f} s")
+        finished = run_until_finished(engine, ids, on_step=time_step)
         sync(device)
     except BaseException:
         for request_id in ids:

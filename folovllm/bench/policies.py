@@ -120,7 +120,7 @@ def run_scenario(name: str, make_llm, tokenizer, seed: int) -> list[dict[str, An
 
 
 def add_policies_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    from folovllm.entrypoints.args import add_engine_args
+    from folovllm.engine.args import add_engine_args
 
     parser.add_argument("--scenario", choices=SCENARIOS + ("all",), default="all")
     parser.add_argument("--output-json", default=None)
@@ -130,7 +130,7 @@ def add_policies_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
 
 def run_policies(args: argparse.Namespace) -> list[dict[str, Any]]:
     from folovllm import LLM
-    from folovllm.entrypoints.args import engine_config_from_args
+    from folovllm.engine.args import engine_config_from_args
     from folovllm.model.loader import default_model_path
     from folovllm.model.tokenizer import load_tokenizer
 
