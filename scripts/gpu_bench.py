@@ -1,4 +1,4 @@
-"""Every GPU figure of issue 7 (CUDA fast path) in one unattended run: a table on stdout and one JSON file.
+"""Every GPU figure of the CUDA fast path in one unattended run: a table on stdout and one JSON file.
 
     python scripts/gpu_bench.py                                    # on an H100/H200: a few minutes
     python scripts/gpu_bench.py --skip attention_backends,hf_generate --output-json /tmp/gpu.json
@@ -12,7 +12,7 @@ Qwen3 tokenizer). Sections, each timed after a warm-up (CUDA-graph capture and T
 - hf_generate: transformers' ``generate``, one left-padded static batch of the decode-heavy workload (sdpa).
 - nano_vllm_offline: nano-vllm's bench.py workload (256 requests, input and output lengths uniform in
   100..1024, ids 0..10000, temperature 0.6, python ``random.seed(0)``).
-- decode_heavy (128 × 10 → 512) and prefill_heavy (128 × 1024 → 16): seed 000's workloads, greedy.
+- decode_heavy (128 × 10 → 512) and prefill_heavy (128 × 1024 → 16): the reference serving workloads, greedy.
 - step_time: median decode step wall time at batch 1 and 128 against the floor
   (weight bytes + KV bytes read per step) / device copy bandwidth (2 × bytes / time of a big tensor copy).
 - overlap: host time per step (EngineStats.host_time_s / num_steps) and step wall time with overlap
@@ -180,7 +180,7 @@ class GpuBench:
         return result
 
     def main_engine(self) -> None:
-        """The default configuration, one engine: nano-vllm's and seed 000's workloads, the step times."""
+        """The default configuration, one engine: nano-vllm's and the reference workloads, the step times."""
         try:
             llm, startup = self.make_llm()
         except Exception as e:

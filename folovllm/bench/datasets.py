@@ -50,7 +50,7 @@ class ServeRequest:
 
 @dataclass(frozen=True)
 class SeedWorkload:
-    """A row of DESIGN.md's workload table at the seeds' (GPU) scale; lengths are inclusive ranges."""
+    """A reference serving workload at GPU scale (count, lengths, arrivals); lengths are inclusive ranges."""
 
     num_requests: int
     input_len: tuple[int, int]
@@ -70,7 +70,7 @@ SEED_WORKLOADS: dict[str, SeedWorkload] = {
 }
 SYNTHETIC_DATASETS = ("random", "shared-prefix", "sharegpt-like")
 DATASETS = SYNTHETIC_DATASETS + tuple(SEED_WORKLOADS) + ("jsonl",)
-# ShareGPT statistics from DESIGN.md: (mean, max) of input and output lengths.
+# ShareGPT-like length statistics: (mean, max) of input and output lengths, in tokens.
 SHAREGPT_INPUT = (200, 2048)
 SHAREGPT_OUTPUT = (150, 1024)
 SHAREGPT_SIGMA = 1.0  # log-space spread of the lognormal lengths
@@ -122,7 +122,7 @@ def random_dataset(num_prompts: int, input_len: tuple[int, int], output_len: tup
 def seed_workload(name: str, num_prompts: int | None, maker: PromptMaker,
                   input_len: tuple[int, int] | None = None,
                   output_len: tuple[int, int] | None = None) -> list[ServeRequest]:
-    """A workload of DESIGN.md's table with ``num_prompts`` requests (default: the table's count).
+    """A reference workload (``SEED_WORKLOADS``) with ``num_prompts`` requests (default: its count).
 
     ``input_len`` / ``output_len`` replace the table's lengths; for ``mixed``, ``input_len`` sets the
     long class (short prompts stay at the table's 10 tokens) and exactly half the requests are long.

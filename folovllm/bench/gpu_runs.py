@@ -1,5 +1,5 @@
 """Measurement pieces of scripts/gpu_bench.py: workload sizes, request builders, a timed engine run that
-also records steady decode step times, device copy bandwidth, and the report table with issue 7's bars."""
+also records steady decode step times, device copy bandwidth, and the report table against the CUDA targets (``BARS``)."""
 from __future__ import annotations
 
 import gc
@@ -18,7 +18,7 @@ from folovllm.bench.results import (RequestTiming, build_result, kv_cache_summar
 from folovllm.bench.workloads import BenchRequest, build_workload
 from folovllm.engine.run_loop import run_until_finished
 
-# (figure, section, key, bar): issue 7's bars on an H100.
+# (figure, section, key, bar): the CUDA fast path's targets on an H100.
 BARS = [("nano-vllm offline, output tok/s", "nano_vllm_offline", "output_tok_s", 15_000),
         ("decode-heavy, output tok/s", "decode_heavy", "output_tok_s", 16_800),
         ("prefill-heavy, input tok/s", "prefill_heavy", "input_tok_s", 330_000),
@@ -59,7 +59,7 @@ SMOKE_SCALE = Scale(nano=(6, 8, 48), decode_heavy=(4, 10, 16), prefill_heavy=(4,
 
 @dataclass
 class Run:
-    """One timed workload: DESIGN.md's result object plus what the step-level figures need."""
+    """One timed workload: the result object (``build_result``) plus what the step-level figures need."""
 
     result: dict[str, Any]
     token_ids: list[list[int]]

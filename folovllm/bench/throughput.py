@@ -50,7 +50,7 @@ def add_throughput_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     parser.add_argument("--hf-sequential-requests", type=int, default=8,
                         help="Run hf-sequential on the first K requests only (it is slow); 0 skips it.")
     parser.add_argument("--compare", choices=["all"], default=None,
-                        help="all: run seed 002's ladder M1 -> M2 -> M3 -> M5 -> M6 on the workload")
+                        help="all: run the technique ladder M1 -> M2 -> M3 -> M5 -> M6 on the workload")
     parser.add_argument("--request-rate", type=float, default=1.0,
                         help="shared-prefix: requests per second (evenly spaced arrivals).")
     parser.add_argument("--output-json", default=None, help="Write the list of result objects here.")

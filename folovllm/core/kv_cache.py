@@ -111,7 +111,7 @@ class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
                  model_key: str = "", reserve_tokens_per_request: int = 0) -> None:
         self.block_size = block_size
-        # > 0: the "contiguous" layout ablation (seed 002 M1): every request holds blocks for this
+        # > 0: the "contiguous" layout ablation (the ladder's first rung): every request holds blocks for this
         # many tokens from its first step on, as if it had one max_model_len buffer.
         self.reserve_tokens_per_request = reserve_tokens_per_request
         self.pool = BlockPool(num_blocks)
