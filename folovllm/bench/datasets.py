@@ -1,4 +1,4 @@
-"""Request sets for ``bench serve``: synthetic (random, the seeds' workloads, shared prefix, ShareGPT-like)
+"""Request sets for ``bench serve``: synthetic (random, the reference workloads, shared prefix, ShareGPT-like)
 or read from a JSONL file.
 
 Prompts. The client has no tokenizer, so token-length control comes from sending token-id lists to
@@ -63,7 +63,7 @@ SEED_WORKLOADS: dict[str, SeedWorkload] = {
     "warm-up": SeedWorkload(8, (11, 11), (8, 8), INF),
     "prefill-heavy": SeedWorkload(128, (1024, 1024), (16, 16), INF),
     "decode-heavy": SeedWorkload(128, (10, 10), (512, 512), INF),
-    "l2": SeedWorkload(128, (10, 10), (256, 256), INF),  # the seeds compare burst with --request-rate 64
+    "l2": SeedWorkload(128, (10, 10), (256, 256), INF),  # the GPU reference compares burst with --request-rate 64
     "long-poisson": SeedWorkload(128, (1024, 1024), (256, 256), 64.0),
     "mixed": SeedWorkload(128, (10, 10), (256, 256), 64.0, long_input_len=1024),
     "nano-vllm": SeedWorkload(256, (100, 1024), (100, 1024), INF),

@@ -172,7 +172,7 @@ def _fmt(value: float | None, digits: int = 2) -> str:
 
 
 def format_result(result: dict[str, Any]) -> str:
-    """Console report in the style of vLLM's benchmark and the seeds."""
+    """Console report in the style of vLLM's benchmark."""
     width = 50
     lines = [f" {result['name']} · {result['engine']} ".center(width, "=")]
 

@@ -1,4 +1,4 @@
-"""Seeded synthetic workloads: lists of (prompt_token_ids, max_tokens), scaled down from the seeds for CPU."""
+"""Seeded synthetic workloads: lists of (prompt_token_ids, max_tokens), scaled down from the GPU reference workloads for CPU."""
 from __future__ import annotations
 
 from dataclasses import dataclass
