@@ -208,7 +208,7 @@ def versions() -> dict[str, str | None]:
 
 
 def bar_rows(sections: dict[str, Any], smoke: bool) -> list[dict[str, Any]]:
-    """Issue 7's bars; ``met`` is None where the figure is missing or the run is a smoke run."""
+    """The CUDA targets (``BARS``) against the figures; ``met`` is None where the figure is missing or the run is a smoke run."""
     rows = []
     for figure, section, key, bar in BARS:
         value = sections.get(section, {}).get(key)
