@@ -1,8 +1,15 @@
-"""Engine configuration: one dataclass of knobs, validated once at start-up."""
+"""Engine configuration: one frozen dataclass of knobs, validated on construction, resolved once.
+
+Each field's metadata carries its command-line help (and choices, or a flag name that differs from
+``--field-name``), so the CLI is derived from this class and no default is written twice.
+"""
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -22,42 +29,69 @@ def parse_size(text: str | int) -> int:
     return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
 
 
-@dataclass
-class EngineConfig:
-    """Every engine knob, with vLLM's names where vLLM has one."""
+def knob(default: Any, help: str | None = None, *, choices: list[str] | None = None,
+         flag: str | None = None, cli: bool = True) -> Any:
+    """A config field with its command-line description.
 
-    model: str | None = None  # .gguf file, HF folder, or config for load_format="dummy"; None = default
-    dtype: str = "auto"  # auto = bfloat16
-    device: str = "auto"  # auto = cuda if available, else cpu
-    load_format: str = "auto"  # auto | dummy
-    seed: int = 0
-    max_model_len: int | None = None  # None = the model's max_position_embeddings
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 2048
-    block_size: int = 16
-    kv_cache_memory: int | str | None = None  # CPU: bytes for the KV cache (default 2 GiB)
-    gpu_memory_utilization: float = 0.9  # CUDA: fraction of device memory the engine may use
-    num_gpu_blocks_override: int | None = None  # fixes the block count (tests, ablations)
-    enable_chunked_prefill: bool = True
-    enable_prefix_caching: bool = True
-    long_prefill_token_threshold: int = 0  # > 0: cap a prompt's chunk per step (chunked prefill only)
-    scheduling_policy: str = "fcfs"  # fcfs | priority | sjf | fair
-    max_queue_delay: float | None = None  # sjf / fair: seconds after which a request jumps the queue
-    tenant_weights: dict[str, float] | None = None  # fair: share per user (default 1 each)
-    admission: str = "on-demand"  # on-demand (vLLM) | reserve (TGI) | adaptive (SGLang)
-    max_batch_total_tokens: int | None = None  # reserve: default = the KV cache's token capacity
-    max_batch_prefill_tokens: int | None = None  # reserve: default = max_num_batched_tokens
-    waiting_served_ratio: float = 0.3  # reserve: TGI's default
-    max_waiting_tokens: int = 20  # reserve: TGI's default
-    adaptive_init_beta: float = 0.7  # adaptive: first guess of the used share of max_tokens
-    scheduling: str = "continuous"  # continuous (iteration-level) | static (batch-level ablation)
-    kv_layout: str = "paged"  # paged | contiguous (reserve max_model_len per request: ablation)
-    trace_path: str | None = None  # write one JSON line per step (the step trace) here
-    attention_backend: str = "auto"  # auto (triton on CUDA, torch elsewhere) | torch | triton
-    enforce_eager: bool = False  # CUDA: no CUDA graphs for decode steps
-    cuda_graph_max_batch: int = 256  # CUDA: largest decode batch captured (ladder 1, 2, 4, 8, 16, 24, ...)
-    overlap_scheduling: bool | str = "auto"  # schedule step N+1 while the device runs step N (auto: CUDA)
-    num_threads: int | None = None  # CPU threads for torch; None = all cores
+    ``flag``: the option's name when it is not ``--field-name`` (a ``--no-x`` flag turns a field off);
+    ``cli=False``: the field has no flag (set it from Python).
+    """
+    return field(default=default, metadata={"help": help, "choices": choices, "flag": flag, "cli": cli})
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Every engine knob, with vLLM's names where vLLM has one.
+
+    ``auto`` values are decided by ``resolve()``, once, when the engine starts; code below the
+    engine reads resolved values only.
+    """
+
+    model: str | None = knob(None, "a .gguf file or HF folder (default: SmolLM2-135M-Instruct)")
+    dtype: str = knob("auto", "auto = bfloat16", choices=["auto", *_DTYPES])
+    device: str = knob("auto", "auto = cuda if available, else cpu; or cpu, cuda, cuda:N")
+    load_format: str = knob("auto", "dummy: random weights from the model's config (tests, ablations)",
+                            choices=["auto", "dummy"])
+    seed: int = knob(0, "seed for dummy weights and torch")
+    max_model_len: int | None = knob(None, "longest prompt + output (default: the model's maximum)")
+    max_num_seqs: int = knob(256, "most requests running at once")
+    max_num_batched_tokens: int = knob(2048, "most tokens one step computes")
+    block_size: int = knob(16, "tokens per KV cache block")
+    kv_cache_memory: int | str | None = knob(None, "CPU KV cache size, e.g. 2GiB (default)")
+    gpu_memory_utilization: float = knob(0.9, "CUDA: fraction of device memory the engine may use")
+    num_gpu_blocks_override: int | None = knob(None, "fixes the block count (tests, ablations)", cli=False)
+    enable_chunked_prefill: bool = knob(True, "prefill whole prompts in one step", flag="--no-chunked-prefill")
+    long_prefill_token_threshold: int = knob(
+        0, "cap each prompt's chunk per step so short requests can join (0 = off)")
+    enable_prefix_caching: bool = knob(True, "turn automatic prefix caching off (ablation)",
+                                       flag="--no-prefix-caching")
+    attention_backend: str = knob("auto", "auto: triton on CUDA, torch elsewhere")
+    enforce_eager: bool = knob(False, "CUDA: no CUDA graphs for decode steps")
+    cuda_graph_max_batch: int = knob(256, "CUDA: the largest decode batch captured in a CUDA graph")
+    overlap_scheduling: bool | str = knob(
+        "auto", "do not schedule step N+1 while the device runs step N "
+                "(default: overlap on CUDA, where the device runs asynchronously)", flag="--no-overlap")
+    scheduling_policy: str = knob("fcfs", "the order in which waiting requests are admitted")
+    max_queue_delay: float | None = knob(
+        None, "sjf/fair: seconds after which a waiting request goes first (aging)")
+    tenant_weights: dict[str, float] | None = knob(None, "fair: share per user (default 1 each)", cli=False)
+    admission: str = knob("on-demand", "on-demand (vLLM), reserve prompt+max_tokens (TGI), "
+                                       "adaptive reservation (SGLang)")
+    max_batch_total_tokens: int | None = knob(
+        None, "reserve: tokens all running requests may reserve (default: the KV cache's capacity)")
+    max_batch_prefill_tokens: int | None = knob(
+        None, "reserve: prompt tokens per prefill step (default: max_num_batched_tokens)")
+    waiting_served_ratio: float = knob(
+        0.3, "reserve: waiting/running ratio that makes a prefill step worth pausing decodes")
+    max_waiting_tokens: int = knob(20, "reserve: decode steps after which waiting requests are prefilled")
+    adaptive_init_beta: float = knob(0.7, "adaptive: first guess of the used share of max_tokens")
+    scheduling: str = knob("continuous", "static: batch-level static batching (ablation)",
+                           choices=["continuous", "static"])
+    kv_layout: str = knob("paged", "contiguous: each request reserves max_model_len up front (ablation)",
+                          choices=["paged", "contiguous"])
+    trace_path: str | None = knob(
+        None, "write the step trace (JSONL: tokens by kind, running, waiting, KV) here", flag="--trace")
+    num_threads: int | None = knob(None, "CPU threads for torch (default: all cores)")
 
     def __post_init__(self) -> None:
         if self.dtype != "auto" and self.dtype not in _DTYPES:
@@ -73,40 +107,48 @@ class EngineConfig:
             raise ValueError(f"max_model_len must be >= 1; got {self.max_model_len}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError("gpu_memory_utilization must be in (0, 1]")
-        from folovllm.core.admission import ADMISSION_MODES
-        from folovllm.core.policy import POLICIES
-
-        if self.scheduling_policy not in POLICIES:
-            raise ValueError(f"scheduling_policy must be one of {', '.join(POLICIES)}; "
-                             f"got {self.scheduling_policy!r}")
-        if self.admission not in ADMISSION_MODES:
-            raise ValueError(f"admission must be one of {', '.join(ADMISSION_MODES)}; got {self.admission!r}")
         if self.scheduling not in ("continuous", "static"):
             raise ValueError(f"scheduling must be continuous or static; got {self.scheduling!r}")
         if self.kv_layout not in ("paged", "contiguous"):
             raise ValueError(f"kv_layout must be paged or contiguous; got {self.kv_layout!r}")
         if self.max_queue_delay is not None and self.max_queue_delay <= 0:
             raise ValueError(f"max_queue_delay must be > 0 seconds; got {self.max_queue_delay}")
-        if self.attention_backend not in ("auto", "torch", "triton"):
-            raise ValueError(f"attention_backend must be auto, torch or triton; got {self.attention_backend!r}")
         if self.overlap_scheduling not in (True, False, "auto"):
             raise ValueError(f"overlap_scheduling must be True, False or 'auto'; got {self.overlap_scheduling!r}")
         if self.cuda_graph_max_batch < 1:
             raise ValueError(f"cuda_graph_max_batch must be >= 1; got {self.cuda_graph_max_batch}")
         if self.kv_cache_memory is not None:
-            self.kv_cache_memory = parse_size(self.kv_cache_memory)
+            object.__setattr__(self, "kv_cache_memory", parse_size(self.kv_cache_memory))
+
+    def resolve(self) -> EngineConfig:
+        """This config with every ``auto`` decided for this machine (the one place that decides).
+
+        device: cuda if available, else cpu. dtype: bfloat16. attention_backend: triton on CUDA when
+        triton is installed, else torch. overlap_scheduling: on CUDA only; on CPU the forward runs
+        synchronously, so overlapping would only hand each token out one step later.
+        Names of registered pieces (attention backend, policy, admission) are checked where they
+        are looked up, when the engine builds them.
+        """
+        device = self.device
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        on_cuda = torch.device(device).type == "cuda"
+        dtype = "bfloat16" if self.dtype == "auto" else self.dtype
+        if dtype == "float16" and not on_cuda:
+            raise ValueError("float16 is not supported on CPU; use bfloat16 or float32")
+        backend = self.attention_backend
+        if backend == "auto":
+            backend = "triton" if on_cuda and importlib.util.find_spec("triton") is not None else "torch"
+        overlap = on_cuda if self.overlap_scheduling == "auto" else bool(self.overlap_scheduling)
+        return dataclasses.replace(self, device=device, dtype=dtype, attention_backend=backend,
+                                   overlap_scheduling=overlap)
 
     @property
     def torch_device(self) -> torch.device:
-        if self.device == "auto":
-            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        return torch.device(self.device)
+        """The resolved device as a torch.device."""
+        return torch.device(self.resolve().device)
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        if self.dtype == "auto":
-            return torch.bfloat16
-        dtype = _DTYPES[self.dtype]
-        if dtype == torch.float16 and self.torch_device.type == "cpu":
-            raise ValueError("float16 is not supported on CPU; use bfloat16 or float32")
-        return dtype
+        """The resolved dtype as a torch.dtype (ValueError for float16 on CPU)."""
+        return _DTYPES[self.resolve().dtype]

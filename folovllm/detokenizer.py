@@ -1,13 +1,14 @@
 """Token ids → streamed text, a few tokens at a time, and stop-string matching on that text.
 
-The detokenizer decodes only a short window of recent tokens per step (vLLM's prefix/read
-offsets): the window starts with tokens already emitted, which give the context (leading
-spaces, merges), followed by the tokens not yet read. Text that ends in an incomplete
-UTF-8 character (decoded as U+FFFD) is held back until a later token completes it.
+Streaming is the ``tokenizers`` library's ``DecodeStream``: per token it decodes a short window of
+recent tokens (the context gives leading spaces and merges) and holds back text that ends in an
+incomplete UTF-8 character (U+FFFD) until a later token completes it.
 """
 from __future__ import annotations
 
 from typing import Any
+
+from tokenizers.decoders import DecodeStream
 
 _REPLACEMENT_CHAR = "\ufffd"
 # Prompt tokens kept as context for the first output tokens (leading-space handling).
@@ -15,7 +16,8 @@ _PROMPT_CONTEXT_TOKENS = 5
 
 
 class IncrementalDetokenizer:
-    """Streams the text of one sequence's output tokens.
+    """Streams the text of one sequence's output tokens (needs a fast tokenizer: one with a
+    ``backend_tokenizer``, which is what ``load_tokenizer`` returns).
 
     Invariant: once :meth:`finish` has been called, the concatenation of everything returned
     by :meth:`append` and :meth:`finish` equals
@@ -32,39 +34,30 @@ class IncrementalDetokenizer:
         self.skip_special_tokens = skip_special_tokens
         self.text = ""
         self.output_token_ids: list[int] = []
-
+        self._backend = tokenizer.backend_tokenizer
         context = list(prompt_token_ids[-_PROMPT_CONTEXT_TOKENS:])
-        context_text = self._decode(context)
-        if context_text.endswith(_REPLACEMENT_CHAR):
+        if context and self._decode(context).endswith(_REPLACEMENT_CHAR):
             # A prompt cut mid-character would glue its bytes onto the first output token.
-            context, context_text = [], ""
-        # The decode window: tokens already emitted (kept as context), then unread tokens.
-        self._window = context
-        self._num_read = len(context)
-        self._read_text = context_text  # decode(_window[:_num_read])
+            context = []
+        self._stream = DecodeStream(context, skip_special_tokens=skip_special_tokens)
+        self._held: list[int] = []  # output tokens whose text the stream holds back
 
     def append(self, token_id: int) -> str:
         """Add one output token; return the text it finalizes (possibly ``""``)."""
         self.output_token_ids.append(token_id)
-        self._window.append(token_id)
-        window_text = self._decode(self._window)
-        if window_text.endswith(_REPLACEMENT_CHAR):
-            return ""  # an incomplete character: wait for the token that completes it
-        return self._emit(window_text)
+        self._held.append(token_id)
+        delta = self._stream.step(self._backend, token_id)
+        if delta is None:
+            return ""  # an incomplete character (or nothing to show yet): wait for the next token
+        self._held.clear()
+        self.text += delta
+        return delta
 
     def finish(self) -> str:
         """Flush held-back text (e.g. a trailing invalid/incomplete UTF-8 sequence, as U+FFFD)."""
-        return self._emit(self._decode(self._window))
-
-    def _emit(self, window_text: str) -> str:
-        if len(window_text) <= len(self._read_text):
-            return ""  # e.g. a skipped special token: nothing new to show
-        delta = window_text[len(self._read_text) :]
+        delta = self._decode(self._held)
+        self._held.clear()
         self.text += delta
-        # The tokens just read become the context of the next window; older ones are dropped.
-        del self._window[: self._num_read]
-        self._num_read = len(self._window)
-        self._read_text = self._decode(self._window)
         return delta
 
     def _decode(self, token_ids: list[int]) -> str:

@@ -5,7 +5,8 @@
 
 The template (docs/benchmarks.template.md) holds the prose; a line ``<!-- tables: NAME ... -->``
 becomes the tables of docs/results/NAME.json, and ``{{EXPR:FORMAT}}`` becomes a figure computed
-from the results, where ``J('NAME')`` is the JSON of docs/results/NAME.json.
+from the results, where ``J('NAME')`` is the JSON of docs/results/NAME.json and ``BAR('SECTION')`` a CUDA
+target from folovllm/bench/gpu_runs.py.
 """
 from __future__ import annotations
 
@@ -73,7 +74,7 @@ def policies_table(runs: list[dict], path: Path) -> str:
 
 
 def serve_rows(paths: list[Path]) -> str:
-    """One table for `bench serve` results (seed 000's experiments), a row per run and class."""
+    """One table for `bench serve` results (the reference serving experiments), a row per run and class."""
     lines = ["| run | rate (req/s) | requests | input tok/s | output tok/s | TTFT p50 / p90 / p99 ms | "
              "TPOT mean ms | E2EL mean ms |", "|---|---|---|---|---|---|---|---|"]
     for path in paths:
@@ -119,6 +120,13 @@ def render(paths: list[Path]) -> str:
     return "\n".join(parts)
 
 
+def gpu_bar(section: str) -> float:
+    """The CUDA fast path's target for one gpu_bench section (``folovllm.bench.gpu_runs.BARS``)."""
+    from folovllm.bench.gpu_runs import BARS
+
+    return next(bar for _, name, _, bar in BARS if name == section)
+
+
 def render_docs() -> str:
     """The whole docs/benchmarks.md: the template with its tables and figures filled in."""
     cache: dict[str, object] = {}
@@ -130,7 +138,8 @@ def render_docs() -> str:
 
     def figure(match: re.Match) -> str:
         expr, _, spec = match.group(1).rpartition(":") if ":" in match.group(1) else (match.group(1), "", "")
-        return format(eval(expr, {"J": load}), spec)  # the template is ours; J() reads one result file
+        # The template is ours; J() reads one result file, BAR() a CUDA target from the code.
+        return format(eval(expr, {"J": load, "BAR": gpu_bar}), spec)
 
     text = TEMPLATE.read_text()
     text = re.sub(r"^<!-- tables: (.+?) -->$",

@@ -1,4 +1,4 @@
-"""Every GPU figure of issue 7 (CUDA fast path) in one unattended run: a table on stdout and one JSON file.
+"""Every GPU figure of the CUDA fast path in one unattended run: a table on stdout and one JSON file.
 
     python scripts/gpu_bench.py                                    # on an H100/H200: a few minutes
     python scripts/gpu_bench.py --skip attention_backends,hf_generate --output-json /tmp/gpu.json
@@ -12,7 +12,7 @@ Qwen3 tokenizer). Sections, each timed after a warm-up (CUDA-graph capture and T
 - hf_generate: transformers' ``generate``, one left-padded static batch of the decode-heavy workload (sdpa).
 - nano_vllm_offline: nano-vllm's bench.py workload (256 requests, input and output lengths uniform in
   100..1024, ids 0..10000, temperature 0.6, python ``random.seed(0)``).
-- decode_heavy (128 × 10 → 512) and prefill_heavy (128 × 1024 → 16): seed 000's workloads, greedy.
+- decode_heavy (128 × 10 → 512) and prefill_heavy (128 × 1024 → 16): the reference serving workloads, greedy.
 - step_time: median decode step wall time at batch 1 and 128 against the floor
   (weight bytes + KV bytes read per step) / device copy bandwidth (2 × bytes / time of a big tensor copy).
 - overlap: host time per step (EngineStats.host_time_s / num_steps) and step wall time with overlap
@@ -46,6 +46,7 @@ from folovllm import LLM  # noqa: E402
 from folovllm.bench import hf_baseline  # noqa: E402
 from folovllm.bench.results import build_result  # noqa: E402
 from folovllm.bench.workloads import BenchRequest  # noqa: E402
+from folovllm.paging import blocks_for_tokens  # noqa: E402
 from folovllm.bench.gpu_runs import (GPU_SCALE, SMOKE_SCALE, SMOKE_CONFIG, Run, sync, free_device_memory, copy_bandwidth, save_tokenizer, nano_vllm_requests, seed000_requests, run_workload, versions, bar_rows, format_table)  # noqa: E402
 
 QWEN3_CONFIG = ROOT / "benchmarks/configs/qwen3-0.6b/config.json"
@@ -179,7 +180,7 @@ class GpuBench:
         return result
 
     def main_engine(self) -> None:
-        """The default configuration, one engine: nano-vllm's and seed 000's workloads, the step times."""
+        """The default configuration, one engine: nano-vllm's and the reference workloads, the step times."""
         try:
             llm, startup = self.make_llm()
         except Exception as e:
@@ -233,8 +234,8 @@ class GpuBench:
         """Decode-heavy on a fresh engine with ``overrides``; its KV cache sized for that workload only."""
         num, input_len, output_len = self.scale.decode_heavy
         block = self.engine_args.get("block_size", 16)
-        blocks = max(num * -(-(input_len + output_len) // block) * 5 // 4,
-                     -(-self.engine_args["max_model_len"] // block))
+        blocks = max(num * blocks_for_tokens(input_len + output_len, block) * 5 // 4,
+                     blocks_for_tokens(self.engine_args["max_model_len"], block))
         llm, startup = self.make_llm(num_gpu_blocks_override=blocks, **overrides)
         try:
             requests = self.workloads(llm.llm_engine.model.arch.vocab_size)["decode_heavy"]

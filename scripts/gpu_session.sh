@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Everything issue 7 asks of a GPU, in one unattended command on a lent H100/H200.
+# Every GPU check of the CUDA fast path (tests and figures), in one unattended command on a lent H100/H200.
 #
 #   bash scripts/gpu_session.sh --fetch-wheels   # here, once: what the GPU image lacks (gguf) -> .whl/
 #   bash scripts/gpu_session.sh                  # there (carry .whl): GPU tests, then every figure

@@ -25,6 +25,7 @@ from folovllm import LLM, SamplingParams  # noqa: E402
 from folovllm.bench.gpu_runs import SMOKE_CONFIG, save_placeholder_tokenizer  # noqa: E402
 from folovllm.engine.output_delta import DeltaEncoder  # noqa: E402
 from folovllm.engine.output_processor import OutputProcessor  # noqa: E402
+from folovllm.paging import blocks_for_tokens  # noqa: E402
 from folovllm.worker import model_runner  # noqa: E402
 
 
@@ -57,7 +58,7 @@ def main() -> None:
     max_tokens = 50 + args.steps + 10
     llm = LLM(str(folder), load_format="dummy", device="cpu", dtype="float32", num_threads=1,
               max_model_len=1024, max_num_seqs=args.batch,
-              num_gpu_blocks_override=max(64, args.batch * (-(-(max_tokens + 10) // 16) + 1)))
+              num_gpu_blocks_override=max(64, args.batch * (blocks_for_tokens(max_tokens + 10, 16) + 1)))
     engine = llm.llm_engine
     totals: collections.Counter = collections.Counter()
     timed(engine.scheduler, "schedule", totals, "schedule")

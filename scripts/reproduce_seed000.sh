@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Seed 000's experiments (L1, L2, Q3, Q4) at CPU scale, through HTTP against `folovllm serve`.
+# The reference serving experiments (L1, L2, Q3, Q4) at CPU scale, through HTTP against `folovllm serve`.
 # Each experiment starts a server with its flags, runs `folovllm bench serve`, writes JSON and plots
 # under docs/results/seed000/, and stops the server. Usage: bash scripts/reproduce_seed000.sh
 set -euo pipefail

@@ -54,12 +54,28 @@ def test_special_tokens(smol_tokenizer, skip: bool) -> None:
     assert ("<|im_end|>" in expected) is not skip
 
 
+class CountingTokenizer:
+    """Passes everything through to a tokenizer, counting calls of its whole-sequence ``decode``."""
+
+    def __init__(self, tokenizer) -> None:
+        self._tokenizer, self.decode_calls = tokenizer, 0
+
+    def __getattr__(self, name: str):
+        return getattr(self._tokenizer, name)
+
+    def decode(self, *args, **kwargs) -> str:
+        self.decode_calls += 1
+        return self._tokenizer.decode(*args, **kwargs)
+
+
 def test_window_stays_small(smol_tokenizer) -> None:
     ids = smol_tokenizer.encode("word " * 500)
-    detok = IncrementalDetokenizer(smol_tokenizer, [])
+    counting = CountingTokenizer(smol_tokenizer)
+    detok = IncrementalDetokenizer(counting, [])
     for token_id in ids:
         detok.append(token_id)
-        assert len(detok._window) <= 4  # decodes a few recent tokens, not the whole output
+        assert len(detok._held) <= 4  # holds a few recent tokens, not the whole output
+    assert counting.decode_calls == 0  # the stream decodes a window per token, never the output so far
     assert detok.text == "word " * 500
 
 

@@ -1,4 +1,4 @@
-"""The attention backend interface: paged-KV attention over one ragged step batch."""
+"""The attention backend interface: paged-KV attention over one ragged step batch, and its registry."""
 from __future__ import annotations
 
 from typing import Protocol
@@ -6,12 +6,11 @@ from typing import Protocol
 import torch
 
 from folovllm.attention.metadata import AttentionMetadata
+from folovllm.registry import Registry
 
 
 class AttentionBackend(Protocol):
     """Writes this step's K/V into the paged cache, then attends each query over its sequence."""
-
-    name: str
 
     def forward(
         self,
@@ -28,29 +27,27 @@ class AttentionBackend(Protocol):
         ...
 
 
+ATTENTION_BACKENDS: Registry[type] = Registry("attention backend")
+register_attention_backend = ATTENTION_BACKENDS.register
+
+
+def _import_builtin_backends() -> None:
+    # Each backend registers itself when its module is imported (triton itself loads only when built).
+    import folovllm.attention.torch_backend  # noqa: F401
+    import folovllm.attention.triton_backend  # noqa: F401
+
+
+def attention_backend_names() -> list[str]:
+    """Names ``attention_backend`` accepts (besides ``auto``), sorted: import order varies."""
+    _import_builtin_backends()
+    return sorted(ATTENTION_BACKENDS.names())
+
+
 def get_attention_backend(name: str = "torch") -> AttentionBackend:
     """Return an attention backend by name.
 
     "torch": pure PyTorch, runs on any device. "triton": Triton kernels for CUDA (CUDA-graph safe);
     on CPU only under Triton's interpreter (``TRITON_INTERPRET=1``, tests).
     """
-    if name == "torch":
-        from folovllm.attention.torch_backend import TorchAttentionBackend
-
-        return TorchAttentionBackend()
-    if name == "triton":
-        from folovllm.attention.triton_backend import TritonAttentionBackend
-
-        return TritonAttentionBackend()
-    raise ValueError(f"unknown attention backend {name!r}; supported: ['torch', 'triton']")
-
-
-def default_attention_backend(device: torch.device) -> str:
-    """What attention_backend="auto" means: "triton" on CUDA when triton imports, else "torch"."""
-    if device.type != "cuda":
-        return "torch"
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return "torch"
-    return "triton"
+    _import_builtin_backends()
+    return ATTENTION_BACKENDS.get(name)()

@@ -8,7 +8,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from folovllm.attention.backend import register_attention_backend
 from folovllm.attention.metadata import AttentionMetadata
+from folovllm.paging import blocks_for_tokens
 
 
 @dataclass
@@ -37,6 +39,7 @@ class _StepPlan:
     prefills: list[_PrefillChunk]
 
 
+@register_attention_backend("torch")
 class TorchAttentionBackend:
     """CPU-friendly backend (also correct, not fast, on CUDA).
 
@@ -44,8 +47,6 @@ class TorchAttentionBackend:
     tables, masks) is planned once per metadata object: build a new AttentionMetadata each step
     rather than mutating one in place.
     """
-
-    name = "torch"
 
     def __init__(self) -> None:
         self._last_plan: tuple[AttentionMetadata, _StepPlan] | None = None
@@ -91,7 +92,7 @@ def _make_plan(
     decode_seqs = [i for i, n in enumerate(meta.query_lens) if n == 1]
     decode = None
     if decode_seqs:
-        num_blocks = -(-max(meta.seq_lens_list[i] for i in decode_seqs) // meta.block_size)
+        num_blocks = blocks_for_tokens(max(meta.seq_lens_list[i] for i in decode_seqs), meta.block_size)
         tables, seq_lens, rows = meta.block_tables[:, :num_blocks], meta.seq_lens, None
         if len(decode_seqs) != num_tokens:
             seq_idx = torch.tensor(decode_seqs, device=device)
@@ -110,7 +111,7 @@ def _make_plan(
         seq_len = meta.seq_lens_list[i]
         block_ids = mask = None
         if seq_len != q_len:
-            block_ids = meta.block_tables[i, : -(-seq_len // meta.block_size)]
+            block_ids = meta.block_tables[i, : blocks_for_tokens(seq_len, meta.block_size)]
             # query j sits at absolute position seq_len - q_len + j and sees keys up to there
             q_pos = torch.arange(seq_len - q_len, seq_len, device=device)
             mask = torch.arange(seq_len, device=device)[None, :] <= q_pos[:, None]

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import torch
 
+from folovllm.attention.backend import register_attention_backend
 from folovllm.attention.metadata import AttentionMetadata
 
 
+@register_attention_backend("triton")
 class TritonAttentionBackend:
     """Fast path for CUDA; on CPU it runs only under Triton's interpreter (``TRITON_INTERPRET=1``)."""
-
-    name = "triton"
 
     def __init__(self) -> None:
         from folovllm.attention import triton_kernels  # imports triton only when this backend is chosen

@@ -1,4 +1,4 @@
-"""Request sets for ``bench serve``: synthetic (random, the seeds' workloads, shared prefix, ShareGPT-like)
+"""Request sets for ``bench serve``: synthetic (random, the reference workloads, shared prefix, ShareGPT-like)
 or read from a JSONL file.
 
 Prompts. The client has no tokenizer, so token-length control comes from sending token-id lists to
@@ -50,7 +50,7 @@ class ServeRequest:
 
 @dataclass(frozen=True)
 class SeedWorkload:
-    """A row of DESIGN.md's workload table at the seeds' (GPU) scale; lengths are inclusive ranges."""
+    """A reference serving workload at GPU scale (count, lengths, arrivals); lengths are inclusive ranges."""
 
     num_requests: int
     input_len: tuple[int, int]
@@ -63,14 +63,14 @@ SEED_WORKLOADS: dict[str, SeedWorkload] = {
     "warm-up": SeedWorkload(8, (11, 11), (8, 8), INF),
     "prefill-heavy": SeedWorkload(128, (1024, 1024), (16, 16), INF),
     "decode-heavy": SeedWorkload(128, (10, 10), (512, 512), INF),
-    "l2": SeedWorkload(128, (10, 10), (256, 256), INF),  # the seeds compare burst with --request-rate 64
+    "l2": SeedWorkload(128, (10, 10), (256, 256), INF),  # the GPU reference compares burst with --request-rate 64
     "long-poisson": SeedWorkload(128, (1024, 1024), (256, 256), 64.0),
     "mixed": SeedWorkload(128, (10, 10), (256, 256), 64.0, long_input_len=1024),
     "nano-vllm": SeedWorkload(256, (100, 1024), (100, 1024), INF),
 }
 SYNTHETIC_DATASETS = ("random", "shared-prefix", "sharegpt-like")
 DATASETS = SYNTHETIC_DATASETS + tuple(SEED_WORKLOADS) + ("jsonl",)
-# ShareGPT statistics from DESIGN.md: (mean, max) of input and output lengths.
+# ShareGPT-like length statistics: (mean, max) of input and output lengths, in tokens.
 SHAREGPT_INPUT = (200, 2048)
 SHAREGPT_OUTPUT = (150, 1024)
 SHAREGPT_SIGMA = 1.0  # log-space spread of the lognormal lengths
@@ -122,7 +122,7 @@ def random_dataset(num_prompts: int, input_len: tuple[int, int], output_len: tup
 def seed_workload(name: str, num_prompts: int | None, maker: PromptMaker,
                   input_len: tuple[int, int] | None = None,
                   output_len: tuple[int, int] | None = None) -> list[ServeRequest]:
-    """A workload of DESIGN.md's table with ``num_prompts`` requests (default: the table's count).
+    """A reference workload (``SEED_WORKLOADS``) with ``num_prompts`` requests (default: its count).
 
     ``input_len`` / ``output_len`` replace the table's lengths; for ``mixed``, ``input_len`` sets the
     long class (short prompts stay at the table's 10 tokens) and exactly half the requests are long.

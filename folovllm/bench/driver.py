@@ -7,6 +7,8 @@ from typing import Any
 
 import numpy as np
 
+from folovllm.engine.run_loop import run_until_finished
+from folovllm.outputs import RequestOutput
 from folovllm.sampling_params import SamplingParams
 
 
@@ -72,34 +74,42 @@ def drive(engine: Any, requests: list[TimedRequest]) -> tuple[list[RequestRecord
     order = sorted(range(len(requests)), key=lambda i: requests[i].arrival_s)
     pending = [requests[i] for i in order]
     ids: dict[str, TimedRequest] = {}
-    records: dict[str, RequestRecord] = {}
-    while pending or engine.has_unfinished_requests():
+
+    def add_due() -> list[str] | None:
+        if not pending:
+            return None
         now = time.perf_counter() - start
+        added = []
         while pending and pending[0].arrival_s <= now:
             req = pending.pop(0)
             rid = engine.add_request({"prompt_token_ids": req.prompt_token_ids}, req.params,
                                      arrival_time=start + req.arrival_s, priority=req.priority, user=req.user)
             ids[rid] = req
-        if not engine.has_unfinished_requests():
+            added.append(rid)
+        if not added and not engine.has_unfinished_requests():
             time.sleep(max(0.0, pending[0].arrival_s - now))
-            continue
-        outputs = engine.step()
+        return added
+
+    def record_step(outputs: list[RequestOutput]) -> None:
+        nonlocal running_sum
         step = engine.stats.last_step
         if step is not None:
             trace.steps += 1
             running_sum += step.num_running
             trace.peak_running = max(trace.peak_running, step.num_running)
             trace.peak_kv_usage = max(trace.peak_kv_usage, step.kv_usage)
-        for out in outputs:
-            if out.finished:
-                m = out.metrics
-                records[out.request_id] = RequestRecord(
-                    ids[out.request_id].tag, m.arrival_time, m.first_scheduled_time, m.first_token_time,
-                    m.finished_time, len(out.prompt_token_ids), len(out.outputs[0].token_ids))
+
+    finished = run_until_finished(engine, [], arrivals=add_due, on_step=record_step)
     trace.duration_s = time.perf_counter() - start
     trace.mean_running = running_sum / max(1, trace.steps)
     trace.preemptions = engine.stats.num_preemptions - preempted_before
-    return [records[rid] for rid in ids], trace
+    records = []
+    for rid, req in ids.items():
+        out = finished[rid]
+        m = out.metrics
+        records.append(RequestRecord(req.tag, m.arrival_time, m.first_scheduled_time, m.first_token_time,
+                                     m.finished_time, len(out.prompt_token_ids), len(out.outputs[0].token_ids)))
+    return records, trace
 
 
 def summarize(records: list[RequestRecord]) -> dict[str, Any]:

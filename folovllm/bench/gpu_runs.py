@@ -1,5 +1,5 @@
 """Measurement pieces of scripts/gpu_bench.py: workload sizes, request builders, a timed engine run that
-also records steady decode step times, device copy bandwidth, and the report table with issue 7's bars."""
+also records steady decode step times, device copy bandwidth, and the report table against the CUDA targets (``BARS``)."""
 from __future__ import annotations
 
 import gc
@@ -16,8 +16,9 @@ from folovllm import LLM, SamplingParams
 from folovllm.bench.results import (RequestTiming, build_result, kv_cache_summary, prefill_tok_s,
                                     read_peak_rss_mb)
 from folovllm.bench.workloads import BenchRequest, build_workload
+from folovllm.engine.run_loop import run_until_finished
 
-# (figure, section, key, bar): issue 7's bars on an H100.
+# (figure, section, key, bar): the CUDA fast path's targets on an H100.
 BARS = [("nano-vllm offline, output tok/s", "nano_vllm_offline", "output_tok_s", 15_000),
         ("decode-heavy, output tok/s", "decode_heavy", "output_tok_s", 16_800),
         ("prefill-heavy, input tok/s", "prefill_heavy", "input_tok_s", 330_000),
@@ -58,7 +59,7 @@ SMOKE_SCALE = Scale(nano=(6, 8, 48), decode_heavy=(4, 10, 16), prefill_heavy=(4,
 
 @dataclass
 class Run:
-    """One timed workload: DESIGN.md's result object plus what the step-level figures need."""
+    """One timed workload: the result object (``build_result``) plus what the step-level figures need."""
 
     result: dict[str, Any]
     token_ids: list[list[int]]
@@ -150,20 +151,25 @@ def run_workload(llm: LLM, name: str, requests: list[BenchRequest], *, device: s
     sync(device)
     start = time.perf_counter()
     ids = [engine.add_request({"prompt_token_ids": r.prompt_token_ids}, p) for r, p in zip(requests, params)]
-    finished: dict[str, Any] = {}
+
+    def context_tokens() -> int:
+        return sum(r.num_tokens for r in engine.scheduler.running) if steady_batch else 0
+
+    last, context = time.perf_counter(), context_tokens()  # of the step about to run
+
+    def time_step(outputs: list[Any]) -> None:
+        nonlocal last, context
+        now = time.perf_counter()
+        step = engine.stats.last_step
+        if steady_batch and step and step.num_prefill_tokens == 0 and step.num_decode_tokens == steady_batch:
+            walls.append(now - last)
+            contexts.append(context)
+        if now - start > time_limit_s:
+            raise TimeoutError(f"{name} ran past {time_limit_s:.0f} s")
+        last, context = now, context_tokens()
+
     try:
-        last = time.perf_counter()
-        while len(finished) < len(ids) and engine.has_unfinished_requests():
-            context = sum(r.num_tokens for r in engine.scheduler.running) if steady_batch else 0
-            finished.update((o.request_id, o) for o in engine.step() if o.finished)
-            now = time.perf_counter()
-            step = engine.stats.last_step
-            if steady_batch and step and step.num_prefill_tokens == 0 and step.num_decode_tokens == steady_batch:
-                walls.append(now - last)
-                contexts.append(context)
-            last = now
-            if now - start > time_limit_s:
-                raise TimeoutError(f"{name} ran past {time_limit_s:.0f} s")
+        finished = run_until_finished(engine, ids, on_step=time_step)
         sync(device)
     except BaseException:
         for request_id in ids:
@@ -202,7 +208,7 @@ def versions() -> dict[str, str | None]:
 
 
 def bar_rows(sections: dict[str, Any], smoke: bool) -> list[dict[str, Any]]:
-    """Issue 7's bars; ``met`` is None where the figure is missing or the run is a smoke run."""
+    """The CUDA targets (``BARS``) against the figures; ``met`` is None where the figure is missing or the run is a smoke run."""
     rows = []
     for figure, section, key, bar in BARS:
         value = sections.get(section, {}).get(key)

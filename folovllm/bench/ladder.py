@@ -1,4 +1,4 @@
-"""``folovllm bench throughput --compare all``: seed 002's technique ladder, measured on one workload.
+"""``folovllm bench throughput --compare all``: the technique ladder, measured on one workload.
 
 Each rung adds one technique to the one before (every one is an engine switch):
 M1 static batching + contiguous KV (max_model_len reserved per request) -> M2 continuous batching ->

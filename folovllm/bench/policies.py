@@ -1,10 +1,10 @@
 """``folovllm bench policies``: scheduling policies and admission modes side by side, same run.
 
-Scenarios (CPU scale of seed 003 / 004 experiments; timed arrivals into the offline engine):
+Scenarios (at CPU scale; timed arrivals into the offline engine):
 - priority: overload (arrivals above capacity), 25 % high priority: high-class P99 TTFT, fcfs vs priority.
 - sjf: mixed short/long prompts under overload: mean / P99 E2EL and worst queueing delay.
 - fair: tenant A bursts at 10x tenant B's rate: the quiet tenant's TTFT, fcfs vs fair.
-- admission: max_tokens far above what requests really generate (seed 003 §7.4.5):
+- admission: max_tokens far above what requests really generate (chat clients often ask for the maximum):
   on-demand vs reserve vs adaptive: throughput, concurrency, preemptions, KV usage.
 """
 from __future__ import annotations
@@ -57,7 +57,7 @@ def two_tenant_workload(seed: int) -> list[TimedRequest]:
 
 
 def long_max_tokens_workload(tokenizer) -> list[TimedRequest]:
-    """Real chat prompts that stop at EOS well below max_tokens (seed 003: 2048 asked, ~500 used)."""
+    """Real chat prompts that stop at EOS well below max_tokens (chat clients ask for far more than they use)."""
     params = SamplingParams(temperature=0, max_tokens=512)
     prompts = [tokenizer.apply_chat_template([{"role": "user", "content": f"Write a short story about {t}."}],
                                              tokenize=False, add_generation_prompt=True) for t in TOPICS[:8]]
@@ -120,7 +120,7 @@ def run_scenario(name: str, make_llm, tokenizer, seed: int) -> list[dict[str, An
 
 
 def add_policies_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    from folovllm.entrypoints.args import add_engine_args
+    from folovllm.engine.args import add_engine_args
 
     parser.add_argument("--scenario", choices=SCENARIOS + ("all",), default="all")
     parser.add_argument("--output-json", default=None)
@@ -130,7 +130,7 @@ def add_policies_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
 
 def run_policies(args: argparse.Namespace) -> list[dict[str, Any]]:
     from folovllm import LLM
-    from folovllm.entrypoints.args import engine_config_from_args
+    from folovllm.engine.args import engine_config_from_args
     from folovllm.model.loader import default_model_path
     from folovllm.model.tokenizer import load_tokenizer
 

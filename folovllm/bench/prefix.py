@@ -132,7 +132,7 @@ def run_multi_turn(args: argparse.Namespace, make_llm, allowed: np.ndarray) -> l
 
 def run_prefix_workload(args: argparse.Namespace) -> list[dict[str, Any]]:
     from folovllm import LLM
-    from folovllm.entrypoints.args import engine_config_from_args
+    from folovllm.engine.args import engine_config_from_args
     from folovllm.model.loader import default_model_path, load_arch_config
     from folovllm.model.tokenizer import load_tokenizer
 

@@ -1,4 +1,4 @@
-"""Benchmark result dicts (DESIGN.md's JSON format), latency statistics, peak RSS and console printing."""
+"""Benchmark result dicts (the JSON format docs/benchmarks.md reads), latency statistics, peak RSS and console printing."""
 from __future__ import annotations
 
 import json
@@ -84,7 +84,7 @@ class CpuShare:
 
 
 def kv_cache_summary(stats: dict[str, Any] | None) -> dict[str, Any] | None:
-    """DESIGN.md's kv_cache object from ``LLM.get_kv_cache_stats()``, plus slot utilization.
+    """The result's kv_cache object from ``LLM.get_kv_cache_stats()``, plus slot utilization.
 
     slot_utilization = tokens stored / slots in the blocks held, at the peak: how much paging wastes.
     """
@@ -121,7 +121,7 @@ def build_result(
     """One result object. Throughputs are over ``duration_s`` (first send → last finish).
 
     Latency fields are None where no request carries the needed timestamps; ``extra`` holds
-    run-specific figures that are not in DESIGN.md's format (e.g. tokens computed but not useful).
+    run-specific figures outside the common result format (e.g. tokens computed but not useful).
     """
     if duration_s <= 0:
         raise ValueError(f"duration_s must be positive, got {duration_s}.")
@@ -172,7 +172,7 @@ def _fmt(value: float | None, digits: int = 2) -> str:
 
 
 def format_result(result: dict[str, Any]) -> str:
-    """Console report in the style of vLLM's benchmark and the seeds."""
+    """Console report in the style of vLLM's benchmark."""
     width = 50
     lines = [f" {result['name']} · {result['engine']} ".center(width, "=")]
 

@@ -1,7 +1,7 @@
 """``folovllm bench serve``: online load against any OpenAI-compatible server (ours, vLLM, SGLang, ...).
 
 Requests arrive at a rate (burst, Poisson, or gamma-bursty), optionally capped in flight, each
-streamed; the client's timestamps give DESIGN.md's metrics. ``--sweep-rates`` repeats the run at
+streamed; the client's timestamps give TTFT, TPOT, ITL and E2E latency. ``--sweep-rates`` repeats the run at
 several rates for a throughput-latency curve. The CLI couples to this module only through
 ``add_serve_args`` and ``run_serve``.
 """
@@ -65,7 +65,7 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"), help="default: $OPENAI_API_KEY")
     d = parser.add_argument_group("dataset")
     d.add_argument("--dataset", choices=ds.DATASETS, default="random",
-                   help="random, shared-prefix, sharegpt-like, a seed workload of DESIGN.md's table "
+                   help="random, shared-prefix, sharegpt-like, a reference workload "
                         "(its count, lengths and arrivals; e.g. mixed = 50%% 1024-token prompts, Poisson 64/s), "
                         "or jsonl (--dataset-path)")
     d.add_argument("--dataset-path", default=None,

@@ -1,4 +1,4 @@
-"""``bench serve`` results: DESIGN.md's metrics from request outcomes, goodput, classes, console report."""
+"""``bench serve`` results: latency and throughput metrics from request outcomes, goodput, classes, console report."""
 from __future__ import annotations
 
 import re
@@ -64,7 +64,7 @@ def window_s(outcomes: list[RequestOutcome]) -> float:
 
 def build_serve_result(outcomes: list[RequestOutcome], *, name: str, engine: str, model: str,
                        config: dict[str, Any], slos: dict[str, float] | None = None) -> dict[str, Any]:
-    """DESIGN.md's result object over the successful requests, plus ``failed_requests``, ``failures``
+    """The result object (as ``build_result``) over the successful requests, plus ``failed_requests``, ``failures``
     (reason → count), ``goodput`` (when SLOs are given) and ``classes`` (per tag, when tagged)."""
     if not outcomes:
         raise ValueError("no requests were sent.")

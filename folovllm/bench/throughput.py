@@ -5,6 +5,7 @@ The CLI couples to this module only through ``add_throughput_args`` and ``run_th
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import os
 import time
@@ -29,7 +30,7 @@ from folovllm.bench.results import (
     write_results,
 )
 from folovllm.bench.workloads import WORKLOADS, BenchRequest, build_workload_for_tokenizer
-from folovllm.entrypoints.args import add_engine_args, engine_config_from_args
+from folovllm.engine.args import add_engine_args, engine_config_from_args
 from folovllm.sampling_params import SamplingParams
 
 NUM_WARMUP_REQUESTS = 4
@@ -49,7 +50,7 @@ def add_throughput_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     parser.add_argument("--hf-sequential-requests", type=int, default=8,
                         help="Run hf-sequential on the first K requests only (it is slow); 0 skips it.")
     parser.add_argument("--compare", choices=["all"], default=None,
-                        help="all: run seed 002's ladder M1 -> M2 -> M3 -> M5 -> M6 on the workload")
+                        help="all: run the technique ladder M1 -> M2 -> M3 -> M5 -> M6 on the workload")
     parser.add_argument("--request-rate", type=float, default=1.0,
                         help="shared-prefix: requests per second (evenly spaced arrivals).")
     parser.add_argument("--output-json", default=None, help="Write the list of result objects here.")
@@ -108,7 +109,7 @@ def run_throughput(args: argparse.Namespace) -> list[dict[str, Any]]:
     threads = config.num_threads or os.cpu_count() or 1
     if threads < 1:
         raise ValueError(f"--num-threads must be at least 1, got {threads}.")
-    config.num_threads = threads
+    config = dataclasses.replace(config, num_threads=threads)
     torch.set_num_threads(threads)
     engine_config = {k: v for k, v in vars(config).items() if v is not None}
     dtype = str(config.torch_dtype).removeprefix("torch.")

@@ -1,4 +1,4 @@
-"""Seeded synthetic workloads: lists of (prompt_token_ids, max_tokens), scaled down from the seeds for CPU."""
+"""Seeded synthetic workloads: lists of (prompt_token_ids, max_tokens), scaled down from the GPU reference workloads for CPU."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -24,7 +24,7 @@ class WorkloadSpec:
     min_output_len: int | None = None  # None: every request gets exactly output_len
 
 
-# CPU-scale versions of the seeds' workloads (DESIGN.md): the seeds use 128 requests, 1024/512-token sides.
+# CPU-scale versions of the GPU reference workloads, which use 128 requests and 1024/512-token sides.
 WORKLOADS: dict[str, WorkloadSpec] = {
     "decode-heavy": WorkloadSpec(num_requests=64, input_len=10, output_len=128),
     "prefill-heavy": WorkloadSpec(num_requests=16, input_len=512, output_len=16),

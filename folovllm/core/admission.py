@@ -12,11 +12,17 @@
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
+from folovllm.config import EngineConfig
+from folovllm.paging import blocks_for_tokens
+from folovllm.registry import Registry
 from folovllm.request import Request
 
-ADMISSION_MODES = ("on-demand", "reserve", "adaptive")
+logger = logging.getLogger(__name__)
+
+ADMISSION_MODES: Registry[type[OnDemandAdmission]] = Registry("admission mode")
 
 
 @dataclass
@@ -26,14 +32,17 @@ class StepPlan:
     max_prefill_tokens: int | None = None  # cap on admitted prompt tokens this step
 
 
-def _blocks(tokens: float, block_size: int) -> int:
-    return -(-int(tokens) // block_size)
-
-
+@ADMISSION_MODES.register("on-demand")
 class OnDemandAdmission:
     name = "on-demand"
     preempts = True
     chunked_admission = True  # a newly admitted prompt may be cut into chunks
+
+    @classmethod
+    def from_config(cls, config: EngineConfig, num_blocks: int,
+                    max_num_batched_tokens: int) -> OnDemandAdmission:
+        """Builds the mode from the engine's config, KV cache size and per-step token budget."""
+        return cls()
 
     def plan_step(self, running: list[Request], waiting: list[Request]) -> StepPlan:
         return StepPlan()
@@ -55,10 +64,21 @@ class OnDemandAdmission:
         pass
 
 
+@ADMISSION_MODES.register("reserve")
 class ReserveAdmission(OnDemandAdmission):
     name = "reserve"
     preempts = False
     chunked_admission = False
+
+    @classmethod
+    def from_config(cls, config: EngineConfig, num_blocks: int,
+                    max_num_batched_tokens: int) -> ReserveAdmission:
+        total = config.max_batch_total_tokens or num_blocks * config.block_size
+        prefill = config.max_batch_prefill_tokens or max_num_batched_tokens
+        logger.info("reserve admission: max_batch_total_tokens=%d, max_batch_prefill_tokens=%d",
+                    total, prefill)
+        return cls(config.block_size, total, prefill, config.max_num_seqs,
+                   config.waiting_served_ratio, config.max_waiting_tokens)
 
     def __init__(self, block_size: int, max_batch_total_tokens: int, max_batch_prefill_tokens: int,
                  max_num_seqs: int, waiting_served_ratio: float = 0.3, max_waiting_tokens: int = 20) -> None:
@@ -82,7 +102,7 @@ class ReserveAdmission(OnDemandAdmission):
 
     def reserved_tokens(self, request: Request) -> int:
         # Block-rounded, so reservations that fit can never run out of blocks.
-        return _blocks(request.num_prompt_tokens + request.max_tokens, self.block_size) * self.block_size
+        return blocks_for_tokens(request.num_prompt_tokens + request.max_tokens, self.block_size) * self.block_size
 
     def fits(self, request: Request, running: list[Request]) -> bool:
         total = sum(self.reserved_tokens(r) for r in running) + self.reserved_tokens(request)
@@ -117,8 +137,14 @@ class ReserveAdmission(OnDemandAdmission):
         return count
 
 
+@ADMISSION_MODES.register("adaptive")
 class AdaptiveAdmission(OnDemandAdmission):
     name = "adaptive"
+
+    @classmethod
+    def from_config(cls, config: EngineConfig, num_blocks: int,
+                    max_num_batched_tokens: int) -> AdaptiveAdmission:
+        return cls(config.block_size, num_blocks, init_beta=config.adaptive_init_beta)
 
     def __init__(self, block_size: int, num_blocks: int, init_beta: float = 0.7,
                  min_beta: float = 0.1, max_beta: float = 1.0, retract_step: float = 0.1,
@@ -131,7 +157,7 @@ class AdaptiveAdmission(OnDemandAdmission):
 
     def reserved_blocks(self, request: Request) -> int:
         remaining = max(0, request.max_tokens - request.num_output_tokens)
-        return _blocks(request.num_tokens + self.beta * remaining, self.block_size)
+        return blocks_for_tokens(int(request.num_tokens + self.beta * remaining), self.block_size)
 
     def fits(self, request: Request, running: list[Request]) -> bool:
         total = sum(self.reserved_blocks(r) for r in running) + self.reserved_blocks(request)
@@ -152,10 +178,25 @@ class AdaptiveAdmission(OnDemandAdmission):
 
 
 class StaticBatchAdmission(OnDemandAdmission):
-    """Batch-level static batching (the ablation of seed 003 §7.2.2): a batch is admitted only when
-    the previous one has completely finished, so it waits for its slowest request."""
+    """Batch-level static batching, kept as an ablation to show what continuous batching gains: a
+    batch is admitted only when the previous one has completely finished, so it waits for its
+    slowest request. Built for ``scheduling="static"``, not registered as an admission mode."""
 
     name = "static"
 
     def plan_step(self, running: list[Request], waiting: list[Request]) -> StepPlan:
         return StepPlan(admit=not running)
+
+
+def admission_mode_names() -> list[str]:
+    """Names ``admission`` accepts."""
+    return ADMISSION_MODES.names()
+
+
+def make_admission(config: EngineConfig, num_blocks: int, max_num_batched_tokens: int) -> OnDemandAdmission:
+    """The admission rule the config asks for; ValueError for an unknown mode or a bad combination."""
+    if config.scheduling == "static":
+        if config.admission != "on-demand":
+            raise ValueError("scheduling=static is its own admission rule; use admission=on-demand")
+        return StaticBatchAdmission()
+    return ADMISSION_MODES.get(config.admission).from_config(config, num_blocks, max_num_batched_tokens)

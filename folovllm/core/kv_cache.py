@@ -15,6 +15,7 @@ import hashlib
 from array import array
 from collections import OrderedDict, deque
 
+from folovllm.paging import blocks_for_tokens
 from folovllm.request import Request
 
 BlockHash = bytes
@@ -110,7 +111,7 @@ class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
                  model_key: str = "", reserve_tokens_per_request: int = 0) -> None:
         self.block_size = block_size
-        # > 0: the "contiguous" layout ablation (seed 002 M1): every request holds blocks for this
+        # > 0: the "contiguous" layout ablation (the ladder's first rung): every request holds blocks for this
         # many tokens from its first step on, as if it had one max_model_len buffer.
         self.reserve_tokens_per_request = reserve_tokens_per_request
         self.pool = BlockPool(num_blocks)
@@ -145,7 +146,8 @@ class KVCacheManager:
         return self.block_tables.get(request_id, [])
 
     def blocks_for_tokens(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.block_size)
+        """Blocks of this cache's size that hold ``num_tokens`` tokens."""
+        return blocks_for_tokens(num_tokens, self.block_size)
 
     # -- prefix cache ---------------------------------------------------------------------------
 
@@ -211,7 +213,7 @@ class KVCacheManager:
         num_computed = request.num_computed_tokens + len(cached_blocks) * self.block_size
         total_tokens = num_computed + num_new_tokens
         held_tokens = max(total_tokens, self.reserve_tokens_per_request)
-        needed = max(0, -(-held_tokens // self.block_size) - len(table) - len(cached_blocks))
+        needed = max(0, self.blocks_for_tokens(held_tokens) - len(table) - len(cached_blocks))
         # Hit blocks nobody holds are counted as free until we take them.
         reusable = sum(1 for b in cached_blocks if self.pool.ref_counts[b] == 0)
         if needed > self.pool.num_free_blocks - reusable:

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from folovllm.registry import Registry
 from folovllm.request import Request
 
-POLICIES = ("fcfs", "priority", "sjf", "fair")
+POLICIES: Registry[type[SchedulingPolicy]] = Registry("scheduling policy")
 
 
+@POLICIES.register("fcfs")
 class SchedulingPolicy:
     """FCFS; the base of the others."""
 
@@ -30,6 +32,12 @@ class SchedulingPolicy:
 
     def __init__(self, max_queue_delay: float | None = None) -> None:
         self.max_queue_delay = max_queue_delay
+
+    @classmethod
+    def from_options(cls, max_queue_delay: float | None,
+                     weights: dict[str, float] | None) -> SchedulingPolicy:
+        """Builds the policy from the engine's options (each policy takes those it uses)."""
+        return cls(max_queue_delay)
 
     def waiting_key(self, request: Request, now: float) -> tuple:
         """Smaller goes first."""
@@ -53,6 +61,7 @@ class SchedulingPolicy:
         """Called once when a request finishes or is aborted."""
 
 
+@POLICIES.register("priority")
 class PriorityPolicy(SchedulingPolicy):
     name = "priority"
     preempts_for_priority = True
@@ -64,6 +73,7 @@ class PriorityPolicy(SchedulingPolicy):
         return (request.priority, request.metrics.arrival_time, request.arrival_seq)
 
 
+@POLICIES.register("sjf")
 class ShortestJobFirstPolicy(SchedulingPolicy):
     name = "sjf"
 
@@ -75,6 +85,7 @@ class ShortestJobFirstPolicy(SchedulingPolicy):
         return (1, remaining, request.metrics.arrival_time, request.arrival_seq)
 
 
+@POLICIES.register("fair")
 class FairSharePolicy(SchedulingPolicy):
     """Virtual token counters per tenant; a newcomer starts at the least-served active tenant's count."""
 
@@ -86,6 +97,11 @@ class FairSharePolicy(SchedulingPolicy):
         self.weights = weights or {}
         self.served: dict[str, float] = defaultdict(float)  # weighted tokens per tenant
         self.active: dict[str, int] = defaultdict(int)  # unfinished requests per tenant
+
+    @classmethod
+    def from_options(cls, max_queue_delay: float | None,
+                     weights: dict[str, float] | None) -> FairSharePolicy:
+        return cls(max_queue_delay, weights)
 
     def _tenant(self, request: Request) -> str:
         return request.user or ""
@@ -111,14 +127,12 @@ class FairSharePolicy(SchedulingPolicy):
         self.served[self._tenant(request)] += num_tokens / self.weights.get(self._tenant(request), 1.0)
 
 
+def policy_names() -> list[str]:
+    """Names ``scheduling_policy`` accepts."""
+    return POLICIES.names()
+
+
 def make_policy(name: str, max_queue_delay: float | None = None,
                 weights: dict[str, float] | None = None) -> SchedulingPolicy:
-    if name == "fcfs":
-        return SchedulingPolicy(max_queue_delay)
-    if name == "priority":
-        return PriorityPolicy(max_queue_delay)
-    if name == "sjf":
-        return ShortestJobFirstPolicy(max_queue_delay)
-    if name == "fair":
-        return FairSharePolicy(max_queue_delay, weights)
-    raise ValueError(f"scheduling_policy must be one of {', '.join(POLICIES)}; got {name!r}")
+    """The policy registered as ``name``; ValueError listing the known names otherwise."""
+    return POLICIES.get(name).from_options(max_queue_delay, weights)

@@ -17,10 +17,9 @@ import time
 
 import torch
 
-from folovllm.attention.backend import default_attention_backend, get_attention_backend
+from folovllm.attention.backend import get_attention_backend
 from folovllm.config import EngineConfig
-from folovllm.core.admission import (AdaptiveAdmission, OnDemandAdmission, ReserveAdmission,
-                                     StaticBatchAdmission)
+from folovllm.core.admission import make_admission
 from folovllm.core.kv_cache import KVCacheManager
 from folovllm.core.policy import make_policy
 from folovllm.core.scheduler import Scheduler, SchedulerLimits, SchedulerOutput
@@ -42,6 +41,7 @@ PromptInput = str | list[int] | dict
 
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
+        config = config.resolve()  # every "auto" decided here, once
         self.config = config
         self.device = config.torch_device
         self.dtype = config.torch_dtype
@@ -49,10 +49,8 @@ class LLMEngine:
         if self.device.type == "cpu":
             torch.set_num_threads(config.num_threads or os.cpu_count() or 1)
         self.model_path = config.model or default_model_path()
-        backend_name = (default_attention_backend(self.device) if config.attention_backend == "auto"
-                        else config.attention_backend)
         self.model = load_model(self.model_path, load_format=config.load_format, dtype=self.dtype,
-                                device=self.device, attn_backend=get_attention_backend(backend_name),
+                                device=self.device, attn_backend=get_attention_backend(config.attention_backend),
                                 seed=config.seed)
         self.tokenizer = load_tokenizer(self.model_path)
         arch = self.model.arch
@@ -66,8 +64,7 @@ class LLMEngine:
                                        config.enable_prefix_caching, model_key, reserve)
         caches = allocate_kv_caches(arch.num_hidden_layers, num_blocks, config.block_size,
                                     arch.num_key_value_heads, arch.head_dim, self.dtype, self.device)
-        graphs = capture_decode_graphs(self.model, caches, config, backend_name, self.max_model_len,
-                                       self.device)
+        graphs = capture_decode_graphs(self.model, caches, config, self.max_model_len)
         self.runner = ModelRunner(self.model, caches, config.block_size, self.device, graphs)
         max_batched = config.max_num_batched_tokens
         if not config.enable_chunked_prefill and max_batched < self.max_model_len:
@@ -79,9 +76,9 @@ class LLMEngine:
                             config.enable_chunked_prefill, config.long_prefill_token_threshold),
             self.kv_cache,
             make_policy(config.scheduling_policy, config.max_queue_delay, config.tenant_weights),
-            self._make_admission(num_blocks, max_batched))
+            make_admission(config, num_blocks, max_batched))
         self.output_processor = OutputProcessor(self.tokenizer, self.max_model_len)
-        self.overlap = _resolve_overlap(config.overlap_scheduling, self.device)
+        self.overlap = config.overlap_scheduling
         self._in_flight: tuple[SchedulerOutput, LaunchedStep, int] | None = None  # + its decode count
         self.groups: dict[str, RequestGroup] = {}
         self._ids = itertools.count()
@@ -90,23 +87,6 @@ class LLMEngine:
         self._trace = open(config.trace_path, "w", buffering=1) if config.trace_path else None
 
     # -- start-up -----------------------------------------------------------------------------
-
-    def _make_admission(self, num_blocks: int, max_batched: int) -> OnDemandAdmission:
-        cfg = self.config
-        if cfg.scheduling == "static":
-            if cfg.admission != "on-demand":
-                raise ValueError("scheduling=static is its own admission rule; use admission=on-demand")
-            return StaticBatchAdmission()
-        if cfg.admission == "reserve":
-            total = cfg.max_batch_total_tokens or num_blocks * cfg.block_size
-            prefill = cfg.max_batch_prefill_tokens or max_batched
-            logger.info("reserve admission: max_batch_total_tokens=%d, max_batch_prefill_tokens=%d",
-                        total, prefill)
-            return ReserveAdmission(cfg.block_size, total, prefill, cfg.max_num_seqs,
-                                    cfg.waiting_served_ratio, cfg.max_waiting_tokens)
-        if cfg.admission == "adaptive":
-            return AdaptiveAdmission(cfg.block_size, num_blocks, init_beta=cfg.adaptive_init_beta)
-        return OnDemandAdmission()
 
     def _resolve_max_model_len(self, model_max: int) -> int:
         wanted = self.config.max_model_len
@@ -309,10 +289,3 @@ class LLMEngine:
     def get_kv_cache_stats(self) -> dict:
         return self.kv_cache.stats()
 
-
-def _resolve_overlap(setting: bool | str, device: torch.device) -> bool:
-    """auto: overlap on CUDA only. On CPU the forward runs synchronously, so overlapping would only
-    hand each token out one step later."""
-    if setting == "auto":
-        return device.type == "cuda"
-    return bool(setting)

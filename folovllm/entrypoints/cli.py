@@ -6,7 +6,7 @@ import logging
 import sys
 import time
 
-from folovllm.entrypoints.args import add_engine_args, engine_config_from_args
+from folovllm.engine.args import add_engine_args, engine_config_from_args
 
 
 def _generate(args: argparse.Namespace) -> int:

@@ -9,6 +9,7 @@ from tqdm.auto import tqdm
 
 from folovllm.config import EngineConfig
 from folovllm.engine.llm_engine import LLMEngine, PromptInput
+from folovllm.engine.run_loop import run_until_finished
 from folovllm.outputs import RequestOutput
 from folovllm.sampling_params import SamplingParams
 
@@ -88,15 +89,13 @@ class LLM:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def _run(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
-        engine = self.llm_engine
         wanted = set(request_ids)
-        finished: dict[str, RequestOutput] = {}
         bar = tqdm(total=len(request_ids), desc="Generating", disable=not use_tqdm)
-        while len(finished) < len(wanted) and engine.has_unfinished_requests():
-            for output in engine.step():
-                if output.finished and output.request_id in wanted:
-                    finished[output.request_id] = output
-                    bar.update(1)
+
+        def count_finished(outputs: list[RequestOutput]) -> None:
+            bar.update(sum(1 for o in outputs if o.finished and o.request_id in wanted))
+
+        finished = run_until_finished(self.llm_engine, request_ids, on_step=count_finished)
         bar.close()
         return [finished[i] for i in request_ids]
 

@@ -8,6 +8,7 @@ import torch
 
 from folovllm.attention.metadata import AttentionMetadata
 from folovllm.config import DEFAULT_CPU_KV_CACHE_MEMORY
+from folovllm.paging import blocks_for_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +38,7 @@ def cuda_kv_budget(model: torch.nn.Module, num_tokens: int, block_size: int,
     free_before, total = torch.cuda.mem_get_info(device)
     allocated_before = torch.cuda.memory_allocated(device)
     # A throw-away cache just big enough for one sequence of num_tokens.
-    num_blocks = -(-num_tokens // block_size)
+    num_blocks = blocks_for_tokens(num_tokens, block_size)
     shape = (num_blocks, block_size, arch.num_key_value_heads, arch.head_dim)
     dtype = next(model.parameters()).dtype
     caches = [(torch.empty(shape, dtype=dtype, device=device),

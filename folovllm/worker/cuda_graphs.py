@@ -20,6 +20,7 @@ import torch
 
 from folovllm.attention.metadata import AttentionMetadata
 from folovllm.config import EngineConfig
+from folovllm.paging import blocks_for_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -105,7 +106,7 @@ class CudaGraphRunner:
         self.model = model
         self.kv_caches = kv_caches
         self.sizes = capture_sizes(max_batch)
-        self.max_blocks_per_seq = -(-max_model_len // block_size)
+        self.max_blocks_per_seq = blocks_for_tokens(max_model_len, block_size)
         self.inputs = DecodeInputs.allocate(max_batch, self.max_blocks_per_seq, block_size, device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}  # each graph's hidden states, in the shared pool
@@ -155,10 +156,11 @@ class CudaGraphRunner:
 
 
 def capture_decode_graphs(model: torch.nn.Module, kv_caches: KVCaches, config: EngineConfig,
-                          backend_name: str, max_model_len: int, device: torch.device
-                          ) -> CudaGraphRunner | None:
-    """Decode graphs when they apply (CUDA, the triton backend, no ``enforce_eager``), else None."""
-    if device.type != "cuda" or backend_name != "triton" or config.enforce_eager:
+                          max_model_len: int) -> CudaGraphRunner | None:
+    """Decode graphs when they apply (CUDA, the triton backend, no ``enforce_eager``), else None.
+    ``config`` is resolved (``EngineConfig.resolve``): its device and backend are not "auto"."""
+    device = torch.device(config.device)
+    if device.type != "cuda" or config.attention_backend != "triton" or config.enforce_eager:
         return None
     # A decode batch never holds more sequences than the scheduler admits or its token budget.
     max_batch = min(config.cuda_graph_max_batch, config.max_num_seqs, config.max_num_batched_tokens)

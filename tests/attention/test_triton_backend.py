@@ -19,7 +19,9 @@ if importlib.util.find_spec("triton") is None:  # not importorskip: triton must 
 use_triton_interpreter_without_cuda()  # before the kernels module is imported anywhere
 
 from folovllm.attention import triton_kernels  # noqa: E402
-from folovllm.attention.backend import default_attention_backend, get_attention_backend  # noqa: E402
+from folovllm.attention.backend import ATTENTION_BACKENDS, attention_backend_names, get_attention_backend  # noqa: E402
+from folovllm.attention.triton_backend import TritonAttentionBackend  # noqa: E402
+from folovllm.config import EngineConfig  # noqa: E402
 from tests.attention.test_torch_backend import reference_attention  # noqa: E402
 from tests.engine.conftest import tiny_llama_dir  # noqa: E402, F401  (the fixture)
 
@@ -175,8 +177,9 @@ def test_rejects_head_dims_the_kernel_does_not_tile() -> None:
 def test_backend_names() -> None:
     with pytest.raises(ValueError, match=r"\['torch', 'triton'\]"):
         get_attention_backend("nope")
-    assert default_attention_backend(torch.device("cpu")) == "torch"
-    assert get_attention_backend("triton").name == "triton"
+    assert attention_backend_names() == ["torch", "triton"]
+    assert EngineConfig(device="cpu").resolve().attention_backend == "torch"
+    assert isinstance(get_attention_backend("triton"), TritonAttentionBackend)
 
 
 @pytest.mark.gpu
@@ -202,7 +205,7 @@ def test_engine_greedy_tokens_match_the_torch_backend(tiny_llama_dir) -> None:
         # chunks of 8 tokens: prefill over cached context, mixed prefill + decode steps
         llm = make_llm(tiny_llama_dir, attention_backend=backend, max_num_batched_tokens=8,
                        device=DEVICE.type)
-        assert llm.llm_engine.model.model.layers[0].self_attn.backend.name == backend
+        assert type(llm.llm_engine.model.model.layers[0].self_attn.backend) is ATTENTION_BACKENDS.get(backend)
         outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         outputs[backend] = [o.outputs[0].token_ids for o in outs]
     assert outputs["triton"] == outputs["torch"]

@@ -32,27 +32,44 @@ def test_smoke_run_writes_every_section(tmp_path: Path) -> None:
 
     assert sections["nano_vllm_offline"]["num_requests"] == 6
     for name in ("hf_generate", "nano_vllm_offline", "decode_heavy", "prefill_heavy"):
-        assert _positive(sections[name]["output_tok_s"]) and _positive(sections[name]["input_tok_s"])
+        result = sections[name]
+        assert _positive(result["output_tok_s"]) and _positive(result["input_tok_s"])
+        # Rates are the token counts over the run's duration; latencies are ordered.
+        assert result["output_tok_s"] == pytest.approx(result["output_tokens"] / result["duration_s"])
+        assert result["input_tok_s"] == pytest.approx(result["input_tokens"] / result["duration_s"])
+        if result.get("ttft_ms") and result.get("e2el_ms"):
+            assert result["ttft_ms"]["mean"] <= result["e2el_ms"]["mean"]
+            for key in ("ttft_ms", "e2el_ms"):
+                assert result[key]["p50"] <= result[key]["p90"] <= result[key]["p99"]
     assert sections["decode_heavy"]["output_tokens"] == sections["hf_generate"]["output_tokens"] == 4 * 16
     assert _positive(sections["hf_generate"]["ours_over_hf"])
+    assert sections["hf_generate"]["ours_over_hf"] == pytest.approx(
+        sections["decode_heavy"]["output_tok_s"] / sections["hf_generate"]["output_tok_s"])
 
     steps = sections["step_time"]
     assert set(k for k in steps if k.startswith("batch_")) == {"batch_1", "batch_4"}
     for label, batch in (("batch_1", 1), ("batch_4", 4)):
         assert steps[label]["batch"] == batch and steps[label]["num_steady_steps"] >= 10
         assert all(_positive(steps[label][k]) for k in ("median_step_ms", "floor_ms", "ratio"))
+        assert steps[label]["ratio"] == pytest.approx(steps[label]["median_step_ms"] / steps[label]["floor_ms"])
 
     overlap = sections["overlap"]
     assert overlap["outputs_identical"] and overlap["num_compared"] == 4
     for mode in ("on", "off"):
         assert _positive(overlap[mode]["wall_ms_per_step"]) and _positive(overlap[mode]["output_tok_s"])
         assert _positive(overlap[mode]["host_ms_per_step"])
+        assert overlap[mode]["host_ms_per_step"] <= overlap[mode]["wall_ms_per_step"]  # host time is part of the wall
     assert _positive(sections["cuda_graphs"]["speedup"])
     assert _positive(sections["attention_backends"]["torch"]["output_tok_s"])
 
     assert [row["figure"] for row in report["bars"]][:3] == [
         "nano-vllm offline, output tok/s", "decode-heavy, output tok/s", "prefill-heavy, input tok/s"]
     assert all(_positive(row["value"]) and row["met"] is None for row in report["bars"])  # smoke: no verdict
+    figures = {"nano-vllm offline, output tok/s": sections["nano_vllm_offline"]["output_tok_s"],
+               "decode-heavy, output tok/s": sections["decode_heavy"]["output_tok_s"],
+               "prefill-heavy, input tok/s": sections["prefill_heavy"]["input_tok_s"]}
+    for row in report["bars"][:3]:
+        assert row["value"] == pytest.approx(figures[row["figure"]])  # the table shows the measured figure
 
 
 def test_placeholder_tokenizer_serves_token_id_prompts(tmp_path: Path) -> None:

@@ -32,6 +32,12 @@ def test_baselines_run_and_count_useful_tokens(tiny_llama: Path) -> None:
     assert static["extra"]["computed_output_tokens"] == 8
     assert static["ttft_ms"] is not None and static["extra"]["prefill_tok_s"] > 0
     assert static["e2el_ms"]["p50"] <= static["duration_s"] * 1000
+    # The prefill span ends inside the run: its rate over the same prompts is at least the whole run's.
+    assert static["extra"]["prefill_tok_s"] >= static["input_tok_s"]
+    assert static["output_tok_s"] == pytest.approx(6 / static["duration_s"])
+    assert static["ttft_ms"]["mean"] <= static["e2el_ms"]["mean"]
+    for key in ("ttft_ms", "e2el_ms"):
+        assert static[key]["p50"] <= static[key]["p90"] <= static[key]["p99"]
 
     assert sequential["engine"] == "hf-sequential"
     assert (sequential["num_requests"], sequential["output_tokens"]) == (1, 4)

@@ -1,6 +1,8 @@
 """The M1 -> M6 ladder runs every rung on one workload and reports what each rung changes."""
 import argparse
 
+import pytest
+
 from folovllm.bench.ladder import RUNGS
 from folovllm.bench.throughput import add_throughput_args, run_throughput
 from tests.engine.conftest import tiny_llama_dir  # noqa: F401  (fixture)
@@ -19,4 +21,9 @@ def test_compare_all_runs_the_ladder(tiny_llama_dir, tmp_path):  # noqa: F811
     assert m1["kv_allocated_tokens"] >= 128 * m1["max_concurrent_requests"]
     assert m3["kv_allocated_tokens"] < m2["kv_allocated_tokens"]
     assert m3["kv_used_tokens"] / m3["kv_allocated_tokens"] > 0.5
+    assert m3["max_concurrent_requests"] >= m1["max_concurrent_requests"]  # paging never lowers the batch cap
+    for row in rows:
+        assert row["kv_used_tokens"] <= row["kv_allocated_tokens"]
+        assert row["speedup"] == pytest.approx(row["output_tok_s"] / m1["output_tok_s"])
+        assert row["num_requests"] == 6 and row["max_concurrent_requests"] <= 6
     assert (tmp_path / "ladder.json").exists()

@@ -21,7 +21,7 @@ from folovllm.bench.results import (
     write_results,
 )
 
-DESIGN_KEYS = {
+RESULT_KEYS = {
     "name", "engine", "model", "dtype", "device", "config", "num_requests", "input_tokens", "output_tokens",
     "duration_s", "request_throughput", "input_tok_s", "output_tok_s", "total_tok_s", "ttft_ms", "tpot_ms",
     "itl_ms", "e2el_ms", "peak_memory_mb", "kv_cache",
@@ -65,7 +65,7 @@ def test_latency_stats_match_numpy_percentiles_in_ms() -> None:
 
 def test_result_throughputs_and_latencies() -> None:
     r = _result()
-    assert DESIGN_KEYS <= set(r)
+    assert RESULT_KEYS <= set(r)
     assert (r["num_requests"], r["input_tokens"], r["output_tokens"]) == (2, 10, 8)
     assert r["request_throughput"] == pytest.approx(2 / 0.8)
     assert r["input_tok_s"] == pytest.approx(10 / 0.8)

@@ -35,7 +35,11 @@ def test_bench_serve_sweep_against_live_server(tmp_path, capsys):
         assert r["duration_s"] > 0 and r["output_tok_s"] == pytest.approx(12 / r["duration_s"])
         for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms"):
             assert set(r[key]) == LATENCY_FIELDS and 0 < r[key]["p50"] <= r[key]["max"]
+            assert r[key]["p50"] <= r[key]["p90"] <= r[key]["p99"] <= r[key]["max"]
         assert r["ttft_ms"]["max"] <= r["e2el_ms"]["max"]
+        assert r["ttft_ms"]["mean"] <= r["e2el_ms"]["mean"] and r["ttft_ms"]["p50"] <= r["e2el_ms"]["p50"]
+        assert r["input_tok_s"] == pytest.approx(24 / r["duration_s"])
+        assert r["total_tok_s"] == pytest.approx(r["input_tok_s"] + r["output_tok_s"])
         assert r["goodput"]["good_requests"] == 3
     assert len(list(plot_dir.glob("*-cdf.png"))) == 2 and len(list(plot_dir.glob("*-sweep.png"))) == 1
     console = capsys.readouterr().out

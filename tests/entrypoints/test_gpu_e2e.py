@@ -1,5 +1,5 @@
 """End to end on CUDA: the fast path (Triton attention, decode CUDA graphs, overlap scheduling) gives
-the CPU torch backend's greedy tokens on the same weights, under the core issue's top-2 rule (bf16:
+the CPU torch backend's greedy tokens on the same weights, under the top-2 rule of tests/tolerance.py (bf16:
 its looser tolerance). A random Qwen3-shaped model saved by transformers, so no model package is
 needed on the GPU machine."""
 from __future__ import annotations

@@ -34,11 +34,11 @@ def test_capture_sizes() -> None:
 
 
 def test_graphs_only_on_cuda_with_the_triton_backend() -> None:
-    config = EngineConfig()
-    assert capture_decode_graphs(None, [], config, "triton", 64, torch.device("cpu")) is None
-    assert capture_decode_graphs(None, [], config, "torch", 64, torch.device("cuda")) is None
-    eager = EngineConfig(enforce_eager=True)
-    assert capture_decode_graphs(None, [], eager, "triton", 64, torch.device("cuda")) is None
+    on_cpu = EngineConfig(device="cpu", attention_backend="triton")
+    assert capture_decode_graphs(None, [], on_cpu, 64) is None
+    assert capture_decode_graphs(None, [], EngineConfig(device="cuda", attention_backend="torch"), 64) is None
+    eager = EngineConfig(device="cuda", attention_backend="triton", enforce_eager=True)
+    assert capture_decode_graphs(None, [], eager, 64) is None
 
 
 class Sequences:

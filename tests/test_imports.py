@@ -1,0 +1,60 @@
+"""The package's imports run one way: CLI -> bench/server -> engine -> core/worker ->
+model/attention/sample; the config and the small shared modules depend on nothing in the package."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "folovllm"
+
+# What each part may not import (by dotted prefix); a part is a module or a subpackage.
+FORBIDDEN = {
+    "config": ["folovllm"],
+    "registry": ["folovllm"],
+    "paging": ["folovllm"],
+    "bench": ["folovllm.entrypoints"],
+    "engine": ["folovllm.entrypoints", "folovllm.bench"],
+    "core": ["folovllm.entrypoints", "folovllm.bench", "folovllm.engine"],
+    "worker": ["folovllm.entrypoints", "folovllm.bench", "folovllm.engine"],
+    "model": ["folovllm.entrypoints", "folovllm.bench", "folovllm.engine", "folovllm.core",
+              "folovllm.worker"],
+    "attention": ["folovllm.entrypoints", "folovllm.bench", "folovllm.engine", "folovllm.core",
+                  "folovllm.worker", "folovllm.model"],
+    "sample": ["folovllm.entrypoints", "folovllm.bench", "folovllm.engine", "folovllm.core",
+               "folovllm.worker", "folovllm.model"],
+}
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Every module a file imports, at any depth (function-level imports count too)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def files_of(part: str) -> list[Path]:
+    folder = PACKAGE / part
+    return sorted(folder.rglob("*.py")) if folder.is_dir() else [PACKAGE / f"{part}.py"]
+
+
+@pytest.mark.parametrize("part", sorted(FORBIDDEN))
+def test_imports_run_one_way(part: str) -> None:
+    files = files_of(part)
+    assert files and all(f.exists() for f in files), f"folovllm/{part} is gone: update FORBIDDEN"
+    wrong = [f"{f.relative_to(PACKAGE.parent)} imports {name}"
+             for f in files for name in sorted(imported_modules(f))
+             for prefix in FORBIDDEN[part] if name == prefix or name.startswith(prefix + ".")]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_checker_sees_function_level_imports(tmp_path: Path) -> None:
+    source = tmp_path / "m.py"
+    source.write_text("def f():\n    from folovllm.entrypoints.args import x\n    import folovllm.bench\n")
+    assert {"folovllm.entrypoints.args", "folovllm.bench"} <= imported_modules(source)
