@@ -36,7 +36,8 @@ def test_checkpoint_names_map_to_stacked_shards() -> None:
     model = build(ArchConfig.from_hf_config({**TINY, "architectures": ["Qwen3ForCausalLM"]}))
     assert checkpoint_target(model, "model.layers.3.self_attn.k_proj.weight") == (
         "model.layers.3.self_attn.qkv_proj.weight", "k")
-    assert checkpoint_target(model, "model.layers.0.mlp.up_proj.weight") == ("model.layers.0.mlp.gate_up_proj.weight", 1)
+    assert checkpoint_target(model, "model.layers.0.mlp.up_proj.weight") == (
+        "model.layers.0.mlp.gate_up_proj.weight", 1)
     assert checkpoint_target(model, "model.layers.0.self_attn.o_proj.weight") == (
         "model.layers.0.self_attn.o_proj.weight", None)
 
