@@ -1,4 +1,4 @@
-"""Qwen3 (dense): the Qwen3 block plus a per-head RMSNorm on q and k before rotary.
+"""Qwen3 (dense): the Llama block plus a per-head RMSNorm on q and k before rotary.
 
 Biases follow the checkpoint (``attention_bias``, off in released models); the head may be tied to
 the embedding; llama.cpp stores Qwen3 q/k rows unpermuted in GGUF files.
