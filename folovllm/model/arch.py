@@ -26,9 +26,9 @@ class ArchConfig:
     rope_scaling: dict[str, Any] | None = None  # None, or {"rope_type": "linear" | "llama3", ...}
     max_position_embeddings: int = 2048
     tie_word_embeddings: bool = False
-    attention_bias: bool = False  # bias on q/k/v projections (Qwen2 always has it)
-    attention_out_bias: bool = False  # bias on o_proj (Llama/Qwen3 follow attention_bias, Qwen2 never)
-    bos_token_id: int | None = None
+    attention_bias: bool = False  # the checkpoint has q/k/v biases (a model file may fix its own rule)
+    attention_out_bias: bool = False  # the checkpoint has an o_proj bias
+    quantization: str = "unquantized"  # names the LinearMethod that holds the linear weights
     eos_token_ids: list[int] = field(default_factory=list)
     name: str = ""
 
@@ -63,8 +63,8 @@ class ArchConfig:
         num_heads = config["num_attention_heads"]
         eos = config.get("eos_token_id")
         eos_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
-        attention_bias = bool(config.get("attention_bias", False))
-        is_qwen2 = architecture == "Qwen2ForCausalLM"
+        attention_bias = bool(config.get("attention_bias", False))  # HF: one flag for q/k/v and o
+        quantization = (config.get("quantization_config") or {}).get("quant_method", "unquantized")
         return cls(
             architecture=architecture,
             vocab_size=config["vocab_size"],
@@ -79,9 +79,9 @@ class ArchConfig:
             rope_scaling=rope_scaling,
             max_position_embeddings=config.get("max_position_embeddings", 2048),
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-            attention_bias=is_qwen2 or attention_bias,
-            attention_out_bias=not is_qwen2 and attention_bias,
-            bos_token_id=config.get("bos_token_id"),
+            attention_bias=attention_bias,
+            attention_out_bias=attention_bias,
+            quantization=quantization,
             eos_token_ids=eos_ids,
             name=name or config.get("_name_or_path", ""),
         )

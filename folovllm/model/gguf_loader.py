@@ -10,9 +10,7 @@ import numpy as np
 import torch
 
 from folovllm.model.arch import ArchConfig
-
-# GGUF general.architecture -> HF architecture name
-_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+from folovllm.model.registry import architecture_for_gguf
 
 _GLOBAL_TENSORS = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _BLOCK_TENSORS = {
@@ -47,12 +45,7 @@ def _field(reader: gguf.GGUFReader, key: str, default: Any = None) -> Any:
 def gguf_arch_config(reader: gguf.GGUFReader, name: str = "") -> ArchConfig:
     """Build the ArchConfig from GGUF metadata (``{arch}.block_count``, ``tokenizer.ggml.*`` ...)."""
     gguf_arch = _field(reader, "general.architecture")
-    if gguf_arch not in _ARCHITECTURES:
-        raise ValueError(
-            f"GGUF architecture {gguf_arch!r} in {name!r} is not supported; "
-            f"supported: {sorted(_ARCHITECTURES)}"
-        )
-    architecture = _ARCHITECTURES[gguf_arch]
+    architecture = architecture_for_gguf(gguf_arch, name)
     if any(t.name == "rope_freqs.weight" for t in reader.tensors):
         raise ValueError(f"GGUF {name!r} uses per-frequency rope factors (rope_freqs): not supported")
 
@@ -88,20 +81,23 @@ def gguf_arch_config(reader: gguf.GGUFReader, name: str = "") -> ArchConfig:
         tie_word_embeddings=not any(t.name == "output.weight" for t in reader.tensors),
         attention_bias=has_bias,
         attention_out_bias=any(t.name.endswith("attn_output.bias") for t in reader.tensors),
-        bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
         eos_token_ids=list(dict.fromkeys(i for i in eos_ids if i is not None)),
         name=name,
     )
 
 
-def iter_gguf_weights(reader: gguf.GGUFReader, arch: ArchConfig) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (HF parameter name, float32 tensor) one at a time, so only one is dequantized at once."""
+def iter_gguf_weights(
+    reader: gguf.GGUFReader, arch: ArchConfig, qk_permuted: bool
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (HF parameter name, float32 tensor) one at a time, so only one is dequantized at once.
+
+    qk_permuted: the model class says llama.cpp permuted its q/k rows for its rope layout; undone here.
+    """
     for tensor in reader.tensors:
         name = _hf_name(tensor.name)
         # np.array copies: F32 tensors come back as views of the read-only mmap
         weights = torch.from_numpy(np.array(gguf.quants.dequantize(tensor.data, tensor.tensor_type)))
-        if arch.architecture == "LlamaForCausalLM":
-            # llama.cpp's converter permutes Llama q/k rows for its rope layout; undo it
+        if qk_permuted:
             if ".q_proj." in name:
                 weights = unpermute_qk(weights, arch.num_attention_heads)
             elif ".k_proj." in name:

@@ -1,4 +1,4 @@
-"""Shared transformer layers for Llama-family decoders; architecture files only pick options."""
+"""Shared decoder pieces (norm, rotary, attention, MLP, embedding, LM base); model files compose them."""
 from __future__ import annotations
 
 import math
@@ -11,6 +11,16 @@ from torch import nn
 from folovllm.attention.backend import AttentionBackend
 from folovllm.attention.metadata import AttentionMetadata
 from folovllm.model.arch import ArchConfig
+from folovllm.model.linear import (
+    MergedColumnParallelLinear,
+    QKVParallelLinear,
+    ReplicatedLinear,
+    RowParallelLinear,
+    ShardId,
+    WeightConfig,
+)
+from folovllm.model.linear_method import UnquantizedLinearMethod
+from folovllm.model.weights import load_checkpoint, weight_bytes
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
 Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, sin) per token
@@ -19,9 +29,11 @@ Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, sin) per token
 class RMSNorm(nn.Module):
     """RMSNorm computed in fp32 like HF; with ``residual`` it first adds it (fused-add variant)."""
 
-    def __init__(self, hidden_size: int, eps: float) -> None:
+    def __init__(self, hidden_size: int, eps: float, weights: WeightConfig) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.weight = nn.Parameter(
+            torch.ones(hidden_size, dtype=weights.dtype, device=weights.device), requires_grad=False
+        )
         self.eps = eps
 
     def forward(
@@ -38,7 +50,8 @@ class RMSNorm(nn.Module):
 
 def rope_inv_freq(rotary_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
     """Inverse frequencies for rotary embedding, with optional "linear" or "llama3" scaling."""
-    inv_freq = 1.0 / theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim)
+    # on the CPU in float64 whatever the target device, so every device gets the same table
+    inv_freq = 1.0 / theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64, device="cpu") / rotary_dim)
     rope_type = (scaling or {}).get("rope_type", "default")
     if rope_type == "default":
         return inv_freq.float()
@@ -59,20 +72,13 @@ def rope_inv_freq(rotary_dim: int, theta: float, scaling: dict | None) -> torch.
 class RotaryEmbedding(nn.Module):
     """Neox-style rotary embedding (HF Llama/Qwen ``rotate_half``), looked up by absolute position."""
 
-    def __init__(self, head_dim: int, max_position: int, theta: float, scaling: dict | None) -> None:
+    def __init__(
+        self, head_dim: int, max_position: int, theta: float, scaling: dict | None, device: torch.device
+    ) -> None:
         super().__init__()
-        self.head_dim, self.max_position = head_dim, max_position
-        self.theta, self.scaling = theta, scaling
-        self.register_buffer("cos_sin", self._cos_sin(), persistent=False)
-
-    def _cos_sin(self, device: torch.device | None = None) -> torch.Tensor:
-        inv_freq = rope_inv_freq(self.head_dim, self.theta, self.scaling).to(device)
-        freqs = torch.outer(torch.arange(self.max_position, dtype=torch.float32, device=device), inv_freq)
-        return torch.cat([freqs.cos(), freqs.sin()], dim=-1)  # [max_position, head_dim]
-
-    def init_buffers(self, device: torch.device) -> None:
-        """Recompute the table after the module was materialized from the meta device."""
-        self.cos_sin = self._cos_sin(device)
+        inv_freq = rope_inv_freq(head_dim, theta, scaling).to(device)
+        freqs = torch.outer(torch.arange(max_position, dtype=torch.float32, device=device), inv_freq)
+        self.register_buffer("cos_sin", torch.cat([freqs.cos(), freqs.sin()], dim=-1), persistent=False)
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> Rope:
         """cos and sin for each token, [T, 1, head_dim / 2] each; looked up once, used by every layer."""
@@ -87,13 +93,28 @@ def apply_rotary(x: torch.Tensor, rope: Rope) -> torch.Tensor:
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
-class MLP(nn.Module):
-    """SiLU-gated MLP with gate and up projections fused into one matmul."""
+class VocabEmbedding(nn.Module):
+    """Token id -> hidden vector; its table is also the LM head when embeddings are tied."""
 
-    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
+    def __init__(self, vocab_size: int, hidden_size: int, weights: WeightConfig) -> None:
         super().__init__()
-        self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=False)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+        self.weight = nn.Parameter(
+            torch.empty(vocab_size, hidden_size, dtype=weights.dtype, device=weights.device), requires_grad=False
+        )
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(input_ids, self.weight)
+
+
+class GatedMLP(nn.Module):
+    """SiLU-gated MLP with gate and up projections merged into one matmul (shards 0 and 1)."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, weights: WeightConfig) -> None:
+        super().__init__()
+        self.gate_up_proj = MergedColumnParallelLinear(
+            hidden_size, [intermediate_size, intermediate_size], bias=False, weights=weights
+        )
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=False, weights=weights)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
@@ -101,18 +122,35 @@ class MLP(nn.Module):
 
 
 class Attention(nn.Module):
-    """q/k/v in one fused projection, optional per-head q/k RMSNorm (Qwen3), rotary, paged attention."""
+    """Paged self-attention: merged q/k/v projection, optional per-head q/k RMSNorm, rotary, o_proj.
 
-    def __init__(self, arch: ArchConfig, backend: AttentionBackend, qk_norm: bool) -> None:
+    Which biases and norms exist is the model file's choice (``qkv_bias``, ``o_bias``, ``qk_norm``).
+    """
+
+    def __init__(
+        self,
+        arch: ArchConfig,
+        backend: AttentionBackend,
+        weights: WeightConfig,
+        *,
+        qkv_bias: bool,
+        o_bias: bool,
+        qk_norm: bool,
+    ) -> None:
         super().__init__()
-        self.num_heads, self.num_kv_heads = arch.num_attention_heads, arch.num_key_value_heads
+        self.qkv_proj = QKVParallelLinear(
+            arch.hidden_size, arch.head_dim, arch.num_attention_heads, arch.num_key_value_heads, qkv_bias, weights
+        )
+        # this rank's heads (all of them without tensor parallelism)
+        self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
         self.head_dim = arch.head_dim
         self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.scale = self.head_dim**-0.5
-        self.qkv_proj = nn.Linear(arch.hidden_size, self.q_size + 2 * self.kv_size, bias=arch.attention_bias)
-        self.o_proj = nn.Linear(self.q_size, arch.hidden_size, bias=arch.attention_out_bias)
-        self.q_norm = RMSNorm(self.head_dim, arch.rms_norm_eps) if qk_norm else None
-        self.k_norm = RMSNorm(self.head_dim, arch.rms_norm_eps) if qk_norm else None
+        self.o_proj = RowParallelLinear(
+            arch.num_attention_heads * arch.head_dim, arch.hidden_size, o_bias, weights
+        )
+        self.q_norm = RMSNorm(self.head_dim, arch.rms_norm_eps, weights) if qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, arch.rms_norm_eps, weights) if qk_norm else None
         self.backend = backend
 
     def forward(
@@ -129,89 +167,38 @@ class Attention(nn.Module):
         return self.o_proj(out)
 
 
-class DecoderLayer(nn.Module):
-    def __init__(self, arch: ArchConfig, backend: AttentionBackend, qk_norm: bool) -> None:
-        super().__init__()
-        self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
-        self.self_attn = Attention(arch, backend, qk_norm)
-        self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
-        self.mlp = MLP(arch.hidden_size, arch.intermediate_size)
+def lm_head(arch: ArchConfig, weights: WeightConfig) -> ReplicatedLinear | None:
+    """The output projection, or None when tied to the embedding (then ``compute_logits`` reads that).
 
-    def forward(
-        self,
-        rope: Rope,
-        x: torch.Tensor,
-        residual: torch.Tensor | None,
-        kv_cache: KVCache,
-        meta: AttentionMetadata,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            x, residual = self.input_layernorm(x), x
-        else:
-            x, residual = self.input_layernorm(x, residual)
-        x = self.self_attn(rope, x, kv_cache, meta)
-        x, residual = self.post_attention_layernorm(x, residual)
-        return self.mlp(x), residual
-
-
-class DecoderModel(nn.Module):
-    def __init__(self, arch: ArchConfig, backend: AttentionBackend, qk_norm: bool) -> None:
-        super().__init__()
-        self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size)
-        self.layers = nn.ModuleList(
-            DecoderLayer(arch, backend, qk_norm) for _ in range(arch.num_hidden_layers)
-        )
-        self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
-        self.rotary_emb = RotaryEmbedding(
-            arch.head_dim, arch.max_position_embeddings, arch.rope_theta, arch.rope_scaling
-        )
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        kv_caches: list[KVCache],
-        meta: AttentionMetadata,
-    ) -> torch.Tensor:
-        x, residual = self.embed_tokens(input_ids), None
-        rope = self.rotary_emb(positions, x.dtype)
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            x, residual = layer(rope, x, residual, kv_cache, meta)
-        x, _ = self.norm(x, residual)
-        return x
-
-
-# HF checkpoint name piece -> (our fused parameter's piece, which shard of it)
-_FUSED = {
-    ".q_proj.": (".qkv_proj.", "q"),
-    ".k_proj.": (".qkv_proj.", "k"),
-    ".v_proj.": (".qkv_proj.", "v"),
-    ".gate_proj.": (".gate_up_proj.", "gate"),
-    ".up_proj.": (".gate_up_proj.", "up"),
-}
-
-
-def _shards(param_name: str) -> list[str]:
-    """Checkpoint pieces that fill a parameter: its fused shards, or the whole ("")."""
-    return [shard for fused_piece, shard in _FUSED.values() if fused_piece in param_name] or [""]
+    It stays a plain weight in the model dtype whatever the linear method: quantized checkpoints keep
+    their head unquantized.
+    """
+    if arch.tie_word_embeddings:
+        return None
+    return ReplicatedLinear(arch.hidden_size, arch.vocab_size, False, weights, UnquantizedLinearMethod())
 
 
 class CausalLM(nn.Module):
-    """Decoder + LM head (tied to the embedding when the architecture says so).
+    """What every model class offers the engine: forward, logits, checkpoint loading, weight bytes.
 
-    Subclasses name an architecture and set its options, e.g. ``qk_norm = True`` for Qwen3.
+    A model file subclasses it, builds ``self.model`` (with ``embed_tokens``) and ``self.lm_head``,
+    and states its checkpoint facts in the class attributes below.
     """
 
-    qk_norm: bool = False
+    # checkpoint name piece -> (our parameter piece, shard id), e.g. "q_proj" -> ("qkv_proj", "q")
+    stacked_params: dict[str, tuple[str, ShardId]] = {}
+    # llama.cpp's name for the architecture in GGUF metadata, if it reads GGUF files
+    gguf_architecture: str | None = None
+    # llama.cpp's converter permuted the q/k rows of this architecture; the GGUF reader undoes it
+    gguf_qk_permuted: bool = False
 
-    def __init__(self, arch: ArchConfig, backend: AttentionBackend) -> None:
+    model: nn.Module
+    lm_head: ReplicatedLinear | None
+
+    def __init__(self, arch: ArchConfig, weights: WeightConfig) -> None:
         super().__init__()
         self.arch = arch
-        self.model = DecoderModel(arch, backend, self.qk_norm)
-        # A tied head reads the embedding weight: a second Parameter would come untied in to_empty().
-        self.lm_head = (
-            None if arch.tie_word_embeddings else nn.Linear(arch.hidden_size, arch.vocab_size, bias=False)
-        )
+        self.dtype = weights.dtype  # activations and KV cache
 
     def forward(
         self,
@@ -225,40 +212,18 @@ class CausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, hidden] -> [N, vocab] float32 logits."""
-        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight).float()
+        if self.lm_head is None:
+            return F.linear(hidden, self.model.embed_tokens.weight).float()
+        return self.lm_head(hidden).float()
+
+    def skips_checkpoint_tensor(self, name: str) -> bool:
+        """Checkpoint tensors with no parameter here: HF's rotary cache, a head tied to the embedding."""
+        return "rotary_emb.inv_freq" in name or (name == "lm_head.weight" and self.lm_head is None)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy HF-named tensors into our (partly fused) parameters; ValueError on missing or unknown."""
-        params = dict(self.named_parameters())
-        loaded: set[tuple[str, str]] = set()
-        for name, tensor in weights:
-            if "rotary_emb.inv_freq" in name or (name == "lm_head.weight" and self.lm_head is None):
-                continue
-            target, shard = name, ""
-            for piece, (fused_piece, fused_shard) in _FUSED.items():
-                if piece in name:
-                    target, shard = name.replace(piece, fused_piece), fused_shard
-                    break
-            if target not in params:
-                raise ValueError(f"checkpoint tensor {name!r} matches no parameter of {type(self).__name__}")
-            dest = self._shard_of(params[target].data, target, shard)
-            if dest.shape != tensor.shape:
-                raise ValueError(
-                    f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)}, "
-                    f"expected {tuple(dest.shape)}"
-                )
-            dest.copy_(tensor)
-            loaded.add((target, shard))
-        missing = sorted({(n, s) for n in params for s in _shards(n)} - loaded)
-        if missing:
-            raise ValueError(f"checkpoint is missing {len(missing)} tensors, e.g. {missing[:5]}")
+        """Copy HF-named tensors into the parameters; ValueError on unknown, mis-shaped or missing ones."""
+        load_checkpoint(self, weights)
 
-    def _shard_of(self, data: torch.Tensor, target: str, shard: str) -> torch.Tensor:
-        if shard in ("gate", "up"):
-            return data.chunk(2, dim=0)[shard == "up"]
-        if shard in ("q", "k", "v"):
-            attn = self.get_submodule(target.rsplit(".qkv_proj.", 1)[0])
-            start = {"q": 0, "k": attn.q_size, "v": attn.q_size + attn.kv_size}[shard]
-            return data.narrow(0, start, attn.q_size if shard == "q" else attn.kv_size)
-        return data
+    def weight_bytes(self) -> int:
+        """Bytes held by parameters and buffers (a tied weight once)."""
+        return weight_bytes(self)

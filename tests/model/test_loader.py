@@ -175,3 +175,11 @@ def test_arch_config_missing_fields_is_a_clear_error(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "hidden_size": 8}))
     with pytest.raises(ValueError, match="lacks required fields.*vocab_size"):
         load_arch_config(str(tmp_path))
+
+
+def test_quantized_checkpoint_names_its_unsupported_method(tmp_path: Path) -> None:
+    config = {**QWEN3_SMALL, "quantization_config": {"quant_method": "gptq", "bits": 4}}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert load_arch_config(str(tmp_path)).quantization == "gptq"
+    with pytest.raises(ValueError, match=r"quantization 'gptq' is not supported; supported: \['unquantized'\]"):
+        load_model(str(tmp_path), load_format="dummy", dtype=torch.float32, device="cpu")

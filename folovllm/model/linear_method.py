@@ -1,0 +1,100 @@
+"""How a linear layer holds and applies its weight: one ``LinearMethod`` per weight format, by name.
+
+The linear layers (``linear.py``) own the shapes and which slice of a checkpoint tensor they keep;
+the method owns the tensors that hold the weight (plain, packed, quantized + scales) and the matmul.
+A new format is a new registered class; the model files do not change.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+LINEAR_METHODS: dict[str, type[LinearMethod]] = {}
+
+
+def register_linear_method(name: str) -> Callable[[type[LinearMethod]], type[LinearMethod]]:
+    """Class decorator: make a ``LinearMethod`` selectable as ``name`` (a checkpoint's quantization)."""
+
+    def register(cls: type[LinearMethod]) -> type[LinearMethod]:
+        if name in LINEAR_METHODS:
+            raise ValueError(f"linear method {name!r} is registered twice")
+        LINEAR_METHODS[name] = cls
+        return cls
+
+    return register
+
+
+def get_linear_method(name: str) -> LinearMethod:
+    """A fresh method for a quantization name; ValueError listing the supported ones otherwise."""
+    if name not in LINEAR_METHODS:
+        raise ValueError(
+            f"checkpoint quantization {name!r} is not supported; supported: {sorted(LINEAR_METHODS)}"
+        )
+    return LINEAR_METHODS[name]()
+
+
+def set_weight_attrs(param: nn.Parameter, **attrs: Any) -> None:
+    """Tag a parameter for its layer's weight_loader (``output_dim``, ``input_dim``, ...)."""
+    for key, value in attrs.items():
+        setattr(param, key, value)
+
+
+class LinearMethod(ABC):
+    """Creates a linear layer's weight tensors, finishes them after loading, and applies them.
+
+    ``create_weights`` registers parameters on the layer and tags each with ``output_dim`` /
+    ``input_dim``: the dimension that a shard (merged q/k/v, gate/up) or a tensor-parallel rank
+    slices along, or None when that parameter is not split that way. The layer's weight_loader
+    uses those tags, so it works for any method's parameters.
+    """
+
+    @abstractmethod
+    def create_weights(
+        self,
+        layer: nn.Module,
+        input_size: int,
+        output_size: int,
+        bias: bool,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        """Register the parameters of a [output_size x input_size] linear (this rank's part) on layer."""
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        """Repack or quantize once every checkpoint tensor is in (nothing to do by default)."""
+
+    @abstractmethod
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """x [T, input_size] -> [T, output_size], adding ``bias`` when given."""
+
+
+@register_linear_method("unquantized")
+class UnquantizedLinearMethod(LinearMethod):
+    """A plain weight in the model's dtype ([out, in], like HF), one ``F.linear``."""
+
+    def create_weights(
+        self,
+        layer: nn.Module,
+        input_size: int,
+        output_size: int,
+        bias: bool,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        weight = nn.Parameter(torch.empty(output_size, input_size, dtype=dtype, device=device), requires_grad=False)
+        set_weight_attrs(weight, output_dim=0, input_dim=1)
+        layer.register_parameter("weight", weight)
+        if bias:
+            bias_param = nn.Parameter(torch.empty(output_size, dtype=dtype, device=device), requires_grad=False)
+            set_weight_attrs(bias_param, output_dim=0, input_dim=None)
+            layer.register_parameter("bias", bias_param)
+        else:
+            layer.register_parameter("bias", None)
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return F.linear(x, layer.weight, bias)
