@@ -1,12 +1,20 @@
-"""The FastAPI app and its uvicorn server: routes, API key, backpressure, metrics, SIGTERM drain."""
+"""The FastAPI app and its uvicorn server: routes, API key, backpressure, metrics, SIGTERM drain.
+
+Lifecycle: on SIGTERM new requests get 503 and in-flight ones may finish for ``--drain-timeout``
+seconds; then the rest are aborted in the engine and each ends with a 503 error (a stream's last event
+before ``[DONE]``), and the server exits 0. If the engine dies, in-flight requests get a 500
+``engine_dead`` error, /health turns 503, and the server exits 1 a moment later (for a supervisor).
+"""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import copy
 import logging
 import os
 import secrets
 import signal
+import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -15,11 +23,11 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from folovllm.config import EngineConfig
-from folovllm.engine.async_engine import AsyncLLMEngine
+from folovllm.engine.async_engine import AsyncLLMEngine, EngineDeadError, EngineShutdownError
 from folovllm.engine.core_client import ProcessCore, ThreadCore
 from folovllm.engine.llm_engine import LLMEngine
 from folovllm.entrypoints.openai.errors import APIError, bad_request, install_error_handlers
-from folovllm.entrypoints.openai.metrics import ServerMetrics
+from folovllm.entrypoints.openai.metrics import RejectionCounter, ServerMetrics
 from folovllm.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest,
                                                   DetokenizeRequest, TokenizeRequest)
 from folovllm.entrypoints.openai.serving import ClientDisconnected, ServingContext, now_s, shutting_down
@@ -27,6 +35,10 @@ from folovllm.entrypoints.openai.serving_chat import ChatServing
 from folovllm.entrypoints.openai.serving_completion import CompletionServing
 
 logger = logging.getLogger(__name__)
+
+_DEATH_FLUSH_S = 1.0  # after the engine died, time for the error responses to reach their clients
+_ABORT_GRACE_S = 5.0  # after the drain timeout aborted the rest, time for their streams to end
+ENGINE_DEAD_EXIT_CODE = 1
 
 
 @dataclass
@@ -40,6 +52,7 @@ class ServerConfig:
 @dataclass
 class ServerState:
     draining: bool = False  # set on SIGTERM: new requests get 503 while in-flight ones finish
+    engine_died_at: float | None = None  # time.monotonic() when the engine died: the server exits
 
 
 class DrainGate:
@@ -62,7 +75,14 @@ def build_app(core: ProcessCore | ThreadCore, tokenizer, config: ServerConfig,
     shutdown. ``tokenizer`` is the server's own (chat templates, /tokenize, logprob text)."""
     state = state or ServerState()
     metrics = ServerMetrics(config.model_name)
-    engine = AsyncLLMEngine(core, on_iteration=metrics.on_iteration)
+
+    def on_engine_death(error: EngineDeadError) -> None:
+        metrics.reset_gauges()
+        state.engine_died_at = time.monotonic()
+        logger.error("the engine is dead (%s): the server exits with code %d", error,
+                     ENGINE_DEAD_EXIT_CODE)
+
+    engine = AsyncLLMEngine(core, on_iteration=metrics.on_iteration, on_death=on_engine_death)
     ctx = ServingContext(engine, config.model_name, tokenizer, config.max_waiting_requests)
     completions, chat = CompletionServing(ctx), ChatServing(ctx)
 
@@ -71,6 +91,7 @@ def build_app(core: ProcessCore | ThreadCore, tokenizer, config: ServerConfig,
         engine.start()
         yield
         await engine.shutdown()
+        metrics.reset_gauges()
 
     async def require_api_key(request: Request) -> None:
         if config.api_key is None:
@@ -82,6 +103,7 @@ def build_app(core: ProcessCore | ThreadCore, tokenizer, config: ServerConfig,
 
     app = FastAPI(title="FoloVLLM", lifespan=lifespan)
     app.add_middleware(DrainGate, state=state)
+    app.add_middleware(RejectionCounter, metrics=metrics)  # outermost: sees the gate's 503s too
     install_error_handlers(app)
     v1 = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)])
 
@@ -104,7 +126,8 @@ def build_app(core: ProcessCore | ThreadCore, tokenizer, config: ServerConfig,
     @app.get("/health")
     async def health():
         if not engine.is_running:
-            raise APIError(503, "the engine is not running", type="service_unavailable")
+            reason = f"the engine is dead: {engine.dead_error}" if engine.dead_error else "the engine is not running"
+            raise APIError(503, reason, type="service_unavailable")
         return Response(status_code=200)
 
     @app.get("/metrics")
@@ -143,12 +166,16 @@ async def _handle(coro):
 
 
 class _DrainingServer(uvicorn.Server):
-    """uvicorn's graceful shutdown (stop listening, finish in-flight requests, then cancel them
-    after timeout_graceful_shutdown), plus a 503 for requests that arrive on open connections."""
+    """uvicorn's graceful shutdown (stop listening, let in-flight requests finish) with our own drain
+    timeout: at ``drain_timeout_s`` every request still open is aborted in the engine, so each ends
+    with an error response instead of being cancelled mid-body. Also exits once the engine died."""
 
-    def __init__(self, config: uvicorn.Config, state: ServerState) -> None:
+    def __init__(self, config: uvicorn.Config, state: ServerState, engine: AsyncLLMEngine,
+                 drain_timeout_s: float) -> None:
         super().__init__(config)
         self.state = state
+        self.engine = engine
+        self.drain_timeout_s = drain_timeout_s
 
     def handle_exit(self, sig, frame) -> None:
         if not self.state.draining:
@@ -156,6 +183,25 @@ class _DrainingServer(uvicorn.Server):
         self.state.draining = True
         super().handle_exit(sig, frame)
 
+    async def on_tick(self, counter: int) -> bool:
+        if await super().on_tick(counter):
+            return True
+        died = self.state.engine_died_at
+        return died is not None and time.monotonic() - died >= _DEATH_FLUSH_S
+
+    async def shutdown(self, sockets=None) -> None:
+        timer = asyncio.get_running_loop().call_later(self.drain_timeout_s, self._abort_in_flight)
+        try:
+            await super().shutdown(sockets)
+        finally:
+            timer.cancel()
+
+    def _abort_in_flight(self) -> None:
+        count = self.engine.abort_all(EngineShutdownError(
+            f"the server is shutting down: the request did not finish within the "
+            f"{self.drain_timeout_s:g} s drain timeout"))
+        if count:
+            logger.warning("drain timeout: aborted %d unfinished request(s)", count)
 
 def default_model_name(model_arg: str | None, model_path: str) -> str:
     if model_arg:
@@ -201,8 +247,8 @@ def start_engine_core(engine_config: EngineConfig, own_process: bool, log_level:
     return core, tokenizer
 
 
-def run_server(args: argparse.Namespace, engine_config: EngineConfig) -> None:
-    """Serves until SIGINT/SIGTERM, then drains."""
+def run_server(args: argparse.Namespace, engine_config: EngineConfig) -> int:
+    """Serves until SIGINT/SIGTERM, then drains; returns the exit code (non-zero: the engine died)."""
     if args.max_waiting_requests is not None and args.max_waiting_requests < 0:
         raise ValueError(f"--max-waiting-requests must be >= 0; got {args.max_waiting_requests}")
     core, tokenizer = start_engine_core(engine_config, args.engine_process, args.log_level)
@@ -212,12 +258,17 @@ def run_server(args: argparse.Namespace, engine_config: EngineConfig) -> None:
         drain_timeout_s=args.drain_timeout)
     state = ServerState()
     app = build_app(core, tokenizer, config, state)
+    # uvicorn cancels what is left only after our own drain timeout aborted it and streams had time to end
     uv_config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                               timeout_graceful_shutdown=config.drain_timeout_s, access_log=False)
+                               timeout_graceful_shutdown=config.drain_timeout_s + _ABORT_GRACE_S,
+                               access_log=False)
     logger.info("serving %r on http://%s:%d", config.model_name, args.host, args.port)
     # uvicorn re-raises the signal it shut down on, with the handler found at start: make that a
     # no-op so a drained SIGTERM ends in exit code 0, not death by signal.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
-    _DrainingServer(uv_config, state).run()
+    _DrainingServer(uv_config, state, app.state.engine, config.drain_timeout_s).run()
+    if state.engine_died_at is not None:
+        return ENGINE_DEAD_EXIT_CODE
     logger.info("drained; bye")
+    return 0
