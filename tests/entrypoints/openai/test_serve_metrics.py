@@ -6,6 +6,8 @@ import time
 import httpx
 import pytest
 
+from tests.entrypoints.openai.conftest import parse_metrics
+
 PROMPT = "Metrics are counted for this unique prompt number 4711:"
 
 
@@ -124,3 +126,16 @@ def test_disconnect_storm_leaves_no_blocks_or_requests(server, scrape):
                       timeout=60) as c:
         after = c.post("/v1/completions", json={**body, "stream": False, "max_tokens": 3})
         assert after.status_code == 200 and after.json()["choices"][0]["finish_reason"] == "length"
+
+
+def test_gauges_reset_when_the_engine_is_gone():
+    from folovllm.engine.core_loop import EngineSnapshot
+    from folovllm.engine.stats import EngineStats
+    from folovllm.entrypoints.openai.metrics import ServerMetrics
+
+    metrics = ServerMetrics("smol")
+    metrics.on_iteration(EngineSnapshot(EngineStats(), num_running=3, num_waiting=2, kv_usage=0.5), [], [])
+    metrics.reset_gauges()
+    values = parse_metrics(httpx.Response(200, content=metrics.render()))
+    for gauge in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc"):
+        assert values[f"folovllm:{gauge}"] == 0, gauge
