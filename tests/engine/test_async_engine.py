@@ -82,7 +82,8 @@ def test_a_core_that_ends_unasked_is_dead():
         await asyncio.sleep(0)
         core.reply(IterationMessage(accepted=[("a", None)]))
         stream = await adding
-        core.reply(IterationMessage(stopped=True, error=EngineDeadError("the engine process died (killed by SIGKILL)")))
+        died = EngineDeadError("the engine process died (killed by SIGKILL)")
+        core.reply(IterationMessage(stopped=True, error=died))
         with pytest.raises(EngineDeadError, match="SIGKILL"):
             async for _ in stream:
                 pass

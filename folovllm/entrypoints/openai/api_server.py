@@ -126,8 +126,9 @@ def build_app(core: ProcessCore | ThreadCore, tokenizer, config: ServerConfig,
     @app.get("/health")
     async def health():
         if not engine.is_running:
-            reason = f"the engine is dead: {engine.dead_error}" if engine.dead_error else "the engine is not running"
-            raise APIError(503, reason, type="service_unavailable")
+            dead = engine.dead_error
+            raise APIError(503, f"the engine is dead: {dead}" if dead else "the engine is not running",
+                           type="service_unavailable")
         return Response(status_code=200)
 
     @app.get("/metrics")
@@ -202,6 +203,7 @@ class _DrainingServer(uvicorn.Server):
             f"{self.drain_timeout_s:g} s drain timeout"))
         if count:
             logger.warning("drain timeout: aborted %d unfinished request(s)", count)
+
 
 def default_model_name(model_arg: str | None, model_path: str) -> str:
     if model_arg:
