@@ -22,7 +22,8 @@ def _stream_to_end(lines) -> tuple[str, str | None]:
 
 
 def test_backpressure_then_sigterm_drain(start_server):
-    srv = start_server("--max-num-seqs", "1", "--max-waiting-requests", "1")
+    # a drain timeout far above the 80 tokens' time on a loaded CPU: this test is about finishing them
+    srv = start_server("--max-num-seqs", "1", "--max-waiting-requests", "1", "--drain-timeout", "300")
     try:
         srv.wait_ready()
         body = {"prompt": "Count slowly:", "max_tokens": 40, "temperature": 0, "ignore_eos": True,
