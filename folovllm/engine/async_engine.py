@@ -16,19 +16,23 @@ import time
 from collections.abc import AsyncIterator, Callable
 
 from folovllm.engine.core_client import ProcessCore, ThreadCore
-from folovllm.engine.core_loop import (AbortOp, AddOp, EngineInfo, EngineShutdownError, EngineSnapshot,
-                                       IterationMessage, StopOp)
+from folovllm.engine.core_loop import AbortOp, AddOp, EngineInfo, EngineSnapshot, IterationMessage, StopOp
+from folovllm.engine.errors import (EngineDeadError, EngineError, EngineShutdownError,
+                                    RequestFailedError)
 from folovllm.engine.llm_engine import PromptInput
 from folovllm.engine.output_delta import DeltaDecoder
 from folovllm.outputs import RequestOutput
 from folovllm.sampling_params import SamplingParams
 
-__all__ = ["AsyncLLMEngine", "EngineShutdownError", "RequestStream"]
+__all__ = ["AsyncLLMEngine", "EngineDeadError", "EngineError", "EngineShutdownError",
+           "RequestFailedError", "RequestStream"]
 
 logger = logging.getLogger(__name__)
 
 # Called on the event loop after every core iteration: (snapshot, that step's outputs, aborted ids).
 IterationHook = Callable[[EngineSnapshot, list[RequestOutput], list[str]], None]
+# Called once on the event loop when the core ended without being asked to (its streams have failed).
+DeathHook = Callable[[EngineDeadError], None]
 
 
 class RequestStream:
@@ -61,10 +65,13 @@ class RequestStream:
 class AsyncLLMEngine:
     """Routes the core's messages to per-request streams on the event loop that called ``start``."""
 
-    def __init__(self, core: ProcessCore | ThreadCore, on_iteration: IterationHook | None = None) -> None:
+    def __init__(self, core: ProcessCore | ThreadCore, on_iteration: IterationHook | None = None,
+                 on_death: DeathHook | None = None) -> None:
         self.core = core
         self.info: EngineInfo = core.info
         self.on_iteration = on_iteration
+        self.on_death = on_death
+        self.dead_error: EngineDeadError | None = None  # set once the core died
         self._streams: dict[str, RequestStream] = {}
         self._pending: dict[str, tuple[asyncio.Future, RequestStream]] = {}  # sent, not yet accepted
         self._deltas = DeltaDecoder()  # the core sends what is new; streams get cumulative outputs
@@ -101,27 +108,51 @@ class AsyncLLMEngine:
                           arrival_time: float | None = None, priority: int = 0,
                           user: str | None = None) -> RequestStream:
         """Queues a request; raises the engine's ValueError (bad prompt) before any output."""
+        [stream] = await self.add_requests([request_id], [prompt], params, arrival_time, priority, user)
+        return stream
+
+    async def add_requests(self, request_ids: list[str], prompts: list[PromptInput],
+                           params: SamplingParams, arrival_time: float | None = None,
+                           priority: int = 0, user: str | None = None) -> list[RequestStream]:
+        """Queues one request per prompt in one round trip, all or nothing: the engine's ValueError
+        for any prompt queues none of them."""
+        if self.dead_error is not None:
+            raise self.dead_error
         if self._stopped is None or self._stopping or self._stopped.is_set():
             raise EngineShutdownError("the engine is not running")
-        if request_id in self._streams or request_id in self._pending:
-            raise ValueError(f"request id {request_id!r} is already in use")
-        stream = RequestStream(request_id, self)
-        accepted = asyncio.get_running_loop().create_future()
-        self._pending[request_id] = (accepted, stream)
+        for request_id in request_ids:
+            if request_id in self._streams or request_id in self._pending:
+                raise ValueError(f"request id {request_id!r} is already in use")
+        accepted = asyncio.get_running_loop().create_future()  # one answer for the whole op
+        streams = [RequestStream(request_id, self) for request_id in request_ids]
+        for stream in streams:
+            self._pending[stream.request_id] = (accepted, stream)
         arrival = time.perf_counter() if arrival_time is None else arrival_time
-        self.core.send(AddOp(request_id, prompt, params, arrival, priority, user))
+        self.core.send(AddOp(list(request_ids), list(prompts), params, arrival, priority, user))
         try:
             await accepted
         except asyncio.CancelledError:
-            self.abort(request_id)  # the caller went away while the request was being queued
+            for request_id in request_ids:  # the caller went away while they were being queued
+                self.abort(request_id)
             raise
-        return stream
+        return streams
 
     def abort(self, request_id: str) -> None:
         """Aborts a request; the core frees its KV blocks before its next step."""
         self._streams.pop(request_id, None)
+        self._pending.pop(request_id, None)
         if not self._stopping:
             self.core.send(AbortOp(request_id))
+
+    def abort_all(self, error: EngineError) -> int:
+        """Ends every open request now: its stream (or pending add) fails with ``error`` and the
+        core frees its blocks. Returns how many requests were open."""
+        request_ids = list(self._pending) + list(self._streams)
+        self._close_all(error)
+        if not self._stopping and self.dead_error is None:
+            for request_id in request_ids:
+                self.core.send(AbortOp(request_id))
+        return len(request_ids)
 
     @property
     def num_pending(self) -> int:
@@ -133,18 +164,20 @@ class AsyncLLMEngine:
     def _on_message(self, message: IterationMessage) -> None:
         for request_id, error in message.accepted:
             future, stream = self._pending.pop(request_id, (None, None))
-            if future is None or future.done():  # its caller was cancelled meanwhile
+            if future is None:  # its caller went away meanwhile (its abort follows the add)
                 continue
             if error is None:
                 self._streams[request_id] = stream
-                future.set_result(None)
-            else:
+                if not future.done():
+                    future.set_result(None)
+            elif not future.done():
                 future.set_exception(error)
         outputs = [self._deltas.decode(delta) for delta in message.outputs]
         for output in outputs:
             stream = self._streams.get(output.request_id)
             if stream is not None:
-                stream.put(output)
+                failed = output.finished and any(o.finish_reason == "error" for o in output.outputs)
+                stream.put(RequestFailedError() if failed else output)
                 if output.finished:
                     del self._streams[output.request_id]
         for request_id in message.failed:
@@ -157,8 +190,14 @@ class AsyncLLMEngine:
             self._num_waiting = message.snapshot.num_waiting
             self._call_hook(message, outputs)
         if message.stopped:
-            self._close_all(message.error or EngineShutdownError("the engine stopped"))
+            error = message.error or EngineShutdownError("the engine stopped")
+            if not self._stopping:  # nobody asked it to stop: it died
+                self.dead_error = error if isinstance(error, EngineDeadError) else EngineDeadError(str(error))
+                error = self.dead_error
+            self._close_all(error)
             self._stopped.set()
+            if self.dead_error is not None and self.on_death is not None:
+                self.on_death(self.dead_error)
 
     def _close_all(self, error: Exception) -> None:
         """The core is gone: every open stream and pending add fails with ``error``."""

@@ -12,6 +12,7 @@ import logging
 import multiprocessing
 import os
 import queue
+import signal
 import threading
 from collections import Counter
 from collections.abc import Callable
@@ -19,8 +20,8 @@ from collections.abc import Callable
 import torch
 
 from folovllm.config import EngineConfig
-from folovllm.engine.core_loop import (EngineInfo, EngineShutdownError, IterationMessage, Op,
-                                       run_core_loop)
+from folovllm.engine.core_loop import EngineInfo, IterationMessage, Op, run_core_loop
+from folovllm.engine.errors import EngineDeadError
 from folovllm.engine.llm_engine import LLMEngine
 
 logger = logging.getLogger(__name__)
@@ -44,8 +45,22 @@ def _drain(ops: queue.Queue, block: bool, timeout: float | None = None) -> list[
             return taken
 
 
-def _died() -> IterationMessage:
-    return IterationMessage(stopped=True, error=EngineShutdownError("the engine process died"))
+def _died(cause: str) -> IterationMessage:
+    """The last message of a core that nobody stopped: logged loudly, its requests fail."""
+    logger.error("the engine %s; failing its requests", cause)
+    return IterationMessage(stopped=True, error=EngineDeadError(f"the engine {cause}"))
+
+
+def describe_exit(exitcode: int | None) -> str:
+    """A process's end in words: 'killed by SIGKILL', 'exit code 1'."""
+    if exitcode is None:
+        return "exit status unknown"
+    if exitcode < 0:
+        try:
+            return f"killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exit code {exitcode}"
 
 
 def _detached(message: IterationMessage) -> IterationMessage:
@@ -72,8 +87,14 @@ class ThreadCore:
         def run() -> None:
             if self.engine.device.type == "cpu":  # OpenMP's thread count is per thread: set it here too
                 torch.set_num_threads(self.engine.config.num_threads or os.cpu_count() or 1)
-            run_core_loop(self.engine, lambda block: _drain(self._ops, block),
-                          lambda message: loop.call_soon_threadsafe(on_message, _detached(message)))
+            def emit(message: IterationMessage) -> None:
+                loop.call_soon_threadsafe(on_message, _detached(message))
+
+            try:
+                run_core_loop(self.engine, lambda block: _drain(self._ops, block), emit)
+            except BaseException as err:
+                logger.exception("the engine loop failed")
+                emit(_died(f"loop failed: {err!r}"))
 
         self._thread = threading.Thread(target=run, name="folovllm-engine", daemon=True)
         self._thread.start()
@@ -127,10 +148,15 @@ class ProcessCore:
     def _read(self, on_message: OnMessage) -> None:
         try:
             while self._conn.poll():
-                on_message(self._conn.recv())
+                message = self._conn.recv()
+                on_message(message)
+                if message.stopped:  # it was told to stop: its exit is no death
+                    self._loop.remove_reader(self._conn.fileno())
+                    return
         except (EOFError, OSError):
             self._loop.remove_reader(self._conn.fileno())
-            on_message(_died())
+            self._proc.join(1.0)  # the pipe closes as it exits: reap it to read the exit code
+            on_message(_died(f"process died ({describe_exit(self._proc.exitcode)})"))
 
     def is_alive(self) -> bool:
         return self._proc.is_alive()

@@ -13,6 +13,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from folovllm.engine.errors import EngineError, EngineShutdownError
 from folovllm.engine.llm_engine import LLMEngine, PromptInput
 from folovllm.engine.output_delta import DeltaEncoder, OutputDelta
 from folovllm.engine.stats import EngineStats
@@ -21,16 +22,14 @@ from folovllm.sampling_params import SamplingParams
 logger = logging.getLogger(__name__)
 
 
-class EngineShutdownError(RuntimeError):
-    """The engine stopped (server shutdown, or the engine died) before the request finished."""
-
-
 # -- server -> core ------------------------------------------------------------------------------
 
 @dataclass
 class AddOp:
-    request_id: str
-    prompt: PromptInput
+    """Queue one prompt per request id, all or nothing (a request's prompt list is one op)."""
+
+    request_ids: list[str]
+    prompts: list[PromptInput]
     params: SamplingParams
     arrival_time: float
     priority: int = 0
@@ -80,7 +79,7 @@ class IterationMessage:
     outputs: list[OutputDelta] = field(default_factory=list)  # what each request gained this step
     aborted: list[str] = field(default_factory=list)  # request ids aborted this iteration
     failed: list[str] = field(default_factory=list)  # request ids ended by ``error``
-    error: Exception | None = None
+    error: EngineError | None = None  # why ``failed`` ended, or (with ``stopped``) why the loop ended
     snapshot: EngineSnapshot | None = None
     stopped: bool = False  # the loop has ended; nothing follows
 
@@ -103,9 +102,9 @@ def run_core_loop(engine: LLMEngine, inbox: Inbox, emit: Callable[[IterationMess
         elif engine.has_unfinished_requests():
             try:
                 message.outputs = [deltas.encode(output) for output in engine.step()]
-            except Exception as err:  # a bug must not hang every client: fail them, keep serving
-                logger.exception("engine step failed; aborting all requests")
-                _fail_all(engine, RuntimeError(f"engine step failed: {err!r}"), message)
+            except Exception:  # outside any one request's work: end them all, keep serving
+                logger.exception("engine step failed outside any one request; ending all requests")
+                _fail_all(engine, EngineError("the engine step failed; see the server log"), message)
         for request_id in message.aborted + message.failed:
             deltas.forget(request_id)
         message.snapshot = snapshot(engine)
@@ -125,16 +124,16 @@ def _apply(engine: LLMEngine, ops: list[Op], message: IterationMessage) -> bool:
             message.aborted.append(op.request_id)
         else:
             try:
-                engine.add_request(op.prompt, op.params, op.request_id, op.arrival_time,
-                                   priority=op.priority, user=op.user)
+                engine.add_requests(op.prompts, op.params, op.request_ids, op.arrival_time,
+                                    priority=op.priority, user=op.user)
+                error = None
             except ValueError as err:
-                message.accepted.append((op.request_id, err))
-                continue
-            message.accepted.append((op.request_id, None))
+                error = err
+            message.accepted.extend((request_id, error) for request_id in op.request_ids)
     return stopping
 
 
-def _fail_all(engine: LLMEngine, error: Exception, message: IterationMessage) -> None:
+def _fail_all(engine: LLMEngine, error: EngineError, message: IterationMessage) -> None:
     for request_id in list(engine.groups):
         engine.abort_request(request_id)
         message.failed.append(request_id)

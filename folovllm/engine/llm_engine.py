@@ -23,6 +23,7 @@ from folovllm.core.admission import make_admission
 from folovllm.core.kv_cache import KVCacheManager
 from folovllm.core.policy import make_policy
 from folovllm.core.scheduler import Scheduler, SchedulerLimits, SchedulerOutput
+from folovllm.engine.fault_isolation import isolate_faults, subset
 from folovllm.engine.output_processor import OutputProcessor, RequestGroup
 from folovllm.engine.stats import EngineStats, StepStats
 from folovllm.model.loader import default_model_path, load_model
@@ -127,9 +128,29 @@ class LLMEngine:
         ``cache_salt`` (or a ``"cache_salt"`` key in a dict prompt) keeps the request's KV blocks
         apart from every request with another salt: tenants opt out of sharing prefixes.
         """
+        request_id = request_id if request_id is not None else str(next(self._ids))
+        group = self._new_group(prompt, params, request_id, arrival_time, cache_salt, priority, user)
+        self._queue(group)
+        return request_id
+
+    def add_requests(self, prompts: list[PromptInput], params: SamplingParams, request_ids: list[str],
+                     arrival_time: float | None = None, priority: int = 0,
+                     user: str | None = None) -> None:
+        """Queues several prompts with the same parameters, all or nothing: a ValueError for any
+        of them (or a repeated id) queues none."""
+        if len(set(request_ids)) != len(request_ids) or len(request_ids) != len(prompts):
+            raise ValueError("add_requests needs one distinct request id per prompt")
+        groups = [self._new_group(prompt, params, request_id, arrival_time, None, priority, user)
+                  for prompt, request_id in zip(prompts, request_ids)]
+        for group in groups:
+            self._queue(group)
+
+    def _new_group(self, prompt: PromptInput, params: SamplingParams, request_id: str,
+                   arrival_time: float | None, cache_salt: str | None, priority: int,
+                   user: str | None) -> RequestGroup:
+        """The request's samples, validated; the engine's queues are not touched."""
         if isinstance(prompt, dict) and prompt.get("cache_salt") is not None:
             cache_salt = prompt["cache_salt"]
-        request_id = request_id if request_id is not None else str(next(self._ids))
         if request_id in self.groups:
             raise ValueError(f"request id {request_id!r} is already in use")
         prompt_text, prompt_ids = self._tokenize(prompt)
@@ -158,10 +179,12 @@ class LLMEngine:
             self.scheduler.check_admissible(sample)
             self.output_processor.start(sample)
             samples.append(sample)
-        self.groups[request_id] = RequestGroup(request_id, prompt_text, prompt_ids, samples)
-        for sample in samples:
+        return RequestGroup(request_id, prompt_text, prompt_ids, samples)
+
+    def _queue(self, group: RequestGroup) -> None:
+        self.groups[group.request_id] = group
+        for sample in group.samples:
             self.scheduler.add_request(sample)
-        return request_id
 
     def _tokenize(self, prompt: PromptInput) -> tuple[str | None, list[int]]:
         if isinstance(prompt, dict):
@@ -193,6 +216,7 @@ class LLMEngine:
         """Runs one iteration; returns an output for every request that made progress or ended.
 
         With overlap, the step launched here is resolved by the next call (its outputs come then).
+        A request the step fails on ends with finish_reason "error"; the others go on unchanged.
         """
         started = time.perf_counter()
         touched: dict[str, RequestGroup] = {}
@@ -205,12 +229,16 @@ class LLMEngine:
         sched = self.scheduler.schedule()
         if not sched.is_empty:
             num_decode = sched.num_decode_tokens()  # before num_computed_tokens moves
-            launched = self.runner.launch(sched, previous[1] if previous else None)
-            for request, num_new in zip(sched.requests, sched.num_new_tokens):
-                request.num_computed_tokens += num_new
-            for request in launched.sampled_requests:
-                request.num_pending_tokens += 1
-            self._in_flight = (sched, launched, num_decode)
+            try:
+                launched = self.runner.launch(sched, previous[1] if previous else None)
+            except Exception as err:
+                if previous is not None:  # settle it first: the retries read its tokens from the host
+                    wait_s += self._resolve(*previous, touched)
+                    previous = None
+                wait_s += self._run_isolating_faults(sched, num_decode, err, touched)
+            else:
+                self._advance(sched, launched)
+                self._in_flight = (sched, launched, num_decode)
         if previous is not None:
             wait_s += self._resolve(*previous, touched)
         if self._in_flight is not None and not self.overlap:
@@ -219,6 +247,43 @@ class LLMEngine:
         outputs = self._collect_outputs(touched)
         self.stats.host_time_s += time.perf_counter() - started - wait_s
         return outputs
+
+    @staticmethod
+    def _advance(sched: SchedulerOutput, launched: LaunchedStep) -> None:
+        """A launched step's tokens count as computed; its sampled tokens are pending until resolved."""
+        for request, num_new in zip(sched.requests, sched.num_new_tokens):
+            request.num_computed_tokens += num_new
+        for request in launched.sampled_requests:
+            request.num_pending_tokens += 1
+
+    def _run_isolating_faults(self, sched: SchedulerOutput, num_decode: int, error: Exception,
+                              touched: dict[str, RequestGroup]) -> float:
+        """The step failed to launch: relaunch it in parts (engine/fault_isolation.py), keep the
+        parts that run, end the requests it fails on. Synchronous: nothing stays in flight."""
+        logger.error("a step of %d requests failed; looking for the request(s) it fails on",
+                     len(sched.requests), exc_info=error)
+        live = subset(sched, [i for i, r in enumerate(sched.requests) if not r.status.finished])
+        parts, culprits = isolate_faults(live, self.runner.launch)
+        wait_s = 0.0
+        for part, launched in parts:
+            self._advance(part, launched)
+            wait_s += self._take_tokens(part, launched, touched)
+        if culprits:
+            logger.error("ending the request(s) the step fails on with finish_reason 'error': %s",
+                         ", ".join(r.request_id for r in culprits))
+        for request in culprits:
+            self._fail_group(request.parent_id, touched)
+        self._record_step(time.perf_counter(), sched, num_decode)
+        return wait_s
+
+    def _fail_group(self, request_id: str, touched: dict[str, RequestGroup]) -> None:
+        """Ends every sample of a user request with FINISHED_ERROR; its output says "error"."""
+        group = self.groups.get(request_id)
+        if group is None:
+            return
+        for sample in group.samples:
+            self._finish(sample, RequestStatus.FINISHED_ERROR)
+        touched[request_id] = group
 
     def _collect_outputs(self, touched: dict[str, RequestGroup]) -> list[RequestOutput]:
         """One output per group that made progress (final_only groups: only when finished)."""
@@ -233,9 +298,25 @@ class LLMEngine:
 
     def _resolve(self, sched: SchedulerOutput, launched: LaunchedStep, num_decode: int,
                  touched: dict[str, RequestGroup]) -> float:
-        """Takes a launched step's sampled tokens: append, stop checks, prefix-cache naming.
-        Returns the time spent waiting for the device."""
-        result = self.runner.resolve(launched)
+        """Takes a launched step's sampled tokens and records the step. Returns the time spent
+        waiting for the device."""
+        wait_s = self._take_tokens(sched, launched, touched)
+        self._record_step(time.perf_counter(), sched, num_decode)
+        return wait_s
+
+    def _take_tokens(self, sched: SchedulerOutput, launched: LaunchedStep,
+                     touched: dict[str, RequestGroup]) -> float:
+        """Append, stop checks, prefix-cache naming. A request whose output processing raises ends
+        alone; if reading the tokens back fails, every request of the step ends (its tokens may
+        already feed a later step, so it cannot be relaunched)."""
+        try:
+            result = self.runner.resolve(launched)
+        except Exception:
+            logger.exception("reading a step's sampled tokens failed; ending its %d requests",
+                             len(sched.requests))
+            for request in sched.requests:
+                self._fail_group(request.parent_id, touched)
+            return 0.0
         now = time.perf_counter()
         for request in sched.requests:
             self.kv_cache.cache_computed_blocks(request)
@@ -245,7 +326,12 @@ class LLMEngine:
             if request.status.finished:  # ended meanwhile (stopped one step earlier, or aborted)
                 continue
             logprobs = out.logprobs[row] if out.logprobs else None
-            status = self.output_processor.append_token(request, out.sampled_token_ids[row], logprobs)
+            try:
+                status = self.output_processor.append_token(request, out.sampled_token_ids[row], logprobs)
+            except Exception:
+                logger.exception("output processing failed for request %s; ending it", request.request_id)
+                self._fail_group(request.parent_id, touched)
+                continue
             if request.metrics.first_token_time is None:
                 request.metrics.first_token_time = now
             request.metrics.last_token_time = now
@@ -254,7 +340,6 @@ class LLMEngine:
                 self._finish(request, status)
             self.stats.generation_tokens += 1
             touched[request.parent_id] = self.groups[request.parent_id]
-        self._record_step(now, sched, num_decode)
         return result.wait_s
 
     def _record_step(self, now: float, sched: SchedulerOutput, num_decode: int) -> None:

@@ -38,8 +38,7 @@ def _generate(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from folovllm.entrypoints.openai.api_server import run_server
 
-    run_server(args, engine_config_from_args(args))
-    return 0
+    return run_server(args, engine_config_from_args(args))
 
 
 def _plot_timeline(args: argparse.Namespace) -> int:

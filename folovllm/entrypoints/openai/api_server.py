@@ -1,12 +1,20 @@
-"""The FastAPI app and its uvicorn server: routes, API key, backpressure, metrics, SIGTERM drain."""
+"""The FastAPI app and its uvicorn server: routes, API key, backpressure, metrics, SIGTERM drain.
+
+Lifecycle: on SIGTERM new requests get 503 and in-flight ones may finish for ``--drain-timeout``
+seconds; then the rest are aborted in the engine and each ends with a 503 error (a stream's last event
+before ``[DONE]``), and the server exits 0. If the engine dies, in-flight requests get a 500
+``engine_dead`` error, /health turns 503, and the server exits 1 a moment later (for a supervisor).
+"""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import copy
 import logging
 import os
 import secrets
 import signal
+import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, fields
 
@@ -15,12 +23,12 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from folovllm.config import EngineConfig
-from folovllm.engine.async_engine import AsyncLLMEngine
+from folovllm.engine.async_engine import AsyncLLMEngine, EngineDeadError, EngineShutdownError
 from folovllm.engine.core_client import ProcessCore, ThreadCore
 from folovllm.engine.llm_engine import LLMEngine
 from folovllm.entrypoints.openai.body_limit import BodySizeLimit
 from folovllm.entrypoints.openai.errors import APIError, bad_request, install_error_handlers
-from folovllm.entrypoints.openai.metrics import ServerMetrics
+from folovllm.entrypoints.openai.metrics import RejectionCounter, ServerMetrics
 from folovllm.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest,
                                                   DetokenizeRequest, TokenizeRequest)
 from folovllm.entrypoints.openai.serving import ClientDisconnected, ServingContext, now_s, shutting_down
@@ -29,6 +37,10 @@ from folovllm.entrypoints.openai.serving_completion import CompletionServing
 from folovllm.entrypoints.openai.validation import RequestLimits
 
 logger = logging.getLogger(__name__)
+
+_DEATH_FLUSH_S = 1.0  # after the engine died, time for the error responses to reach their clients
+_ABORT_GRACE_S = 5.0  # after the drain timeout aborted the rest, time for their streams to end
+ENGINE_DEAD_EXIT_CODE = 1
 
 
 @dataclass
@@ -43,6 +55,7 @@ class ServerConfig:
 @dataclass
 class ServerState:
     draining: bool = False  # set on SIGTERM: new requests get 503 while in-flight ones finish
+    engine_died_at: float | None = None  # time.monotonic() when the engine died: the server exits
 
 
 class DrainGate:
@@ -65,7 +78,14 @@ def build_app(core: ProcessCore | ThreadCore, tokenizer, config: ServerConfig,
     shutdown. ``tokenizer`` is the server's own (chat templates, /tokenize, logprob text)."""
     state = state or ServerState()
     metrics = ServerMetrics(config.model_name)
-    engine = AsyncLLMEngine(core, on_iteration=metrics.on_iteration)
+
+    def on_engine_death(error: EngineDeadError) -> None:
+        metrics.reset_gauges()
+        state.engine_died_at = time.monotonic()
+        logger.error("the engine is dead (%s): the server exits with code %d", error,
+                     ENGINE_DEAD_EXIT_CODE)
+
+    engine = AsyncLLMEngine(core, on_iteration=metrics.on_iteration, on_death=on_engine_death)
     ctx = ServingContext(engine, config.model_name, tokenizer, config.max_waiting_requests, config.limits)
     completions, chat = CompletionServing(ctx), ChatServing(ctx)
 
@@ -74,6 +94,7 @@ def build_app(core: ProcessCore | ThreadCore, tokenizer, config: ServerConfig,
         engine.start()
         yield
         await engine.shutdown()
+        metrics.reset_gauges()
         ctx.close()
 
     expected_key = config.api_key.encode() if config.api_key is not None else None
@@ -91,6 +112,7 @@ def build_app(core: ProcessCore | ThreadCore, tokenizer, config: ServerConfig,
     app = FastAPI(title="FoloVLLM", lifespan=lifespan)
     app.add_middleware(BodySizeLimit, max_bytes=config.limits.max_request_body_bytes)
     app.add_middleware(DrainGate, state=state)
+    app.add_middleware(RejectionCounter, metrics=metrics)  # outermost: sees the gate's 503s too
     install_error_handlers(app)
     v1 = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)])
 
@@ -113,7 +135,9 @@ def build_app(core: ProcessCore | ThreadCore, tokenizer, config: ServerConfig,
     @app.get("/health")
     async def health():
         if not engine.is_running:
-            raise APIError(503, "the engine is not running", type="service_unavailable")
+            dead = engine.dead_error
+            raise APIError(503, f"the engine is dead: {dead}" if dead else "the engine is not running",
+                           type="service_unavailable")
         return Response(status_code=200)
 
     @app.get("/metrics")
@@ -152,18 +176,42 @@ async def _handle(coro):
 
 
 class _DrainingServer(uvicorn.Server):
-    """uvicorn's graceful shutdown (stop listening, finish in-flight requests, then cancel them
-    after timeout_graceful_shutdown), plus a 503 for requests that arrive on open connections."""
+    """uvicorn's graceful shutdown (stop listening, let in-flight requests finish) with our own drain
+    timeout: at ``drain_timeout_s`` every request still open is aborted in the engine, so each ends
+    with an error response instead of being cancelled mid-body. Also exits once the engine died."""
 
-    def __init__(self, config: uvicorn.Config, state: ServerState) -> None:
+    def __init__(self, config: uvicorn.Config, state: ServerState, engine: AsyncLLMEngine,
+                 drain_timeout_s: float) -> None:
         super().__init__(config)
         self.state = state
+        self.engine = engine
+        self.drain_timeout_s = drain_timeout_s
 
     def handle_exit(self, sig, frame) -> None:
         if not self.state.draining:
             logger.info("draining: finishing in-flight requests, refusing new ones")
         self.state.draining = True
         super().handle_exit(sig, frame)
+
+    async def on_tick(self, counter: int) -> bool:
+        if await super().on_tick(counter):
+            return True
+        died = self.state.engine_died_at
+        return died is not None and time.monotonic() - died >= _DEATH_FLUSH_S
+
+    async def shutdown(self, sockets=None) -> None:
+        timer = asyncio.get_running_loop().call_later(self.drain_timeout_s, self._abort_in_flight)
+        try:
+            await super().shutdown(sockets)
+        finally:
+            timer.cancel()
+
+    def _abort_in_flight(self) -> None:
+        count = self.engine.abort_all(EngineShutdownError(
+            f"the server is shutting down: the request did not finish within the "
+            f"{self.drain_timeout_s:g} s drain timeout"))
+        if count:
+            logger.warning("drain timeout: aborted %d unfinished request(s)", count)
 
 
 def default_model_name(model_arg: str | None, model_path: str) -> str:
@@ -222,8 +270,8 @@ def start_engine_core(engine_config: EngineConfig, own_process: bool, log_level:
     return core, tokenizer
 
 
-def run_server(args: argparse.Namespace, engine_config: EngineConfig) -> None:
-    """Serves until SIGINT/SIGTERM, then drains."""
+def run_server(args: argparse.Namespace, engine_config: EngineConfig) -> int:
+    """Serves until SIGINT/SIGTERM, then drains; returns the exit code (non-zero: the engine died)."""
     if args.max_waiting_requests is not None and args.max_waiting_requests < 0:
         raise ValueError(f"--max-waiting-requests must be >= 0; got {args.max_waiting_requests}")
     limits = RequestLimits(**{f.name: getattr(args, f.name) for f in fields(RequestLimits)})
@@ -234,12 +282,17 @@ def run_server(args: argparse.Namespace, engine_config: EngineConfig) -> None:
         drain_timeout_s=args.drain_timeout, limits=limits)
     state = ServerState()
     app = build_app(core, tokenizer, config, state)
+    # uvicorn cancels what is left only after our own drain timeout aborted it and streams had time to end
     uv_config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                               timeout_graceful_shutdown=config.drain_timeout_s, access_log=False)
+                               timeout_graceful_shutdown=config.drain_timeout_s + _ABORT_GRACE_S,
+                               access_log=False)
     logger.info("serving %r on http://%s:%d", config.model_name, args.host, args.port)
     # uvicorn re-raises the signal it shut down on, with the handler found at start: make that a
     # no-op so a drained SIGTERM ends in exit code 0, not death by signal.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
-    _DrainingServer(uv_config, state).run()
+    _DrainingServer(uv_config, state, app.state.engine, config.drain_timeout_s).run()
+    if state.engine_died_at is not None:
+        return ENGINE_DEAD_EXIT_CODE
     logger.info("drained; bye")
+    return 0

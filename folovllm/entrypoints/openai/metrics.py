@@ -2,6 +2,9 @@
 
 Fed on the event loop after every engine iteration: counters from EngineStats deltas, gauges from the
 engine's snapshot (scheduler queues, KV cache), histograms from the RequestOutputs of that step.
+Requests that end early are counted too: aborted ones (client gone, drain timeout) in
+``request_success_total{finished_reason="abort"}``, engine faults under ``"error"``, and error responses
+given before a request reached the engine in ``request_rejected_total{status=...}``.
 """
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ import time
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from folovllm.engine.core_loop import EngineSnapshot
+from folovllm.entrypoints.openai.serving import REACHED_ENGINE
 from folovllm.outputs import RequestOutput
 
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
@@ -19,6 +23,7 @@ _TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 _COUNTERS = {"prompt_tokens": "prompt_tokens", "generation_tokens": "generation_tokens",
              "num_preemptions": "num_preemptions", "prefix_cache_queries": "prefix_cache_queries",
              "prefix_cache_hits": "prefix_cache_hits"}
+_PROBES = ("/health", "/metrics")  # their error statuses describe the server, not a rejected request
 
 
 class ServerMetrics:
@@ -41,6 +46,9 @@ class ServerMetrics:
                          for field, name in _COUNTERS.items()}
         self._success = Counter("folovllm:request_success", "Finished requests by finish reason.",
                                 labels + ["finished_reason"], registry=r)
+        self._rejected = Counter("folovllm:request_rejected",
+                                 "Requests answered with an error status before reaching the engine.",
+                                 labels + ["status"], registry=r)
         self.ttft = histogram("time_to_first_token_seconds", "Arrival to first token.", _LATENCY_BUCKETS)
         self.itl = histogram("inter_token_latency_seconds", "Time between output tokens.",
                              _LATENCY_BUCKETS)
@@ -73,6 +81,14 @@ class ServerMetrics:
         for request_id in ended:  # aborted requests end without a finished output
             self._last_token_time.pop(request_id, None)
 
+    def count_rejected(self, status: int) -> None:
+        self._rejected.labels(self._model_name, str(status)).inc()
+
+    def reset_gauges(self) -> None:
+        """The engine is gone: nothing runs, waits or holds KV blocks any more."""
+        for gauge in (self.num_running, self.num_waiting, self.kv_usage):
+            gauge.set(0)
+
     def _inc(self, key: str, counter, total: float) -> None:
         delta = total - self._seen.get(key, 0)
         if delta > 0:
@@ -99,3 +115,25 @@ class ServerMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class RejectionCounter:
+    """ASGI middleware: counts every error response (status >= 400) given to a request before it
+    reached the engine (validation 400, 401, 404, 413, 503 busy or draining), by status."""
+
+    def __init__(self, app, metrics: ServerMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or scope["path"] in _PROBES:
+            await self.app(scope, receive, send)
+            return
+
+        async def counting_send(message) -> None:
+            if (message["type"] == "http.response.start" and message["status"] >= 400
+                    and not scope.get(REACHED_ENGINE)):
+                self.metrics.count_rejected(message["status"])
+            await send(message)
+
+        await self.app(scope, receive, counting_send)

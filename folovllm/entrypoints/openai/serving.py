@@ -10,7 +10,7 @@ from typing import TypeVar
 
 from fastapi import Request
 
-from folovllm.engine.async_engine import AsyncLLMEngine, EngineShutdownError, RequestStream
+from folovllm.engine.async_engine import AsyncLLMEngine, EngineError, RequestStream
 from folovllm.entrypoints.openai.errors import APIError, bad_request, server_busy
 from folovllm.entrypoints.openai.validation import RequestLimits, Validator
 from folovllm.outputs import CompletionOutput, RequestOutput
@@ -18,6 +18,8 @@ from folovllm.sampling_params import SamplingParams
 
 
 _T = TypeVar("_T")
+# ASGI scope key: set once the request reached the engine; an error response after that is no rejection.
+REACHED_ENGINE = "folovllm.reached_engine"
 
 
 class ClientDisconnected(Exception):
@@ -32,6 +34,13 @@ def sse(payload: dict | str) -> str:
 def shutting_down(message: str = "the server is shutting down") -> APIError:
     return APIError(503, message, type="service_unavailable",
                     code="shutting_down", headers={"Retry-After": "5"})
+
+
+def engine_error(err: EngineError) -> APIError:
+    """The HTTP error for a request the engine ended: 500 (failed, engine dead) or 503 (shutdown)."""
+    if err.status_code == 503:
+        return shutting_down(str(err))
+    return APIError(err.status_code, str(err), type=err.error_type, code=err.code)
 
 
 class ServingContext:
@@ -67,26 +76,20 @@ class ServingContext:
                     arrival_time: float, param_renames: dict[str, str] | None = None,
                     prompt_param: str = "prompt", priority: int = 0,
                     user: str | None = None) -> list[RequestStream]:
-        """Queues one engine request per prompt, all or nothing; engine ValueErrors become 400s."""
+        """Queues one engine request per prompt in one round trip, all or nothing; engine
+        ValueErrors become 400s."""
         limit = self.max_waiting_requests
         if limit is not None and self.engine.num_pending + len(prompts) > limit:
             raise server_busy()
-        streams: list[RequestStream] = []
+        sub_ids = [request_id] if len(prompts) == 1 else [f"{request_id}-p{i}" for i in range(len(prompts))]
         try:
-            for i, prompt in enumerate(prompts):
-                sub_id = request_id if len(prompts) == 1 else f"{request_id}-p{i}"
-                streams.append(await self.engine.add_request(sub_id, prompt, params, arrival_time,
-                                                             priority=priority, user=user))
+            return await self.engine.add_requests(sub_ids, prompts, params, arrival_time,
+                                                  priority=priority, user=user)
         except ValueError as err:
-            self.abort_unfinished(streams)
             raise bad_request(err, param=prompt_param if "prompt" in str(err) else None,
                               renames=param_renames) from err
-        except EngineShutdownError as err:
-            raise shutting_down(str(err)) from err
-        except BaseException:
-            self.abort_unfinished(streams)
-            raise
-        return streams
+        except EngineError as err:
+            raise engine_error(err) from err
 
     def abort_unfinished(self, streams: list[RequestStream]) -> None:
         for stream in streams:
@@ -95,6 +98,7 @@ class ServingContext:
 
     async def collect(self, streams: list[RequestStream], raw: Request) -> list[RequestOutput]:
         """The final output of every stream; aborts them all if the client disconnects first."""
+        raw.scope[REACHED_ENGINE] = True
         async def last(stream: RequestStream) -> RequestOutput:
             final = None
             async for output in stream:
@@ -113,8 +117,8 @@ class ServingContext:
             raise ClientDisconnected()
         try:
             return work.result()
-        except EngineShutdownError as err:
-            raise shutting_down() from err
+        except EngineError as err:
+            raise engine_error(err) from err
 
     def token_text(self, token_id: int) -> str:
         text = self._token_text.get(token_id)

@@ -8,9 +8,10 @@ from collections.abc import AsyncIterator
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from folovllm.engine.async_engine import EngineShutdownError, RequestStream
+from folovllm.engine.async_engine import EngineError, RequestStream
 from folovllm.entrypoints.openai.protocol import ChatCompletionRequest
-from folovllm.entrypoints.openai.serving import ServingContext, TextDeltas, now_s, sse, usage
+from folovllm.entrypoints.openai.serving import (ServingContext, TextDeltas, engine_error, now_s, sse,
+                                                 usage)
 from folovllm.outputs import CompletionOutput
 
 
@@ -85,9 +86,8 @@ class ChatServing:
             if body.include_usage:
                 completion_tokens = sum(len(o.token_ids) for o in final.outputs)
                 yield chunk([], usage=usage([final], completion_tokens))
-        except EngineShutdownError as err:
-            yield sse({"error": {"message": str(err), "type": "service_unavailable", "param": None,
-                                 "code": "shutting_down"}})
+        except EngineError as err:
+            yield sse(engine_error(err).body())
         finally:
             self.ctx.abort_unfinished([stream])
         yield sse("[DONE]")

@@ -8,10 +8,10 @@ from collections.abc import AsyncIterator
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from folovllm.engine.async_engine import EngineShutdownError, RequestStream
+from folovllm.engine.async_engine import EngineError, RequestStream
 from folovllm.entrypoints.openai.protocol import CompletionRequest
-from folovllm.entrypoints.openai.serving import (ServingContext, TextDeltas, merge_streams, now_s, sse,
-                                                 usage)
+from folovllm.entrypoints.openai.serving import (ServingContext, TextDeltas, engine_error, merge_streams,
+                                                 now_s, sse, usage)
 from folovllm.outputs import CompletionOutput, RequestOutput
 
 
@@ -103,9 +103,8 @@ class CompletionServing:
                 completion_tokens = sum(len(o.token_ids) for f in finals for o in f.outputs)
                 yield sse({"id": request_id, "object": "text_completion", "created": created,
                            "model": model, "choices": [], "usage": usage(finals, completion_tokens)})
-        except EngineShutdownError as err:
-            yield sse({"error": {"message": str(err), "type": "service_unavailable", "param": None,
-                                 "code": "shutting_down"}})
+        except EngineError as err:
+            yield sse(engine_error(err).body())
         finally:
             self.ctx.abort_unfinished(streams)
         yield sse("[DONE]")

@@ -19,14 +19,15 @@ ENGINE_ARGS = ["--dtype", "float32", "--max-model-len", "512", "--kv-cache-memor
 
 
 class ServerProcess:
-    """A server subprocess; ``stop()`` sends SIGTERM and returns the exit code."""
+    """A server subprocess; ``stop()`` sends SIGTERM and returns the exit code. ``entry`` is the
+    module run with ``-m`` (a test's own wrapper of the CLI, e.g. one that injects a fault)."""
 
-    def __init__(self, *extra_args: str) -> None:
+    def __init__(self, *extra_args: str, entry: str = "folovllm.entrypoints.cli") -> None:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             self.port = sock.getsockname()[1]
         self.base_url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "folovllm.entrypoints.cli", "serve", "--port", str(self.port),
+        cmd = [sys.executable, "-m", entry, "serve", "--port", str(self.port),
                "--served-model-name", MODEL_NAME, "--log-level", "warning", *ENGINE_ARGS, *extra_args]
         self.proc = subprocess.Popen(cmd, env={**os.environ, "FOLOVLLM_API_KEY": ""},
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

@@ -1,7 +1,10 @@
-"""Backpressure (503 + Retry-After) and SIGTERM drain (in-flight requests finish, exit code 0)."""
+"""Backpressure (503 + Retry-After) and SIGTERM drain (in-flight requests finish, exit code 0; past
+the drain timeout they end with an error instead of a cut-off body)."""
 from __future__ import annotations
 
+import asyncio
 import json
+import signal
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -19,7 +22,8 @@ def _stream_to_end(lines) -> tuple[str, str | None]:
 
 
 def test_backpressure_then_sigterm_drain(start_server):
-    srv = start_server("--max-num-seqs", "1", "--max-waiting-requests", "1")
+    # a drain timeout far above the 80 tokens' time on a loaded CPU: this test is about finishing them
+    srv = start_server("--max-num-seqs", "1", "--max-waiting-requests", "1", "--drain-timeout", "300")
     try:
         srv.wait_ready()
         body = {"prompt": "Count slowly:", "max_tokens": 40, "temperature": 0, "ignore_eos": True,
@@ -51,3 +55,47 @@ def test_backpressure_then_sigterm_drain(start_server):
         assert refused.status_code == 503
     except httpx.TransportError:
         pass  # the listening socket is closed: new requests are refused
+
+
+def test_drain_timeout_ends_every_stream_with_an_error(start_server):
+    """At the drain timeout each unfinished request is aborted: a stream ends with a 503 error event
+    and [DONE], a non-streaming request gets a 503 JSON error; no tracebacks, exit code 0."""
+    num_streams = 12
+    srv = start_server("--drain-timeout", "2")
+    try:
+        srv.wait_ready()
+        body = {"prompt": "Tell a very long story:", "max_tokens": 480, "temperature": 0,
+                "ignore_eos": True}
+
+        async def scenario() -> tuple[list[list[str]], httpx.Response]:
+            async with httpx.AsyncClient(base_url=srv.base_url, timeout=60.0,
+                                         limits=httpx.Limits(max_connections=num_streams + 1)) as client:
+                first_tokens = [asyncio.Event() for _ in range(num_streams)]
+
+                async def stream(started: asyncio.Event) -> list[str]:
+                    async with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
+                        assert r.status_code == 200
+                        lines = []
+                        async for line in r.aiter_lines():
+                            if line.startswith("data: "):
+                                lines.append(line)
+                                started.set()
+                        return lines
+
+                plain = asyncio.ensure_future(client.post("/v1/completions", json=body))
+                streams = asyncio.gather(*(stream(e) for e in first_tokens))
+                await asyncio.wait_for(asyncio.gather(*(e.wait() for e in first_tokens)), 60)
+                srv.proc.send_signal(signal.SIGTERM)
+                return await streams, await plain
+
+        streams, plain = asyncio.run(scenario())
+        assert srv.proc.wait(60) == 0
+        for lines in streams:
+            assert lines[-1] == "data: [DONE]", lines[-3:]
+            error = json.loads(lines[-2][6:])["error"]
+            assert error["code"] == "shutting_down" and "drain timeout" in error["message"]
+        assert plain.status_code == 503, plain.text
+        assert plain.json()["error"]["code"] == "shutting_down"
+        assert "Traceback" not in srv.proc.stderr.read()
+    finally:
+        srv.kill()

@@ -4,6 +4,9 @@ from __future__ import annotations
 import time
 
 import httpx
+import pytest
+
+from tests.entrypoints.openai.conftest import parse_metrics
 
 PROMPT = "Metrics are counted for this unique prompt number 4711:"
 
@@ -57,3 +60,82 @@ def test_disconnect_mid_stream_frees_blocks(server, scrape):
     aborted = "folovllm:request_success_total{finished_reason=abort}"
     assert now.get(aborted, 0) - before.get(aborted, 0) == 1
     assert now["folovllm:generation_tokens_total"] - before["folovllm:generation_tokens_total"] < 400
+
+
+def test_rejected_requests_are_counted_by_status(server, http, scrape):
+    """Error responses given before a request reaches the engine count in request_rejected_total."""
+    before = scrape()
+    assert http.post("/v1/completions", json={"model": "smol", "prompt": "Hi", "top_p": 7}).status_code == 400
+    assert http.post("/v1/completions", json={"model": "nope", "prompt": "Hi"}).status_code == 404
+    assert http.get("/v1/nothing-here").status_code == 404
+    no_key = httpx.post(f"{server.base_url}/v1/completions", json={"model": "smol", "prompt": "Hi"})
+    assert no_key.status_code == 401
+    assert http.get("/health").status_code == 200
+    after = scrape()
+
+    def delta(status: int) -> float:
+        name = f"folovllm:request_rejected_total{{status={status}}}"
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
+    assert (delta(400), delta(401), delta(404)) == (1, 1, 2)
+
+
+@pytest.mark.slow  # 100 clients on a CPU model: tens of seconds
+def test_disconnect_storm_leaves_no_blocks_or_requests(server, scrape):
+    """Many streaming clients hang up mid-stream (or while queued): every request is aborted, every
+    KV block comes back, and the server still answers."""
+    import asyncio
+
+    num_clients = 100
+    before = scrape()
+    body = {"model": "smol", "prompt": "Write a long poem about the sea:", "max_tokens": 300,
+            "temperature": 0, "ignore_eos": True, "stream": True}
+
+    async def hang_up(client: httpx.AsyncClient, index: int) -> None:
+        async def read_first_chunk() -> None:
+            async with client.stream("POST", "/v1/completions", json=body) as response:
+                async for line in response.aiter_lines():
+                    if line.startswith("data: "):
+                        return  # leaving the block closes the connection mid-stream
+        if index % 2:
+            try:  # odd clients give up early: some while their request is still being queued
+                await asyncio.wait_for(read_first_chunk(), 0.05 * (index % 10))
+            except asyncio.TimeoutError:
+                pass
+        else:
+            await asyncio.wait_for(read_first_chunk(), 120)
+
+    async def storm() -> None:
+        async with httpx.AsyncClient(base_url=server.base_url, headers={"Authorization": "Bearer test-key"},
+                                     limits=httpx.Limits(max_connections=num_clients), timeout=120) as client:
+            await asyncio.gather(*(hang_up(client, i) for i in range(num_clients)))
+
+    asyncio.run(storm())
+    deadline = time.monotonic() + 30.0
+    while True:
+        now = scrape()
+        idle = (now["folovllm:num_requests_running"], now["folovllm:num_requests_waiting"],
+                now["folovllm:kv_cache_usage_perc"])
+        if idle == (0, 0, 0) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert idle == (0, 0, 0)
+    aborted = "folovllm:request_success_total{finished_reason=abort}"
+    assert now.get(aborted, 0) - before.get(aborted, 0) >= num_clients // 2
+    with httpx.Client(base_url=server.base_url, headers={"Authorization": "Bearer test-key"},
+                      timeout=60) as c:
+        after = c.post("/v1/completions", json={**body, "stream": False, "max_tokens": 3})
+        assert after.status_code == 200 and after.json()["choices"][0]["finish_reason"] == "length"
+
+
+def test_gauges_reset_when_the_engine_is_gone():
+    from folovllm.engine.core_loop import EngineSnapshot
+    from folovllm.engine.stats import EngineStats
+    from folovllm.entrypoints.openai.metrics import ServerMetrics
+
+    metrics = ServerMetrics("smol")
+    metrics.on_iteration(EngineSnapshot(EngineStats(), num_running=3, num_waiting=2, kv_usage=0.5), [], [])
+    metrics.reset_gauges()
+    values = parse_metrics(httpx.Response(200, content=metrics.render()))
+    for gauge in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc"):
+        assert values[f"folovllm:{gauge}"] == 0, gauge

@@ -1,0 +1,98 @@
+"""A step that raises ends only the request(s) it fails on (finish_reason "error"); the others go on
+to the same tokens as a run without the fault, and the engine keeps serving. The fault is injected
+into one request's sampling (its banned-token list), the way an out-of-range stop token once broke it."""
+import pytest
+
+from folovllm import SamplingParams
+from folovllm.worker import model_runner
+from tests.engine.conftest import make_llm, random_prompts
+from tests.engine.test_batching_consistency import assert_same, gaps
+
+PARAMS = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, logprobs=2)
+FAULTY = "2"  # the request id the injected fault hits
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    return random_prompts(5, seed=7)
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_llama_dir, prompts):
+    """Each request's completion in a run without the fault."""
+    return run_all(make_llm(tiny_llama_dir).llm_engine, prompts)
+
+
+def run_all(engine, prompts, params=PARAMS) -> dict[str, object]:
+    for i, prompt in enumerate(prompts):
+        engine.add_request({"prompt_token_ids": prompt}, params, request_id=str(i))
+    finished = {}
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            if output.finished:
+                finished[output.request_id] = output.outputs[0]
+    assert engine.kv_cache.num_used_blocks == 0  # nothing leaked, the culprit's blocks included
+    return finished
+
+
+def inject_fault(monkeypatch, when=lambda request: request.parent_id == FAULTY) -> None:
+    """Sampling raises for any batch holding a request ``when`` picks, once it has 3 output tokens."""
+    original = model_runner._banned_token_ids
+
+    def banned(request):
+        if request.num_output_tokens >= 3 and when(request):
+            raise IndexError("injected sampling fault")
+        return original(request)
+
+    monkeypatch.setattr(model_runner, "_banned_token_ids", banned)
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["plain", "overlap"])
+def test_only_the_faulty_request_fails(tiny_llama_dir, prompts, reference, monkeypatch, overlap):
+    engine = make_llm(tiny_llama_dir, overlap_scheduling=overlap).llm_engine
+    inject_fault(monkeypatch)
+    finished = run_all(engine, prompts)
+    assert set(finished) == set(reference)
+    bad = finished.pop(FAULTY)
+    assert bad.finish_reason == "error"
+    assert 3 <= len(bad.token_ids) < PARAMS.max_tokens
+    assert bad.token_ids == reference[FAULTY].token_ids[:len(bad.token_ids)]
+    for request_id, completion in finished.items():
+        assert completion.finish_reason == "length"
+        assert_same([completion], [reference[request_id]])
+    assert engine.stats.finished_by_reason["error"] == 1
+
+
+def test_a_fault_in_every_request_ends_that_step_only(tiny_llama_dir, prompts, monkeypatch):
+    """No single request to blame: the step's requests end, and the engine serves the next ones."""
+    engine = make_llm(tiny_llama_dir).llm_engine
+    inject_fault(monkeypatch, when=lambda request: True)
+    finished = run_all(engine, prompts[:3])
+    assert {c.finish_reason for c in finished.values()} == {"error"}
+    monkeypatch.undo()
+    after = run_all(engine, prompts[3:4])
+    assert after["0"].finish_reason == "length" and len(after["0"].token_ids) == PARAMS.max_tokens
+
+
+def test_a_fault_in_output_processing_ends_that_request(tiny_llama_dir, prompts, reference, monkeypatch):
+    engine = make_llm(tiny_llama_dir).llm_engine
+    original = engine.output_processor.append_token
+
+    def append_token(request, token_id, logprobs=None):
+        if request.parent_id == FAULTY and request.num_output_tokens >= 5:
+            raise UnicodeDecodeError("utf-8", b"", 0, 1, "injected")
+        return original(request, token_id, logprobs)
+
+    monkeypatch.setattr(engine.output_processor, "append_token", append_token)
+    finished = run_all(engine, prompts)
+    assert finished.pop(FAULTY).finish_reason == "error"
+    for request_id, completion in finished.items():
+        assert_same([completion], [reference[request_id]])
+
+
+def test_llm_generate_returns_the_failed_request(tiny_llama_dir, prompts, reference, monkeypatch):
+    llm = make_llm(tiny_llama_dir)
+    inject_fault(monkeypatch, when=lambda request: request.prompt_token_ids == prompts[1])
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts[:3]], PARAMS, use_tqdm=False)
+    assert [o.outputs[0].finish_reason for o in outs] == ["length", "error", "length"]
+    assert gaps(outs[0].outputs[0])  # logprobs of the survivors are intact
