@@ -20,7 +20,8 @@ class BodySizeLimit:
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None:
             if not declared.isdigit():
-                await APIError(400, "the Content-Length header is not a number").response()(scope, receive, send)
+                error = APIError(400, "the Content-Length header is not a number")
+                await error.response()(scope, receive, send)
                 return
             if int(declared) > self.max_bytes:
                 await request_too_large(self.max_bytes).response()(scope, receive, send)

@@ -81,7 +81,8 @@ def _lone_surrogate_path(value: Any, path: str) -> str | None:
         return None
     if isinstance(value, dict):
         for key, item in value.items():
-            found = _lone_surrogate_path(key, path) or _lone_surrogate_path(item, f"{path}.{key}" if path else str(key))
+            where = f"{path}.{key}" if path else str(key)
+            found = _lone_surrogate_path(key, path) or _lone_surrogate_path(item, where)
             if found:
                 return found
     elif isinstance(value, list):

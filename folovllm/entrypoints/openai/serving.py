@@ -185,6 +185,20 @@ class TextDeltas:
         return delta, first_token
 
 
+async def event_stream(chunks: AsyncIterator[str], ctx: ServingContext,
+                       streams: list[RequestStream]) -> AsyncIterator[str]:
+    """A streamed response's body: the chunks, an error event if the engine ended the request, then
+    ``[DONE]``; the requests are aborted if the client leaves first."""
+    try:
+        async for chunk in chunks:
+            yield chunk
+    except EngineError as err:
+        yield sse(engine_error(err).body())
+    finally:
+        ctx.abort_unfinished(streams)
+    yield sse("[DONE]")
+
+
 def usage(finals: list[RequestOutput], completion_tokens: int) -> dict:
     """OpenAI's usage block; cached_tokens counts prompt tokens served from the prefix cache."""
     prompt_tokens = sum(len(f.prompt_token_ids) for f in finals)

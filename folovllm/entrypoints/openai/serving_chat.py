@@ -8,9 +8,9 @@ from collections.abc import AsyncIterator
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from folovllm.engine.async_engine import EngineError, RequestStream
+from folovllm.engine.async_engine import RequestStream
 from folovllm.entrypoints.openai.protocol import ChatCompletionRequest
-from folovllm.entrypoints.openai.serving import (ServingContext, TextDeltas, engine_error, now_s, sse,
+from folovllm.entrypoints.openai.serving import (ServingContext, TextDeltas, event_stream, now_s, sse,
                                                  usage)
 from folovllm.outputs import CompletionOutput
 
@@ -28,8 +28,8 @@ class ChatServing:
         streams = await ctx.start([prompt], params, request_id, arrival, renames, prompt_param="messages",
                                   priority=body.priority, user=body.user)
         if body.stream:
-            return StreamingResponse(self._stream(body, streams[0], request_id, params.stop),
-                                     media_type="text/event-stream")
+            return StreamingResponse(event_stream(self._stream(body, streams[0], request_id, params.stop),
+                                                  ctx, streams), media_type="text/event-stream")
         final = (await ctx.collect(streams, raw))[0]
         choices = [{"index": out.index, "message": {"role": "assistant", "content": out.text},
                     "logprobs": self._logprobs(out, 0, body.top_logprobs or 0) if body.logprobs else None,
@@ -67,27 +67,21 @@ class ChatServing:
                         "model": model, "choices": choices, **extra})
 
         final = None
-        try:
-            yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                          "finish_reason": None} for i in range(body.n)])
-            async for output in stream:
-                final = output
-                choices = []
-                for out in output.outputs:
-                    delta, first_token = cursors[out.index].advance(out)
-                    if not delta and first_token == len(out.token_ids) and not out.finished():
-                        continue
-                    choices.append({"index": out.index, "delta": {"content": delta} if delta else {},
-                                    "logprobs": self._logprobs(out, first_token, body.top_logprobs or 0)
-                                    if body.logprobs else None,
-                                    "finish_reason": out.finish_reason})
-                if choices:
-                    yield chunk(choices)
-            if body.include_usage:
-                completion_tokens = sum(len(o.token_ids) for o in final.outputs)
-                yield chunk([], usage=usage([final], completion_tokens))
-        except EngineError as err:
-            yield sse(engine_error(err).body())
-        finally:
-            self.ctx.abort_unfinished([stream])
-        yield sse("[DONE]")
+        yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                      "finish_reason": None} for i in range(body.n)])
+        async for output in stream:
+            final = output
+            choices = []
+            for out in output.outputs:
+                delta, first_token = cursors[out.index].advance(out)
+                if not delta and first_token == len(out.token_ids) and not out.finished():
+                    continue
+                choices.append({"index": out.index, "delta": {"content": delta} if delta else {},
+                                "logprobs": self._logprobs(out, first_token, body.top_logprobs or 0)
+                                if body.logprobs else None,
+                                "finish_reason": out.finish_reason})
+            if choices:
+                yield chunk(choices)
+        if body.include_usage:
+            completion_tokens = sum(len(o.token_ids) for o in final.outputs)
+            yield chunk([], usage=usage([final], completion_tokens))

@@ -8,9 +8,9 @@ from collections.abc import AsyncIterator
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from folovllm.engine.async_engine import EngineError, RequestStream
+from folovllm.engine.async_engine import RequestStream
 from folovllm.entrypoints.openai.protocol import CompletionRequest
-from folovllm.entrypoints.openai.serving import (ServingContext, TextDeltas, engine_error, merge_streams,
+from folovllm.entrypoints.openai.serving import (ServingContext, TextDeltas, event_stream, merge_streams,
                                                  now_s, sse, usage)
 from folovllm.outputs import CompletionOutput, RequestOutput
 
@@ -25,10 +25,11 @@ class CompletionServing:
         ctx.check_model(body.model)
         prompts, params = await ctx.off_loop(ctx.validator.completion, body)
         request_id = f"cmpl-{uuid.uuid4().hex}"
-        streams = await ctx.start(prompts, params, request_id, arrival, priority=body.priority, user=body.user)
+        streams = await ctx.start(prompts, params, request_id, arrival, priority=body.priority,
+                                  user=body.user)
         if body.stream:
-            return StreamingResponse(self._stream(body, prompts, streams, request_id, params.stop),
-                                     media_type="text/event-stream")
+            chunks = self._stream(body, prompts, streams, request_id, params.stop)
+            return StreamingResponse(event_stream(chunks, ctx, streams), media_type="text/event-stream")
         finals = await ctx.collect(streams, raw)
         choices, completion_tokens = [], 0
         for i, final in enumerate(finals):
@@ -75,36 +76,30 @@ class CompletionServing:
             return sse({"id": request_id, "object": "text_completion", "created": created,
                         "model": model, "choices": choices})
 
-        try:
-            if body.echo:
-                for i, prompt in enumerate(prompts):
-                    text = self._prompt_text(prompt)
-                    for j in range(n):
-                        offsets[i][j] = len(text)
-                    yield chunk([{"index": i * n + j, "text": text, "logprobs": None,
-                                  "finish_reason": None} for j in range(n)])
-            async for i, output in merge_streams(streams):
-                finals[i] = output
-                choices = []
-                for out in output.outputs:
-                    delta, first_token = cursors[i][out.index].advance(out)
-                    if not delta and first_token == len(out.token_ids) and not out.finished():
-                        continue
-                    logprobs = None
-                    if body.logprobs is not None:
-                        logprobs = self._logprobs(out, first_token, offsets[i][out.index])
-                    offsets[i][out.index] += len(delta)
-                    choices.append({"index": i * n + out.index, "text": delta, "logprobs": logprobs,
-                                    "finish_reason": out.finish_reason,
-                                    "stop_reason": out.stop_reason})
-                if choices:
-                    yield chunk(choices)
-            if body.include_usage:
-                completion_tokens = sum(len(o.token_ids) for f in finals for o in f.outputs)
-                yield sse({"id": request_id, "object": "text_completion", "created": created,
-                           "model": model, "choices": [], "usage": usage(finals, completion_tokens)})
-        except EngineError as err:
-            yield sse(engine_error(err).body())
-        finally:
-            self.ctx.abort_unfinished(streams)
-        yield sse("[DONE]")
+        if body.echo:
+            for i, prompt in enumerate(prompts):
+                text = self._prompt_text(prompt)
+                for j in range(n):
+                    offsets[i][j] = len(text)
+                yield chunk([{"index": i * n + j, "text": text, "logprobs": None,
+                              "finish_reason": None} for j in range(n)])
+        async for i, output in merge_streams(streams):
+            finals[i] = output
+            choices = []
+            for out in output.outputs:
+                delta, first_token = cursors[i][out.index].advance(out)
+                if not delta and first_token == len(out.token_ids) and not out.finished():
+                    continue
+                logprobs = None
+                if body.logprobs is not None:
+                    logprobs = self._logprobs(out, first_token, offsets[i][out.index])
+                offsets[i][out.index] += len(delta)
+                choices.append({"index": i * n + out.index, "text": delta, "logprobs": logprobs,
+                                "finish_reason": out.finish_reason,
+                                "stop_reason": out.stop_reason})
+            if choices:
+                yield chunk(choices)
+        if body.include_usage:
+            completion_tokens = sum(len(o.token_ids) for f in finals for o in f.outputs)
+            yield sse({"id": request_id, "object": "text_completion", "created": created,
+                       "model": model, "choices": [], "usage": usage(finals, completion_tokens)})
