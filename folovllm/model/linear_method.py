@@ -7,35 +7,24 @@ A new format is a new registered class; the model files do not change.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-LINEAR_METHODS: dict[str, type[LinearMethod]] = {}
+from folovllm.registry import Registry
 
-
-def register_linear_method(name: str) -> Callable[[type[LinearMethod]], type[LinearMethod]]:
-    """Class decorator: make a ``LinearMethod`` selectable as ``name`` (a checkpoint's quantization)."""
-
-    def register(cls: type[LinearMethod]) -> type[LinearMethod]:
-        if name in LINEAR_METHODS:
-            raise ValueError(f"linear method {name!r} is registered twice")
-        LINEAR_METHODS[name] = cls
-        return cls
-
-    return register
+LINEAR_METHODS: Registry[type[LinearMethod]] = Registry("linear method")
+register_linear_method = LINEAR_METHODS.register  # class decorator: selectable as a checkpoint's quantization
 
 
 def get_linear_method(name: str) -> LinearMethod:
     """A fresh method for a quantization name; ValueError listing the supported ones otherwise."""
-    if name not in LINEAR_METHODS:
-        raise ValueError(
-            f"checkpoint quantization {name!r} is not supported; supported: {sorted(LINEAR_METHODS)}"
-        )
-    return LINEAR_METHODS[name]()
+    if name not in LINEAR_METHODS.names():
+        raise ValueError(f"checkpoint quantization {name!r} is not supported; "
+                         f"supported: {sorted(LINEAR_METHODS.names())}")
+    return LINEAR_METHODS.get(name)()
 
 
 def set_weight_attrs(param: nn.Parameter, **attrs: Any) -> None:

@@ -1,7 +1,9 @@
 """Llama (also SmolLM2 and Mistral-style dense models): pre-norm decoder, GQA, SiLU-gated MLP.
 
 Quirks held here: q/k/v and o biases follow the checkpoint (``attention_bias``), the head may be
-tied to the embedding, and llama.cpp's converter permutes q/k rows in GGUF files.
+tied to the embedding, and llama.cpp's converter permutes q/k rows in GGUF files. Architectures that
+are this block with other attention details (Qwen2, Qwen3) subclass it and override the class
+attributes below; a different block gets a file of its own, written like this one.
 """
 from __future__ import annotations
 
@@ -27,12 +29,18 @@ from folovllm.model.registry import register_model
 
 
 class LlamaDecoderLayer(nn.Module):
+    qk_norm = False  # a per-head RMSNorm on q and k before rotary
+
+    @staticmethod
+    def attention_biases(arch: ArchConfig) -> tuple[bool, bool]:
+        """(bias on q/k/v, bias on o_proj): Llama follows the checkpoint's config."""
+        return arch.attention_bias, arch.attention_out_bias
+
     def __init__(self, arch: ArchConfig, backend: AttentionBackend, weights: WeightConfig) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, weights)
-        self.self_attn = Attention(
-            arch, backend, weights, qkv_bias=arch.attention_bias, o_bias=arch.attention_out_bias, qk_norm=False
-        )
+        qkv_bias, o_bias = self.attention_biases(arch)
+        self.self_attn = Attention(arch, backend, weights, qkv_bias=qkv_bias, o_bias=o_bias, qk_norm=self.qk_norm)
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, weights)
         self.mlp = GatedMLP(arch.hidden_size, arch.intermediate_size, weights)
 
@@ -49,11 +57,12 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, arch: ArchConfig, backend: AttentionBackend, weights: WeightConfig) -> None:
+    def __init__(self, arch: ArchConfig, backend: AttentionBackend, weights: WeightConfig,
+                 decoder_layer: type[LlamaDecoderLayer] = LlamaDecoderLayer) -> None:
         super().__init__()
         self.embed_tokens = VocabEmbedding(arch.vocab_size, arch.hidden_size, weights)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(arch, backend, weights) for _ in range(arch.num_hidden_layers)
+            decoder_layer(arch, backend, weights) for _ in range(arch.num_hidden_layers)
         )
         self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, weights)
         self.rotary_emb = RotaryEmbedding(
@@ -73,6 +82,7 @@ class LlamaModel(nn.Module):
 
 @register_model("LlamaForCausalLM")
 class LlamaForCausalLM(CausalLM):
+    decoder_layer: type[LlamaDecoderLayer] = LlamaDecoderLayer
     stacked_params = {
         "q_proj": ("qkv_proj", "q"),
         "k_proj": ("qkv_proj", "k"),
@@ -85,5 +95,5 @@ class LlamaForCausalLM(CausalLM):
 
     def __init__(self, arch: ArchConfig, backend: AttentionBackend, weights: WeightConfig) -> None:
         super().__init__(arch, weights)
-        self.model = LlamaModel(arch, backend, weights)
+        self.model = LlamaModel(arch, backend, weights, self.decoder_layer)
         self.lm_head = lm_head(arch, weights)

@@ -6,29 +6,19 @@ architecture is one new file plus its name here.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
 from typing import TYPE_CHECKING
+
+from folovllm.registry import Registry
 
 if TYPE_CHECKING:
     from folovllm.model.layers import CausalLM
 
 MODEL_FILES = ("llama", "qwen2", "qwen3")  # modules of folovllm.model
-MODEL_REGISTRY: dict[str, type[CausalLM]] = {}
+MODEL_REGISTRY: Registry[type[CausalLM]] = Registry("model architecture")
+register_model = MODEL_REGISTRY.register  # class decorator: the model class for an HF architecture name
 
 
-def register_model(architecture: str) -> Callable[[type[CausalLM]], type[CausalLM]]:
-    """Class decorator: the model class for HF architecture name ``architecture``."""
-
-    def register(cls: type[CausalLM]) -> type[CausalLM]:
-        if architecture in MODEL_REGISTRY:
-            raise ValueError(f"model architecture {architecture!r} is registered twice")
-        MODEL_REGISTRY[architecture] = cls
-        return cls
-
-    return register
-
-
-def _registry() -> dict[str, type[CausalLM]]:
+def _registry() -> Registry[type[CausalLM]]:
     for name in MODEL_FILES:  # importing a model file runs its @register_model
         importlib.import_module(f"folovllm.model.{name}")
     return MODEL_REGISTRY
@@ -37,16 +27,18 @@ def _registry() -> dict[str, type[CausalLM]]:
 def get_model_class(architecture: str) -> type[CausalLM]:
     """The model class for an architecture name; ValueError listing what is supported otherwise."""
     registry = _registry()
-    if architecture not in registry:
+    if architecture not in registry.names():
         raise ValueError(
-            f"model architecture {architecture!r} is not supported; supported: {sorted(registry)}"
+            f"model architecture {architecture!r} is not supported; supported: {sorted(registry.names())}"
         )
-    return registry[architecture]
+    return registry.get(architecture)
 
 
 def architecture_for_gguf(gguf_architecture: str, name: str = "") -> str:
     """The HF architecture name of a GGUF ``general.architecture`` (e.g. "llama" -> "LlamaForCausalLM")."""
-    by_gguf = {cls.gguf_architecture: arch for arch, cls in _registry().items() if cls.gguf_architecture}
+    registry = _registry()
+    by_gguf = {registry.get(arch).gguf_architecture: arch for arch in registry.names()
+               if registry.get(arch).gguf_architecture}
     if gguf_architecture not in by_gguf:
         raise ValueError(
             f"GGUF architecture {gguf_architecture!r} in {name!r} is not supported; supported: {sorted(by_gguf)}"

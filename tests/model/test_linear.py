@@ -34,7 +34,7 @@ def test_unquantized_is_registered_and_unknown_names_are_listed() -> None:
         get_linear_method("gptq")
     with pytest.raises(ValueError, match="registered twice"):
         register_linear_method("unquantized")(UnquantizedLinearMethod)
-    assert LINEAR_METHODS["unquantized"] is UnquantizedLinearMethod
+    assert LINEAR_METHODS.get("unquantized") is UnquantizedLinearMethod
 
 
 def test_replicated_linear_is_f_linear_and_casts_on_load() -> None:
