@@ -4,8 +4,6 @@ from __future__ import annotations
 import enum
 from typing import Any
 
-import torch
-
 from folovllm.outputs import RequestMetrics, SampleLogprobs
 from folovllm.sampling_params import SamplingParams
 
@@ -25,6 +23,13 @@ class RequestStatus(enum.Enum):
                         RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_ERROR)
 
 
+def stop_token_ids(params: SamplingParams, eos_token_ids: list[int]) -> tuple[int, ...]:
+    """The tokens that end a request once it has ``min_tokens`` outputs: its stop ids, and EOS
+    unless ``ignore_eos``. Before ``min_tokens`` the sampler never picks them."""
+    eos = () if params.ignore_eos else tuple(eos_token_ids)
+    return tuple(params.stop_token_ids) + eos
+
+
 class Request:
     """A sequence being generated. ``n > 1`` requests become ``n`` of these (one per sample).
 
@@ -34,8 +39,7 @@ class Request:
     """
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                 arrival_time: float, max_tokens: int, eos_token_ids: list[int],
-                 generator: torch.Generator | None = None, sample_index: int = 0,
+                 arrival_time: float, max_tokens: int, eos_token_ids: list[int], sample_index: int = 0,
                  parent_id: str | None = None, cache_salt: str | None = None,
                  priority: int = 0, user: str | None = None) -> None:
         self.request_id = request_id
@@ -44,8 +48,9 @@ class Request:
         self.prompt_token_ids = prompt_token_ids
         self.params = params
         self.max_tokens = max_tokens
-        self.eos_token_ids = eos_token_ids
-        self.generator = generator
+        self.stop_token_ids = stop_token_ids(params, eos_token_ids)
+        # Sample i of a seeded request draws from its own RNG seeded with seed + i (kept by the worker).
+        self.seed = None if params.seed is None else params.seed + sample_index
         self.token_ids: list[int] = list(prompt_token_ids)  # prompt + output
         self.output_token_ids: list[int] = []
         self.num_computed_tokens = 0

@@ -94,8 +94,13 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
+        """Temperature (near) zero: the argmax token, no randomness."""
         return self.temperature < 1e-5
 
+    @property
+    def has_penalties(self) -> bool:
+        """Some penalty reads the request's earlier tokens."""
+        return self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)

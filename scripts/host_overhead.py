@@ -63,7 +63,7 @@ def main() -> None:
     totals: collections.Counter = collections.Counter()
     timed(engine.scheduler, "schedule", totals, "schedule")
     timed(model_runner, "prepare_step_batch", totals, "prepare inputs")
-    timed(engine.runner, "_forward", totals, "forward")
+    timed(engine.worker.runner, "_forward", totals, "forward")
     timed(OutputProcessor, "make_output", totals, "build outputs")
     timed(engine, "_resolve", totals, "append tokens + stops")
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, detokenize=False,

@@ -1,6 +1,6 @@
-"""The engine: owns scheduler, KV cache, model runner and output processing; one step at a time.
+"""The engine: owns scheduler, KV cache manager and output processing; its worker owns the device.
 
-    step():  schedule  ->  run the model on one ragged batch  ->  append tokens, stop, free
+    step():  schedule  ->  the worker runs one ragged batch  ->  append tokens, stop, free
 
 With overlap scheduling (CUDA by default) the last part moves one call later: step() schedules and
 launches step N+1 while step N still runs on the device, then resolves N. Tokens of N that N+1 needs
@@ -12,12 +12,10 @@ import dataclasses
 import itertools
 import json
 import logging
-import os
 import time
 
 import torch
 
-from folovllm.attention.backend import get_attention_backend
 from folovllm.config import EngineConfig
 from folovllm.core.admission import make_admission
 from folovllm.core.kv_cache import KVCacheManager
@@ -26,18 +24,28 @@ from folovllm.core.scheduler import Scheduler, SchedulerLimits, SchedulerOutput
 from folovllm.engine.fault_isolation import isolate_faults, subset
 from folovllm.engine.output_processor import OutputProcessor, RequestGroup
 from folovllm.engine.stats import EngineStats, StepStats
-from folovllm.model.loader import default_model_path, load_model
+from folovllm.engine.worker_input import build_step_input
+from folovllm.model.loader import default_model_path
 from folovllm.model.tokenizer import load_tokenizer
 from folovllm.outputs import RequestOutput
 from folovllm.request import Request, RequestStatus
 from folovllm.sampling_params import SamplingParams
-from folovllm.worker import cache_sizing
-from folovllm.worker.cuda_graphs import capture_decode_graphs
-from folovllm.worker.model_runner import LaunchedStep, ModelRunner, allocate_kv_caches
+from folovllm.worker.model_runner import LaunchedStep
+from folovllm.worker.worker import Worker
 
 logger = logging.getLogger(__name__)
 
 PromptInput = str | list[int] | dict
+
+
+@dataclasses.dataclass
+class InFlight:
+    """A step launched on the worker whose tokens are not applied yet."""
+
+    sched: SchedulerOutput
+    sampled: list[Request]  # the requests it samples a token for, in row order
+    launched: LaunchedStep
+    num_decode: int  # its decode tokens, counted before num_computed_tokens moved
 
 
 class LLMEngine:
@@ -45,28 +53,24 @@ class LLMEngine:
         config = config.resolve()  # every "auto" decided here, once
         self.config = config
         self.device = config.torch_device
-        self.dtype = config.torch_dtype
-        torch.manual_seed(config.seed)
-        if self.device.type == "cpu":
-            torch.set_num_threads(config.num_threads or os.cpu_count() or 1)
         self.model_path = config.model or default_model_path()
-        self.model = load_model(self.model_path, load_format=config.load_format, dtype=self.dtype,
-                                device=self.device, attn_backend=get_attention_backend(config.attention_backend),
-                                seed=config.seed)
+        self.worker = Worker(config, self.model_path)
         self.tokenizer = load_tokenizer(self.model_path)
-        arch = self.model.arch
+        arch = self.worker.arch
+        self.vocab_size = arch.vocab_size
         self.max_model_len = self._resolve_max_model_len(arch.max_position_embeddings)
         self.eos_token_ids = list(arch.eos_token_ids)
 
-        num_blocks = self._num_kv_blocks()
-        model_key = f"{self.model_path}|{config.load_format}|{config.seed}|{self.dtype}"
+        num_blocks = self.worker.determine_num_kv_blocks()
+        if num_blocks * config.block_size < self.max_model_len:
+            raise ValueError(
+                f"the KV cache holds {num_blocks * config.block_size} tokens, fewer than "
+                f"max_model_len={self.max_model_len}; give it more memory or lower max_model_len")
+        model_key = f"{self.model_path}|{config.load_format}|{config.seed}|{config.torch_dtype}"
         reserve = self.max_model_len if config.kv_layout == "contiguous" else 0
         self.kv_cache = KVCacheManager(num_blocks, config.block_size,
                                        config.enable_prefix_caching, model_key, reserve)
-        caches = allocate_kv_caches(arch.num_hidden_layers, num_blocks, config.block_size,
-                                    arch.num_key_value_heads, arch.head_dim, self.dtype, self.device)
-        graphs = capture_decode_graphs(self.model, caches, config, self.max_model_len)
-        self.runner = ModelRunner(self.model, caches, config.block_size, self.device, graphs)
+        self.worker.initialize_cache(num_blocks, self.max_model_len)
         max_batched = config.max_num_batched_tokens
         if not config.enable_chunked_prefill and max_batched < self.max_model_len:
             logger.info("chunked prefill is off: max_num_batched_tokens raised to max_model_len=%d",
@@ -80,7 +84,8 @@ class LLMEngine:
             make_admission(config, num_blocks, max_batched))
         self.output_processor = OutputProcessor(self.tokenizer, self.max_model_len)
         self.overlap = config.overlap_scheduling
-        self._in_flight: tuple[SchedulerOutput, LaunchedStep, int] | None = None  # + its decode count
+        self._in_flight: InFlight | None = None
+        self._finished_ids: list[str] = []  # ended since the last launch: the worker frees their state
         self.groups: dict[str, RequestGroup] = {}
         self._ids = itertools.count()
         self.stats = EngineStats()
@@ -96,27 +101,6 @@ class LLMEngine:
         if wanted > model_max:
             raise ValueError(f"max_model_len={wanted} exceeds the model's maximum of {model_max}")
         return wanted
-
-    def _num_kv_blocks(self) -> int:
-        arch, cfg = self.model.arch, self.config
-        block_bytes = cache_sizing.bytes_per_block(arch.num_hidden_layers, cfg.block_size,
-                                                   arch.num_key_value_heads, arch.head_dim, self.dtype)
-        if cfg.num_gpu_blocks_override is not None:
-            num_blocks = cfg.num_gpu_blocks_override
-        else:
-            if self.device.type == "cuda":
-                budget = cache_sizing.cuda_kv_budget(self.model, cfg.max_num_batched_tokens,
-                                                     cfg.block_size, cfg.gpu_memory_utilization,
-                                                     self.device)
-            else:
-                budget = cache_sizing.cpu_kv_budget(cfg.kv_cache_memory)
-            num_blocks = budget // block_bytes
-        if num_blocks * cfg.block_size < self.max_model_len:
-            raise ValueError(
-                f"the KV cache holds {num_blocks * cfg.block_size} tokens, fewer than "
-                f"max_model_len={self.max_model_len}; give it more memory or lower max_model_len")
-        cache_sizing.log_capacity(num_blocks, cfg.block_size, block_bytes, self.max_model_len)
-        return num_blocks
 
     # -- requests -----------------------------------------------------------------------------
 
@@ -159,7 +143,7 @@ class LLMEngine:
         if len(prompt_ids) >= self.max_model_len:
             raise ValueError(f"the prompt has {len(prompt_ids)} tokens, but max_model_len is "
                              f"{self.max_model_len} (the prompt plus at least one generated token must fit)")
-        vocab = self.model.arch.vocab_size
+        vocab = self.vocab_size
         if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
             raise ValueError(f"prompt token ids must be in [0, {vocab}); got an id outside")
         if any(t >= vocab for t in params.stop_token_ids):
@@ -169,12 +153,9 @@ class LLMEngine:
         arrival = time.perf_counter() if arrival_time is None else arrival_time
         samples = []
         for index in range(params.n):
-            generator = None
-            if params.seed is not None:
-                generator = torch.Generator(device=self.device).manual_seed(params.seed + index)
             sample_id = request_id if params.n == 1 else f"{request_id}-{index}"
             sample = Request(sample_id, prompt_ids, params, arrival, max_tokens, self.eos_token_ids,
-                             generator, index, parent_id=request_id, cache_salt=cache_salt,
+                             index, parent_id=request_id, cache_salt=cache_salt,
                              priority=priority, user=user)
             self.scheduler.check_admissible(sample)
             self.output_processor.start(sample)
@@ -223,51 +204,37 @@ class LLMEngine:
         wait_s = 0.0
         previous = self._in_flight
         self._in_flight = None
-        if previous is not None and previous[1].needs_penalties:
-            wait_s += self._resolve(*previous, touched)  # penalties read every earlier token
+        if previous is not None and previous.launched.needs_sync:
+            wait_s += self._resolve(previous, touched)  # a logits processor reads every earlier token
             previous = None
         sched = self.scheduler.schedule()
         if not sched.is_empty:
-            num_decode = sched.num_decode_tokens()  # before num_computed_tokens moves
             try:
-                launched = self.runner.launch(sched, previous[1] if previous else None)
+                self._in_flight = self._launch(sched)
             except Exception as err:
-                if previous is not None:  # settle it first: the retries read its tokens from the host
-                    wait_s += self._resolve(*previous, touched)
+                if previous is not None:  # settle it first: the retries take its tokens from the host
+                    wait_s += self._resolve(previous, touched)
                     previous = None
-                wait_s += self._run_isolating_faults(sched, num_decode, err, touched)
-            else:
-                self._advance(sched, launched)
-                self._in_flight = (sched, launched, num_decode)
+                wait_s += self._run_isolating_faults(sched, err, touched)
         if previous is not None:
-            wait_s += self._resolve(*previous, touched)
+            wait_s += self._resolve(previous, touched)
         if self._in_flight is not None and not self.overlap:
-            wait_s += self._resolve(*self._in_flight, touched)
+            wait_s += self._resolve(self._in_flight, touched)
             self._in_flight = None
         outputs = self._collect_outputs(touched)
         self.stats.host_time_s += time.perf_counter() - started - wait_s
         return outputs
 
-    @staticmethod
-    def _advance(sched: SchedulerOutput, launched: LaunchedStep) -> None:
-        """A launched step's tokens count as computed; its sampled tokens are pending until resolved."""
-        for request, num_new in zip(sched.requests, sched.num_new_tokens):
-            request.num_computed_tokens += num_new
-        for request in launched.sampled_requests:
-            request.num_pending_tokens += 1
-
-    def _run_isolating_faults(self, sched: SchedulerOutput, num_decode: int, error: Exception,
+    def _run_isolating_faults(self, sched: SchedulerOutput, error: Exception,
                               touched: dict[str, RequestGroup]) -> float:
         """The step failed to launch: relaunch it in parts (engine/fault_isolation.py), keep the
         parts that run, end the requests it fails on. Synchronous: nothing stays in flight."""
         logger.error("a step of %d requests failed; looking for the request(s) it fails on",
                      len(sched.requests), exc_info=error)
+        num_decode = sched.num_decode_tokens()
         live = subset(sched, [i for i, r in enumerate(sched.requests) if not r.status.finished])
-        parts, culprits = isolate_faults(live, self.runner.launch)
-        wait_s = 0.0
-        for part, launched in parts:
-            self._advance(part, launched)
-            wait_s += self._take_tokens(part, launched, touched)
+        parts, culprits = isolate_faults(live, self._launch)
+        wait_s = sum(self._take_tokens(step, touched) for _, step in parts)
         if culprits:
             logger.error("ending the request(s) the step fails on with finish_reason 'error': %s",
                          ", ".join(r.request_id for r in culprits))
@@ -296,32 +263,42 @@ class LLMEngine:
                 del self.groups[group.request_id]
         return outputs
 
-    def _resolve(self, sched: SchedulerOutput, launched: LaunchedStep, num_decode: int,
-                 touched: dict[str, RequestGroup]) -> float:
+    def _launch(self, sched: SchedulerOutput) -> InFlight:
+        """Hands a scheduled batch to the worker; its tokens count as pending until ``_resolve``.
+        Nothing changes if the worker raises, so a failed batch can be launched again in parts."""
+        num_decode = sched.num_decode_tokens()  # before num_computed_tokens moves
+        step_input, sampled = build_step_input(sched, self._finished_ids)
+        launched = self.worker.launch(step_input)
+        self._finished_ids = []
+        for request, num_new in zip(sched.requests, sched.num_new_tokens):
+            request.num_computed_tokens += num_new
+        for request in sampled:
+            request.num_pending_tokens += 1
+        return InFlight(sched, sampled, launched, num_decode)
+
+    def _resolve(self, step: InFlight, touched: dict[str, RequestGroup]) -> float:
         """Takes a launched step's sampled tokens and records the step. Returns the time spent
         waiting for the device."""
-        wait_s = self._take_tokens(sched, launched, touched)
-        self._record_step(time.perf_counter(), sched, num_decode)
+        wait_s = self._take_tokens(step, touched)
+        self._record_step(time.perf_counter(), step.sched, step.num_decode)
         return wait_s
 
-    def _take_tokens(self, sched: SchedulerOutput, launched: LaunchedStep,
-                     touched: dict[str, RequestGroup]) -> float:
+    def _take_tokens(self, step: InFlight, touched: dict[str, RequestGroup]) -> float:
         """Append, stop checks, prefix-cache naming. A request whose output processing raises ends
         alone; if reading the tokens back fails, every request of the step ends (its tokens may
         already feed a later step, so it cannot be relaunched)."""
         try:
-            result = self.runner.resolve(launched)
+            out = self.worker.resolve(step.launched)
         except Exception:
             logger.exception("reading a step's sampled tokens failed; ending its %d requests",
-                             len(sched.requests))
-            for request in sched.requests:
+                             len(step.sched.requests))
+            for request in step.sched.requests:
                 self._fail_group(request.parent_id, touched)
             return 0.0
         now = time.perf_counter()
-        for request in sched.requests:
+        for request in step.sched.requests:
             self.kv_cache.cache_computed_blocks(request)
-        out = result.sampler_output
-        for row, request in enumerate(result.sampled_requests):
+        for row, request in enumerate(step.sampled):
             request.num_pending_tokens -= 1
             if request.status.finished:  # ended meanwhile (stopped one step earlier, or aborted)
                 continue
@@ -340,7 +317,7 @@ class LLMEngine:
                 self._finish(request, status)
             self.stats.generation_tokens += 1
             touched[request.parent_id] = self.groups[request.parent_id]
-        return result.wait_s
+        return out.wait_s
 
     def _record_step(self, now: float, sched: SchedulerOutput, num_decode: int) -> None:
         stats = self.stats
@@ -363,9 +340,15 @@ class LLMEngine:
         if request.status.finished:
             return
         self.stats.finished_by_reason[status.value] += 1
+        self._finished_ids.append(request.request_id)
         if request.metrics.finished_time is None:
             request.metrics.finished_time = time.perf_counter()
         self.scheduler.finish_request(request, status)
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The local worker's model, for tools that inspect it or load other weights into it."""
+        return self.worker.model
 
     def reset_prefix_cache(self) -> int:
         """Drops every cached block that no running request uses; returns how many."""

@@ -44,8 +44,7 @@ class OutputProcessor:
             request.logprobs.append(self._to_logprob_dict(logprobs))
             request.cumulative_logprob += logprobs.logprob
         params = request.params
-        stopped_by_token = (token_id in params.stop_token_ids
-                            or (not params.ignore_eos and token_id in request.eos_token_ids))
+        stopped_by_token = token_id in request.stop_token_ids
         if request.detokenizer is not None and (not stopped_by_token or params.skip_special_tokens is False):
             delta = request.detokenizer.append(token_id)
             request.text = request.detokenizer.text

@@ -1,4 +1,5 @@
-"""Turns one step's logits into next tokens: penalties, temperature, top-k/top-p/min-p, sampling.
+"""Turns one step's logits into next tokens: logits processors (penalties, min_tokens, ...),
+temperature, top-k/top-p/min-p, sampling.
 
 Rows are processed together; only rows with their own ``torch.Generator`` draw their noise
 one at a time, so a seeded request gets the same tokens whatever else is in the batch.
@@ -9,15 +10,15 @@ from dataclasses import dataclass
 
 import torch
 
-from folovllm.sample.metadata import SamplingBatch, build_sampling_batch
+from folovllm.sample.metadata import SamplingBatch, SamplingRow, build_sampling_batch
 
 __all__ = [
     "Sampler",
     "SamplerOutput",
     "TokenLogprobs",
     "SamplingBatch",
+    "SamplingRow",
     "build_sampling_batch",
-    "apply_penalties",
 ]
 
 
@@ -40,12 +41,9 @@ class SamplerOutput:
 class Sampler:
     """Samples one token per logits row.
 
-    ``fast_paths=False`` turns off the shortcuts (plain argmax when every row is greedy with
-    nothing to adjust; ``topk`` instead of a full sort when no row uses top-p) for comparison.
+    Two shortcuts, checked by tests against the general path: plain argmax when every row is
+    greedy with nothing to adjust, and ``topk`` instead of a full sort when no row uses top-p.
     """
-
-    def __init__(self, fast_paths: bool = True) -> None:
-        self.fast_paths = fast_paths
 
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
         return self.forward(logits, batch)
@@ -65,7 +63,7 @@ class Sampler:
                 f"got {tuple(logits.shape)}."
             )
         no_logprobs: list[TokenLogprobs | None] = [None] * batch.num_rows
-        if self.fast_paths and batch.is_plain_greedy:
+        if batch.is_plain_greedy:
             return logits.argmax(dim=-1), no_logprobs
 
         raw_logprobs = None
@@ -74,10 +72,8 @@ class Sampler:
         # Everything below works in place on our own float32 copy.
         logits = logits.to(torch.float32, memory_format=torch.contiguous_format, copy=True)
 
-        if batch.banned_rows is not None:
-            logits[batch.banned_rows, batch.banned_cols] = float("-inf")
-        if batch.needs_penalties:
-            apply_penalties(logits, batch)
+        for processor in batch.processors:
+            processor.apply(logits)
 
         if batch.all_greedy:
             sampled = logits.argmax(dim=-1)
@@ -93,7 +89,7 @@ class Sampler:
             greedy_tokens = logits.argmax(dim=-1)
 
         logits.div_(batch.temperature.unsqueeze(1))  # set whenever some row is random
-        if batch.top_p is not None or (batch.top_k is not None and not self.fast_paths):
+        if batch.top_p is not None:
             _apply_top_k_top_p(logits, batch.top_k, batch.top_p)
         elif batch.top_k is not None:
             _apply_top_k_only(logits, batch.top_k, batch.max_top_k)
@@ -105,25 +101,6 @@ class Sampler:
         if greedy_tokens is not None:
             sampled = torch.where(batch.greedy_mask, greedy_tokens, sampled)
         return sampled
-
-
-def apply_penalties(logits: torch.Tensor, batch: SamplingBatch) -> None:
-    """In place on contiguous ``[N, V]`` logits: repetition (prompt + output tokens; HF/vLLM:
-    positive logits divided, negative multiplied), then frequency and presence penalties
-    (output tokens; OpenAI semantics).
-
-    Works on the seen tokens only (gather, adjust, scatter), never on the whole ``[N, V]``.
-    A token listed several times is written several times with the same value.
-    """
-    flat = logits.view(-1)
-    seen, seen_rows = batch.seen_token_index, batch.seen_token_rows
-    values = flat[seen]
-    repetition = batch.repetition_penalty[seen_rows]
-    flat[seen] = torch.where(values > 0, values / repetition, values * repetition)
-
-    output, output_rows = batch.output_token_index, batch.output_token_rows
-    flat.index_add_(0, output, -batch.frequency_penalty[output_rows])  # once per occurrence
-    flat[output] = flat[output] - batch.presence_penalty[output_rows]  # once per distinct token
 
 
 def _apply_top_k_top_p(

@@ -1,10 +1,11 @@
 """A step that raises ends only the request(s) it fails on (finish_reason "error"); the others go on
 to the same tokens as a run without the fault, and the engine keeps serving. The fault is injected
-into one request's sampling (its banned-token list), the way an out-of-range stop token once broke it."""
+into the worker's launch of any step that samples for one chosen request, the way an out-of-range
+stop token once broke sampling."""
 import pytest
 
 from folovllm import SamplingParams
-from folovllm.worker import model_runner
+from folovllm.worker.model_runner import ModelRunner
 from tests.engine.conftest import make_llm, random_prompts
 from tests.engine.test_batching_consistency import assert_same, gaps
 
@@ -35,16 +36,18 @@ def run_all(engine, prompts, params=PARAMS) -> dict[str, object]:
     return finished
 
 
-def inject_fault(monkeypatch, when=lambda request: request.parent_id == FAULTY) -> None:
-    """Sampling raises for any batch holding a request ``when`` picks, once it has 3 output tokens."""
-    original = model_runner._banned_token_ids
+def inject_fault(monkeypatch, when=lambda request_id: request_id == FAULTY) -> None:
+    """Launching raises for any batch that samples for a request ``when`` picks, once it has 3
+    output tokens."""
+    original = ModelRunner.launch
 
-    def banned(request):
-        if request.num_output_tokens >= 3 and when(request):
+    def launch(self, step, *args, **kwargs):
+        if any(r.sampling is not None and r.sampling.num_output_tokens >= 3 and when(r.request_id)
+               for r in step.requests):
             raise IndexError("injected sampling fault")
-        return original(request)
+        return original(self, step, *args, **kwargs)
 
-    monkeypatch.setattr(model_runner, "_banned_token_ids", banned)
+    monkeypatch.setattr(ModelRunner, "launch", launch)
 
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["plain", "overlap"])
@@ -66,7 +69,7 @@ def test_only_the_faulty_request_fails(tiny_llama_dir, prompts, reference, monke
 def test_a_fault_in_every_request_ends_that_step_only(tiny_llama_dir, prompts, monkeypatch):
     """No single request to blame: the step's requests end, and the engine serves the next ones."""
     engine = make_llm(tiny_llama_dir).llm_engine
-    inject_fault(monkeypatch, when=lambda request: True)
+    inject_fault(monkeypatch, when=lambda request_id: True)
     finished = run_all(engine, prompts[:3])
     assert {c.finish_reason for c in finished.values()} == {"error"}
     monkeypatch.undo()
@@ -92,7 +95,7 @@ def test_a_fault_in_output_processing_ends_that_request(tiny_llama_dir, prompts,
 
 def test_llm_generate_returns_the_failed_request(tiny_llama_dir, prompts, reference, monkeypatch):
     llm = make_llm(tiny_llama_dir)
-    inject_fault(monkeypatch, when=lambda request: request.prompt_token_ids == prompts[1])
+    inject_fault(monkeypatch, when=lambda request_id: request_id == "1")  # the second prompt
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts[:3]], PARAMS, use_tqdm=False)
     assert [o.outputs[0].finish_reason for o in outs] == ["length", "error", "length"]
     assert gaps(outs[0].outputs[0])  # logprobs of the survivors are intact

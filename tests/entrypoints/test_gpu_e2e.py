@@ -67,7 +67,7 @@ def test_launching_a_step_never_waits_for_the_device(qwen3_dir):
     any sync (a blocking copy, .item(), .tolist()) inside launch into an error."""
     llm = LLM(qwen3_dir, dtype="bfloat16", device="cuda", max_model_len=512, max_num_batched_tokens=256,
               num_gpu_blocks_override=512)
-    runner = llm.llm_engine.runner
+    runner = llm.llm_engine.worker.runner
     launch = runner.launch
 
     def strict_launch(*args, **kwargs):

@@ -1,6 +1,8 @@
-"""Sampler behaviour: greedy, filters, seeded determinism, penalties, banned ids, logprobs."""
+"""Sampler behaviour: greedy, filters, seeded determinism, logits processors (penalties, banned ids),
+logprobs; its shortcuts against the general path."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -8,8 +10,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from folovllm.sample.metadata import SamplingBatch, build_sampling_batch
-from folovllm.sample.sampler import Sampler, apply_penalties
+from folovllm.sample.metadata import SamplingBatch, SamplingRow, build_sampling_batch
+from folovllm.sample.sampler import (Sampler, _apply_min_p, _apply_top_k_only, _apply_top_k_top_p,
+                                     _exponential_race)
 from folovllm.sampling_params import SamplingParams
 
 
@@ -21,16 +24,34 @@ def make_batch(
     generators: list[torch.Generator | None] | None = None,
     banned: list[list[int]] | None = None,
 ) -> SamplingBatch:
+    """``banned[i]``: row i's stop ids, with min_tokens still ahead (so the sampler must avoid them)."""
     n = len(params)
-    return build_sampling_batch(
-        params,
-        prompts or [[] for _ in range(n)],
-        outputs or [[] for _ in range(n)],
-        generators or [None] * n,
-        banned or [[] for _ in range(n)],
-        vocab_size,
-        "cpu",
-    )
+    rows = []
+    for i, p in enumerate(params):
+        stop = tuple(banned[i]) if banned else ()
+        if stop:
+            p = dataclasses.replace(p, min_tokens=1)
+        rows.append(SamplingRow(p, p.seed, 0, stop, prompts[i] if prompts else (), outputs[i] if outputs else ()))
+    return build_sampling_batch(rows, generators or [None] * n, vocab_size, "cpu")
+
+
+def full_sort_sample(logits: torch.Tensor, batch: SamplingBatch) -> list[int]:
+    """Reference: the sampler's general path with no shortcut (every top-k through the full sort)."""
+    logits = logits.to(torch.float32, copy=True)
+    for processor in batch.processors:
+        processor.apply(logits)
+    greedy = logits.argmax(dim=-1)
+    if batch.all_greedy:
+        return greedy.tolist()
+    logits.div_(batch.temperature.unsqueeze(1))
+    if batch.top_k is not None or batch.top_p is not None:
+        _apply_top_k_top_p(logits, batch.top_k, batch.top_p)
+    if batch.min_p is not None:
+        _apply_min_p(logits, batch.min_p)
+    sampled = _exponential_race(logits.softmax(dim=-1), batch.generators)
+    if batch.greedy_mask is not None:
+        sampled = torch.where(batch.greedy_mask, greedy, sampled)
+    return sampled.tolist()
 
 
 def sample(logits: torch.Tensor, params: list[SamplingParams], **kwargs) -> list[int]:
@@ -41,13 +62,14 @@ def seeded(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-@pytest.mark.parametrize("fast_paths", [True, False])
-def test_greedy_is_argmax(fast_paths: bool) -> None:
+def test_greedy_is_argmax() -> None:
     logits = torch.randn(8, 1000, generator=seeded(0))
     batch = make_batch([SamplingParams(temperature=0.0)] * 8, 1000)
-    out = Sampler(fast_paths=fast_paths)(logits, batch)
+    assert batch.is_plain_greedy
+    out = Sampler()(logits, batch)
     assert out.sampled_token_ids == logits.argmax(dim=-1).tolist()
     assert out.logprobs == [None] * 8
+    assert full_sort_sample(logits, batch) == logits.argmax(dim=-1).tolist()
 
 
 def test_sampler_does_not_modify_logits() -> None:
@@ -119,21 +141,6 @@ def test_seeded_row_ignores_rest_of_batch() -> None:
         assert got == alone, position
 
 
-def test_penalties_exact_values() -> None:
-    logits = torch.tensor([[2.0, -2.0, 1.0, -1.0, 0.5]] * 2)
-    params = [
-        SamplingParams(repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25),
-        SamplingParams(),
-    ]
-    # Repeats (0 twice in the prompt, 2 in prompt and output) still get repetition applied once.
-    batch = make_batch(params, 5, prompts=[[0, 1, 0, 2], [0, 1]], outputs=[[2, 2, 3], [2, 2, 3]])
-    apply_penalties(logits, batch)
-    # 0: prompt, positive -> 2/2. 1: prompt, negative -> -2*2.
-    # 2: output twice -> 1/2 - 0.5*2 - 0.25. 3: output once -> -1*2 - 0.5 - 0.25. 4: untouched.
-    assert logits[0].tolist() == [1.0, -4.0, -0.75, -2.75, 0.5]
-    assert logits[1].tolist() == [2.0, -2.0, 1.0, -1.0, 0.5]
-
-
 def test_repetition_penalty_changes_greedy_choice() -> None:
     logits = torch.tensor([[3.0, 2.0, 0.0]])
     assert sample(logits, [SamplingParams(temperature=0.0)], outputs=[[0]]) == [0]
@@ -190,16 +197,27 @@ def test_logprobs_rank_of_greedy_token_is_one() -> None:
 def test_fast_paths_do_not_change_output(params: list[SamplingParams]) -> None:
     logits = torch.randn(4, 400, generator=seeded(8))
     results = []
-    for fast_paths in (True, False):
+    for sampler in (Sampler().forward, full_sort_sample):
         torch.manual_seed(0)
         gens = [seeded(p.seed) if p.seed is not None else None for p in params]
-        results.append(Sampler(fast_paths)(logits, make_batch(params, 400, generators=gens)).sampled_token_ids)
+        out = sampler(logits, make_batch(params, 400, generators=gens))
+        results.append(out if isinstance(out, list) else out.sampled_token_ids)
     assert results[0] == results[1]
 
 
+def test_top_k_without_sort_equals_the_full_sort() -> None:
+    logits = torch.randn(6, 300, generator=seeded(9))
+    logits[0, :10] = 1.0  # ties at the threshold
+    top_k = torch.tensor([1, 5, 10, 40, 299, 300])
+    by_topk, by_sort = logits.clone(), logits.clone()
+    _apply_top_k_only(by_topk, top_k, 300)
+    _apply_top_k_top_p(by_sort, top_k, None)
+    assert torch.equal(by_topk, by_sort)
+
+
 def test_build_rejects_mismatched_rows() -> None:
-    with pytest.raises(ValueError, match="output_token_ids"):
-        build_sampling_batch([SamplingParams()] * 2, [[], []], [[]], [None, None], [[], []], 10, "cpu")
+    with pytest.raises(ValueError, match="generators"):
+        build_sampling_batch([SamplingRow(SamplingParams())] * 2, [None], 10, "cpu")
 
 
 def test_logits_shape_checked() -> None:

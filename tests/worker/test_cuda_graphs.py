@@ -16,7 +16,7 @@ use_triton_interpreter_without_cuda()  # before the kernels module is imported a
 from folovllm.config import EngineConfig  # noqa: E402
 from folovllm.model.loader import load_model  # noqa: E402
 from folovllm.worker.cuda_graphs import DecodeInputs, capture_decode_graphs, capture_sizes  # noqa: E402
-from folovllm.worker.model_runner import allocate_kv_caches  # noqa: E402
+from folovllm.worker.worker import allocate_kv_caches  # noqa: E402
 from tests.engine.conftest import make_llm, random_prompts, tiny_llama_dir  # noqa: E402, F401
 
 torch.set_num_threads(2)
@@ -149,9 +149,10 @@ def test_engine_routes_decode_steps_through_the_graph_runner(tiny_llama_dir) -> 
         llm = make_llm(tiny_llama_dir, attention_backend="triton", max_model_len=64)
         engine = llm.llm_engine
         if graphs:
-            runner = CudaGraphRunner(engine.model, engine.runner.kv_caches, 4, 64, 4, torch.device("cpu"))
+            model_runner = engine.worker.runner
+            runner = CudaGraphRunner(model_runner.model, model_runner.kv_caches, 4, 64, 4, torch.device("cpu"))
             runner.graphs = {size: EagerReplay(runner, size) for size in runner.sizes}
-            engine.runner.cuda_graphs = runner
+            model_runner.cuda_graphs = runner
         outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         outputs[graphs] = [o.outputs[0].token_ids for o in outs]
     assert outputs[True] == outputs[False]
@@ -170,7 +171,7 @@ def test_engine_with_cuda_graphs_matches_eager(tiny_llama_dir) -> None:  # noqa:
     for eager in (True, False):
         llm = make_llm(tiny_llama_dir, attention_backend="triton", device="cuda", enforce_eager=eager,
                        cuda_graph_max_batch=8)
-        graphs = llm.llm_engine.runner.cuda_graphs
+        graphs = llm.llm_engine.worker.runner.cuda_graphs
         assert (graphs is None) == eager
         if graphs is not None:
             assert sorted(graphs.graphs) == [1, 2, 4, 8]

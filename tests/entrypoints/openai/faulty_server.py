@@ -10,14 +10,14 @@ FAULTY_MAX_TOKENS = 77
 
 
 def install_fault() -> None:
-    original = model_runner._banned_token_ids
+    original = model_runner.build_sampling_batch
 
-    def banned(request):
-        if request.params.max_tokens == FAULTY_MAX_TOKENS and request.num_output_tokens >= 2:
+    def build_sampling_batch(rows, *args, **kwargs):
+        if any(r.params.max_tokens == FAULTY_MAX_TOKENS and r.num_output_tokens >= 2 for r in rows):
             raise IndexError("injected sampling fault")
-        return original(request)
+        return original(rows, *args, **kwargs)
 
-    model_runner._banned_token_ids = banned
+    model_runner.build_sampling_batch = build_sampling_batch
 
 
 if __name__ == "__main__":

@@ -1,0 +1,34 @@
+"""The engine's side of the worker boundary: a scheduler decision becomes the worker's plain ``StepInput``."""
+from __future__ import annotations
+
+from folovllm.core.scheduler import SchedulerOutput
+from folovllm.request import Request
+from folovllm.sample.rows import SamplingRow
+from folovllm.worker.step_input import ScheduledRequest, StepInput
+
+
+def build_step_input(sched: SchedulerOutput, finished_request_ids: list[str]
+                     ) -> tuple[StepInput, list[Request]]:
+    """The step's input, and the requests that sample a token in it, in row order."""
+    scheduled: list[ScheduledRequest] = []
+    sampled: list[Request] = []
+    for request, num_new, table in zip(sched.requests, sched.num_new_tokens, sched.block_tables):
+        start = request.num_computed_tokens
+        end = start + num_new
+        known = request.token_ids[start:end]  # a token past these is still pending on the device
+        sampling = None
+        if end == request.num_tokens:  # caught up: this step's last logits give the next token
+            sampling = sampling_row(request)
+            sampled.append(request)
+        scheduled.append(ScheduledRequest(request.request_id, known, num_new - len(known), start, table,
+                                          sampling))
+    return StepInput(scheduled, finished_request_ids), sampled
+
+
+def sampling_row(request: Request) -> SamplingRow:
+    """The request's sampling settings; its earlier tokens only when a penalty reads them."""
+    params = request.params
+    if params.has_penalties:
+        return SamplingRow(params, request.seed, request.num_output_tokens, request.stop_token_ids,
+                           request.prompt_token_ids, request.output_token_ids)
+    return SamplingRow(params, request.seed, request.num_output_tokens, request.stop_token_ids)

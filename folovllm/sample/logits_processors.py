@@ -1,0 +1,145 @@
+"""Logits processors: each adjusts one step's ``[N, V]`` logits in place, before temperature and sampling.
+
+``LOGITS_PROCESSORS`` is the one ordered list. Each step, every kind builds itself from the batch's
+sampling rows, or returns ``None`` when no row uses it, so a feature nobody asks for costs nothing.
+"""
+from __future__ import annotations
+
+import itertools
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import ClassVar
+
+import torch
+
+from folovllm.sample.rows import SamplingRow
+from folovllm.tensors import to_device
+
+__all__ = [
+    "LOGITS_PROCESSORS",
+    "LogitsProcessor",
+    "MinTokensProcessor",
+    "PenaltiesProcessor",
+    "build_logits_processors",
+]
+
+
+class LogitsProcessor(ABC):
+    """One batch-level adjustment of the logits, built per step from the rows that sample."""
+
+    # True when it reads every earlier token of a row: overlap scheduling must then wait for the
+    # token still pending on the device before building the next step.
+    needs_sync: ClassVar[bool] = False
+
+    @classmethod
+    @abstractmethod
+    def build(cls, rows: Sequence[SamplingRow], vocab_size: int,
+              device: torch.device | str) -> LogitsProcessor | None:
+        """The processor for this step's rows (row ``i`` is logits row ``i``); None if no row uses it."""
+
+    @abstractmethod
+    def apply(self, logits: torch.Tensor) -> None:
+        """Adjusts contiguous float32 ``[N, V]`` logits in place."""
+
+
+class PenaltiesProcessor(LogitsProcessor):
+    """Repetition (prompt + output tokens; HF/vLLM: positive logits divided, negative multiplied),
+    then frequency and presence penalties (output tokens; OpenAI semantics).
+
+    Works on the seen tokens only (gather, adjust, scatter), never on the whole ``[N, V]``.
+    A token listed several times is written several times with the same value.
+    """
+
+    needs_sync = True
+
+    def __init__(self, repetition: torch.Tensor, frequency: torch.Tensor, presence: torch.Tensor,
+                 seen_index: torch.Tensor, seen_rows: torch.Tensor, output_index: torch.Tensor,
+                 output_rows: torch.Tensor) -> None:
+        self.repetition_penalty = repetition  # [N] float32
+        self.frequency_penalty = frequency  # [N] float32
+        self.presence_penalty = presence  # [N] float32
+        # Flat indices into the [N * V] logits (row * V + token id), repeats kept; penalized rows only.
+        self.seen_token_index = seen_index  # [T] every prompt and output token
+        self.seen_token_rows = seen_rows  # [T] row of each
+        self.output_token_index = output_index  # [T_out] every output token
+        self.output_token_rows = output_rows  # [T_out] row of each
+
+    @classmethod
+    def build(cls, rows: Sequence[SamplingRow], vocab_size: int,
+              device: torch.device | str) -> PenaltiesProcessor | None:
+        penalized = [i for i, r in enumerate(rows) if r.params.has_penalties]
+        if not penalized:
+            return None
+
+        def floats(values: list[float]) -> torch.Tensor:
+            return to_device(values, torch.float32, device)
+
+        output_index, output_rows = _flat_positions(
+            [(i, rows[i].output_token_ids) for i in penalized], vocab_size, device)
+        seen_index, seen_rows = _flat_positions(
+            [(i, ids) for i in penalized for ids in (rows[i].prompt_token_ids, rows[i].output_token_ids)],
+            vocab_size, device)
+        return cls(floats([r.params.repetition_penalty for r in rows]),
+                   floats([r.params.frequency_penalty for r in rows]),
+                   floats([r.params.presence_penalty for r in rows]),
+                   seen_index, seen_rows, output_index, output_rows)
+
+    def apply(self, logits: torch.Tensor) -> None:
+        flat = logits.view(-1)
+        seen, seen_rows = self.seen_token_index, self.seen_token_rows
+        values = flat[seen]
+        repetition = self.repetition_penalty[seen_rows]
+        flat[seen] = torch.where(values > 0, values / repetition, values * repetition)
+
+        output, output_rows = self.output_token_index, self.output_token_rows
+        flat.index_add_(0, output, -self.frequency_penalty[output_rows])  # once per occurrence
+        flat[output] = flat[output] - self.presence_penalty[output_rows]  # once per distinct token
+
+
+class MinTokensProcessor(LogitsProcessor):
+    """A row with fewer than ``min_tokens`` outputs cannot sample a token that would end it."""
+
+    def __init__(self, banned_rows: torch.Tensor, banned_cols: torch.Tensor) -> None:
+        self.banned_rows = banned_rows  # [M] int64, with banned_cols: (row, token) pairs set to -inf
+        self.banned_cols = banned_cols
+
+    @classmethod
+    def build(cls, rows: Sequence[SamplingRow], vocab_size: int,
+              device: torch.device | str) -> MinTokensProcessor | None:
+        banned = [(i, r.stop_token_ids) for i, r in enumerate(rows)
+                  if r.num_output_tokens < r.params.min_tokens and r.stop_token_ids]
+        if not banned:
+            return None
+        banned_rows = [i for i, ids in banned for _ in ids]
+        banned_cols = list(itertools.chain.from_iterable(ids for _, ids in banned))
+        return cls(to_device(banned_rows, torch.int64, device), to_device(banned_cols, torch.int64, device))
+
+    def apply(self, logits: torch.Tensor) -> None:
+        logits[self.banned_rows, self.banned_cols] = float("-inf")
+
+
+# The order they apply in. A new processor goes here (after these, unless it must see raw logits).
+LOGITS_PROCESSORS: tuple[type[LogitsProcessor], ...] = (PenaltiesProcessor, MinTokensProcessor)
+
+
+def build_logits_processors(rows: Sequence[SamplingRow], vocab_size: int,
+                            device: torch.device | str) -> list[LogitsProcessor]:
+    """This step's processors, in ``LOGITS_PROCESSORS`` order, leaving out those no row uses."""
+    processors = []
+    for kind in LOGITS_PROCESSORS:
+        processor = kind.build(rows, vocab_size, device)
+        if processor is not None:
+            processors.append(processor)
+    return processors
+
+
+def _flat_positions(
+    rows_and_ids: list[tuple[int, Sequence[int]]], vocab_size: int, device: torch.device | str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flat ``[N * V]`` positions (row * V + token id) of the given tokens, and their rows."""
+    index = [row * vocab_size + t for row, ids in rows_and_ids for t in ids]
+    rows = [row for row, ids in rows_and_ids for _ in ids]
+    return (
+        to_device(index, torch.int64, device),
+        to_device(rows, torch.int64, device),
+    )

@@ -1,0 +1,20 @@
+"""One sampling row as plain data: what the sampler and the logits processors read about a sequence."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from folovllm.sampling_params import SamplingParams
+
+
+@dataclass(slots=True)
+class SamplingRow:
+    """The settings of one sequence that samples a token this step. Picklable: no tensors, no RNG."""
+
+    params: SamplingParams
+    seed: int | None = None  # its own RNG's seed; the worker keeps that generator by request id
+    num_output_tokens: int = 0  # sampled so far, including one still pending on the device
+    stop_token_ids: Sequence[int] = ()  # tokens that end the request (banned before min_tokens)
+    # Earlier tokens: sent only when a processor reads them (penalties), else empty.
+    prompt_token_ids: Sequence[int] = ()
+    output_token_ids: Sequence[int] = ()

@@ -1,0 +1,47 @@
+"""What a worker receives for one step and hands back: plain, picklable data, no tensors or RNGs.
+
+This is the whole message a second rank (tensor parallelism) or a second instance (a KV
+connector) would need; the engine's ``Request`` objects never cross it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from folovllm.sample.rows import SamplingRow
+from folovllm.sample.sampler import TokenLogprobs
+
+
+@dataclass(slots=True)
+class ScheduledRequest:
+    """One request's share of a step: new tokens at positions ``[num_computed_tokens, +num_new_tokens)``."""
+
+    request_id: str
+    new_token_ids: list[int]  # the new tokens the host knows, in position order
+    # Tokens after those, sampled by the step still in flight: the worker feeds them from the device.
+    num_pending_tokens: int
+    num_computed_tokens: int  # position of the first new token (its K/V and all before are cached)
+    block_table: list[int]  # KV block ids covering every position up to the last new token
+    sampling: SamplingRow | None = None  # set when the last new token's logits give the next token
+
+    @property
+    def num_new_tokens(self) -> int:
+        return len(self.new_token_ids) + self.num_pending_tokens
+
+
+@dataclass
+class StepInput:
+    """One step: the scheduled requests in batch order, and the requests that ended since the last step."""
+
+    requests: list[ScheduledRequest]
+    # Applied first: the worker drops their per-request state (RNGs), so an id may be reused.
+    finished_request_ids: list[str] = field(default_factory=list)
+
+
+@dataclass
+class StepOutput:
+    """A step's sampled tokens, one row per request that sampled, in batch order."""
+
+    request_ids: list[str] = field(default_factory=list)
+    sampled_token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprobs | None] = field(default_factory=list)  # None: the row did not ask
+    wait_s: float = 0.0  # time the host spent blocked on the device for this result

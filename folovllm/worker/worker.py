@@ -1,0 +1,111 @@
+"""One device's worker: the model, its KV cache tensors, the model runner, decode CUDA graphs and each
+seeded request's RNG. The engine feeds it plain ``StepInput``s and never touches the device itself.
+
+Start-up runs in two phases, so that whoever owns several workers can agree on one cache size:
+``determine_num_kv_blocks`` (what fits this device), then ``initialize_cache`` with the size agreed.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from folovllm.attention.backend import get_attention_backend
+from folovllm.config import EngineConfig
+from folovllm.model.arch import ArchConfig
+from folovllm.model.loader import load_model
+from folovllm.worker import cache_sizing
+from folovllm.worker.cuda_graphs import capture_decode_graphs
+from folovllm.worker.model_runner import KVCaches, LaunchedStep, ModelRunner
+from folovllm.worker.step_input import StepInput, StepOutput
+
+
+def allocate_kv_caches(num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
+                       head_dim: int, dtype: torch.dtype, device: torch.device) -> KVCaches:
+    """One preallocated K and V tensor per layer, ``[num_blocks, block_size, kv_heads, head_dim]``."""
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    return [(torch.zeros(shape, dtype=dtype, device=device),
+             torch.zeros(shape, dtype=dtype, device=device)) for _ in range(num_layers)]
+
+
+class Worker:
+    """Owns everything on one device; ``launch``/``resolve`` (or ``execute``) run one step."""
+
+    def __init__(self, config: EngineConfig, model_path: str) -> None:
+        """``config`` is resolved (``EngineConfig.resolve``): no setting is "auto"."""
+        self.config = config
+        self.device = config.torch_device
+        self.dtype = config.torch_dtype
+        torch.manual_seed(config.seed)  # unseeded sampling draws from the global RNG
+        if self.device.type == "cpu":
+            torch.set_num_threads(config.num_threads or os.cpu_count() or 1)
+        self.model = load_model(model_path, load_format=config.load_format, dtype=self.dtype,
+                                device=self.device, attn_backend=get_attention_backend(config.attention_backend),
+                                seed=config.seed)
+        self.runner: ModelRunner | None = None  # built by initialize_cache
+        self._generators: dict[str, torch.Generator] = {}  # request id -> its RNG (seeded requests)
+        self._previous: LaunchedStep | None = None  # the last step launched: pending inputs come from it
+
+    @property
+    def arch(self) -> ArchConfig:
+        return self.model.arch
+
+    # -- start-up -----------------------------------------------------------------------------
+
+    def _block_bytes(self) -> int:
+        arch = self.arch
+        return cache_sizing.bytes_per_block(arch.num_hidden_layers, self.config.block_size,
+                                            arch.num_key_value_heads, arch.head_dim, self.dtype)
+
+    def determine_num_kv_blocks(self) -> int:
+        """How many KV blocks fit this device's memory budget (or ``num_gpu_blocks_override``)."""
+        cfg = self.config
+        if cfg.num_gpu_blocks_override is not None:
+            return cfg.num_gpu_blocks_override
+        if self.device.type == "cuda":
+            budget = cache_sizing.cuda_kv_budget(self.model, cfg.max_num_batched_tokens, cfg.block_size,
+                                                 cfg.gpu_memory_utilization, self.device)
+        else:
+            budget = cache_sizing.cpu_kv_budget(cfg.kv_cache_memory)
+        return budget // self._block_bytes()
+
+    def initialize_cache(self, num_blocks: int, max_model_len: int) -> None:
+        """Allocates ``num_blocks`` KV blocks, captures the decode graphs, and readies the runner."""
+        cfg, arch = self.config, self.arch
+        cache_sizing.log_capacity(num_blocks, cfg.block_size, self._block_bytes(), max_model_len)
+        caches = allocate_kv_caches(arch.num_hidden_layers, num_blocks, cfg.block_size,
+                                    arch.num_key_value_heads, arch.head_dim, self.dtype, self.device)
+        graphs = capture_decode_graphs(self.model, caches, cfg, max_model_len)
+        self.runner = ModelRunner(self.model, caches, cfg.block_size, self.device, graphs)
+
+    # -- steps --------------------------------------------------------------------------------
+
+    def launch(self, step: StepInput) -> LaunchedStep:
+        """Queues one step on the device; its tokens come from ``resolve``. Tokens the step's inputs
+        still await come from the step launched just before it."""
+        if self.runner is None:
+            raise RuntimeError("Worker.initialize_cache must run before the first step")
+        for request_id in step.finished_request_ids:
+            self._generators.pop(request_id, None)
+        generators = [self._generator(r.request_id, r.sampling.seed)
+                      for r in step.requests if r.sampling is not None]
+        self._previous = self.runner.launch(step, generators, self._previous)
+        return self._previous
+
+    def resolve(self, launched: LaunchedStep) -> StepOutput:
+        """Waits for a launched step's sampled tokens."""
+        return ModelRunner.resolve(launched)
+
+    def execute(self, step: StepInput) -> StepOutput:
+        """Launches one step and waits for its tokens."""
+        return self.resolve(self.launch(step))
+
+    def _generator(self, request_id: str, seed: int | None) -> torch.Generator | None:
+        """The request's own RNG, created from its seed on first sight and kept until it finishes."""
+        if seed is None:
+            return None
+        generator = self._generators.get(request_id)
+        if generator is None:
+            generator = torch.Generator(device=self.device).manual_seed(seed)
+            self._generators[request_id] = generator
+        return generator

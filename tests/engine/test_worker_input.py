@@ -1,0 +1,44 @@
+"""SchedulerOutput -> StepInput: known and pending tokens, who samples, what each sampling row carries."""
+from __future__ import annotations
+
+from folovllm.core.scheduler import SchedulerOutput
+from folovllm.engine.worker_input import build_step_input
+from folovllm.request import Request
+from folovllm.sampling_params import SamplingParams
+
+
+def request(rid: str, params: SamplingParams, prompt_len: int = 6, sample_index: int = 0) -> Request:
+    return Request(rid, list(range(10, 10 + prompt_len)), params, 0.0, 16, [2], sample_index)
+
+
+def test_chunks_pending_tokens_and_sampling_rows() -> None:
+    chunked = request("chunked", SamplingParams(temperature=0.0))
+    done_prompt = request("prompt", SamplingParams(temperature=0.5, seed=7), sample_index=1)
+    decoding = request("decode", SamplingParams(temperature=0.0, presence_penalty=0.5, min_tokens=3))
+    decoding.num_computed_tokens = 6
+    decoding.append_output_token(42)
+    decoding.num_computed_tokens = 7
+    decoding.num_pending_tokens = 1  # sampled by the step in flight
+    sched = SchedulerOutput()
+    sched.add(chunked, 4, [0])
+    sched.add(done_prompt, 6, [1, 2])
+    sched.add(decoding, 1, [3, 4])
+    step, sampled = build_step_input(sched, ["gone"])
+
+    assert step.finished_request_ids == ["gone"]
+    assert sampled == [done_prompt, decoding]
+    first, second, third = step.requests
+    assert (first.new_token_ids, first.num_pending_tokens, first.num_computed_tokens) == ([10, 11, 12, 13], 0, 0)
+    assert first.sampling is None  # two prompt tokens still to go
+    assert second.num_new_tokens == 6 and second.block_table == [1, 2]
+    assert second.sampling.seed == 8 and second.sampling.prompt_token_ids == ()
+    assert (third.new_token_ids, third.num_pending_tokens, third.num_computed_tokens) == ([], 1, 7)
+    row = third.sampling
+    assert row.num_output_tokens == 2 and row.stop_token_ids == (2,)
+    assert list(row.prompt_token_ids) == list(range(10, 16)) and list(row.output_token_ids) == [42]
+
+
+def test_stop_token_ids_one_rule() -> None:
+    params = SamplingParams(stop_token_ids=[5])
+    assert request("a", params).stop_token_ids == (5, 2)
+    assert request("b", SamplingParams(stop_token_ids=[5], ignore_eos=True)).stop_token_ids == (5,)
