@@ -6,11 +6,13 @@ Responses are built as plain dicts in the serving modules (cheaper per streamed 
 """
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidatorFunctionWrapHandler,
+                      field_validator, model_validator)
 
 logger = logging.getLogger(__name__)
 
@@ -109,9 +111,13 @@ class _Body(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _valid_unicode(cls, data: Any) -> Any:
-        path = _lone_surrogate_path(data, "")
-        if path is not None:
-            raise ValueError(f"{path} is not valid Unicode (it holds a lone UTF-16 surrogate)")
+        try:  # one pass in C; the walk that names the place runs only when something is wrong
+            json.dumps(data, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            path = _lone_surrogate_path(data, "")
+            raise ValueError(f"{path} is not valid Unicode (it holds a lone UTF-16 surrogate)") from None
+        except (TypeError, ValueError):
+            pass  # not JSON data: the schema check that follows says what is wrong
         return data
 
     def check_supported(self) -> None:
@@ -177,6 +183,33 @@ class CompletionRequest(SamplingRequest):
     logprobs: Int | None = None
     echo: Bool = False
     add_special_tokens: Bool = True
+
+    @field_validator("prompt", mode="wrap")
+    @classmethod
+    def _prompt_form(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        # Checked by hand, stopping at the first bad element: the schema's union would try each form
+        # in turn and, for a long list, collect one error per element per wrong form.
+        if isinstance(value, str):
+            return value
+        if not isinstance(value, list):
+            raise ValueError(_PROMPT_FORMS)
+        if value and type(value[0]) is list:
+            for i, ids in enumerate(value):
+                if type(ids) is not list or not _all_ints(ids):
+                    raise ValueError(f"prompt[{i}] must be a list of token ids; {_PROMPT_FORMS}")
+        elif value and type(value[0]) is str:
+            if not all(type(text) is str for text in value):
+                raise ValueError(f"prompt must not mix strings with other values; {_PROMPT_FORMS}")
+        elif not _all_ints(value):
+            raise ValueError(_PROMPT_FORMS)
+        return value
+
+
+_PROMPT_FORMS = "prompt must be a string, a list of strings, a list of token ids, or a list of such lists"
+
+
+def _all_ints(values: list) -> bool:
+    return all(type(v) is int for v in values)
 
 
 class ContentPart(BaseModel):

@@ -18,7 +18,7 @@ from folovllm.sampling_params import SamplingParams
 class RequestLimits:
     """How much work one request may ask for; each bound has a `folovllm serve` flag."""
 
-    max_request_body_bytes: int = 2 * 2**20
+    max_request_body_bytes: int = 2**20  # parsed on the event loop: about 20 ms at this size
     max_prompts_per_request: int = 128
     max_n: int = 128
     max_stop_strings: int = 64  # also bounds stop_token_ids
