@@ -58,9 +58,14 @@ class Validator:
             prompts = [prompts]
         if not prompts:
             raise bad_request("prompt must not be empty", "prompt")
-        if len(prompts) > self.limits.max_prompts_per_request:
+        limits = self.limits
+        if len(prompts) > limits.max_prompts_per_request:
             raise bad_request(f"prompt holds {len(prompts)} prompts; at most "
-                              f"{self.limits.max_prompts_per_request} are allowed per request", "prompt")
+                              f"{limits.max_prompts_per_request} are allowed per request", "prompt")
+        most = max(limits.max_n, limits.max_prompts_per_request)
+        if len(prompts) * body.n > most:
+            raise bad_request(f"{len(prompts)} prompts with n={body.n} ask for {len(prompts) * body.n} "
+                              f"sequences; at most {most} are allowed per request", "n")
         inputs = []
         for prompt in prompts:
             if isinstance(prompt, str):
