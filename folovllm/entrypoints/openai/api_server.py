@@ -109,7 +109,8 @@ def build_app(core: ProcessCore | ThreadCore, tokenizer, config: ServerConfig,
             raise APIError(401, "missing or invalid API key: send 'Authorization: Bearer <key>'",
                            type="authentication_error", code="invalid_api_key")
 
-    app = FastAPI(title="FoloVLLM", lifespan=lifespan)
+    # redirect_slashes off: "/v1/completions/" is a 404 with an error body, not a 307 a client may not follow
+    app = FastAPI(title="FoloVLLM", lifespan=lifespan, redirect_slashes=False)
     app.add_middleware(BodySizeLimit, max_bytes=config.limits.max_request_body_bytes)
     app.add_middleware(DrainGate, state=state)
     app.add_middleware(RejectionCounter, metrics=metrics)  # outermost: sees the gate's 503s too
