@@ -48,6 +48,15 @@ class InFlight:
     num_decode: int  # its decode tokens, counted before num_computed_tokens moved
 
 
+def check_prompt_length(num_tokens: int, max_model_len: int, what: str = "prompt") -> None:
+    """A prompt needs at least one token and room for at least one generated token."""
+    if num_tokens == 0:
+        raise ValueError(f"the {what} is empty; give at least one token")
+    if num_tokens >= max_model_len:
+        raise ValueError(f"the {what} has {num_tokens} tokens, but max_model_len is {max_model_len} "
+                         "(the prompt plus at least one generated token must fit)")
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         config = config.resolve()  # every "auto" decided here, once
@@ -138,11 +147,7 @@ class LLMEngine:
         if request_id in self.groups:
             raise ValueError(f"request id {request_id!r} is already in use")
         prompt_text, prompt_ids = self._tokenize(prompt)
-        if not prompt_ids:
-            raise ValueError("the prompt is empty; give at least one token")
-        if len(prompt_ids) >= self.max_model_len:
-            raise ValueError(f"the prompt has {len(prompt_ids)} tokens, but max_model_len is "
-                             f"{self.max_model_len} (the prompt plus at least one generated token must fit)")
+        check_prompt_length(len(prompt_ids), self.max_model_len)
         vocab = self.vocab_size
         if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
             raise ValueError(f"prompt token ids must be in [0, {vocab}); got an id outside")

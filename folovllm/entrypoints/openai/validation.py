@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from folovllm.engine.llm_engine import check_prompt_length
 from folovllm.entrypoints.openai.errors import bad_request
 from folovllm.entrypoints.openai.protocol import (ChatCompletionRequest, ChatMessage, CompletionRequest,
                                                   UnsupportedField, SamplingRequest)
@@ -165,12 +166,10 @@ class Validator:
     def _check_length(self, num_prompt_tokens: int, params: SamplingParams, prompt_param: str,
                       max_param: str) -> None:
         limit = self.max_model_len
-        if num_prompt_tokens == 0:
-            raise bad_request(f"the {prompt_param} is empty; give at least one token", prompt_param)
-        if num_prompt_tokens >= limit:
-            raise bad_request(f"the {prompt_param} has {num_prompt_tokens} tokens, but max_model_len is "
-                              f"{limit} (the prompt plus at least one generated token must fit)",
-                              prompt_param)
+        try:
+            check_prompt_length(num_prompt_tokens, limit, prompt_param)
+        except ValueError as err:
+            raise bad_request(err, prompt_param) from err
         if params.max_tokens is not None and num_prompt_tokens + params.max_tokens > limit:
             raise bad_request(
                 f"{max_param} is too large: this model's maximum context length is {limit} tokens, and "
