@@ -1,0 +1,1 @@
+"""Quantized weight formats: how packed low-bit weights are held, repacked and multiplied."""
