@@ -13,6 +13,8 @@ class Logprob:
 
 # One dict per generated position: token id -> Logprob (the sampled token plus the top-N).
 SampleLogprobs = list[dict[int, Logprob]]
+# One entry per prompt position: None for the first token (nothing predicts it), then as above.
+PromptLogprobs = list[dict[int, Logprob] | None]
 
 
 @dataclass
@@ -49,4 +51,5 @@ class RequestOutput:
     finished: bool
     metrics: RequestMetrics
     num_cached_tokens: int = 0
-    prompt_logprobs: list | None = field(default=None)
+    # SamplingParams.prompt_logprobs set: aligned with prompt_token_ids, in every output of the request.
+    prompt_logprobs: PromptLogprobs | None = field(default=None)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import enum
 from typing import Any
 
-from folovllm.outputs import RequestMetrics, SampleLogprobs
+from folovllm.outputs import PromptLogprobs, RequestMetrics, SampleLogprobs
 from folovllm.sampling_params import SamplingParams
 
 
@@ -69,6 +69,12 @@ class Request:
         self.metrics = RequestMetrics(arrival_time=arrival_time)
         self.logprobs: SampleLogprobs | None = [] if params.logprobs is not None else None
         self.cumulative_logprob = 0.0
+        # Prompt logprobs are computed by a group's first sample only (the others would repeat them).
+        # Indexed by prompt position, so a recomputed chunk (preemption) overwrites, never appends.
+        self.prompt_logprobs: PromptLogprobs | None = None
+        if params.prompt_logprobs is not None and sample_index == 0:
+            self.prompt_logprobs = [None] * len(prompt_token_ids)
+        self.num_prompt_logprobs = 0  # prompt positions 1.. that have their entry (filled in order)
         self.stop_reason: int | str | None = None
         self.detokenizer: Any = None  # set by the engine's output processor
         self.text = ""
@@ -76,6 +82,12 @@ class Request:
     @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
+
+    @property
+    def needs_prompt_logprobs(self) -> bool:
+        """Some prompt token still lacks its logprob: the request must compute its whole prompt
+        (no prefix-cache hits, whose tokens are never run through the model)."""
+        return self.prompt_logprobs is not None and self.num_prompt_logprobs < self.num_prompt_tokens - 1
 
     @property
     def num_tokens(self) -> int:

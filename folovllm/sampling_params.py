@@ -23,6 +23,8 @@ class SamplingParams:
     min_tokens: int = 0
     ignore_eos: bool = False
     logprobs: int | None = None
+    # None: off. k >= 0: each prompt token after the first gets its logprob, its rank and the top-k.
+    prompt_logprobs: int | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
@@ -52,7 +54,7 @@ class SamplingParams:
         for name in ("n", "top_k", "min_tokens"):
             if not _is_int(getattr(self, name)):
                 raise bad(name, "an integer")
-        for name in ("max_tokens", "logprobs", "seed"):
+        for name in ("max_tokens", "logprobs", "prompt_logprobs", "seed"):
             if getattr(self, name) is not None and not _is_int(getattr(self, name)):
                 raise bad(name, "an integer or None")
         if self.n < 1:
@@ -71,6 +73,8 @@ class SamplingParams:
             raise bad("min_tokens", "in [0, max_tokens]")
         if self.logprobs is not None and not 0 <= self.logprobs <= 20:
             raise bad("logprobs", "in [0, 20]")
+        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= 20:
+            raise bad("prompt_logprobs", "in [0, 20] (or None for no prompt logprobs)")
         if self.seed is not None and not _INT64[0] <= self.seed <= _INT64[1]:
             raise bad("seed", "a 64-bit signed integer")
         if not -2.0 <= self.presence_penalty <= 2.0:

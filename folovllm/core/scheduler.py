@@ -140,7 +140,8 @@ class Scheduler:
             request = self.waiting[0]
             if not self.admission.fits(request, self.running):
                 break
-            cached_blocks = self.kv_cache.find_cached_prefix(request)
+            # Cached tokens are never run through the model, so they would have no prompt logprobs.
+            cached_blocks = [] if request.needs_prompt_logprobs else self.kv_cache.find_cached_prefix(request)
             num_cached = len(cached_blocks) * self.kv_cache.block_size
             num_new = self._num_new_tokens(request, budget, num_cached,
                                            chunked=self.admission.chunked_admission)

@@ -29,6 +29,7 @@ from folovllm.model.loader import default_model_path
 from folovllm.model.tokenizer import load_tokenizer
 from folovllm.outputs import RequestOutput
 from folovllm.request import Request, RequestStatus
+from folovllm.sample.prompt_logprobs import PromptLogprobsChunk
 from folovllm.sampling_params import SamplingParams
 from folovllm.worker.model_runner import LaunchedStep
 from folovllm.worker.worker import Worker
@@ -303,6 +304,8 @@ class LLMEngine:
         now = time.perf_counter()
         for request in step.sched.requests:
             self.kv_cache.cache_computed_blocks(request)
+        if out.prompt_logprobs:
+            self._take_prompt_logprobs(step, out.prompt_logprobs, touched)
         for row, request in enumerate(step.sampled):
             request.num_pending_tokens -= 1
             if request.status.finished:  # ended meanwhile (stopped one step earlier, or aborted)
@@ -323,6 +326,20 @@ class LLMEngine:
             self.stats.generation_tokens += 1
             touched[request.parent_id] = self.groups[request.parent_id]
         return out.wait_s
+
+    def _take_prompt_logprobs(self, step: InFlight, chunks: list[PromptLogprobsChunk],
+                              touched: dict[str, RequestGroup]) -> None:
+        """Stores each chunk's prompt logprobs in its request, by position."""
+        by_id = {request.request_id: request for request in step.sched.requests}
+        for chunk in chunks:
+            request = by_id[chunk.request_id]
+            if request.status.finished:
+                continue
+            try:
+                self.output_processor.add_prompt_logprobs(request, chunk.first_position, chunk.entries)
+            except Exception:
+                logger.exception("prompt logprobs failed for request %s; ending it", request.request_id)
+                self._fail_group(request.parent_id, touched)
 
     def _record_step(self, now: float, sched: SchedulerOutput, num_decode: int) -> None:
         stats = self.stats

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from folovllm.outputs import CompletionOutput, RequestMetrics, RequestOutput, SampleLogprobs
+from folovllm.outputs import CompletionOutput, PromptLogprobs, RequestMetrics, RequestOutput, SampleLogprobs
 
 
 @dataclass
@@ -34,6 +34,7 @@ class OutputDelta:
     num_cached_tokens: int
     prompt: str | None = None
     prompt_token_ids: list[int] | None = None  # the first delta of a request only
+    prompt_logprobs: PromptLogprobs | None = None  # likewise (complete by a request's first output)
 
 
 class DeltaEncoder:
@@ -58,7 +59,8 @@ class DeltaEncoder:
             del self._sent[output.request_id]
         return OutputDelta(output.request_id, samples, output.finished, output.metrics,
                            output.num_cached_tokens, output.prompt if first else None,
-                           output.prompt_token_ids if first else None)
+                           output.prompt_token_ids if first else None,
+                           output.prompt_logprobs if first else None)
 
     def forget(self, request_id: str) -> None:
         """The request ended without a finished output (aborted)."""
@@ -76,7 +78,7 @@ class DeltaDecoder:
         if previous is None:
             previous = RequestOutput(delta.request_id, delta.prompt, delta.prompt_token_ids or [],
                                      [CompletionOutput(s.index, "", []) for s in delta.samples],
-                                     False, delta.metrics)
+                                     False, delta.metrics, prompt_logprobs=delta.prompt_logprobs)
         outputs = []
         for old, s in zip(previous.outputs, delta.samples):
             logprobs = None
@@ -86,7 +88,8 @@ class DeltaDecoder:
                 s.index, old.text[:s.text_keep] + s.text_suffix, old.token_ids + s.new_token_ids,
                 s.cumulative_logprob, logprobs, s.finish_reason, s.stop_reason))
         output = RequestOutput(delta.request_id, previous.prompt, previous.prompt_token_ids, outputs,
-                               delta.finished, delta.metrics, delta.num_cached_tokens)
+                               delta.finished, delta.metrics, delta.num_cached_tokens,
+                               previous.prompt_logprobs)
         if delta.finished:
             self._last.pop(delta.request_id, None)
         else:

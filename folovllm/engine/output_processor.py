@@ -74,6 +74,15 @@ class OutputProcessor:
             request.detokenizer.finish()
             request.text = request.detokenizer.text
 
+    def add_prompt_logprobs(self, request: Request, first_position: int, entries: list) -> None:
+        """Records the logprobs of prompt positions ``first_position...``; a recomputed position
+        (after preemption) is overwritten, so nothing is counted twice."""
+        if request.prompt_logprobs is None:
+            return
+        for offset, token_logprobs in enumerate(entries):
+            request.prompt_logprobs[first_position + offset] = self._to_logprob_dict(token_logprobs)
+        request.num_prompt_logprobs = max(request.num_prompt_logprobs, first_position + len(entries) - 1)
+
     def _to_logprob_dict(self, token_logprobs) -> dict[int, Logprob]:
         decode = self.tokenizer.convert_ids_to_tokens
         entries = {tid: Logprob(lp, rank + 1, decode(tid))
@@ -100,4 +109,5 @@ class OutputProcessor:
         return RequestOutput(
             request_id=group.request_id, prompt=group.prompt,
             prompt_token_ids=group.prompt_token_ids, outputs=outputs, finished=group.finished,
-            metrics=metrics, num_cached_tokens=first.num_cached_tokens)
+            metrics=metrics, num_cached_tokens=first.num_cached_tokens,
+            prompt_logprobs=None if first.needs_prompt_logprobs else first.prompt_logprobs)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from folovllm.core.scheduler import SchedulerOutput
 from folovllm.request import Request
+from folovllm.sample.prompt_logprobs import PromptLogprobsRequest
 from folovllm.sample.rows import SamplingRow
 from folovllm.worker.step_input import ScheduledRequest, StepInput
 
@@ -21,7 +22,7 @@ def build_step_input(sched: SchedulerOutput, finished_request_ids: list[str]
             sampling = sampling_row(request)
             sampled.append(request)
         scheduled.append(ScheduledRequest(request.request_id, known, num_new - len(known), start, table,
-                                          sampling))
+                                          sampling, prompt_logprobs_request(request, start, end)))
     return StepInput(scheduled, finished_request_ids), sampled
 
 
@@ -32,3 +33,15 @@ def sampling_row(request: Request) -> SamplingRow:
         return SamplingRow(params, request.seed, request.num_output_tokens, request.stop_token_ids,
                            request.prompt_token_ids, request.output_token_ids)
     return SamplingRow(params, request.seed, request.num_output_tokens, request.stop_token_ids)
+
+
+def prompt_logprobs_request(request: Request, start: int, end: int) -> PromptLogprobsRequest | None:
+    """The prompt tokens that rows ``[start, end)`` predict (row ``p`` predicts token ``p + 1``),
+    when the request asks for prompt logprobs and some of those are prompt tokens."""
+    if not request.needs_prompt_logprobs:
+        return None
+    last = min(end, request.num_prompt_tokens - 1)  # the prompt's last row predicts an output token
+    if last <= start:
+        return None
+    return PromptLogprobsRequest(request.params.prompt_logprobs, start + 1,
+                                 request.prompt_token_ids[start + 1:last + 1])

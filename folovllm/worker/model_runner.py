@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 import torch
 
 from folovllm.attention.metadata import AttentionMetadata
+from folovllm.sample.prompt_logprobs import (PromptLogprobsBatch, PromptLogprobsTensors,
+                                             compute_prompt_logprobs)
 from folovllm.sample.sampler import Sampler, SamplingRow, build_sampling_batch
 from folovllm.tensors import to_device
 from folovllm.worker.cuda_graphs import CudaGraphRunner
@@ -32,6 +34,7 @@ class StepBatch:
     sampling_request_ids: list[str]  # the requests they belong to
     # Rows whose input token is still pending on the device (overlap): (row, request id).
     pending_inputs: list[tuple[int, str]] = field(default_factory=list)
+    prompt_logprobs: PromptLogprobsBatch | None = None  # prefill rows whose next prompt token is scored
 
 
 @dataclass
@@ -44,6 +47,7 @@ class LaunchedStep:
     needs_sync: bool = False  # a logits processor read every earlier token: the next step must wait
     host_token_ids: torch.Tensor | None = None  # CUDA: pinned copy, valid once ``ready`` fires
     ready: torch.cuda.Event | None = None
+    prompt_logprobs: PromptLogprobsTensors | None = None  # read back by ``resolve``
 
     def row_of(self) -> dict[str, int]:
         return {rid: i for i, rid in enumerate(self.request_ids)}
@@ -61,7 +65,15 @@ def prepare_step_batch(step: StepInput, block_size: int, device: torch.device) -
     sampling_rows: list[SamplingRow] = []
     sampling_request_ids: list[str] = []
     pending_inputs: list[tuple[int, str]] = []
+    prompt_logprobs = PromptLogprobsBatch([], [], [], [])
     for request in step.requests:
+        if request.prompt_logprobs is not None:  # the chunk's first rows predict the next prompt tokens
+            first_row = len(input_ids)
+            prompt_logprobs.request_ids.append(request.request_id)
+            prompt_logprobs.requests.append(request.prompt_logprobs)
+            prompt_logprobs.row_indices.extend(range(first_row, first_row + len(
+                request.prompt_logprobs.target_token_ids)))
+            prompt_logprobs.target_token_ids.extend(request.prompt_logprobs.target_token_ids)
         input_ids.extend(request.new_token_ids)
         for _ in range(request.num_pending_tokens):  # not known yet: on the device
             pending_inputs.append((len(input_ids), request.request_id))
@@ -97,7 +109,8 @@ def prepare_step_batch(step: StepInput, block_size: int, device: torch.device) -
         block_size=block_size,
     )
     return StepBatch(as_tensor(input_ids), as_tensor(positions), meta, as_tensor(logits_indices),
-                     sampling_rows, sampling_request_ids, pending_inputs)
+                     sampling_rows, sampling_request_ids, pending_inputs,
+                     prompt_logprobs if prompt_logprobs.requests else None)
 
 
 class ModelRunner:
@@ -122,12 +135,16 @@ class ModelRunner:
         if batch.pending_inputs:
             self._fill_pending_inputs(batch, previous)
         hidden = self._forward(batch)
+        prompt_logprobs = None
+        if batch.prompt_logprobs is not None:
+            prompt_logprobs = compute_prompt_logprobs(hidden, batch.prompt_logprobs, self.model.compute_logits)
         if not batch.sampling_rows:
-            return LaunchedStep([], None, None)
+            return LaunchedStep([], None, None, prompt_logprobs=prompt_logprobs)
         logits = self.model.compute_logits(hidden[batch.logits_indices])
         sampling_batch = build_sampling_batch(batch.sampling_rows, generators, self.vocab_size, self.device)
         token_ids, logprobs = self.sampler.sample(logits, sampling_batch)
-        launched = LaunchedStep(batch.sampling_request_ids, token_ids, logprobs, sampling_batch.needs_sync)
+        launched = LaunchedStep(batch.sampling_request_ids, token_ids, logprobs, sampling_batch.needs_sync,
+                                prompt_logprobs=prompt_logprobs)
         if self.device.type == "cuda":  # start the copy home now; resolve() only waits for it
             launched.host_token_ids = torch.empty(token_ids.shape, dtype=token_ids.dtype, pin_memory=True)
             launched.host_token_ids.copy_(token_ids, non_blocking=True)
@@ -138,15 +155,17 @@ class ModelRunner:
     @staticmethod
     def resolve(launched: LaunchedStep) -> StepOutput:
         """Waits for the step's sampled tokens and hands them over as host lists."""
-        if launched.token_ids is None:
-            return StepOutput()
         start = time.perf_counter()
+        prompt_logprobs = launched.prompt_logprobs.to_host() if launched.prompt_logprobs is not None else []
+        if launched.token_ids is None:
+            return StepOutput(prompt_logprobs=prompt_logprobs, wait_s=time.perf_counter() - start)
         if launched.ready is not None:
             launched.ready.synchronize()
             ids = launched.host_token_ids.tolist()
         else:
             ids = launched.token_ids.tolist()
-        return StepOutput(launched.request_ids, ids, launched.logprobs, time.perf_counter() - start)
+        return StepOutput(launched.request_ids, ids, launched.logprobs, prompt_logprobs,
+                          time.perf_counter() - start)
 
     @staticmethod
     def _fill_pending_inputs(batch: StepBatch, previous: LaunchedStep | None) -> None:

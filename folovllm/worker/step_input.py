@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from folovllm.sample.prompt_logprobs import PromptLogprobsChunk, PromptLogprobsRequest
 from folovllm.sample.rows import SamplingRow
 from folovllm.sample.sampler import TokenLogprobs
 
@@ -22,6 +23,8 @@ class ScheduledRequest:
     num_computed_tokens: int  # position of the first new token (its K/V and all before are cached)
     block_table: list[int]  # KV block ids covering every position up to the last new token
     sampling: SamplingRow | None = None  # set when the last new token's logits give the next token
+    # Set when the chunk's first rows predict prompt tokens whose logprobs the request asks for.
+    prompt_logprobs: PromptLogprobsRequest | None = None
 
     @property
     def num_new_tokens(self) -> int:
@@ -44,4 +47,5 @@ class StepOutput:
     request_ids: list[str] = field(default_factory=list)
     sampled_token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprobs | None] = field(default_factory=list)  # None: the row did not ask
+    prompt_logprobs: list[PromptLogprobsChunk] = field(default_factory=list)  # requests that asked
     wait_s: float = 0.0  # time the host spent blocked on the device for this result
