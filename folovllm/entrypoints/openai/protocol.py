@@ -34,7 +34,6 @@ _NOOP: dict[str, Callable[[Any], bool]] = {
     "truncate_prompt_tokens": lambda v: v is None,
     "allowed_token_ids": lambda v: v is None,
     "bad_words": lambda v: v in (None, []),
-    "prompt_logprobs": lambda v: v is None,
     "response_format": lambda v: v is None or v == {"type": "text"},
     "structured_outputs": lambda v: v is None,
     "guided_json": lambda v: v is None,
@@ -165,6 +164,7 @@ class SamplingRequest(_Body):
     include_stop_str_in_output: Bool = False
     skip_special_tokens: Bool = True
     cache_salt: str | None = Field(default=None, min_length=1, max_length=256)  # keeps prefixes apart
+    prompt_logprobs: Int | None = None  # each prompt token's logprob and top-k, in "prompt_logprobs"
 
     @property
     def include_usage(self) -> bool:

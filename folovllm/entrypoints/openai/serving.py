@@ -208,5 +208,15 @@ def usage(finals: list[RequestOutput], completion_tokens: int) -> dict:
             "prompt_tokens_details": {"cached_tokens": cached}}
 
 
+def prompt_logprobs_json(entries: list | None, token_text: Callable[[int], str]) -> list | None:
+    """vLLM's ``prompt_logprobs``: per prompt token, null (the first) or
+    {token id: {logprob, rank, decoded_token}}."""
+    if entries is None:
+        return None
+    return [None if entry is None else
+            {str(t): {"logprob": lp.logprob, "rank": lp.rank, "decoded_token": token_text(t)}
+             for t, lp in entry.items()} for entry in entries]
+
+
 def now_s() -> int:
     return int(time.time())

@@ -10,8 +10,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from folovllm.engine.async_engine import RequestStream
 from folovllm.entrypoints.openai.protocol import ChatCompletionRequest
-from folovllm.entrypoints.openai.serving import (ServingContext, TextDeltas, event_stream, now_s, sse,
-                                                 usage)
+from folovllm.entrypoints.openai.serving import (ServingContext, TextDeltas, event_stream, now_s,
+                                                 prompt_logprobs_json, sse, usage)
 from folovllm.outputs import CompletionOutput
 
 
@@ -36,9 +36,11 @@ class ChatServing:
                     "finish_reason": out.finish_reason, "stop_reason": out.stop_reason}
                    for out in final.outputs]
         completion_tokens = sum(len(o.token_ids) for o in final.outputs)
-        return JSONResponse({"id": request_id, "object": "chat.completion", "created": now_s(),
-                             "model": ctx.model_name, "choices": choices,
-                             "usage": usage([final], completion_tokens)})
+        response = {"id": request_id, "object": "chat.completion", "created": now_s(),
+                    "model": ctx.model_name, "choices": choices, "usage": usage([final], completion_tokens)}
+        if body.prompt_logprobs is not None:
+            response["prompt_logprobs"] = prompt_logprobs_json(final.prompt_logprobs, ctx.token_text)
+        return JSONResponse(response)
 
     def _logprobs(self, out: CompletionOutput, first_token: int, top_n: int) -> dict:
         """OpenAI chat format: {"content": [{token, logprob, bytes, top_logprobs: [...]}, ...]}."""

@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from folovllm.engine.async_engine import RequestStream
 from folovllm.entrypoints.openai.protocol import CompletionRequest
 from folovllm.entrypoints.openai.serving import (ServingContext, TextDeltas, event_stream, merge_streams,
-                                                 now_s, sse, usage)
+                                                 now_s, prompt_logprobs_json, sse, usage)
 from folovllm.outputs import CompletionOutput, RequestOutput
 
 
@@ -35,11 +35,19 @@ class CompletionServing:
         for i, final in enumerate(finals):
             echo = self._prompt_text(prompts[i]) if body.echo else ""
             for out in final.outputs:
+                out = _without_generation(out) if _scores_only(body) else out
                 completion_tokens += len(out.token_ids)
-                logprobs = self._logprobs(out, 0, len(echo)) if body.logprobs is not None else None
-                choices.append({"index": i * params.n + out.index, "text": echo + out.text,
-                                "logprobs": logprobs, "finish_reason": out.finish_reason,
-                                "stop_reason": out.stop_reason})
+                logprobs = None
+                if body.logprobs is not None:
+                    logprobs = self._logprobs(out, 0, len(echo))
+                    if body.echo:
+                        logprobs = _concat(self._prompt_logprobs(final), logprobs)
+                choice = {"index": i * params.n + out.index, "text": echo + out.text,
+                          "logprobs": logprobs, "finish_reason": out.finish_reason,
+                          "stop_reason": out.stop_reason}
+                if body.prompt_logprobs is not None:
+                    choice["prompt_logprobs"] = prompt_logprobs_json(final.prompt_logprobs, ctx.token_text)
+                choices.append(choice)
         return JSONResponse({"id": request_id, "object": "text_completion", "created": now_s(),
                              "model": ctx.model_name, "choices": choices,
                              "usage": usage(finals, completion_tokens)})
@@ -47,6 +55,22 @@ class CompletionServing:
     def _prompt_text(self, prompt: dict) -> str:
         text = prompt.get("prompt")
         return text if text is not None else self.ctx.tokenizer.decode(prompt["prompt_token_ids"])
+
+    def _prompt_logprobs(self, final: RequestOutput) -> dict:
+        """The echoed prompt's tokens in the completions logprobs format; the first has no logprob."""
+        token_text = self.ctx.token_text
+        result = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        offset = 0
+        entries = final.prompt_logprobs or [None] * len(final.prompt_token_ids)
+        for token_id, entry in zip(final.prompt_token_ids, entries):
+            text = token_text(token_id)
+            result["tokens"].append(text)
+            result["token_logprobs"].append(None if entry is None else entry[token_id].logprob)
+            result["top_logprobs"].append(None if entry is None else {
+                token_text(t): lp.logprob for t, lp in sorted(entry.items(), key=lambda e: e[1].rank)})
+            result["text_offset"].append(offset)
+            offset += len(text)
+        return result
 
     def _logprobs(self, out: CompletionOutput, first_token: int, text_offset: int) -> dict:
         """OpenAI completions format for tokens [first_token:]: tokens, token_logprobs, top_logprobs,
@@ -76,17 +100,27 @@ class CompletionServing:
             return sse({"id": request_id, "object": "text_completion", "created": created,
                         "model": model, "choices": choices})
 
+        echo_waits: set[int] = set()  # echoes that carry prompt logprobs: sent with the first output
         if body.echo:
             for i, prompt in enumerate(prompts):
                 text = self._prompt_text(prompt)
                 for j in range(n):
                     offsets[i][j] = len(text)
+                if body.logprobs is not None:
+                    echo_waits.add(i)
+                    continue
                 yield chunk([{"index": i * n + j, "text": text, "logprobs": None,
                               "finish_reason": None} for j in range(n)])
         async for i, output in merge_streams(streams):
             finals[i] = output
+            if i in echo_waits:
+                echo_waits.discard(i)
+                text, logprobs = self._prompt_text(prompts[i]), self._prompt_logprobs(output)
+                yield chunk([{"index": i * n + j, "text": text, "logprobs": logprobs,
+                              "finish_reason": None} for j in range(n)])
             choices = []
             for out in output.outputs:
+                out = _without_generation(out) if _scores_only(body) else out
                 delta, first_token = cursors[i][out.index].advance(out)
                 if not delta and first_token == len(out.token_ids) and not out.finished():
                     continue
@@ -100,6 +134,22 @@ class CompletionServing:
             if choices:
                 yield chunk(choices)
         if body.include_usage:
-            completion_tokens = sum(len(o.token_ids) for f in finals for o in f.outputs)
+            completion_tokens = 0 if _scores_only(body) else sum(
+                len(o.token_ids) for f in finals for o in f.outputs)
             yield sse({"id": request_id, "object": "text_completion", "created": created,
                        "model": model, "choices": [], "usage": usage(finals, completion_tokens)})
+
+
+def _scores_only(body: CompletionRequest) -> bool:
+    """echo with max_tokens=0: the prompt (and its logprobs) only; the one token the engine ran for
+    is not shown."""
+    return body.echo and body.max_tokens == 0
+
+
+def _without_generation(out: CompletionOutput) -> CompletionOutput:
+    return CompletionOutput(out.index, "", [], None, [] if out.logprobs is not None else None,
+                            finish_reason="length" if out.finished() else None)
+
+
+def _concat(first: dict, second: dict) -> dict:
+    return {key: first[key] + second[key] for key in first}

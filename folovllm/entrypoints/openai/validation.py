@@ -51,9 +51,16 @@ class Validator:
     def completion(self, body: CompletionRequest) -> tuple[list[dict], SamplingParams]:
         """The engine prompts (tokenized) and sampling params of a /v1/completions body."""
         self._common(body)
-        if body.echo and body.logprobs is not None:
-            raise bad_request("echo with logprobs is not supported (no prompt logprobs)", "echo")
-        params = self._params(body, body.max_tokens, body.logprobs, renames=None)
+        max_tokens = body.max_tokens
+        if max_tokens == 0:  # scoring (echo, nothing generated): the engine runs one step
+            if not body.echo:
+                raise bad_request("max_tokens must be at least 1 (0 is allowed only with echo=true, "
+                                  "to score the prompt)", "max_tokens")
+            max_tokens = 1
+        prompt_logprobs = body.prompt_logprobs
+        if body.echo and body.logprobs is not None:  # the echoed prompt tokens carry logprobs too
+            prompt_logprobs = max(prompt_logprobs or 0, body.logprobs)
+        params = self._params(body, max_tokens, body.logprobs, renames=None, prompt_logprobs=prompt_logprobs)
         prompts = body.prompt
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
@@ -90,7 +97,7 @@ class Validator:
             max_tokens, max_name = body.max_completion_tokens, "max_completion_tokens"
             renames["max_tokens"] = max_name
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
-        params = self._params(body, max_tokens, logprobs, renames)
+        params = self._params(body, max_tokens, logprobs, renames, prompt_logprobs=body.prompt_logprobs)
         ids = self.render_chat(body.messages, body.add_generation_prompt, body.add_special_tokens)
         self._check_length(len(ids), params, "messages", max_name)
         prompt = {"prompt_token_ids": ids}
@@ -143,20 +150,22 @@ class Validator:
         if any(len(s) > limits.max_stop_string_chars for s in stop):
             raise bad_request(f"each stop string must be at most {limits.max_stop_string_chars} "
                               "characters", "stop")
+        if body.prompt_logprobs is not None and body.stream:
+            raise bad_request("prompt_logprobs are not available when stream=true", "prompt_logprobs")
         if len(body.stop_token_ids or ()) > limits.max_stop_strings:
             raise bad_request(f"stop_token_ids holds {len(body.stop_token_ids)} ids; at most "
                               f"{limits.max_stop_strings} are allowed", "stop_token_ids")
 
     @staticmethod
     def _params(body: SamplingRequest, max_tokens: int | None, logprobs: int | None,
-                renames: dict[str, str] | None) -> SamplingParams:
+                renames: dict[str, str] | None, prompt_logprobs: int | None = None) -> SamplingParams:
         top_k = -1 if body.top_k in (None, 0) else body.top_k
         try:
             return SamplingParams(
                 n=body.n, temperature=body.temperature, top_p=body.top_p, top_k=top_k, min_p=body.min_p,
                 seed=body.seed, stop=body.stop_list, stop_token_ids=body.stop_token_ids,
                 max_tokens=max_tokens, min_tokens=body.min_tokens, ignore_eos=body.ignore_eos,
-                logprobs=logprobs, presence_penalty=body.presence_penalty,
+                logprobs=logprobs, prompt_logprobs=prompt_logprobs, presence_penalty=body.presence_penalty,
                 frequency_penalty=body.frequency_penalty, repetition_penalty=body.repetition_penalty,
                 skip_special_tokens=body.skip_special_tokens,
                 include_stop_str_in_output=body.include_stop_str_in_output)

@@ -62,6 +62,11 @@ for field, value in [
 for prompt in (5, None, 1.5, [1.5], [[1, "a"]], {"a": 1}, [None], [[[1]]], True):
     case(f"completion-prompt-{json.dumps(prompt)}", CMPL, {"prompt": prompt, "max_tokens": 2})
 case("completion-no-prompt", CMPL, {"max_tokens": 2})
+case("completion-prompt_logprobs-bool", CMPL, _completion(prompt_logprobs=True))
+case("completion-prompt-logprobs-streamed", CMPL, _completion(prompt_logprobs=1, stream=True))
+case("chat-prompt-logprobs-streamed", CHAT, _chat(prompt_logprobs=1, stream=True))
+case("chat-prompt-logprobs-21", CHAT, _chat(prompt_logprobs=21))
+case("completion-echo-max-tokens-0-logprobs-21", CMPL, _completion(echo=True, max_tokens=0, logprobs=21))
 
 # -- out of range, non-finite -------------------------------------------------------------------
 for field, value in [
@@ -70,7 +75,7 @@ for field, value in [
     ("max_tokens", 600), ("min_tokens", 10**30), ("min_tokens", -1), ("logprobs", 21),
     ("logprobs", -1), ("top_k", -5), ("presence_penalty", 2.5), ("frequency_penalty", -3),
     ("repetition_penalty", 0), ("repetition_penalty", 3), ("seed", 2**64), ("seed", -(2**64)),
-    ("cache_salt", ""), ("user", "u" * 1000),
+    ("cache_salt", ""), ("user", "u" * 1000), ("prompt_logprobs", 21), ("prompt_logprobs", -1),
 ]:
     case(f"completion-range-{field}-{str(value)[:12]}", CMPL, _completion(**{field: value}))
 for literal in ("NaN", "Infinity", "-Infinity", "1e999", "-1e999"):
@@ -130,7 +135,7 @@ for where, body in [
 for field, value in [
     ("best_of", 2), ("logit_bias", {"1": 5}), ("suffix", "x"), ("use_beam_search", True),
     ("length_penalty", 0.5), ("truncate_prompt_tokens", 5), ("allowed_token_ids", [1]),
-    ("bad_words", ["x"]), ("prompt_logprobs", 1), ("response_format", {"type": "json_object"}),
+    ("bad_words", ["x"]), ("response_format", {"type": "json_object"}),
     ("guided_json", {}), ("guided_regex", "a+"), ("guided_choice", ["a"]), ("structured_outputs", {"regex": "a"}),
     ("logits_processors", ["x"]), ("return_tokens_as_token_ids", True), ("spaces_between_special_tokens", False),
     ("prompt_embeds", "AAAA"),

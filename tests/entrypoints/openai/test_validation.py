@@ -23,7 +23,7 @@ _FIELDS = ["prompt", "messages", "n", "temperature", "top_p", "top_k", "min_p", 
            "max_completion_tokens", "min_tokens", "stop", "stop_token_ids", "seed", "logprobs",
            "top_logprobs", "echo", "presence_penalty", "frequency_penalty", "repetition_penalty",
            "ignore_eos", "stream", "stream_options", "user", "priority", "cache_salt", "best_of",
-           "logit_bias", "tools", "response_format", "suffix", "add_special_tokens"]
+           "logit_bias", "tools", "response_format", "suffix", "add_special_tokens", "prompt_logprobs"]
 plausible = st.one_of(
     json_values,
     st.integers(min_value=-3, max_value=700),
@@ -126,3 +126,24 @@ def test_text_longer_than_the_context_is_not_tokenized(validator, monkeypatch):
 def test_limits_reject_nonpositive_values():
     with pytest.raises(ValueError, match="--max-n"):
         RequestLimits(max_n=0)
+
+
+def test_scoring_bodies_reach_the_engine_with_prompt_logprobs(validator):
+    # lm-eval's loglikelihood request: echo the prompt with logprobs, generate nothing
+    _, params = validator.completion(CompletionRequest.model_validate(
+        {"prompt": "Hi there", "echo": True, "logprobs": 1, "max_tokens": 0}))
+    assert params.prompt_logprobs == 1 and params.logprobs == 1 and params.max_tokens == 1
+    _, params = validator.completion(CompletionRequest.model_validate(
+        {"prompt": "Hi there", "echo": True, "logprobs": 0, "max_tokens": 0, "prompt_logprobs": 3}))
+    assert params.prompt_logprobs == 3
+    _, params = validator.completion(CompletionRequest.model_validate({"prompt": "Hi", "logprobs": 2}))
+    assert params.prompt_logprobs is None  # without echo only the generated tokens get logprobs
+    _, params, _ = validator.chat(ChatCompletionRequest.model_validate(
+        {"messages": [{"role": "user", "content": "Hi"}], "prompt_logprobs": 0}))
+    assert params.prompt_logprobs == 0
+
+
+def test_max_tokens_zero_needs_echo(validator):
+    with pytest.raises(APIError) as info:
+        validator.completion(CompletionRequest.model_validate({"prompt": "Hi", "max_tokens": 0}))
+    assert info.value.param == "max_tokens" and "only with echo" in info.value.message
