@@ -107,6 +107,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_policies_args(policies)
     policies.set_defaults(func=lambda args: _run_bench(run_policies, args))
+    perplexity = bench_sub.add_parser("perplexity", help="strided perplexity of a text (prompt logprobs)")
+    from folovllm.bench.perplexity import add_perplexity_args, run_perplexity
+
+    add_perplexity_args(perplexity)
+    perplexity.set_defaults(func=lambda args: _run_bench(run_perplexity, args))
     return parser
 
 
