@@ -125,7 +125,7 @@ def add_perplexity_args(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
 
 def run_perplexity(args: argparse.Namespace) -> PerplexityResult:
     """Tokenizes the text, scores it window by window, prints ``perplexity: X`` and writes the JSON."""
-    from folovllm.entrypoints.llm import LLM
+    from folovllm import LLM  # the engine is heavy: `--help` stays free of it
 
     config = engine_config_from_args(args)
     if args.text_file is not None:

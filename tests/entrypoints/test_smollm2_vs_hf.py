@@ -45,3 +45,17 @@ def test_greedy_matches_transformers(smol_llm, hf_model):
                                     pad_token_id=0)
         ref_tokens = ref.sequences[0, ids.shape[1]:].tolist()
         assert_greedy_match(out.outputs[0].token_ids, ref_tokens, top2_gaps(list(ref.logits)))
+
+
+def test_prompt_logprobs_match_transformers(smol_llm, hf_model):
+    params = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=2)
+    for out in smol_llm.generate(PROMPTS[:3], params, use_tqdm=False):
+        ids = out.prompt_token_ids
+        with torch.inference_mode():
+            ref = torch.log_softmax(hf_model(torch.tensor([ids])).logits[0].float(), dim=-1)
+        assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == len(ids)
+        for pos in range(1, len(ids)):
+            entry = out.prompt_logprobs[pos]
+            assert entry[ids[pos]].logprob == pytest.approx(float(ref[pos - 1, ids[pos]]), abs=1e-3)
+            top = sorted((lp.rank, lp.logprob) for lp in entry.values() if lp.rank <= 2)
+            assert [v for _, v in top] == pytest.approx(ref[pos - 1].topk(2).values.tolist(), abs=1e-3)
