@@ -42,3 +42,26 @@ def test_stop_token_ids_one_rule() -> None:
     params = SamplingParams(stop_token_ids=[5])
     assert request("a", params).stop_token_ids == (5, 2)
     assert request("b", SamplingParams(stop_token_ids=[5], ignore_eos=True)).stop_token_ids == (5,)
+
+
+def test_prompt_logprob_rows_name_the_next_prompt_tokens() -> None:
+    asks = request("asks", SamplingParams(prompt_logprobs=2), prompt_len=6)  # tokens 10..15
+    plain = request("plain", SamplingParams())
+    sched = SchedulerOutput()
+    sched.add(asks, 4, [0])
+    sched.add(plain, 6, [1, 2])
+    step, _ = build_step_input(sched, [])
+    first = step.requests[0].prompt_logprobs
+    assert (first.num_logprobs, first.first_position, first.target_token_ids) == (2, 1, [11, 12, 13, 14])
+    assert step.requests[1].prompt_logprobs is None
+
+    asks.num_computed_tokens = 4  # the last chunk: its last row predicts the first output token
+    sched = SchedulerOutput()
+    sched.add(asks, 2, [0, 1])
+    last = build_step_input(sched, [])[0].requests[0].prompt_logprobs
+    assert (last.first_position, last.target_token_ids) == (5, [15])
+
+    sample = request("other-sample", SamplingParams(prompt_logprobs=2), sample_index=1)
+    sched = SchedulerOutput()
+    sched.add(sample, 6, [0, 1])
+    assert build_step_input(sched, [])[0].requests[0].prompt_logprobs is None  # sample 0 scores the prompt
