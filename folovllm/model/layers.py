@@ -19,8 +19,9 @@ from folovllm.model.linear import (
     ShardId,
     WeightConfig,
 )
+from folovllm.model.cpu_packed import PackedLinearMethod, pack_linear_weight, packed_linear
 from folovllm.model.linear_method import UnquantizedLinearMethod
-from folovllm.model.weights import load_checkpoint, weight_bytes
+from folovllm.model.weights import load_checkpoint, process_weights_after_loading, weight_bytes
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
 Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, sin) per token
@@ -96,14 +97,27 @@ def apply_rotary(x: torch.Tensor, rope: Rope) -> torch.Tensor:
 class VocabEmbedding(nn.Module):
     """Token id -> hidden vector; its table is also the LM head when embeddings are tied."""
 
+    packed_head: torch.Tensor | None
+
     def __init__(self, vocab_size: int, hidden_size: int, weights: WeightConfig) -> None:
         super().__init__()
         self.weight = nn.Parameter(
             torch.empty(vocab_size, hidden_size, dtype=weights.dtype, device=weights.device), requires_grad=False
         )
+        self.register_buffer("packed_head", None, persistent=False)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(input_ids, self.weight)
+
+    def pack_head(self) -> None:
+        """Keep a prepacked copy of the table for the tied logits matmul (the lookup needs the plain one)."""
+        self.packed_head = pack_linear_weight(self.weight)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [N, hidden_size] @ table^T: the tied LM head, in the model dtype."""
+        if self.packed_head is not None:
+            return packed_linear(hidden, self.packed_head, None)
+        return F.linear(hidden, self.weight)
 
 
 class GatedMLP(nn.Module):
@@ -170,12 +184,13 @@ class Attention(nn.Module):
 def lm_head(arch: ArchConfig, weights: WeightConfig) -> ReplicatedLinear | None:
     """The output projection, or None when tied to the embedding (then ``compute_logits`` reads that).
 
-    It stays a plain weight in the model dtype whatever the linear method: quantized checkpoints keep
-    their head unquantized.
+    It stays an unquantized weight in the model dtype whatever the linear method (quantized checkpoints
+    keep their head unquantized); prepacked when ``weights.cpu_prepack``.
     """
     if arch.tie_word_embeddings:
         return None
-    return ReplicatedLinear(arch.hidden_size, arch.vocab_size, False, weights, UnquantizedLinearMethod())
+    method = PackedLinearMethod() if weights.cpu_prepack else UnquantizedLinearMethod()
+    return ReplicatedLinear(arch.hidden_size, arch.vocab_size, False, weights, method)
 
 
 class CausalLM(nn.Module):
@@ -199,6 +214,7 @@ class CausalLM(nn.Module):
         super().__init__()
         self.arch = arch
         self.dtype = weights.dtype  # activations and KV cache
+        self.cpu_prepack = weights.cpu_prepack
 
     def forward(
         self,
@@ -213,7 +229,7 @@ class CausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, hidden] -> [N, vocab] float32 logits."""
         if self.lm_head is None:
-            return F.linear(hidden, self.model.embed_tokens.weight).float()
+            return self.model.embed_tokens.logits(hidden).float()
         return self.lm_head(hidden).float()
 
     def skips_checkpoint_tensor(self, name: str) -> bool:
@@ -223,6 +239,12 @@ class CausalLM(nn.Module):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy HF-named tensors into the parameters; ValueError on unknown, mis-shaped or missing ones."""
         load_checkpoint(self, weights)
+
+    def process_weights_after_loading(self) -> None:
+        """Once every checkpoint tensor is in: each linear's method repacks or quantizes; a tied head is packed."""
+        process_weights_after_loading(self)
+        if self.cpu_prepack and self.lm_head is None:
+            self.model.embed_tokens.pack_head()
 
     def weight_bytes(self) -> int:
         """Bytes held by parameters and buffers (a tied weight once)."""
