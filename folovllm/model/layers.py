@@ -24,7 +24,7 @@ from folovllm.model.linear_method import UnquantizedLinearMethod
 from folovllm.model.weights import load_checkpoint, process_weights_after_loading, weight_bytes
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
-Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, sin) per token
+Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, -sin | sin) per token, full head width
 
 
 class RMSNorm(nn.Module):
@@ -45,7 +45,7 @@ class RMSNorm(nn.Module):
             residual = x
         # One fused kernel in fp32, then HF's order: cast back, then scale by the weight.
         h = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
-        out = self.weight * h.to(x.dtype)
+        out = h.to(x.dtype).mul_(self.weight)  # h is this call's own tensor: scale it in place
         return out if residual is None else (out, residual)
 
 
@@ -79,19 +79,25 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         inv_freq = rope_inv_freq(head_dim, theta, scaling).to(device)
         freqs = torch.outer(torch.arange(max_position, dtype=torch.float32, device=device), inv_freq)
-        self.register_buffer("cos_sin", torch.cat([freqs.cos(), freqs.sin()], dim=-1), persistent=False)
+        cos, sin = freqs.cos(), freqs.sin()
+        # full-width cos and sign-folded sin: rotary is then two multiplies and an add per tensor
+        self.register_buffer("cos_sin", torch.cat([cos, cos, -sin, sin], dim=-1), persistent=False)
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> Rope:
-        """cos and sin for each token, [T, 1, head_dim / 2] each; looked up once, used by every layer."""
-        cos, sin = self.cos_sin[positions].to(dtype).unsqueeze(1).chunk(2, dim=-1)
-        return cos, sin
+        """cos and signed sin (-sin | sin) per token, [T, 1, head_dim] each; looked up once per step."""
+        cos, signed_sin = self.cos_sin[positions].to(dtype).unsqueeze(1).chunk(2, dim=-1)
+        return cos, signed_sin
 
 
 def apply_rotary(x: torch.Tensor, rope: Rope) -> torch.Tensor:
-    """Rotate [T, H, D] by each token's angle; same math as HF's ``x * cos + rotate_half(x) * sin``."""
-    cos, sin = rope
+    """Rotate [T, H, D] by each token's angle: HF's ``x * cos + rotate_half(x) * sin``, bit for bit.
+
+    ``rotate_half(x) * sin`` is computed as ``[x2, x1] * [-sin, sin]``: negating a factor is exact,
+    so each half is rounded exactly as ``x1 * cos - x2 * sin`` and ``x2 * cos + x1 * sin`` are.
+    """
+    cos, signed_sin = rope
     x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+    return x * cos + torch.cat([x2, x1], dim=-1) * signed_sin
 
 
 class VocabEmbedding(nn.Module):
@@ -132,7 +138,7 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(F.silu(gate).mul_(up))
 
 
 class Attention(nn.Module):
