@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +28,13 @@ def parse_size(text: str | int) -> int:
     if not match or match.group(2).lower() not in _SIZE_UNITS:
         raise ValueError(f"cannot parse memory size {text!r}; use e.g. 512MiB or 2GiB")
     return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask), the default for ``num_threads``."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def knob(default: Any, help: str | None = None, *, choices: list[str] | None = None,
@@ -91,7 +99,9 @@ class EngineConfig:
                           choices=["paged", "contiguous"])
     trace_path: str | None = knob(
         None, "write the step trace (JSONL: tokens by kind, running, waiting, KV) here", flag="--trace")
-    num_threads: int | None = knob(None, "CPU threads for torch (default: all cores)")
+    num_threads: int | None = knob(None, "CPU threads for torch (default: the cores this process may run on)")
+    cpu_prepack: bool = knob(True, "CPU: keep linear weights plain instead of prepacked for oneDNN (ablation)",
+                             flag="--no-cpu-prepack")
 
     def __post_init__(self) -> None:
         if self.dtype != "auto" and self.dtype not in _DTYPES:
@@ -115,6 +125,8 @@ class EngineConfig:
             raise ValueError(f"max_queue_delay must be > 0 seconds; got {self.max_queue_delay}")
         if self.overlap_scheduling not in (True, False, "auto"):
             raise ValueError(f"overlap_scheduling must be True, False or 'auto'; got {self.overlap_scheduling!r}")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ValueError(f"num_threads must be >= 1; got {self.num_threads}")
         if self.cuda_graph_max_batch < 1:
             raise ValueError(f"cuda_graph_max_batch must be >= 1; got {self.cuda_graph_max_batch}")
         if self.kv_cache_memory is not None:
@@ -125,7 +137,8 @@ class EngineConfig:
 
         device: cuda if available, else cpu. dtype: bfloat16. attention_backend: triton on CUDA when
         triton is installed, else torch. overlap_scheduling: on CUDA only; on CPU the forward runs
-        synchronously, so overlapping would only hand each token out one step later.
+        synchronously, so overlapping would only hand each token out one step later. num_threads:
+        the cores this process may run on (its CPU affinity, which a container or taskset narrows).
         Names of registered pieces (attention backend, policy, admission) are checked where they
         are looked up, when the engine builds them.
         """
@@ -141,7 +154,7 @@ class EngineConfig:
             backend = "triton" if on_cuda and importlib.util.find_spec("triton") is not None else "torch"
         overlap = on_cuda if self.overlap_scheduling == "auto" else bool(self.overlap_scheduling)
         return dataclasses.replace(self, device=device, dtype=dtype, attention_backend=backend,
-                                   overlap_scheduling=overlap)
+                                   overlap_scheduling=overlap, num_threads=self.num_threads or usable_cores())
 
     @property
     def torch_device(self) -> torch.device:

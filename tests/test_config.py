@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 import torch
 
-from folovllm.config import EngineConfig
+from folovllm.config import EngineConfig, usable_cores
 
 
 def test_resolve_decides_every_auto_on_cpu() -> None:
@@ -33,3 +33,10 @@ def test_config_is_frozen_and_validated() -> None:
         EngineConfig(device="cpu", dtype="float16").resolve()
     with pytest.raises(ValueError, match="block_size must be >= 1"):
         EngineConfig(block_size=0)
+
+
+def test_num_threads_default_to_the_cores_this_process_may_use() -> None:
+    assert EngineConfig(device="cpu").resolve().num_threads == usable_cores() >= 1
+    assert EngineConfig(device="cpu", num_threads=1).resolve().num_threads == 1
+    with pytest.raises(ValueError, match="num_threads must be >= 1"):
+        EngineConfig(num_threads=0)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from folovllm.bench.results import (
     write_results,
 )
 from folovllm.bench.workloads import WORKLOADS, BenchRequest, build_workload_for_tokenizer
+from folovllm.config import usable_cores
 from folovllm.engine.args import add_engine_args, engine_config_from_args
 from folovllm.sampling_params import SamplingParams
 
@@ -106,7 +106,7 @@ def run_throughput(args: argparse.Namespace) -> list[dict[str, Any]]:
         return run_prefix_workload(args)
 
     config = engine_config_from_args(args)
-    threads = config.num_threads or os.cpu_count() or 1
+    threads = config.num_threads or usable_cores()
     if threads < 1:
         raise ValueError(f"--num-threads must be at least 1, got {threads}.")
     config = dataclasses.replace(config, num_threads=threads)

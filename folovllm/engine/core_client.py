@@ -10,7 +10,6 @@ import asyncio
 import dataclasses
 import logging
 import multiprocessing
-import os
 import queue
 import signal
 import threading
@@ -19,7 +18,7 @@ from collections.abc import Callable
 
 import torch
 
-from folovllm.config import EngineConfig
+from folovllm.config import EngineConfig, usable_cores
 from folovllm.engine.core_loop import EngineInfo, IterationMessage, Op, run_core_loop
 from folovllm.engine.errors import EngineDeadError
 from folovllm.engine.llm_engine import LLMEngine
@@ -86,7 +85,7 @@ class ThreadCore:
     def attach(self, loop: asyncio.AbstractEventLoop, on_message: OnMessage) -> None:
         def run() -> None:
             if self.engine.device.type == "cpu":  # OpenMP's thread count is per thread: set it here too
-                torch.set_num_threads(self.engine.config.num_threads or os.cpu_count() or 1)
+                torch.set_num_threads(self.engine.config.num_threads or usable_cores())
             def emit(message: IterationMessage) -> None:
                 loop.call_soon_threadsafe(on_message, _detached(message))
 

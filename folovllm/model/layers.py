@@ -19,11 +19,12 @@ from folovllm.model.linear import (
     ShardId,
     WeightConfig,
 )
+from folovllm.model.cpu_packed import PackedLinearMethod, pack_linear_weight, packed_linear
 from folovllm.model.linear_method import UnquantizedLinearMethod
-from folovllm.model.weights import load_checkpoint, weight_bytes
+from folovllm.model.weights import load_checkpoint, process_weights_after_loading, weight_bytes
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
-Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, sin) per token
+Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, -sin | sin) per token, full head width
 
 
 class RMSNorm(nn.Module):
@@ -44,7 +45,7 @@ class RMSNorm(nn.Module):
             residual = x
         # One fused kernel in fp32, then HF's order: cast back, then scale by the weight.
         h = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
-        out = self.weight * h.to(x.dtype)
+        out = h.to(x.dtype).mul_(self.weight)  # h is this call's own tensor: scale it in place
         return out if residual is None else (out, residual)
 
 
@@ -78,32 +79,51 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         inv_freq = rope_inv_freq(head_dim, theta, scaling).to(device)
         freqs = torch.outer(torch.arange(max_position, dtype=torch.float32, device=device), inv_freq)
-        self.register_buffer("cos_sin", torch.cat([freqs.cos(), freqs.sin()], dim=-1), persistent=False)
+        cos, sin = freqs.cos(), freqs.sin()
+        # full-width cos and sign-folded sin: rotary is then two multiplies and an add per tensor
+        self.register_buffer("cos_sin", torch.cat([cos, cos, -sin, sin], dim=-1), persistent=False)
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> Rope:
-        """cos and sin for each token, [T, 1, head_dim / 2] each; looked up once, used by every layer."""
-        cos, sin = self.cos_sin[positions].to(dtype).unsqueeze(1).chunk(2, dim=-1)
-        return cos, sin
+        """cos and signed sin (-sin | sin) per token, [T, 1, head_dim] each; looked up once per step."""
+        cos, signed_sin = self.cos_sin[positions].to(dtype).unsqueeze(1).chunk(2, dim=-1)
+        return cos, signed_sin
 
 
 def apply_rotary(x: torch.Tensor, rope: Rope) -> torch.Tensor:
-    """Rotate [T, H, D] by each token's angle; same math as HF's ``x * cos + rotate_half(x) * sin``."""
-    cos, sin = rope
+    """Rotate [T, H, D] by each token's angle: HF's ``x * cos + rotate_half(x) * sin``, bit for bit.
+
+    ``rotate_half(x) * sin`` is computed as ``[x2, x1] * [-sin, sin]``: negating a factor is exact,
+    so each half is rounded exactly as ``x1 * cos - x2 * sin`` and ``x2 * cos + x1 * sin`` are.
+    """
+    cos, signed_sin = rope
     x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+    return x * cos + torch.cat([x2, x1], dim=-1) * signed_sin
 
 
 class VocabEmbedding(nn.Module):
     """Token id -> hidden vector; its table is also the LM head when embeddings are tied."""
+
+    packed_head: torch.Tensor | None
 
     def __init__(self, vocab_size: int, hidden_size: int, weights: WeightConfig) -> None:
         super().__init__()
         self.weight = nn.Parameter(
             torch.empty(vocab_size, hidden_size, dtype=weights.dtype, device=weights.device), requires_grad=False
         )
+        self.register_buffer("packed_head", None, persistent=False)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(input_ids, self.weight)
+
+    def pack_head(self) -> None:
+        """Keep a prepacked copy of the table for the tied logits matmul (the lookup needs the plain one)."""
+        self.packed_head = pack_linear_weight(self.weight)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [N, hidden_size] @ table^T: the tied LM head, in the model dtype."""
+        if self.packed_head is not None:
+            return packed_linear(hidden, self.packed_head, None)
+        return F.linear(hidden, self.weight)
 
 
 class GatedMLP(nn.Module):
@@ -118,7 +138,7 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(F.silu(gate).mul_(up))
 
 
 class Attention(nn.Module):
@@ -170,12 +190,13 @@ class Attention(nn.Module):
 def lm_head(arch: ArchConfig, weights: WeightConfig) -> ReplicatedLinear | None:
     """The output projection, or None when tied to the embedding (then ``compute_logits`` reads that).
 
-    It stays a plain weight in the model dtype whatever the linear method: quantized checkpoints keep
-    their head unquantized.
+    It stays an unquantized weight in the model dtype whatever the linear method (quantized checkpoints
+    keep their head unquantized); prepacked when ``weights.cpu_prepack``.
     """
     if arch.tie_word_embeddings:
         return None
-    return ReplicatedLinear(arch.hidden_size, arch.vocab_size, False, weights, UnquantizedLinearMethod())
+    method = PackedLinearMethod() if weights.cpu_prepack else UnquantizedLinearMethod()
+    return ReplicatedLinear(arch.hidden_size, arch.vocab_size, False, weights, method)
 
 
 class CausalLM(nn.Module):
@@ -199,6 +220,7 @@ class CausalLM(nn.Module):
         super().__init__()
         self.arch = arch
         self.dtype = weights.dtype  # activations and KV cache
+        self.cpu_prepack = weights.cpu_prepack
 
     def forward(
         self,
@@ -213,7 +235,7 @@ class CausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, hidden] -> [N, vocab] float32 logits."""
         if self.lm_head is None:
-            return F.linear(hidden, self.model.embed_tokens.weight).float()
+            return self.model.embed_tokens.logits(hidden).float()
         return self.lm_head(hidden).float()
 
     def skips_checkpoint_tensor(self, name: str) -> bool:
@@ -223,6 +245,12 @@ class CausalLM(nn.Module):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy HF-named tensors into the parameters; ValueError on unknown, mis-shaped or missing ones."""
         load_checkpoint(self, weights)
+
+    def process_weights_after_loading(self) -> None:
+        """Once every checkpoint tensor is in: each linear's method repacks or quantizes; a tied head is packed."""
+        process_weights_after_loading(self)
+        if self.cpu_prepack and self.lm_head is None:
+            self.model.embed_tokens.pack_head()
 
     def weight_bytes(self) -> int:
         """Bytes held by parameters and buffers (a tied weight once)."""

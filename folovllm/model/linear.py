@@ -20,13 +20,14 @@ ShardId = int | str
 
 @dataclass(frozen=True)
 class WeightConfig:
-    """How a model's layers hold their weights: dtype, device, linear method, tensor-parallel rank."""
+    """How a model's layers hold their weights: dtype, device, linear method, tensor-parallel rank, CPU packing."""
 
     dtype: torch.dtype
     device: torch.device
     linear_method: LinearMethod = field(default_factory=UnquantizedLinearMethod)
     tp_rank: int = 0
     tp_size: int = 1
+    cpu_prepack: bool = False  # unquantized tensors outside linear_method (the LM head) are held prepacked too
 
     def __post_init__(self) -> None:
         if not 0 <= self.tp_rank < self.tp_size:

@@ -16,9 +16,8 @@ from folovllm.model.arch import ArchConfig
 from folovllm.model.gguf_loader import gguf_arch_config, iter_gguf_weights, open_gguf
 from folovllm.model.layers import CausalLM
 from folovllm.model.linear import WeightConfig
-from folovllm.model.linear_method import get_linear_method
+from folovllm.model.cpu_packed import cpu_prepack_supported, select_linear_method
 from folovllm.model.registry import get_model_class
-from folovllm.model.weights import process_weights_after_loading
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +63,7 @@ def load_model(
     device: torch.device | str,
     attn_backend: AttentionBackend | str = "torch",
     seed: int = 0,
+    cpu_prepack: bool = True,
 ) -> CausalLM:
     """Build the model for ``model`` and fill its weights.
 
@@ -79,7 +79,9 @@ def load_model(
     reader = open_gguf(_existing(model)) if model.endswith(".gguf") else None
     arch = gguf_arch_config(reader, os.path.basename(model)) if reader else load_arch_config(model)
     cls = get_model_class(arch.architecture)
-    module = cls(arch, backend, WeightConfig(dtype, device, get_linear_method(arch.quantization)))
+    prepack = cpu_prepack and cpu_prepack_supported(dtype, device)
+    method = select_linear_method(arch.quantization, dtype, device, prepack)
+    module = cls(arch, backend, WeightConfig(dtype, device, method, cpu_prepack=prepack))
 
     with torch.no_grad():
         if load_format == "dummy":
@@ -88,8 +90,9 @@ def load_model(
             module.load_weights(iter_gguf_weights(reader, arch, cls.gguf_qk_permuted))
         else:
             module.load_weights(_iter_safetensors(model))
-        process_weights_after_loading(module)
-    logger.info("%s: %.1f MiB of weights (%s)", arch.architecture, module.weight_bytes() / 2**20, arch.quantization)
+        module.process_weights_after_loading()
+    logger.info("%s: %.1f MiB of weights (%s%s)", arch.architecture, module.weight_bytes() / 2**20,
+                arch.quantization, ", CPU-prepacked" if prepack else "")
     return module.eval()
 
 

@@ -6,12 +6,11 @@ Start-up runs in two phases, so that whoever owns several workers can agree on o
 """
 from __future__ import annotations
 
-import os
 
 import torch
 
 from folovllm.attention.backend import get_attention_backend
-from folovllm.config import EngineConfig
+from folovllm.config import EngineConfig, usable_cores
 from folovllm.model.arch import ArchConfig
 from folovllm.model.loader import load_model
 from folovllm.worker import cache_sizing
@@ -38,10 +37,10 @@ class Worker:
         self.dtype = config.torch_dtype
         torch.manual_seed(config.seed)  # unseeded sampling draws from the global RNG
         if self.device.type == "cpu":
-            torch.set_num_threads(config.num_threads or os.cpu_count() or 1)
+            torch.set_num_threads(config.num_threads or usable_cores())
         self.model = load_model(model_path, load_format=config.load_format, dtype=self.dtype,
                                 device=self.device, attn_backend=get_attention_backend(config.attention_backend),
-                                seed=config.seed)
+                                seed=config.seed, cpu_prepack=config.cpu_prepack)
         self.runner: ModelRunner | None = None  # built by initialize_cache
         self._generators: dict[str, torch.Generator] = {}  # request id -> its RNG (seeded requests)
         self._previous: LaunchedStep | None = None  # the last step launched: pending inputs come from it

@@ -42,3 +42,8 @@ def test_registered_names_are_the_choices() -> None:
     assert choices["scheduling_policy"] == ["fcfs", "priority", "sjf", "fair"]
     assert choices["admission"] == ["on-demand", "reserve", "adaptive"]
     assert choices["dtype"] == ["auto", "float32", "bfloat16", "float16"]
+
+
+def test_cpu_prepack_is_on_unless_switched_off() -> None:
+    assert engine_config_from_args(parse()).cpu_prepack
+    assert not engine_config_from_args(parse("--no-cpu-prepack")).cpu_prepack
