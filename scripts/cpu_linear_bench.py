@@ -7,10 +7,13 @@ N=1536) gives this CPU's bf16 GEMM limit, and the prefill's linear layers are pu
 
     .venv/bin/python scripts/cpu_linear_bench.py                    # default model, bf16, all cores
     .venv/bin/python scripts/cpu_linear_bench.py --rounds 9 --threads 1 --prefill-tokens 1024
+    .venv/bin/python scripts/cpu_linear_bench.py --output-json docs/results/cpu-fast-path.json
 """
 from __future__ import annotations
 
 import argparse
+import collections
+import json
 import statistics
 import sys
 import time
@@ -21,6 +24,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from folovllm.attention.metadata import AttentionMetadata  # noqa: E402
 from folovllm.config import usable_cores  # noqa: E402
@@ -90,17 +95,38 @@ def alternate(cases: dict[str, Callable[[], object]], rounds: int, reps: int) ->
     return times
 
 
-def gemm_limit(m: int, k: int, n: int, rounds: int) -> float:
-    """GFLOP/s of one packed bf16 linear [m x k] @ [k x n] (best of rounds: the CPU's reachable limit)."""
+def gemm_limit(m: int, k: int, n: int, rounds: int) -> dict[str, float]:
+    """GFLOP/s of one bf16 linear [m x k] @ [k x n], packed and plain (best of rounds: the reachable limit)."""
     x = torch.randn(m, k, dtype=torch.bfloat16)
     packed = pack_linear_weight(torch.randn(n, k, dtype=torch.bfloat16) * 0.02)
     plain = torch.randn(n, k, dtype=torch.bfloat16) * 0.02
     times = alternate({"packed": lambda: packed_linear(x, packed, None), "plain": lambda: F.linear(x, plain)},
                       rounds, 3)
+    gflops = {name: 2 * m * k * n / min(values) / 1e9 for name, values in times.items()}
     for name, values in times.items():
         print(f"  {name:<7} bf16 linear M={m} K={k} N={n}: median {statistics.median(values) * 1e3:7.2f} ms, "
-              f"best {2 * m * k * n / min(values) / 1e9:6.0f} GFLOP/s")
-    return 2 * m * k * n / min(times["packed"]) / 1e9
+              f"best {gflops[name]:6.0f} GFLOP/s")
+    return gflops
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts the aten ops Python dispatches (what each costs a fixed host overhead), by name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: collections.Counter[str] = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        self.counts[func.overloadpacket.__name__] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def aten_ops_per_step(model: CausalLM, context: int) -> int:
+    """Aten ops of one batch-1 decode step (forward + logits)."""
+    step = make_step(model, [1], [context])
+    with OpCounter() as counter:
+        step()
+    return sum(counter.counts.values())
 
 
 def linear_flops_per_token(model: CausalLM) -> int:
@@ -118,17 +144,26 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--context", type=int, default=256, help="tokens each decoding sequence has cached")
     parser.add_argument("--prefill-tokens", type=int, default=2048)
+    parser.add_argument("--output-json", default=None, help="also write the figures here")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
     path = args.model or default_model_path()
 
+    result: dict = {"dtype": args.dtype, "threads": args.threads, "rounds": args.rounds, "context": args.context,
+                    "prefill_tokens": args.prefill_tokens, "load_s": {}, "weight_mib": {}, "steps": {}}
     models = {}
     for prepack in (True, False):
         start = time.perf_counter()
         models[prepack] = load_model(path, dtype=dtype, device="cpu", cpu_prepack=prepack)
-        print(f"load (cpu_prepack={prepack}): {time.perf_counter() - start:.2f} s, "
-              f"{models[prepack].weight_bytes() / 2**20:.1f} MiB of weights")
+        key = "packed" if prepack else "plain"
+        result["load_s"][key] = time.perf_counter() - start
+        result["weight_mib"][key] = models[prepack].weight_bytes() / 2**20
+        print(f"load (cpu_prepack={prepack}): {result['load_s'][key]:.2f} s, {result['weight_mib'][key]:.1f} MiB")
+    ops = aten_ops_per_step(models[True], args.context)
+    layers = models[True].arch.num_hidden_layers
+    result.update(aten_ops_per_step=ops, aten_ops_per_layer=ops / layers)
+    print(f"batch-1 decode step: {ops} aten ops ({ops / layers:.1f} per layer)")
     print(f"{args.dtype}, {args.threads} threads, {args.rounds} alternating rounds; medians")
 
     scenarios = {
@@ -146,15 +181,20 @@ def main() -> None:
         spread = max(times["packed"]) / min(times["packed"])
         print(f"{name:<14} packed {packed * 1e3:8.2f} ms  plain {plain * 1e3:8.2f} ms  "
               f"plain/packed {plain / packed:4.2f}x  (packed max/min {spread:4.2f}; logits equal: {same})")
+        result["steps"][name] = {"packed_ms": packed * 1e3, "plain_ms": plain * 1e3, "ratio": plain / packed,
+                                 "packed_max_over_min": spread, "logits_equal": same}
         if name.startswith("prefill"):
             prefill_s = packed
 
     print("GEMM limit:")
-    limit = gemm_limit(2048, 576, 1536, args.rounds)
-    tokens = args.prefill_tokens
+    gemm = gemm_limit(2048, 576, 1536, args.rounds)
+    limit, tokens = gemm["packed"], args.prefill_tokens
     reached = linear_flops_per_token(models[True]) * tokens / prefill_s / 1e9
     print(f"prefill {tokens}: the linear layers' FLOPs over the whole step time = {reached:.0f} GFLOP/s, "
           f"{reached / limit:.0%} of the packed GEMM limit ({limit:.0f} GFLOP/s)")
+    result.update(gemm_gflops=gemm, prefill_linear_gflops=reached, prefill_fraction_of_limit=reached / limit)
+    if args.output_json:
+        Path(args.output_json).write_text(json.dumps(result, indent=1) + "\n")
 
 
 if __name__ == "__main__":
