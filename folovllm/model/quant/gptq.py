@@ -83,6 +83,9 @@ class GPTQLinearMethod(LinearMethod):
         else:
             layer.register_parameter("bias", None)
         layer.activation_dtype = dtype
+        # a row-parallel rank's g_idx counts groups from the first input; its scales start at its first group
+        row_split = splits_groups and isinstance(layer, RowParallelLinear)
+        layer.first_group = layer.tp_rank * groups if row_split else 0
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         cfg = self.config
@@ -94,7 +97,9 @@ class GPTQLinearMethod(LinearMethod):
             size = g_idx.numel()
             g_idx = (torch.arange(size, dtype=torch.int32, device=g_idx.device) // cfg.group_size
                      if cfg.group_size != -1 else torch.zeros(size, dtype=torch.int32, device=g_idx.device))
-        elif int(g_idx.min()) < 0 or int(g_idx.max()) >= groups:
+        else:
+            g_idx = g_idx - layer.first_group
+        if int(g_idx.min()) < 0 or int(g_idx.max()) >= groups:
             raise ValueError(f"g_idx values must lie in [0, {groups}) (the layer's groups); "
                              f"got [{int(g_idx.min())}, {int(g_idx.max())}]")
         kernel = gptq_kernel(layer.qweight.data, layer.qzeros.data, layer.scales.data, g_idx, cfg.bits,
