@@ -181,3 +181,19 @@ def test_quantization_knob_conflicts(tiny_llama, tmp_path: Path) -> None:
         load_model(gptq_dir, quantization="int8", dtype=torch.float32, device="cpu")
     with pytest.raises(ValueError, match="needs a gptq checkpoint, but 'dense' is 'unquantized'"):
         load_model(dense_dir, quantization="gptq", dtype=torch.float32, device="cpu")
+
+
+@pytest.mark.slow
+def test_our_gptq_checkpoint_matches_transformers(tiny_llama, tmp_path: Path) -> None:
+    """transformers reads GPTQ checkpoints through optimum + gptqmodel; neither is installed here (CPU-only
+    wheels need a compiler), so this runs only where they are."""
+    pytest.importorskip("optimum", reason="transformers needs optimum to load GPTQ checkpoints")
+    pytest.importorskip("gptqmodel", reason="transformers needs gptqmodel to load GPTQ checkpoints")
+    from transformers import AutoModelForCausalLM
+
+    gptq_dir, _ = make_gptq_model(tiny_llama, tmp_path, bits=4, group_size=32, sym=True)
+    hf = AutoModelForCausalLM.from_pretrained(gptq_dir, torch_dtype=torch.float32, device_map="cpu").eval()
+    with torch.no_grad():
+        expected = hf(torch.tensor([PROMPT])).logits[0].float()
+    ours = prefill_logits(load_model(gptq_dir, dtype=torch.float32, device="cpu"), PROMPT)
+    torch.testing.assert_close(ours, expected, rtol=1e-3, atol=1e-3)
