@@ -22,7 +22,6 @@ from __future__ import annotations
 import logging
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from folovllm.model.quant.pack import unpack_int32
