@@ -18,6 +18,7 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 _SIZE_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20, "mb": 2**20,
                "mib": 2**20, "g": 2**30, "gb": 2**30, "gib": 2**30}
 DEFAULT_CPU_KV_CACHE_MEMORY = 2 * 2**30
+QUANTIZATIONS = ("auto", "gptq", "int8")
 
 
 def parse_size(text: str | int) -> int:
@@ -60,6 +61,9 @@ class EngineConfig:
     device: str = knob("auto", "auto = cuda if available, else cpu; or cpu, cuda, cuda:N")
     load_format: str = knob("auto", "dummy: random weights from the model's config (tests, ablations)",
                             choices=["auto", "dummy"])
+    quantization: str = knob("auto", "auto: as the checkpoint says; gptq: insist on a GPTQ checkpoint; "
+                                     "int8: quantize a float checkpoint's linear weights to int8 at load",
+                             choices=list(QUANTIZATIONS))
     seed: int = knob(0, "seed for dummy weights and torch")
     max_model_len: int | None = knob(None, "longest prompt + output (default: the model's maximum)")
     max_num_seqs: int = knob(256, "most requests running at once")
@@ -110,6 +114,8 @@ class EngineConfig:
             raise ValueError(f"device must be auto, cpu or cuda[:N]; got {self.device!r}")
         if self.load_format not in ("auto", "dummy"):
             raise ValueError(f"load_format must be auto or dummy; got {self.load_format!r}")
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}; got {self.quantization!r}")
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1; got {getattr(self, name)}")

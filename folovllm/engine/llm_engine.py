@@ -76,7 +76,7 @@ class LLMEngine:
             raise ValueError(
                 f"the KV cache holds {num_blocks * config.block_size} tokens, fewer than "
                 f"max_model_len={self.max_model_len}; give it more memory or lower max_model_len")
-        model_key = f"{self.model_path}|{config.load_format}|{config.seed}|{config.torch_dtype}"
+        model_key = f"{self.model_path}|{config.load_format}|{config.seed}|{config.torch_dtype}|{config.quantization}"
         reserve = self.max_model_len if config.kv_layout == "contiguous" else 0
         self.kv_cache = KVCacheManager(num_blocks, config.block_size,
                                        config.enable_prefix_caching, model_key, reserve)

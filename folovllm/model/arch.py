@@ -29,6 +29,7 @@ class ArchConfig:
     attention_bias: bool = False  # the checkpoint has q/k/v biases (a model file may fix its own rule)
     attention_out_bias: bool = False  # the checkpoint has an o_proj bias
     quantization: str = "unquantized"  # names the LinearMethod that holds the linear weights
+    quantization_config: dict[str, Any] = field(default_factory=dict)  # the checkpoint's settings for it
     eos_token_ids: list[int] = field(default_factory=list)
     name: str = ""
 
@@ -64,7 +65,8 @@ class ArchConfig:
         eos = config.get("eos_token_id")
         eos_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
         attention_bias = bool(config.get("attention_bias", False))  # HF: one flag for q/k/v and o
-        quantization = (config.get("quantization_config") or {}).get("quant_method", "unquantized")
+        quantization_config = dict(config.get("quantization_config") or {})
+        quantization = quantization_config.get("quant_method", "unquantized")
         return cls(
             architecture=architecture,
             vocab_size=config["vocab_size"],
@@ -82,6 +84,7 @@ class ArchConfig:
             attention_bias=attention_bias,
             attention_out_bias=attention_bias,
             quantization=quantization,
+            quantization_config=quantization_config,
             eos_token_ids=eos_ids,
             name=name or config.get("_name_or_path", ""),
         )

@@ -48,12 +48,12 @@ class PackedLinearMethod(UnquantizedLinearMethod):
         return packed_linear(x, layer.weight, bias)
 
 
-def select_linear_method(quantization: str, dtype: torch.dtype, device: torch.device,
-                         cpu_prepack: bool) -> LinearMethod:
+def select_linear_method(quantization: str, quant_config: dict | None, dtype: torch.dtype,
+                         device: torch.device, cpu_prepack: bool) -> LinearMethod:
     """The method every linear layer of a model uses: the checkpoint's format, packed on CPU if asked.
 
     Quantized formats keep their own method; only unquantized weights are prepacked.
     """
     if quantization == UNQUANTIZED and cpu_prepack and cpu_prepack_supported(dtype, device):
         return PackedLinearMethod()
-    return get_linear_method(quantization)
+    return get_linear_method(quantization, quant_config)

@@ -55,6 +55,26 @@ def _rank_part(dest: torch.Tensor, loaded: torch.Tensor, dim: int, tp_rank: int,
     return loaded.narrow(dim, tp_rank * size, size)
 
 
+def _packed(outputs: int, pack_factor: int) -> int:
+    """An output offset or size in elements of a parameter that packs ``pack_factor`` outputs in one."""
+    if outputs % pack_factor:
+        raise ValueError(f"shard boundary at {outputs} outputs falls inside a packed element "
+                         f"({pack_factor} outputs each)")
+    return outputs // pack_factor
+
+
+def _load_shared(param: nn.Parameter, loaded: torch.Tensor, shard_id: ShardId) -> None:
+    """A parameter every piece carries whole (a shared input permutation): the pieces must agree.
+
+    The parameter starts filled with -1 (``create_weights``), so the first piece in fills it.
+    """
+    if bool((param.data == -1).all()):
+        _copy_checked(param.data, loaded)
+    elif param.shape != loaded.shape or not torch.equal(param.data, loaded.to(param.dtype)):
+        raise ValueError(f"(piece {shard_id!r}) differs from the other pieces of its merged weight, "
+                         "which share one input and must carry the same tensor")
+
+
 class LinearBase(nn.Module):
     """y = x W^T (+ b) through ``weights.linear_method``; subclasses say how a checkpoint tensor maps in."""
 
@@ -115,7 +135,12 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         offset, size = sum(self.output_sizes[:index]), self.output_sizes[index]
         dim = getattr(param, "output_dim", None)
         if dim is None:
+            if getattr(param, "same_for_every_shard", False):
+                _load_shared(param, loaded, shard_id)
+                return
             raise ValueError("fills a merged weight that its linear method did not split by output")
+        if getattr(param, "packed_dim", None) == dim:  # several outputs per element (packed low-bit codes)
+            offset, size = _packed(offset, param.pack_factor), _packed(size, param.pack_factor)
         dest = param.data.narrow(dim, offset, size)
         _copy_checked(dest, _rank_part(dest, loaded, dim, self.tp_rank, self.tp_size))
 

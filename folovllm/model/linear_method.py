@@ -19,12 +19,22 @@ LINEAR_METHODS: Registry[type[LinearMethod]] = Registry("linear method")
 register_linear_method = LINEAR_METHODS.register  # class decorator: selectable as a checkpoint's quantization
 
 
-def get_linear_method(name: str) -> LinearMethod:
-    """A fresh method for a quantization name; ValueError listing the supported ones otherwise."""
+def _import_builtin_quant_methods() -> None:
+    # Each quantized format registers itself when its module is imported (they import this module).
+    import folovllm.model.quant.gptq  # noqa: F401
+    import folovllm.model.quant.int8  # noqa: F401
+
+
+def get_linear_method(name: str, quant_config: dict[str, Any] | None = None) -> LinearMethod:
+    """A fresh method for a quantization name, built from the checkpoint's ``quantization_config``.
+
+    ValueError listing the supported names for an unknown one.
+    """
+    _import_builtin_quant_methods()
     if name not in LINEAR_METHODS.names():
         raise ValueError(f"checkpoint quantization {name!r} is not supported; "
                          f"supported: {sorted(LINEAR_METHODS.names())}")
-    return LINEAR_METHODS.get(name)()
+    return LINEAR_METHODS.get(name).from_config(quant_config or {})
 
 
 def set_weight_attrs(param: nn.Parameter, **attrs: Any) -> None:
@@ -41,6 +51,11 @@ class LinearMethod(ABC):
     slices along, or None when that parameter is not split that way. The layer's weight_loader
     uses those tags, so it works for any method's parameters.
     """
+
+    @classmethod
+    def from_config(cls, quant_config: dict[str, Any]) -> LinearMethod:
+        """The method for a checkpoint's ``quantization_config`` (methods without settings ignore it)."""
+        return cls()
 
     @abstractmethod
     def create_weights(

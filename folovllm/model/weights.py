@@ -41,6 +41,8 @@ def load_checkpoint(model: CausalLM, weights: Iterable[tuple[str, torch.Tensor]]
             if model.skips_checkpoint_tensor(name):
                 continue
             target, shard_id = checkpoint_target(model, name)
+            if target not in params and _is_zero_bias(name, tensor):
+                continue  # some quantized-checkpoint exporters store zero biases for bias-free layers
             if target not in params:
                 raise ValueError(f"checkpoint tensor {name!r} matches no parameter of {type(model).__name__}")
             param = params[target]
@@ -53,10 +55,15 @@ def load_checkpoint(model: CausalLM, weights: Iterable[tuple[str, torch.Tensor]]
             except ValueError as e:
                 raise ValueError(f"checkpoint tensor {name!r} {e}") from e
             loaded.add((target, shard_id))
-    expected = {(name, shard) for name, param in params.items() for shard in getattr(param, "shard_ids", (None,))}
+    expected = {(name, shard) for name, param in params.items() for shard in getattr(param, "shard_ids", (None,))
+                if not getattr(param, "optional_in_checkpoint", False)}
     missing = sorted(expected - loaded, key=str)
     if missing:
         raise ValueError(f"checkpoint is missing {len(missing)} tensors, e.g. {missing[:5]}")
+
+
+def _is_zero_bias(name: str, tensor: torch.Tensor) -> bool:
+    return name.endswith(".bias") and not bool(tensor.any())
 
 
 def process_weights_after_loading(model: nn.Module) -> None:

@@ -38,9 +38,10 @@ class Worker:
         torch.manual_seed(config.seed)  # unseeded sampling draws from the global RNG
         if self.device.type == "cpu":
             torch.set_num_threads(config.num_threads or usable_cores())
-        self.model = load_model(model_path, load_format=config.load_format, dtype=self.dtype,
-                                device=self.device, attn_backend=get_attention_backend(config.attention_backend),
-                                seed=config.seed, cpu_prepack=config.cpu_prepack)
+        self.model = load_model(model_path, load_format=config.load_format, quantization=config.quantization,
+                                dtype=self.dtype, device=self.device,
+                                attn_backend=get_attention_backend(config.attention_backend), seed=config.seed,
+                                cpu_prepack=config.cpu_prepack)
         self.runner: ModelRunner | None = None  # built by initialize_cache
         self._generators: dict[str, torch.Generator] = {}  # request id -> its RNG (seeded requests)
         self._previous: LaunchedStep | None = None  # the last step launched: pending inputs come from it

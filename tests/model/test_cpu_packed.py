@@ -84,13 +84,13 @@ def test_packed_method_takes_a_strided_input() -> None:
 
 def test_selection_packs_only_unquantized_weights_when_asked() -> None:
     dtype = DTYPES[0]
-    assert isinstance(select_linear_method("unquantized", dtype, CPU, True), PackedLinearMethod)
-    assert type(select_linear_method("unquantized", dtype, CPU, False)) is UnquantizedLinearMethod
+    assert isinstance(select_linear_method("unquantized", None, dtype, CPU, True), PackedLinearMethod)
+    assert type(select_linear_method("unquantized", None, dtype, CPU, False)) is UnquantizedLinearMethod
     assert not cpu_prepack_supported(torch.float16, CPU)
-    assert type(select_linear_method("unquantized", torch.float16, CPU, True)) is UnquantizedLinearMethod
+    assert type(select_linear_method("unquantized", None, torch.float16, CPU, True)) is UnquantizedLinearMethod
     assert not cpu_prepack_supported(dtype, torch.device("cuda"))
     with pytest.raises(ValueError, match="quantization 'nope' is not supported"):
-        select_linear_method("nope", dtype, CPU, True)
+        select_linear_method("nope", None, dtype, CPU, True)
 
 
 TINY = dict(architectures=["LlamaForCausalLM"], vocab_size=96, hidden_size=32, intermediate_size=64,

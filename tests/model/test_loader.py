@@ -178,8 +178,16 @@ def test_arch_config_missing_fields_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_quantized_checkpoint_names_its_unsupported_method(tmp_path: Path) -> None:
-    config = {**QWEN3_SMALL, "quantization_config": {"quant_method": "gptq", "bits": 4}}
+    config = {**QWEN3_SMALL, "quantization_config": {"quant_method": "awq", "bits": 4}}
     (tmp_path / "config.json").write_text(json.dumps(config))
-    assert load_arch_config(str(tmp_path)).quantization == "gptq"
-    with pytest.raises(ValueError, match=r"quantization 'gptq' is not supported; supported: \['unquantized'\]"):
+    assert load_arch_config(str(tmp_path)).quantization == "awq"
+    with pytest.raises(ValueError, match=r"quantization 'awq' is not supported; supported: \[.*'gptq'.*'unquantized'"):
         load_model(str(tmp_path), load_format="dummy", dtype=torch.float32, device="cpu")
+
+
+def test_dummy_gptq_model_runs(tmp_path: Path) -> None:
+    config = {**QWEN3_SMALL, "quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 64}}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    model = load_model(str(tmp_path), load_format="dummy", dtype=torch.float32, device="cpu")
+    assert model.arch.quantization == "gptq"
+    assert torch.isfinite(prefill_logits(model, [1, 2, 3])).all()

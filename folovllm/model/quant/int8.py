@@ -1,0 +1,49 @@
+"""INT8 weight-only quantization at load time (W8A16): any float checkpoint, per-output-channel scales.
+
+The layer loads its weight as the unquantized method would; ``process_weights_after_loading`` then
+replaces it by int8 codes q = round(w / s), s = max|w[n, :]| / 127 (symmetric, codes in [-127, 127]),
+multiplied by torch's int8 CPU kernel with activations in the model's dtype.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from folovllm.model.linear_method import UnquantizedLinearMethod, register_linear_method
+from folovllm.model.quant.gptq_config import kernel_choice
+from folovllm.model.quant.kernels import Int8ChannelKernel
+
+INT8_MAX = 127
+
+
+def quantize_int8_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[out, in] float -> (int8 codes [out, in], fp32 scales [out]); an all-zero row gets scale 1."""
+    w = weight.float()
+    scales = w.abs().amax(dim=1) / INT8_MAX
+    scales = torch.where(scales > 0, scales, torch.ones_like(scales))
+    codes = torch.round(w / scales[:, None]).clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)
+    return codes, scales
+
+
+@register_linear_method("int8")
+class Int8LinearMethod(UnquantizedLinearMethod):
+    """Loads a plain weight, quantizes it to int8 once, then runs ``Int8ChannelKernel``."""
+
+    def __init__(self, kernel: str = "auto") -> None:
+        self.kernel = kernel
+
+    @classmethod
+    def from_config(cls, quant_config: dict[str, Any]) -> Int8LinearMethod:
+        return cls(kernel_choice())
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        codes, scales = quantize_int8_per_channel(layer.weight.data)
+        dtype = layer.weight.dtype
+        del layer.weight  # the codes replace it
+        layer.quant_kernel = Int8ChannelKernel(codes, scales.to(dtype), None, reference=self.kernel == "reference")
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        y = layer.quant_kernel(x)
+        return y if bias is None else y + bias

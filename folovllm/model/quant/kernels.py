@@ -1,0 +1,177 @@
+"""Quantized matmuls: each is a module holding its repacked weight as buffers, ``forward(x) -> x W^T``.
+
+``gptq_kernel`` picks one for a layer, once, after loading:
+
+- 4-bit: torch's CPU int4 kernel (``_weight_int4pack_mm_for_cpu``), which computes
+  w = (q - 8) * scale + zero per group. GPTQ's w = (q - z) * s is the same with zero = (8 - z) * s.
+- 8-bit, one group over the input: torch's int8 kernel (``_weight_int8pack_mm``, per-output-channel
+  scales) on q - 128; an asymmetric zero point adds sum(x) * (128 - z) * s.
+- 8-bit with groups: two int4 matmuls, on the high and on the low nibble of each code
+  (q = 16 hi + lo), with scales 16 s and s; the zero points go into their offsets.
+
+Act-order (a ``g_idx`` that is not sorted): the weight rows are permuted once at load so that each
+group's rows are contiguous, as the grouped kernels need; each call then permutes x's columns the same
+way (one gather of x, much cheaper than anything done to the weight per call). Folding that
+permutation into the previous layer's output instead would tie layers together, so it is not done.
+
+Anything a kernel cannot take (a device other than the CPU, output size not a multiple of 16, groups
+the int4 kernel cannot tile) runs the reference path: dequantize the whole weight, one fp32 matmul.
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+
+from folovllm.model.quant.pack import unpack_int32
+
+logger = logging.getLogger(__name__)
+
+INT4_GROUP_SIZES = (256, 128, 64, 32)  # what the CPU int4 kernel accepts, largest (fewest scales) first
+INT4_N_MULTIPLE = 16  # the CPU int4 repack needs the output size to be a multiple of this
+INT8_K_MULTIPLE = 16  # the CPU int8 kernel reads the input in blocks of this many
+
+
+def dequantize_gptq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, g_idx: torch.Tensor,
+                    bits: int, zero_offset: int) -> torch.Tensor:
+    """GPTQ tensors -> the fp32 weight [in, out]: w[k, n] = (q[k, n] - z[g, n]) * s[g, n], g = g_idx[k]."""
+    codes = unpack_int32(qweight, bits, 0).float()
+    zeros = unpack_int32(qzeros, bits, 1).float() + zero_offset
+    groups = g_idx.long()
+    return (codes - zeros[groups]) * scales.float()[groups]
+
+
+class ReferenceGPTQKernel(nn.Module):
+    """Dequantize the whole weight every call, then one fp32 matmul: slow, and plainly right."""
+
+    def __init__(self, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, g_idx: torch.Tensor,
+                 bits: int, zero_offset: int) -> None:
+        super().__init__()
+        self.bits, self.zero_offset = bits, zero_offset
+        self.register_buffer("qweight", qweight)
+        self.register_buffer("qzeros", qzeros)
+        self.register_buffer("scales", scales)
+        self.register_buffer("g_idx", g_idx)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight = dequantize_gptq(self.qweight, self.qzeros, self.scales, self.g_idx, self.bits, self.zero_offset)
+        return (x.float() @ weight).to(x.dtype)
+
+
+class Int8ChannelKernel(nn.Module):
+    """w[n, k] = q[n, k] * scale[n] (+ offset[n]): int8 codes, one scale (and offset) per output channel."""
+
+    def __init__(self, codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | None,
+                 reference: bool) -> None:
+        super().__init__()
+        self.reference = reference or codes.device.type != "cpu" or codes.shape[1] % INT8_K_MULTIPLE != 0
+        self.register_buffer("codes", codes)  # int8 [out, in]
+        self.register_buffer("scales", scales)  # [out], the activation dtype
+        self.register_buffer("offsets", offsets)  # [out] or None: added to every weight of a channel
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.reference:
+            weight = self.codes.float() * self.scales.float()[:, None]
+            if self.offsets is not None:
+                weight = weight + self.offsets.float()[:, None]
+            return (x.float() @ weight.t()).to(x.dtype)
+        y = torch.ops.aten._weight_int8pack_mm(x, self.codes, self.scales)
+        if self.offsets is not None:
+            y = y + (x.float().sum(-1, keepdim=True) * self.offsets.float()).to(y.dtype)
+        return y
+
+
+class Int4Kernel(nn.Module):
+    """One or more CPU int4 matmuls summed (several: the nibbles of 8-bit codes), after an optional
+    permutation of x's columns (act-order)."""
+
+    def __init__(self, packed: list[torch.Tensor], scales_zeros: list[torch.Tensor], group_size: int,
+                 perm: torch.Tensor | None) -> None:
+        super().__init__()
+        self.group_size, self.num_parts = group_size, len(packed)
+        for i, (weight, sz) in enumerate(zip(packed, scales_zeros)):
+            self.register_buffer(f"packed{i}", weight)  # uint8 [out, in / 2], torch's int4 layout
+            self.register_buffer(f"scales_zeros{i}", sz)  # [in / group_size, out, 2], activation dtype
+        self.register_buffer("perm", perm)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.perm is not None:
+            x = x.index_select(-1, self.perm)
+        y = None
+        for i in range(self.num_parts):
+            part = torch.ops.aten._weight_int4pack_mm_for_cpu(
+                x, getattr(self, f"packed{i}"), self.group_size, getattr(self, f"scales_zeros{i}"))
+            y = part if y is None else y + part
+        return y
+
+
+def _int4_tiling(g_idx: torch.Tensor) -> tuple[torch.Tensor | None, int, torch.Tensor] | None:
+    """(row permutation or None, int4 group size, GPTQ group of each int4 group), or None if no size fits.
+
+    After sorting rows by group, an int4 group must divide the input size and never straddle two
+    GPTQ groups (a partial last GPTQ group, e.g. 576 rows in groups of 128, still tiles by 64).
+    """
+    perm = None
+    if bool((g_idx[1:] < g_idx[:-1]).any()):
+        perm = torch.argsort(g_idx, stable=True)
+        g_idx = g_idx[perm]
+    size = g_idx.numel()
+    for tile in INT4_GROUP_SIZES:
+        if size % tile:
+            continue
+        blocks = g_idx.view(-1, tile)
+        if bool((blocks == blocks[:, :1]).all()):
+            return perm, tile, blocks[:, 0].long()
+    return None
+
+
+def _int4_part(codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor,
+               dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """codes [in, out] in [0, 16), per-tile scales/offsets [tiles, out] -> (packed, scales_zeros)."""
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.t().contiguous().to(torch.int32), 1)
+    return packed, torch.stack([scales, offsets], dim=-1).to(dtype).contiguous()
+
+
+def _int4_kernel(codes: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, g_idx: torch.Tensor,
+                 bits: int, dtype: torch.dtype) -> Int4Kernel | None:
+    if codes.shape[1] % INT4_N_MULTIPLE:
+        return None
+    tiling = _int4_tiling(g_idx)
+    if tiling is None:
+        return None
+    perm, tile, groups = tiling
+    if perm is not None:
+        codes = codes[perm]
+    # scales rounded to the activation dtype first, so the offsets are computed from the scales used
+    s, z = scales[groups].to(dtype).float(), zeros[groups].float()
+    if bits == 4:
+        parts = [_int4_part(codes, s, (8 - z) * s, dtype)]
+    else:  # (q - z) s = (hi - 8) 16s + (8 - z_hi) 16s + (lo - 8) s + (8 - z_lo) s, with z = 16 z_hi + z_lo
+        z_hi, z_lo = torch.div(z, 16, rounding_mode="floor"), torch.remainder(z, 16)
+        parts = [_int4_part(codes >> 4, 16 * s, (8 - z_hi) * 16 * s, dtype),
+                 _int4_part(codes & 15, s, (8 - z_lo) * s, dtype)]
+    packed, scales_zeros = zip(*parts)
+    return Int4Kernel(list(packed), list(scales_zeros), tile, perm)
+
+
+def gptq_kernel(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, g_idx: torch.Tensor,
+                bits: int, zero_offset: int, dtype: torch.dtype, reference: bool) -> nn.Module:
+    """The fastest kernel that takes this GPTQ layer (``reference``: dequantize-then-matmul)."""
+    kernel: nn.Module | None = None
+    if not reference and qweight.device.type == "cpu":
+        codes = unpack_int32(qweight, bits, 0)  # [in, out]
+        zeros = unpack_int32(qzeros, bits, 1) + zero_offset  # [groups, out]
+        single_group = bool((g_idx == g_idx[0]).all())
+        if bits == 8 and single_group and codes.shape[0] % INT8_K_MULTIPLE == 0:
+            group = int(g_idx[0])
+            scale = scales[group].to(dtype)
+            offsets = (128 - zeros[group].float()) * scale.float()  # zero for symmetric checkpoints
+            kernel = Int8ChannelKernel((codes - 128).to(torch.int8).t().contiguous(), scale,
+                                       offsets.to(dtype) if bool(offsets.any()) else None, reference=False)
+        else:
+            kernel = _int4_kernel(codes, zeros, scales.float(), g_idx, bits, dtype)
+        if kernel is None:
+            logger.warning("no CPU kernel takes a %d-bit [%d x %d] GPTQ weight with these groups; "
+                           "using the (slow) reference path", bits, qweight.shape[1], codes.shape[0])
+    return kernel or ReferenceGPTQKernel(qweight, qzeros, scales, g_idx, bits, zero_offset)

@@ -1,0 +1,161 @@
+"""Quantized weights on the CPU: decode speed and weight bytes of the default model, bf16 vs GPTQ vs INT8.
+
+    .venv/bin/python scripts/quant_bench.py --rounds 5 --out docs/results/quant-cpu.json
+
+Writes a GPTQ checkpoint of the default model (its GGUF weights, dequantized, then round-to-nearest
+4-bit, groups of 128, symmetric, v1 format; and 8-bit the same way), then times every variant in
+alternating rounds in this one process: a decode step (forward + logits) of one stream and of a batch
+of 64 streams, each at a 64-token context, and a 256-token prefill. Reported: median tok/s per variant,
+its ratio to bf16, and weight MiB (all and linear layers).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from folovllm.model.gguf_loader import gguf_arch_config, iter_gguf_weights, open_gguf  # noqa: E402
+from folovllm.model.linear import LinearBase  # noqa: E402
+from folovllm.model.layers import CausalLM  # noqa: E402
+from folovllm.model.loader import default_model_path, load_model  # noqa: E402
+from folovllm.model.registry import get_model_class  # noqa: E402
+from tests.helpers import make_attn_metadata  # noqa: E402
+from tests.model.quant.gptq_checkpoint import gptq_state_dict  # noqa: E402
+
+
+def write_gptq_folder(folder: Path, bits: int, group_size: int) -> str:
+    """The default model as a GPTQ checkpoint folder (RTN codes; the tokenizer falls back to the GGUF's)."""
+    gguf_path = default_model_path()
+    reader = open_gguf(gguf_path)
+    arch = gguf_arch_config(reader, "SmolLM2-135M-Instruct")
+    cls = get_model_class(arch.architecture)
+    state = {name: t.float() for name, t in iter_gguf_weights(reader, arch, cls.gguf_qk_permuted)}
+    gptq, _ = gptq_state_dict(state, bits, group_size, sym=True, desc_act=False, zero_offset=1)
+    config = {
+        "architectures": [arch.architecture], "vocab_size": arch.vocab_size, "hidden_size": arch.hidden_size,
+        "intermediate_size": arch.intermediate_size, "num_hidden_layers": arch.num_hidden_layers,
+        "num_attention_heads": arch.num_attention_heads, "num_key_value_heads": arch.num_key_value_heads,
+        "head_dim": arch.head_dim, "rms_norm_eps": arch.rms_norm_eps, "rope_theta": arch.rope_theta,
+        "max_position_embeddings": arch.max_position_embeddings, "tie_word_embeddings": arch.tie_word_embeddings,
+        "eos_token_id": arch.eos_token_ids,
+        "quantization_config": {"quant_method": "gptq", "bits": bits, "group_size": group_size,
+                                "desc_act": False, "sym": True, "checkpoint_format": "gptq"},
+    }
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.half() if v.is_floating_point() else v for k, v in gptq.items()},
+              str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps(config))
+    return str(folder)
+
+
+def weight_mib(model: CausalLM) -> tuple[float, float]:
+    """(all weights, linear layers only) in MiB, as the model holds them."""
+    linear = {id(t): t for m in model.modules() if isinstance(m, LinearBase) and m is not model.lm_head
+              for t in (*m.parameters(), *m.buffers())}
+    return model.weight_bytes() / 2**20, sum(t.numel() * t.element_size() for t in linear.values()) / 2**20
+
+
+class StepTimer:
+    """Times one model's steps on a paged cache: ``streams`` sequences at a fixed context."""
+
+    BLOCK = 16
+
+    def __init__(self, model: CausalLM, max_tokens: int, streams: int) -> None:
+        arch = model.arch
+        self.model, self.streams = model, streams
+        blocks_per_seq = -(-max_tokens // self.BLOCK)
+        shape = (streams * blocks_per_seq, self.BLOCK, arch.num_key_value_heads, arch.head_dim)
+        self.caches = [(torch.zeros(shape, dtype=model.dtype), torch.zeros(shape, dtype=model.dtype))
+                       for _ in range(arch.num_hidden_layers)]
+        self.tables = [list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)) for i in range(streams)]
+
+    @torch.inference_mode()
+    def seconds(self, query_len: int, context: int) -> float:
+        """Wall time of one step adding ``query_len`` tokens to each stream, ending at ``context`` tokens."""
+        n = self.streams
+        meta = make_attn_metadata([query_len] * n, [context] * n, self.tables, self.BLOCK)
+        ids = torch.randint(10, 1000, (n * query_len,))
+        positions = torch.arange(context - query_len, context).repeat(n)
+        start = time.perf_counter()
+        hidden = self.model(ids, positions, self.caches, meta)
+        self.model.compute_logits(hidden[meta.query_start_loc[1:] - 1])
+        return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=5, help="decode steps timed per round (median kept)")
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--context", type=int, default=64)
+    parser.add_argument("--prefill", type=int, default=256)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    tmp = Path(tempfile.mkdtemp(prefix="quant-bench-"))
+    variants = {
+        "bf16": (default_model_path(), "auto"),
+        "gptq-4bit-g128": (write_gptq_folder(tmp / "gptq4", 4, 128), "auto"),
+        "gptq-8bit-g128": (write_gptq_folder(tmp / "gptq8", 8, 128), "auto"),
+        "int8": (default_model_path(), "int8"),
+    }
+    models = {name: load_model(path, quantization=q, dtype=torch.bfloat16, device="cpu")
+              for name, (path, q) in variants.items()}
+    max_tokens = max(args.context, args.prefill)
+    timers = {name: (StepTimer(m, max_tokens, 1), StepTimer(m, max_tokens, args.batch)) for name, m in models.items()}
+    kinds = {"one_stream": lambda one, many: 1 / median_of(args.steps, lambda: one.seconds(1, args.context)),
+             "batch": lambda one, many: args.batch / median_of(args.steps, lambda: many.seconds(1, args.context)),
+             "prefill": lambda one, many: args.prefill / median_of(1, lambda: one.seconds(args.prefill, args.prefill))}
+    for one, many in timers.values():  # warm-up
+        one.seconds(1, args.context), many.seconds(1, args.context), one.seconds(args.prefill, args.prefill)
+    rates: dict[str, dict[str, list[float]]] = {name: {k: [] for k in kinds} for name in models}
+    for r in range(args.rounds):
+        for name, (one, many) in timers.items():  # alternating: each round times every variant once
+            for kind, rate in kinds.items():
+                rates[name][kind].append(rate(one, many))
+        print(f"round {r + 1}: " + ", ".join(
+            f"{n} {rates[n]['one_stream'][-1]:.1f}/{rates[n]['batch'][-1]:.0f}/{rates[n]['prefill'][-1]:.0f}"
+            for n in models), flush=True)
+
+    result = {"threads": torch.get_num_threads(), "load_average": list(os.getloadavg()), "rounds": args.rounds,
+              "batch": args.batch, "context": args.context, "prefill": args.prefill, "variants": {}}
+    base = {kind: statistics.median(rates["bf16"][kind]) for kind in kinds}
+    base_all, base_linear = weight_mib(models["bf16"])
+    for name, model in models.items():
+        all_mib, linear_mib = weight_mib(model)
+        entry = {"weight_mib": all_mib, "weight_drop": 1 - all_mib / base_all,
+                 "linear_mib": linear_mib, "linear_drop": 1 - linear_mib / base_linear}
+        for kind in kinds:
+            med = statistics.median(rates[name][kind])
+            entry[f"{kind}_tok_s"], entry[f"{kind}_ratio"] = med, med / base[kind]
+            entry[f"{kind}_spread"] = [min(rates[name][kind]), max(rates[name][kind])]
+        result["variants"][name] = entry
+        print(f"{name:15s} one stream {entry['one_stream_tok_s']:6.1f} tok/s ({entry['one_stream_ratio']:4.2f}x)  "
+              f"batch {args.batch} {entry['batch_tok_s']:6.0f} ({entry['batch_ratio']:4.2f}x)  "
+              f"prefill {entry['prefill_tok_s']:6.0f} ({entry['prefill_ratio']:4.2f}x)  "
+              f"weights {all_mib:6.1f} MiB (-{entry['weight_drop']:.0%}), linears {linear_mib:6.1f} MiB "
+              f"(-{entry['linear_drop']:.0%})")
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+
+
+def median_of(count: int, step) -> float:
+    """The median of ``count`` timed steps (seconds)."""
+    return statistics.median(step() for _ in range(count))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+"""The CPU quantized kernels against the reference dequantize-then-matmul, over shapes and GPTQ settings."""
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from folovllm.model.quant.kernels import (
+    Int4Kernel,
+    Int8ChannelKernel,
+    ReferenceGPTQKernel,
+    dequantize_gptq,
+    gptq_kernel,
+)
+from tests.model.quant.gptq_checkpoint import act_order_g_idx, rtn_gptq
+
+
+def _layer(out_features: int, in_features: int, bits: int, group_size: int, sym: bool, desc_act: bool,
+           zero_offset: int, seed: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    weight = torch.randn(out_features, in_features, generator=gen) * 0.05
+    g_idx = act_order_g_idx(in_features, group_size, gen) if desc_act else None
+    return rtn_gptq(weight, bits, group_size, sym, zero_offset, g_idx)
+
+
+def _kernel(tensors: dict[str, torch.Tensor], bits: int, zero_offset: int, dtype: torch.dtype,
+            reference: bool = False) -> torch.nn.Module:
+    return gptq_kernel(tensors["qweight"], tensors["qzeros"], tensors["scales"].float(), tensors["g_idx"], bits,
+                       zero_offset, dtype, reference=reference)
+
+
+def _close(actual: torch.Tensor, expected: torch.Tensor, rel: float) -> None:
+    err = (actual.float() - expected.float()).abs().max().item()
+    assert err <= rel * max(expected.float().abs().max().item(), 1e-3), (err, expected.abs().max().item())
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("zero_offset", [0, 1])
+def test_dequantize_matches_the_codes_written(bits: int, zero_offset: int) -> None:
+    tensors, dense = _layer(32, 96, bits, 32, sym=False, desc_act=True, zero_offset=zero_offset, seed=0)
+    got = dequantize_gptq(tensors["qweight"], tensors["qzeros"], tensors["scales"], tensors["g_idx"], bits,
+                          zero_offset)
+    torch.testing.assert_close(got.t(), dense, rtol=0, atol=1e-6)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    bits=st.sampled_from([4, 8]),
+    group_size=st.sampled_from([32, 64, 128, -1]),
+    sym=st.booleans(),
+    desc_act=st.booleans(),
+    zero_offset=st.sampled_from([0, 1]),
+    out_blocks=st.integers(1, 4),
+    in_blocks=st.integers(1, 9),
+    tokens=st.integers(1, 5),
+    seed=st.integers(0, 2**16),
+)
+def test_kernel_matches_reference_fp32(bits: int, group_size: int, sym: bool, desc_act: bool, zero_offset: int,
+                                       out_blocks: int, in_blocks: int, tokens: int, seed: int) -> None:
+    out_features, in_features = 16 * out_blocks, 32 * in_blocks  # e.g. 288 rows in groups of 128: a partial group
+    tensors, dense = _layer(out_features, in_features, bits, group_size, sym, desc_act, zero_offset, seed)
+    x = torch.randn(tokens, in_features, generator=torch.Generator().manual_seed(seed))
+    kernel = _kernel(tensors, bits, zero_offset, torch.float32)
+    assert not isinstance(kernel, ReferenceGPTQKernel)  # every one of these shapes has a CPU kernel
+    expected = x @ dense.t()
+    _close(_kernel(tensors, bits, zero_offset, torch.float32, reference=True)(x), expected, 1e-5)
+    _close(kernel(x), expected, 1e-4)
+
+
+@pytest.mark.parametrize("bits, group_size, desc_act", [(4, 128, False), (4, 32, True), (8, -1, False),
+                                                        (8, 64, True)])
+def test_kernel_matches_reference_bf16(bits: int, group_size: int, desc_act: bool) -> None:
+    tensors, dense = _layer(64, 256, bits, group_size, sym=False, desc_act=desc_act, zero_offset=1, seed=3)
+    x = torch.randn(7, 256)
+    out = _kernel(tensors, bits, 1, torch.bfloat16)(x.bfloat16())
+    assert out.dtype == torch.bfloat16
+    _close(out, x @ dense.t(), 3e-2)
+
+
+def test_kernel_choice_per_format() -> None:
+    four, _ = _layer(32, 128, 4, 64, sym=True, desc_act=False, zero_offset=1, seed=0)
+    assert isinstance(_kernel(four, 4, 1, torch.float32), Int4Kernel)
+    act, _ = _layer(32, 128, 4, 64, sym=True, desc_act=True, zero_offset=1, seed=0)
+    act_kernel = _kernel(act, 4, 1, torch.float32)
+    assert isinstance(act_kernel, Int4Kernel) and act_kernel.perm is not None
+    channel, _ = _layer(32, 128, 8, -1, sym=True, desc_act=False, zero_offset=1, seed=0)
+    channel_kernel = _kernel(channel, 8, 1, torch.float32)
+    assert isinstance(channel_kernel, Int8ChannelKernel) and channel_kernel.offsets is None  # symmetric
+    grouped, _ = _layer(32, 128, 8, 32, sym=False, desc_act=False, zero_offset=1, seed=0)
+    grouped_kernel = _kernel(grouped, 8, 1, torch.float32)
+    assert isinstance(grouped_kernel, Int4Kernel) and grouped_kernel.num_parts == 2  # high and low nibbles
+    assert isinstance(_kernel(four, 4, 1, torch.float32, reference=True), ReferenceGPTQKernel)
+
+
+def test_shapes_no_kernel_takes_fall_back_to_reference() -> None:
+    tensors, dense = _layer(8, 64, 4, 32, sym=True, desc_act=False, zero_offset=1, seed=0)  # 8 outputs: not 16k
+    kernel = _kernel(tensors, 4, 1, torch.float32)
+    assert isinstance(kernel, ReferenceGPTQKernel)
+    x = torch.randn(2, 64)
+    _close(kernel(x), x @ dense.t(), 1e-5)
+
+
+def test_int4_zero_point_convention() -> None:
+    """One group, known codes: the kernel computes (q - z) * s exactly, for z across its range."""
+    in_features, out_features = 32, 16
+    codes = torch.arange(in_features * out_features).reshape(in_features, out_features) % 16
+    zeros = torch.arange(out_features)[None, :]  # z = 0 .. 15, one per output
+    scales = torch.full((1, out_features), 0.5)
+    from folovllm.model.quant.pack import pack_int32
+
+    qweight, qzeros = pack_int32(codes.int(), 4, 0), pack_int32(zeros.int(), 4, 1)
+    g_idx = torch.zeros(in_features, dtype=torch.int32)
+    kernel = gptq_kernel(qweight, qzeros, scales, g_idx, 4, 0, torch.float32, reference=False)
+    assert isinstance(kernel, Int4Kernel)
+    weight = (codes - zeros).float() * 0.5  # [in, out]
+    x = torch.eye(in_features)
+    torch.testing.assert_close(kernel(x), weight, rtol=0, atol=1e-6)
