@@ -49,6 +49,13 @@ def _plot_timeline(args: argparse.Namespace) -> int:
     return 0
 
 
+def _quantize(args: argparse.Namespace) -> int:
+    from folovllm.quantize.run import run_quantize
+
+    run_quantize(args)
+    return 0
+
+
 def _run_bench(run, args: argparse.Namespace) -> int:
     run(args)
     return 0
@@ -107,6 +114,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_policies_args(policies)
     policies.set_defaults(func=lambda args: _run_bench(run_policies, args))
+
+    quantize = sub.add_parser("quantize", help="write a GPTQ checkpoint folder (GPTQ or round-to-nearest)")
+    from folovllm.quantize.run import add_quantize_args
+
+    add_quantize_args(quantize)
+    quantize.set_defaults(func=_quantize)
     return parser
 
 
