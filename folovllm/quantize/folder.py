@@ -103,8 +103,10 @@ def write_folder(
     """
     os.makedirs(out, exist_ok=True)
     save_file(tensors, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+    # the plain tensors and scales are float16 (transformers 5 names the field "dtype", 4 "torch_dtype")
+    config = {key: value for key, value in config.items() if key != "dtype"} | {"torch_dtype": "float16"}
     with open(os.path.join(out, "config.json"), "w") as f:
-        json.dump({**config, "torch_dtype": "float16"}, f, indent=2)
+        json.dump(config, f, indent=2)
     if source.endswith(".gguf"):
         tokenizer.save_pretrained(out)
         generation = {"bos_token_id": config.get("bos_token_id"), "eos_token_id": config.get("eos_token_id")}

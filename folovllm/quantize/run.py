@@ -60,7 +60,8 @@ def add_quantize_args(parser: argparse.ArgumentParser) -> None:
                         help="GPTQ: quantize columns by descending activation energy (desc_act)")
     parser.add_argument("--sym", action=argparse.BooleanOptionalAction, default=True,
                         help="symmetric grid (zero point in the middle); --no-sym: min/max grid")
-    parser.add_argument("--damp", type=float, default=0.01, help="GPTQ: Hessian damping, a fraction of its mean diagonal")
+    parser.add_argument("--damp", type=float, default=0.01,
+                        help="GPTQ: Hessian damping, a fraction of its mean diagonal")
     parser.add_argument("--calib-file", default=None,
                         help="calibration text file (default: part of Python's documentation topics)")
     parser.add_argument("--num-samples", type=int, default=32, help="GPTQ: calibration windows")
@@ -92,7 +93,7 @@ def quantize(options: QuantizeArgs) -> int:
     from folovllm.quantize.calibration import calibration_samples, calibration_text
     from folovllm.quantize.folder import checkpoint_tensors, hf_config_from_arch, write_folder
     from folovllm.quantize.gptq import GPTQConfig
-    from folovllm.quantize.grid import QuantSpec, rtn_quantize
+    from folovllm.quantize.grid import QuantSpec
     from folovllm.quantize.sequential import decoder_linears, quantize_gptq, quantize_rtn
 
     spec = QuantSpec(options.bits, options.group_size, options.sym)
@@ -109,7 +110,7 @@ def quantize(options: QuantizeArgs) -> int:
 
     with torch.no_grad():
         if options.method == "rtn":
-            quantized = quantize_rtn(model, lambda weight: rtn_quantize(weight, spec))
+            quantized = quantize_rtn(model, spec)
         else:
             samples = calibration_samples(tokenizer, calibration_text(options.calib_file), options.num_samples,
                                           options.seq_len, arch.vocab_size, options.seed)
@@ -125,6 +126,7 @@ def quantize(options: QuantizeArgs) -> int:
 
 def quantization_config(options: QuantizeArgs) -> dict[str, Any]:
     """config.json's ``quantization_config`` in the GPTQ tools' vocabulary."""
+    calibration = {"num_samples": options.num_samples, "seq_len": options.seq_len} if options.method == "gptq" else {}
     return {
         "quant_method": "gptq",
         "bits": options.bits,
@@ -136,8 +138,7 @@ def quantization_config(options: QuantizeArgs) -> dict[str, Any]:
         "true_sequential": True,
         "static_groups": False,
         "lm_head": False,
-        "meta": {"quantizer": "folovllm", "method": options.method,
-                 **({"num_samples": options.num_samples, "seq_len": options.seq_len} if options.method == "gptq" else {})},
+        "meta": {"quantizer": "folovllm", "method": options.method, **calibration},
     }
 
 

@@ -8,7 +8,6 @@ A stage's forward stops at the linear it measures, so the extra passes cost litt
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -19,7 +18,7 @@ from folovllm.attention.metadata import AttentionMetadata
 from folovllm.model.layers import CausalLM
 from folovllm.model.linear import LinearBase
 from folovllm.quantize.gptq import GPTQConfig, gptq_quantize
-from folovllm.quantize.grid import QuantizedWeight, rtn_quantize
+from folovllm.quantize.grid import QuantizedWeight, QuantSpec, rtn_quantize
 
 logger = logging.getLogger(__name__)
 
@@ -46,11 +45,12 @@ def decoder_linears(model: CausalLM) -> list[tuple[str, LinearBase]]:
             if isinstance(module, LinearBase)]
 
 
-def quantize_rtn(model: CausalLM, quantize: Callable[[torch.Tensor], QuantizedWeight]) -> dict[str, QuantizedWeight]:
-    """Round every decoder linear to its grid; no calibration."""
+@torch.no_grad()
+def quantize_rtn(model: CausalLM, spec: QuantSpec) -> dict[str, QuantizedWeight]:
+    """Round every decoder linear to its grid (no calibration); the model keeps the rounded weights."""
     results = {}
     for name, module in tqdm(decoder_linears(model), desc="rtn", unit="linear"):
-        results[name] = quantize(module.weight)
+        results[name] = rtn_quantize(module.weight, spec)
         module.weight.copy_(results[name].dequantize())
     return results
 

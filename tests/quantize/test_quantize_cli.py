@@ -108,7 +108,8 @@ def test_gptq_folder_config_and_tokenizer(gptq_folder: Path, tiny_llama: Path) -
     assert arch.quantization == "gptq"
     assert (arch.hidden_size, arch.num_key_value_heads, arch.tie_word_embeddings) == (64, 2, False)
     assert arch.attention_bias == source.attention_bias
-    assert load_tokenizer(str(gptq_folder))("hello world")["input_ids"] == load_tokenizer(str(tiny_llama))("hello world")["input_ids"]
+    text = "hello world"
+    assert load_tokenizer(str(gptq_folder))(text)["input_ids"] == load_tokenizer(str(tiny_llama))(text)["input_ids"]
 
 
 def test_dequantized_folder_loads_into_the_unquantized_model(gptq_folder: Path, tiny_llama: Path) -> None:
