@@ -1,5 +1,6 @@
 """The package's imports run one way: CLI -> bench/server -> engine -> core/worker ->
-model/attention/sample; the config and the small shared modules depend on nothing in the package."""
+model/attention/sample, and CLI -> quantize -> model; the config and the small shared modules
+depend on nothing in the package."""
 from __future__ import annotations
 
 import ast
@@ -15,15 +16,18 @@ FORBIDDEN = {
     "registry": ["folovllm"],
     "paging": ["folovllm"],
     "bench": ["folovllm.entrypoints"],
-    "engine": ["folovllm.entrypoints", "folovllm.bench"],
-    "core": ["folovllm.entrypoints", "folovllm.bench", "folovllm.engine"],
-    "worker": ["folovllm.entrypoints", "folovllm.bench", "folovllm.engine"],
+    "engine": ["folovllm.entrypoints", "folovllm.bench", "folovllm.quantize"],
+    "core": ["folovllm.entrypoints", "folovllm.bench", "folovllm.engine", "folovllm.quantize"],
+    "worker": ["folovllm.entrypoints", "folovllm.bench", "folovllm.engine", "folovllm.quantize"],
     "model": ["folovllm.entrypoints", "folovllm.bench", "folovllm.engine", "folovllm.core",
-              "folovllm.worker"],
+              "folovllm.worker", "folovllm.quantize"],
     "attention": ["folovllm.entrypoints", "folovllm.bench", "folovllm.engine", "folovllm.core",
-                  "folovllm.worker", "folovllm.model"],
+                  "folovllm.worker", "folovllm.model", "folovllm.quantize"],
     "sample": ["folovllm.entrypoints", "folovllm.bench", "folovllm.engine", "folovllm.core",
-               "folovllm.worker", "folovllm.model"],
+               "folovllm.worker", "folovllm.model", "folovllm.quantize"],
+    # the offline quantizer: run by the CLI, reads models through folovllm.model
+    "quantize": ["folovllm.entrypoints", "folovllm.bench", "folovllm.engine", "folovllm.core",
+                 "folovllm.worker"],
 }
 
 

@@ -49,6 +49,13 @@ def _plot_timeline(args: argparse.Namespace) -> int:
     return 0
 
 
+def _quantize(args: argparse.Namespace) -> int:
+    from folovllm.quantize.run import run_quantize
+
+    run_quantize(args)
+    return 0
+
+
 def _run_bench(run, args: argparse.Namespace) -> int:
     run(args)
     return 0
@@ -112,6 +119,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_perplexity_args(perplexity)
     perplexity.set_defaults(func=lambda args: _run_bench(run_perplexity, args))
+
+    quantize = sub.add_parser("quantize", help="write a GPTQ checkpoint folder (GPTQ or round-to-nearest)")
+    from folovllm.quantize.run import add_quantize_args
+
+    add_quantize_args(quantize)
+    quantize.set_defaults(func=_quantize)
     return parser
 
 
