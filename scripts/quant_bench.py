@@ -107,12 +107,12 @@ def main() -> None:
 
     tmp = Path(tempfile.mkdtemp(prefix="quant-bench-"))
     variants = {
-        "bf16": (default_model_path(), "auto"),
+        "bf16": (default_model_path(), "auto"),  # the engine's default CPU path: prepacked bf16
         "gptq-4bit-g128": (write_gptq_folder(tmp / "gptq4", 4, 128), "auto"),
         "gptq-8bit-g128": (write_gptq_folder(tmp / "gptq8", 8, 128), "auto"),
         "int8": (default_model_path(), "int8"),
     }
-    models = {name: load_model(path, quantization=q, dtype=torch.bfloat16, device="cpu")
+    models = {name: load_model(path, quantization=q, dtype=torch.bfloat16, device="cpu", cpu_prepack=True)
               for name, (path, q) in variants.items()}
     max_tokens = max(args.context, args.prefill)
     timers = {name: (StepTimer(m, max_tokens, 1), StepTimer(m, max_tokens, args.batch)) for name, m in models.items()}

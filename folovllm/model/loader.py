@@ -87,7 +87,7 @@ def load_model(
     device: torch.device | str,
     attn_backend: AttentionBackend | str = "torch",
     seed: int = 0,
-    cpu_prepack: bool = True,
+    cpu_prepack: bool = False,
 ) -> CausalLM:
     """Build the model for ``model`` and fill its weights.
 
@@ -96,6 +96,8 @@ def load_model(
     once, uninitialized, in ``dtype`` on ``device``; checkpoint tensors are cast as they are copied in.
     quantization: "auto" (as the checkpoint's quantization_config says), the checkpoint's own method
     name to insist on it, or "int8" to quantize a float checkpoint's linear weights once loaded.
+    cpu_prepack: hold unquantized CPU weights in oneDNN's layout (the engine's default; off here so
+    that tools reading weights back get plain tensors).
     """
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"unknown load_format {load_format!r}; choose one of {LOAD_FORMATS}")

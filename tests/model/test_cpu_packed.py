@@ -102,7 +102,7 @@ TINY = dict(architectures=["LlamaForCausalLM"], vocab_size=96, hidden_size=32, i
 def test_loader_packs_every_linear_and_the_head(tmp_path, tied: bool) -> None:
     (tmp_path / "config.json").write_text(json.dumps(dict(TINY, tie_word_embeddings=tied)))
     dtype = DTYPES[0]
-    packed = load_model(str(tmp_path), load_format="dummy", dtype=dtype, device="cpu", seed=1)
+    packed = load_model(str(tmp_path), load_format="dummy", dtype=dtype, device="cpu", seed=1, cpu_prepack=True)
     plain = load_model(str(tmp_path), load_format="dummy", dtype=dtype, device="cpu", seed=1, cpu_prepack=False)
     linears = [m for m in packed.modules() if isinstance(m, LinearBase)]
     assert linears and all(isinstance(m.method, PackedLinearMethod) and m.weight.is_mkldnn for m in linears)
