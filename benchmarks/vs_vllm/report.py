@@ -116,6 +116,9 @@ def format_notes(result: dict[str, Any]) -> str:
              f"{n['retried_attempts']} disturbed attempts were retried, {n['kept_over_threshold']} kept runs stayed "
              f"over the {n['threshold']:.0%} threshold; {n['waited_for_quiet_s'] / 60:.1f} min went to waiting "
              "for a quiet machine."]
+    for phase in ("offline", "serve"):
+        if not result.get(phase):
+            lines.append(f"The {'server' if phase == 'serve' else phase} phase is not in this result (see the command).")
     if result.get("offline"):
         check, loads = result["offline"]["greedy_match"]["check_prompts"], result["offline"]["greedy_match"]["workloads"]
         lines.append(f"Greedy agreement: {check['identical']}/{check['outputs']} text prompts give identical "

@@ -154,6 +154,7 @@ def test_noise_summary_and_notes():
     assert n["others_share_max"] == 0.15 and n["waited_for_quiet_s"] == 63.0
     notes = report.format_notes({"noise": n, "offline": None})
     assert "2 disturbed attempts were retried" in notes and "1 kept runs" in notes
+    assert "The offline phase is not in this result" in notes and "The server phase is not" in notes
 
 
 def test_others_share_subtracts_our_own_cpu_time():
