@@ -20,7 +20,7 @@ def busy_cpu_s() -> float:
 
 
 def tree_cpu_s(root: psutil.Process | None) -> float:
-    """CPU seconds of a live process and its live descendants (0 for what has exited)."""
+    """CPU seconds of a live process and its descendants: live ones, and those a member has reaped."""
     if root is None:
         return 0.0
     total = 0.0
@@ -31,7 +31,7 @@ def tree_cpu_s(root: psutil.Process | None) -> float:
     for proc in procs:
         try:
             t = proc.cpu_times()
-            total += t.user + t.system
+            total += t.user + t.system + t.children_user + t.children_system
         except psutil.Error:
             pass
     return total
