@@ -3,7 +3,9 @@
 //
 // Work items are (sequence, kv head, tile of query rows); every query head of a kv head's GQA group
 // rides in the same item, so each K/V row is loaded once per item. Items run on an OpenMP team of at
-// most torch.get_num_threads() threads, heaviest first, dynamically scheduled.
+// most torch.get_num_threads() threads, heaviest first, dynamically scheduled. With
+// skip_fresh_prefills, chunks with no cached context are left to the caller (their K/V are already
+// contiguous, where a GEMM-based kernel is faster); their output rows are not written.
 //
 // Portable build: plain C++ that the compiler auto-vectorizes, compiled once per instruction set
 // (target_clones) and picked at load time, so one binary is correct on any x86-64 and fast on AVX-512.
@@ -216,11 +218,12 @@ FOLO_INLINE void attend_items(const Item* items, int64_t n, const Problem<c10::B
 }
 
 std::vector<Item> plan_items(const int64_t* seq_lens, const int64_t* query_start_loc, int64_t num_seqs,
-                             int64_t num_kv_heads) {
+                             int64_t num_kv_heads, bool skip_fresh_prefills) {
   std::vector<Item> items;
   for (int64_t s = 0; s < num_seqs; ++s) {
     const int64_t q_len = query_start_loc[s + 1] - query_start_loc[s];
     const int64_t context = seq_lens[s] - q_len;
+    if (skip_fresh_prefills && context == 0 && q_len > 1) continue;
     for (int64_t begin = 0; begin < q_len; begin += kQueryTile) {
       const int64_t end = std::min(begin + kQueryTile, q_len);
       const int64_t cost = (end - begin) * (context + end);
@@ -232,8 +235,9 @@ std::vector<Item> plan_items(const int64_t* seq_lens, const int64_t* query_start
 }
 
 template <typename scalar_t>
-void run(const Problem<scalar_t>& p, int64_t num_seqs) {
-  const std::vector<Item> items = plan_items(p.seq_lens, p.query_start_loc, num_seqs, p.num_kv_heads);
+void run(const Problem<scalar_t>& p, int64_t num_seqs, bool skip_fresh_prefills) {
+  const std::vector<Item> items =
+      plan_items(p.seq_lens, p.query_start_loc, num_seqs, p.num_kv_heads, skip_fresh_prefills);
   const int64_t n = static_cast<int64_t>(items.size());
   if (n == 0) return;
   const int64_t rows = kQueryTile * (p.num_heads / p.num_kv_heads);
@@ -253,7 +257,7 @@ void check_int64(const at::Tensor& t, const char* name) {
 
 void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& k_cache,
                      const at::Tensor& v_cache, const at::Tensor& block_tables, const at::Tensor& seq_lens,
-                     const at::Tensor& query_start_loc, double scale) {
+                     const at::Tensor& query_start_loc, double scale, bool skip_fresh_prefills) {
   TORCH_CHECK(query.dim() == 3 && k_cache.dim() == 4, "query must be [T, Hq, D] and the caches "
               "[num_blocks, block_size, Hkv, D]");
   TORCH_CHECK(query.is_contiguous() && out.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous(),
@@ -271,6 +275,14 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
   const int64_t num_seqs = seq_lens.size(0);
   TORCH_CHECK(query_start_loc.size(0) == num_seqs + 1 && block_tables.size(0) == num_seqs,
               "block_tables, seq_lens and query_start_loc disagree on the number of sequences");
+  const int64_t* lens = seq_lens.const_data_ptr<int64_t>();
+  const int64_t* starts = query_start_loc.const_data_ptr<int64_t>();
+  TORCH_CHECK(starts[0] == 0 && starts[num_seqs] == query.size(0), "query_start_loc must span the query rows");
+  for (int64_t s = 0; s < num_seqs; ++s) {
+    const int64_t q_len = starts[s + 1] - starts[s];
+    TORCH_CHECK(q_len >= 1 && q_len <= lens[s] && lens[s] <= block_tables.size(1) * k_cache.size(1),
+                "sequence ", s, ": query_len ", q_len, ", seq_len ", lens[s], " do not fit its block table");
+  }
   auto fill = [&](auto* typed) {
     using scalar_t = std::remove_pointer_t<decltype(typed)>;
     Problem<scalar_t> p{query.const_data_ptr<scalar_t>(), k_cache.const_data_ptr<scalar_t>(),
@@ -279,7 +291,7 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
                         query_start_loc.const_data_ptr<int64_t>(), block_tables.size(1),
                         query.size(1), k_cache.size(2), query.size(2), k_cache.size(1),
                         static_cast<float>(scale)};
-    run(p, num_seqs);
+    run(p, num_seqs, skip_fresh_prefills);
   };
   if (dtype == at::kFloat) {
     fill(static_cast<float*>(nullptr));
@@ -292,7 +304,7 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
 
 TORCH_LIBRARY(folovllm_cpu, m) {
   m.def("paged_attention(Tensor(a!) out, Tensor query, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
-        "Tensor seq_lens, Tensor query_start_loc, float scale) -> ()");
+        "Tensor seq_lens, Tensor query_start_loc, float scale, bool skip_fresh_prefills) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(folovllm_cpu, CPU, m) { m.impl("paged_attention", &paged_attention); }

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 import folovllm.attention.cpu_backend as cpu_backend
 from folovllm.attention.backend import get_attention_backend
 from folovllm.config import CPU_ATTENTION_LIBRARY, load_cpu_attention_library
-from tests.attention.paged_reference import run_case
+from tests.attention.paged_reference import reference_attention, run_case
 from tests.helpers import make_attn_metadata
 
 torch.set_num_threads(2)
@@ -70,6 +70,41 @@ def test_bf16_loose(heads: tuple[int, int], head_dim: int) -> None:
     torch.testing.assert_close(ours.double(), ref, atol=3e-2, rtol=3e-2)
     theirs, _ = run_case(query_lens, seq_lens, *heads, head_dim, 16, torch.bfloat16, backend="torch")
     torch.testing.assert_close(ours.double(), theirs.double(), atol=3e-2, rtol=3e-2)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
+def test_kernel_computes_fresh_prefill_chunks_too(dtype: torch.dtype, tol: float) -> None:
+    # the backend hands chunks without cached context to SDPA; the kernel still computes them when asked
+    query_lens, seq_lens = [37, 1, 20], [37, 50, 20]
+    gen = torch.Generator().manual_seed(0)
+    block_size, num_kv_heads, head_dim = 16, 3, 64
+    tables = [[0, 1, 2], [3, 4, 5, 6], [7, 8]]
+    k_cache = torch.randn(9, block_size, num_kv_heads, head_dim, generator=gen).to(dtype)
+    v_cache = torch.randn(9, block_size, num_kv_heads, head_dim, generator=gen).to(dtype)
+    query = torch.randn(sum(query_lens), 9, head_dim, generator=gen).to(dtype)
+    meta = make_attn_metadata(query_lens, seq_lens, tables, block_size)
+    out = torch.full_like(query, float("nan"))
+    torch.ops.folovllm_cpu.paged_attention(out, query, k_cache, v_cache, meta.block_tables, meta.seq_lens,
+                                           meta.query_start_loc, 0.125, False)
+    start = 0
+    for q_len, seq_len, table in zip(query_lens, seq_lens, tables):
+        k = k_cache[table].flatten(0, 1)[:seq_len]
+        v = v_cache[table].flatten(0, 1)[:seq_len]
+        ref = reference_attention(query[start:start + q_len], k, v, 0.125)
+        torch.testing.assert_close(out[start:start + q_len].flatten(1).double(), ref, atol=tol, rtol=tol)
+        start += q_len
+
+
+@needs_kernel
+def test_kernel_rejects_a_block_table_too_short() -> None:
+    meta = make_attn_metadata([1], [5], [[0, 1]], block_size=4)
+    cache = torch.zeros(2, 4, 1, 8)
+    query = torch.zeros(1, 1, 8)
+    with pytest.raises(RuntimeError, match="do not fit its block table"):
+        torch.ops.folovllm_cpu.paged_attention(torch.empty_like(query), query, cache, cache,
+                                               meta.block_tables[:, :1], meta.seq_lens, meta.query_start_loc,
+                                               1.0, False)
 
 
 @needs_kernel
