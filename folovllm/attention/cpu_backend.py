@@ -52,10 +52,11 @@ class CpuAttentionBackend:
         self._op(out, query, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, scale,
                  True)
         for start, end in self._fresh_chunks(meta):
+            # 4-D [1, H, L, D]: SDPA takes its fused CPU kernel only for batched inputs
             out[start:end] = F.scaled_dot_product_attention(
-                query[start:end].transpose(0, 1), key[start:end].transpose(0, 1),
-                value[start:end].transpose(0, 1), is_causal=True, scale=scale,
-                enable_gqa=num_heads != key.shape[1]).transpose(0, 1)
+                query[start:end].transpose(0, 1)[None], key[start:end].transpose(0, 1)[None],
+                value[start:end].transpose(0, 1)[None], is_causal=True, scale=scale,
+                enable_gqa=num_heads != key.shape[1])[0].transpose(0, 1)
         return out.view(num_tokens, num_heads * head_dim)
 
     def _fresh_chunks(self, meta: AttentionMetadata) -> list[tuple[int, int]]:
