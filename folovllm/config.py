@@ -6,10 +6,13 @@ Each field's metadata carries its command-line help (and choices, or a flag name
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
+import logging
 import os
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -19,6 +22,11 @@ _SIZE_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20,
                "mib": 2**20, "g": 2**30, "gb": 2**30, "gib": 2**30}
 DEFAULT_CPU_KV_CACHE_MEMORY = 2 * 2**30
 QUANTIZATIONS = ("auto", "gptq", "int8")
+# The CPU attention kernel's torch op library, built by `make kernels` (csrc/build.py) in a source checkout.
+CPU_ATTENTION_LIBRARY = (Path(__file__).resolve().parent.parent / "build" / "cpu_attention"
+                         / "libfolovllm_cpu_attention.so")
+
+logger = logging.getLogger(__name__)
 
 
 def parse_size(text: str | int) -> int:
@@ -77,7 +85,8 @@ class EngineConfig:
         0, "cap each prompt's chunk per step so short requests can join (0 = off)")
     enable_prefix_caching: bool = knob(True, "turn automatic prefix caching off (ablation)",
                                        flag="--no-prefix-caching")
-    attention_backend: str = knob("auto", "auto: triton on CUDA, torch elsewhere")
+    attention_backend: str = knob("auto", "auto: triton on CUDA; on CPU cpu when its kernel is built "
+                                          "(make kernels), else torch")
     enforce_eager: bool = knob(False, "CUDA: no CUDA graphs for decode steps")
     cuda_graph_max_batch: int = knob(256, "CUDA: the largest decode batch captured in a CUDA graph")
     overlap_scheduling: bool | str = knob(
@@ -142,9 +151,10 @@ class EngineConfig:
         """This config with every ``auto`` decided for this machine (the one place that decides).
 
         device: cuda if available, else cpu. dtype: bfloat16. attention_backend: triton on CUDA when
-        triton is installed, else torch. overlap_scheduling: on CUDA only; on CPU the forward runs
-        synchronously, so overlapping would only hand each token out one step later. num_threads:
-        the cores this process may run on (its CPU affinity, which a container or taskset narrows).
+        triton is installed; on CPU the cpu kernel when it is built and loads, else torch.
+        overlap_scheduling: on CUDA only; on CPU the forward runs synchronously, so overlapping would
+        only hand each token out one step later. num_threads: the cores this process may run on (its
+        CPU affinity, which a container or taskset narrows).
         Names of registered pieces (attention backend, policy, admission) are checked where they
         are looked up, when the engine builds them.
         """
@@ -157,7 +167,10 @@ class EngineConfig:
             raise ValueError("float16 is not supported on CPU; use bfloat16 or float32")
         backend = self.attention_backend
         if backend == "auto":
-            backend = "triton" if on_cuda and importlib.util.find_spec("triton") is not None else "torch"
+            if on_cuda:
+                backend = "triton" if importlib.util.find_spec("triton") is not None else "torch"
+            else:
+                backend = _auto_cpu_attention_backend(CPU_ATTENTION_LIBRARY)
         overlap = on_cuda if self.overlap_scheduling == "auto" else bool(self.overlap_scheduling)
         return dataclasses.replace(self, device=device, dtype=dtype, attention_backend=backend,
                                    overlap_scheduling=overlap, num_threads=self.num_threads or usable_cores())
@@ -171,3 +184,25 @@ class EngineConfig:
     def torch_dtype(self) -> torch.dtype:
         """The resolved dtype as a torch.dtype (ValueError for float16 on CPU)."""
         return _DTYPES[self.resolve().dtype]
+
+
+@functools.cache
+def load_cpu_attention_library(path: Path) -> str | None:
+    """Loads the CPU attention kernel's torch ops (once per process); returns why it cannot, else None."""
+    if not path.is_file():
+        return f"the CPU attention kernel is not built ({path} is missing): run `make kernels` in the source tree"
+    try:
+        torch.ops.load_library(str(path))
+    except (OSError, RuntimeError) as exc:
+        return f"the CPU attention kernel {path} does not load ({exc}): rebuild it with `make kernels`"
+    return None
+
+
+@functools.cache
+def _auto_cpu_attention_backend(path: Path) -> str:
+    # cached so the fallback is logged once, however often configs resolve
+    reason = load_cpu_attention_library(path)
+    if reason is None:
+        return "cpu"
+    logger.info("attention_backend auto: using torch, since %s", reason)
+    return "torch"

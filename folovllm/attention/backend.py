@@ -32,7 +32,9 @@ register_attention_backend = ATTENTION_BACKENDS.register
 
 
 def _import_builtin_backends() -> None:
-    # Each backend registers itself when its module is imported (triton itself loads only when built).
+    # Each backend registers itself when its module is imported (triton itself loads only when built,
+    # the cpu kernel's library too).
+    import folovllm.attention.cpu_backend  # noqa: F401
     import folovllm.attention.torch_backend  # noqa: F401
     import folovllm.attention.triton_backend  # noqa: F401
 
@@ -46,7 +48,8 @@ def attention_backend_names() -> list[str]:
 def get_attention_backend(name: str = "torch") -> AttentionBackend:
     """Return an attention backend by name.
 
-    "torch": pure PyTorch, runs on any device. "triton": Triton kernels for CUDA (CUDA-graph safe);
+    "torch": pure PyTorch, runs on any device. "cpu": a C++ kernel reading the paged cache in place
+    (built by ``make kernels``). "triton": Triton kernels for CUDA (CUDA-graph safe);
     on CPU only under Triton's interpreter (``TRITON_INTERPRET=1``, tests).
     """
     _import_builtin_backends()

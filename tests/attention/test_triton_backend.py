@@ -22,7 +22,7 @@ from folovllm.attention import triton_kernels  # noqa: E402
 from folovllm.attention.backend import ATTENTION_BACKENDS, attention_backend_names, get_attention_backend  # noqa: E402
 from folovllm.attention.triton_backend import TritonAttentionBackend  # noqa: E402
 from folovllm.config import EngineConfig  # noqa: E402
-from tests.attention.test_torch_backend import reference_attention  # noqa: E402
+from tests.attention.paged_reference import reference_attention  # noqa: E402
 from tests.engine.conftest import tiny_llama_dir  # noqa: E402, F401  (the fixture)
 
 torch.set_num_threads(2)
@@ -175,10 +175,10 @@ def test_rejects_head_dims_the_kernel_does_not_tile() -> None:
 
 
 def test_backend_names() -> None:
-    with pytest.raises(ValueError, match=r"\['torch', 'triton'\]"):
+    with pytest.raises(ValueError, match=r"\['cpu', 'torch', 'triton'\]"):
         get_attention_backend("nope")
-    assert attention_backend_names() == ["torch", "triton"]
-    assert EngineConfig(device="cpu").resolve().attention_backend == "torch"
+    assert attention_backend_names() == ["cpu", "torch", "triton"]
+    assert EngineConfig(device="cpu").resolve().attention_backend in ("cpu", "torch")  # never triton on CPU
     assert isinstance(get_attention_backend("triton"), TritonAttentionBackend)
 
 

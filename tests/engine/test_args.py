@@ -38,7 +38,7 @@ def test_registered_names_are_the_choices() -> None:
     parser = argparse.ArgumentParser()
     add_engine_args(parser)
     choices = {a.dest: a.choices for a in parser._actions if a.choices}
-    assert choices["attention_backend"] == ["auto", "torch", "triton"]
+    assert choices["attention_backend"] == ["auto", "cpu", "torch", "triton"]
     assert choices["scheduling_policy"] == ["fcfs", "priority", "sjf", "fair"]
     assert choices["admission"] == ["on-demand", "reserve", "adaptive"]
     assert choices["dtype"] == ["auto", "float32", "bfloat16", "float16"]

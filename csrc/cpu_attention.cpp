@@ -1,0 +1,310 @@
+// Paged attention for CPU: reads K/V in place through the block table (no gather), online softmax
+// over key tiles, fp32 accumulation. Registered as torch.ops.folovllm_cpu.paged_attention.
+//
+// Work items are (sequence, kv head, tile of query rows); every query head of a kv head's GQA group
+// rides in the same item, so each K/V row is loaded once per item. Items run on an OpenMP team of at
+// most torch.get_num_threads() threads, heaviest first, dynamically scheduled. With
+// skip_fresh_prefills, chunks with no cached context are left to the caller (their K/V are already
+// contiguous, where a GEMM-based kernel is faster); their output rows are not written.
+//
+// Portable build: plain C++ that the compiler auto-vectorizes, compiled once per instruction set
+// (target_clones) and picked at load time, so one binary is correct on any x86-64 and fast on AVX-512.
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <c10/util/BFloat16.h>
+#include <omp.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace {
+
+constexpr int kLanes = 16;        // independent partial sums: the compiler maps them onto one vector
+constexpr int kKeyTile = 128;     // keys per online-softmax update
+constexpr int kQueryTile = 16;    // query rows per prefill work item
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define FOLO_MULTIVERSION __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define FOLO_MULTIVERSION
+#endif
+#define FOLO_INLINE inline __attribute__((always_inline))
+
+FOLO_INLINE float bf16_to_float(uint16_t bits) {
+  uint32_t u = static_cast<uint32_t>(bits) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+FOLO_INLINE float dot(const float* a, const float* b, int n) {
+  float part[kLanes] = {};
+  int d = 0;
+  for (; d + kLanes <= n; d += kLanes)
+    for (int j = 0; j < kLanes; ++j) part[j] += a[d + j] * b[d + j];
+  float tail = 0.f;
+  for (; d < n; ++d) tail += a[d] * b[d];
+  for (int width = kLanes / 2; width > 0; width /= 2)
+    for (int j = 0; j < width; ++j) part[j] += part[j + width];
+  return part[0] + tail;
+}
+
+// exp(x) for x <= 0 (scores minus their running max), Cephes-style: a polynomial the compiler
+// vectorizes, unlike libm's expf; ~1 ulp, and exactly 0 below exp's float range.
+FOLO_INLINE void exp_inplace(float* x, int n) {
+  for (int i = 0; i < n; ++i) {
+    float v = std::max(x[i], -87.0f);
+    float k = (v * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest integer
+    float r = v - k * 0.693359375f + k * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    float y = p * r * r + r + 1.0f;
+    int32_t bits = (static_cast<int32_t>(k) + 127) << 23;
+    float scale;
+    std::memcpy(&scale, &bits, sizeof scale);
+    x[i] = x[i] < -87.0f ? 0.0f : y * scale;
+  }
+}
+
+struct Item {
+  int64_t seq;
+  int64_t kv_head;
+  int64_t q_begin;  // query rows [q_begin, q_end) of the sequence's chunk
+  int64_t q_end;
+  int64_t cost;     // query rows x keys they read, for heaviest-first ordering
+};
+
+template <typename scalar_t>
+struct Problem {
+  const scalar_t* query;  // [T, Hq, D]
+  const scalar_t* k_cache;  // [num_blocks, block_size, Hkv, D]
+  const scalar_t* v_cache;
+  scalar_t* out;  // [T, Hq, D]
+  const int64_t* block_tables;  // [S, table_width]
+  const int64_t* seq_lens;
+  const int64_t* query_start_loc;
+  int64_t table_width;
+  int64_t num_heads, num_kv_heads, head_dim, block_size;
+  float scale;
+};
+
+// Per-thread scratch, sized for the largest item.
+struct Workspace {
+  std::vector<float> q, acc, scores, keys, values, row_max, row_sum;
+  std::vector<const float*> key_rows, value_rows;
+  Workspace(int64_t rows, int64_t head_dim)
+      : q(rows * head_dim), acc(rows * head_dim), scores(rows * kKeyTile),
+        keys(kKeyTile * head_dim), values(kKeyTile * head_dim), row_max(rows), row_sum(rows),
+        key_rows(kKeyTile), value_rows(kKeyTile) {}
+};
+
+FOLO_INLINE float load(float x) { return x; }
+FOLO_INLINE float load(c10::BFloat16 x) { return bf16_to_float(x.x); }
+
+// Row pointers for cache tokens [t0, t1) of one kv head: fp32 rows are read in place, bf16 rows are
+// widened into ``buf`` first.
+template <typename scalar_t>
+FOLO_INLINE void fetch_rows(const scalar_t* cache, const int64_t* table, const Problem<scalar_t>& p,
+                            int64_t kv_head, int64_t t0, int64_t t1, float* buf, const float** rows) {
+  const int64_t token_stride = p.num_kv_heads * p.head_dim;
+  const int64_t d_len = p.head_dim;
+  for (int64_t t = t0; t < t1; ++t) {
+    const int64_t slot = table[t / p.block_size] * p.block_size + t % p.block_size;
+    const scalar_t* src = cache + slot * token_stride + kv_head * d_len;
+    if constexpr (std::is_same_v<scalar_t, float>) {
+      rows[t - t0] = src;
+    } else {
+      float* dst = buf + (t - t0) * d_len;
+      const uint16_t* bits = reinterpret_cast<const uint16_t*>(src);
+      for (int64_t d = 0; d < d_len; ++d) dst[d] = bf16_to_float(bits[d]);
+      rows[t - t0] = dst;
+    }
+  }
+}
+
+template <typename scalar_t>
+FOLO_INLINE void attend_item(const Item& item, const Problem<scalar_t>& p, Workspace& ws) {
+  const int64_t D = p.head_dim;
+  const int64_t group = p.num_heads / p.num_kv_heads;
+  const int64_t q_start = p.query_start_loc[item.seq];
+  const int64_t q_len = p.query_start_loc[item.seq + 1] - q_start;
+  const int64_t context = p.seq_lens[item.seq] - q_len;  // cached tokens before this chunk
+  const int64_t num_rows = (item.q_end - item.q_begin) * group;
+  const int64_t* table = p.block_tables + item.seq * p.table_width;
+
+  // row r = (query row q_begin + r / group, head kv_head * group + r % group); scale folded into q
+  for (int64_t r = 0; r < num_rows; ++r) {
+    const int64_t token = q_start + item.q_begin + r / group;
+    const int64_t head = item.kv_head * group + r % group;
+    const scalar_t* src = p.query + (token * p.num_heads + head) * D;
+    for (int64_t d = 0; d < D; ++d) ws.q[r * D + d] = load(src[d]) * p.scale;
+    std::fill_n(&ws.acc[r * D], D, 0.f);
+    ws.row_max[r] = -std::numeric_limits<float>::infinity();
+    ws.row_sum[r] = 0.f;
+  }
+
+  const int64_t num_keys = context + item.q_end;  // the last row sees keys [0, context + q_end)
+  for (int64_t t0 = 0; t0 < num_keys; t0 += kKeyTile) {
+    const int64_t t1 = std::min(t0 + kKeyTile, num_keys);
+    fetch_rows(p.k_cache, table, p, item.kv_head, t0, t1, ws.keys.data(), ws.key_rows.data());
+    fetch_rows(p.v_cache, table, p, item.kv_head, t0, t1, ws.values.data(), ws.value_rows.data());
+    for (int64_t r = 0; r < num_rows; ++r) {
+      // causal: query row j sits at position context + j and sees keys up to it
+      const int64_t visible = std::min(t1, context + item.q_begin + r / group + 1) - t0;
+      if (visible <= 0) continue;
+      const float* q = &ws.q[r * D];
+      float* s = &ws.scores[r * kKeyTile];
+      float tile_max = -std::numeric_limits<float>::infinity();
+      for (int64_t t = 0; t < visible; ++t) {
+        s[t] = dot(q, ws.key_rows[t], D);
+        tile_max = std::max(tile_max, s[t]);
+      }
+      const float new_max = std::max(ws.row_max[r], tile_max);
+      const float correction = std::exp(ws.row_max[r] - new_max);
+      ws.row_max[r] = new_max;
+      for (int64_t t = 0; t < visible; ++t) s[t] -= new_max;
+      exp_inplace(s, visible);
+      float tile_sum = 0.f;
+      for (int64_t t = 0; t < visible; ++t) tile_sum += s[t];
+      ws.row_sum[r] = ws.row_sum[r] * correction + tile_sum;
+      float* acc = &ws.acc[r * D];
+      if (correction != 1.f)
+        for (int64_t d = 0; d < D; ++d) acc[d] *= correction;
+      for (int64_t t = 0; t < visible; ++t) {
+        const float weight = s[t];
+        const float* v = ws.value_rows[t];
+        for (int64_t d = 0; d < D; ++d) acc[d] += weight * v[d];
+      }
+    }
+  }
+
+  for (int64_t r = 0; r < num_rows; ++r) {
+    const int64_t token = q_start + item.q_begin + r / group;
+    const int64_t head = item.kv_head * group + r % group;
+    scalar_t* dst = p.out + (token * p.num_heads + head) * D;
+    const float inv = 1.f / ws.row_sum[r];
+    for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<scalar_t>(ws.acc[r * D + d] * inv);
+  }
+}
+
+// One compiled copy per instruction set; the whole item loop inlines into it.
+FOLO_MULTIVERSION void attend_items_f32(const Item* items, int64_t n, const Problem<float>& p,
+                                        Workspace& ws, int64_t* next) {
+  for (int64_t i; (i = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED)) < n;) attend_item(items[i], p, ws);
+}
+
+FOLO_MULTIVERSION void attend_items_bf16(const Item* items, int64_t n, const Problem<c10::BFloat16>& p,
+                                         Workspace& ws, int64_t* next) {
+  for (int64_t i; (i = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED)) < n;) attend_item(items[i], p, ws);
+}
+
+FOLO_INLINE void attend_items(const Item* items, int64_t n, const Problem<float>& p, Workspace& ws,
+                              int64_t* next) {
+  attend_items_f32(items, n, p, ws, next);
+}
+FOLO_INLINE void attend_items(const Item* items, int64_t n, const Problem<c10::BFloat16>& p,
+                              Workspace& ws, int64_t* next) {
+  attend_items_bf16(items, n, p, ws, next);
+}
+
+std::vector<Item> plan_items(const int64_t* seq_lens, const int64_t* query_start_loc, int64_t num_seqs,
+                             int64_t num_kv_heads, bool skip_fresh_prefills) {
+  std::vector<Item> items;
+  for (int64_t s = 0; s < num_seqs; ++s) {
+    const int64_t q_len = query_start_loc[s + 1] - query_start_loc[s];
+    const int64_t context = seq_lens[s] - q_len;
+    if (skip_fresh_prefills && context == 0 && q_len > 1) continue;
+    for (int64_t begin = 0; begin < q_len; begin += kQueryTile) {
+      const int64_t end = std::min(begin + kQueryTile, q_len);
+      const int64_t cost = (end - begin) * (context + end);
+      for (int64_t h = 0; h < num_kv_heads; ++h) items.push_back({s, h, begin, end, cost});
+    }
+  }
+  std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.cost > b.cost; });
+  return items;
+}
+
+template <typename scalar_t>
+void run(const Problem<scalar_t>& p, int64_t num_seqs, bool skip_fresh_prefills) {
+  const std::vector<Item> items =
+      plan_items(p.seq_lens, p.query_start_loc, num_seqs, p.num_kv_heads, skip_fresh_prefills);
+  const int64_t n = static_cast<int64_t>(items.size());
+  if (n == 0) return;
+  const int64_t rows = kQueryTile * (p.num_heads / p.num_kv_heads);
+  const int num_threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n)));
+  int64_t next = 0;
+#pragma omp parallel num_threads(num_threads)
+  {
+    Workspace ws(rows, p.head_dim);
+    attend_items(items.data(), n, p, ws, &next);
+  }
+}
+
+void check_int64(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.scalar_type() == at::kLong && t.is_contiguous() && t.device().is_cpu(), name,
+              " must be a contiguous int64 CPU tensor");
+}
+
+void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& k_cache,
+                     const at::Tensor& v_cache, const at::Tensor& block_tables, const at::Tensor& seq_lens,
+                     const at::Tensor& query_start_loc, double scale, bool skip_fresh_prefills) {
+  TORCH_CHECK(query.dim() == 3 && k_cache.dim() == 4, "query must be [T, Hq, D] and the caches "
+              "[num_blocks, block_size, Hkv, D]");
+  TORCH_CHECK(query.is_contiguous() && out.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous(),
+              "query, out and the caches must be contiguous");
+  TORCH_CHECK(query.sizes() == out.sizes() && k_cache.sizes() == v_cache.sizes(), "shape mismatch");
+  const auto dtype = query.scalar_type();
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16, "dtype must be float32 or bfloat16");
+  TORCH_CHECK(out.scalar_type() == dtype && k_cache.scalar_type() == dtype && v_cache.scalar_type() == dtype,
+              "query, out and the caches must share one dtype");
+  TORCH_CHECK(query.size(2) == k_cache.size(3), "query and cache head_dim differ");
+  TORCH_CHECK(query.size(1) % k_cache.size(2) == 0, "num_heads must be a multiple of num_kv_heads");
+  check_int64(block_tables, "block_tables");
+  check_int64(seq_lens, "seq_lens");
+  check_int64(query_start_loc, "query_start_loc");
+  const int64_t num_seqs = seq_lens.size(0);
+  TORCH_CHECK(query_start_loc.size(0) == num_seqs + 1 && block_tables.size(0) == num_seqs,
+              "block_tables, seq_lens and query_start_loc disagree on the number of sequences");
+  const int64_t* lens = seq_lens.const_data_ptr<int64_t>();
+  const int64_t* starts = query_start_loc.const_data_ptr<int64_t>();
+  TORCH_CHECK(starts[0] == 0 && starts[num_seqs] == query.size(0), "query_start_loc must span the query rows");
+  for (int64_t s = 0; s < num_seqs; ++s) {
+    const int64_t q_len = starts[s + 1] - starts[s];
+    TORCH_CHECK(q_len >= 1 && q_len <= lens[s] && lens[s] <= block_tables.size(1) * k_cache.size(1),
+                "sequence ", s, ": query_len ", q_len, ", seq_len ", lens[s], " do not fit its block table");
+  }
+  auto fill = [&](auto* typed) {
+    using scalar_t = std::remove_pointer_t<decltype(typed)>;
+    Problem<scalar_t> p{query.const_data_ptr<scalar_t>(), k_cache.const_data_ptr<scalar_t>(),
+                        v_cache.const_data_ptr<scalar_t>(), out.mutable_data_ptr<scalar_t>(),
+                        block_tables.const_data_ptr<int64_t>(), seq_lens.const_data_ptr<int64_t>(),
+                        query_start_loc.const_data_ptr<int64_t>(), block_tables.size(1),
+                        query.size(1), k_cache.size(2), query.size(2), k_cache.size(1),
+                        static_cast<float>(scale)};
+    run(p, num_seqs, skip_fresh_prefills);
+  };
+  if (dtype == at::kFloat) {
+    fill(static_cast<float*>(nullptr));
+  } else {
+    fill(static_cast<c10::BFloat16*>(nullptr));
+  }
+}
+
+}  // namespace
+
+TORCH_LIBRARY(folovllm_cpu, m) {
+  m.def("paged_attention(Tensor(a!) out, Tensor query, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
+        "Tensor seq_lens, Tensor query_start_loc, float scale, bool skip_fresh_prefills) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(folovllm_cpu, CPU, m) { m.impl("paged_attention", &paged_attention); }

@@ -1,0 +1,99 @@
+"""Model step time with the cpu attention kernel vs the torch backend, in one process, alternating.
+
+One model (the default SmolLM2-135M, bfloat16); its attention layers are switched between the two
+backends each round, over the same KV cache and metadata, so both see the same machine state.
+
+    .venv/bin/python scripts/cpu_attention_bench.py                        # prints the table
+    .venv/bin/python scripts/cpu_attention_bench.py --out docs/results/cpu-attention.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from folovllm.attention.backend import get_attention_backend  # noqa: E402
+from folovllm.attention.metadata import AttentionMetadata  # noqa: E402
+from folovllm.model.loader import default_model_path, load_model  # noqa: E402
+from folovllm.paging import blocks_for_tokens  # noqa: E402
+
+BLOCK_SIZE = 16
+# (name, sequences, tokens each computes this step, tokens each has cached before it)
+CASES = [
+    ("decode batch 1, context 1024", 1, 1, 1023),
+    ("decode batch 64, context 512", 64, 1, 511),
+    ("decode batch 64, context 1024", 64, 1, 1023),
+    ("prefill 16 x 512", 16, 512, 0),
+]
+
+
+def step_inputs(num_seqs: int, q_len: int, cached: int, vocab: int) -> tuple[torch.Tensor, torch.Tensor,
+                                                                             AttentionMetadata]:
+    """Token ids, positions and metadata for one step; sequence i owns a contiguous run of blocks."""
+    seq_len = cached + q_len
+    per_seq = blocks_for_tokens(seq_len, BLOCK_SIZE)
+    tables = torch.arange(num_seqs * per_seq).view(num_seqs, per_seq)
+    positions = torch.arange(cached, seq_len).repeat(num_seqs)
+    slots = (tables[:, :, None] * BLOCK_SIZE + torch.arange(BLOCK_SIZE)).flatten(1)[:, cached:seq_len].flatten()
+    meta = AttentionMetadata(
+        slot_mapping=slots, query_start_loc=torch.arange(num_seqs + 1) * q_len,
+        seq_lens=torch.full((num_seqs,), seq_len), block_tables=tables,
+        query_lens=[q_len] * num_seqs, seq_lens_list=[seq_len] * num_seqs, block_size=BLOCK_SIZE)
+    input_ids = torch.randint(0, vocab, (num_seqs * q_len,))
+    return input_ids, positions, meta
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=5, help="alternating rounds per case")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", help="write the results here (JSON)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    backends = {name: get_attention_backend(name) for name in ("torch", "cpu")}
+    model = load_model(default_model_path(), dtype=torch.bfloat16, device="cpu", attn_backend=backends["torch"])
+    arch = model.arch
+    attention_layers = [m for m in model.modules() if hasattr(m, "backend")]
+    results = []
+    for name, num_seqs, q_len, cached in CASES:
+        input_ids, positions, meta = step_inputs(num_seqs, q_len, cached, arch.vocab_size)
+        num_blocks = meta.block_tables.numel()
+        kv_caches = []
+        for _ in range(arch.num_hidden_layers):
+            k = torch.randn(num_blocks, BLOCK_SIZE, arch.num_key_value_heads, arch.head_dim, dtype=torch.bfloat16)
+            kv_caches.append((k, torch.randn_like(k)))
+        times: dict[str, list[float]] = {b: [] for b in backends}
+        with torch.inference_mode():
+            for round_ in range(args.rounds + 1):  # round 0 warms up
+                for backend_name, backend in backends.items():
+                    for layer in attention_layers:
+                        layer.backend = backend
+                    start = time.perf_counter()
+                    model(input_ids, positions, kv_caches, meta)
+                    if round_:
+                        times[backend_name].append(time.perf_counter() - start)
+        med = {b: statistics.median(t) * 1e3 for b, t in times.items()}
+        spread = {b: (min(t) * 1e3, max(t) * 1e3) for b, t in times.items()}
+        results.append({"case": name, "num_seqs": num_seqs, "query_len": q_len, "context": cached + q_len,
+                        "rounds": args.rounds, "median_ms": med, "min_max_ms": spread,
+                        "speedup": med["torch"] / med["cpu"]})
+        print(f"{name:32s} torch {med['torch']:9.1f} ms  cpu {med['cpu']:9.1f} ms  "
+              f"torch/cpu {med['torch'] / med['cpu']:.2f}x  (torch {spread['torch'][0]:.0f}-{spread['torch'][1]:.0f}, "
+              f"cpu {spread['cpu'][0]:.0f}-{spread['cpu'][1]:.0f})", flush=True)
+        del kv_caches
+    if args.out:
+        meta_info = {"model": "SmolLM2-135M-Instruct", "dtype": "bfloat16", "threads": args.threads,
+                     "block_size": BLOCK_SIZE, "machine": platform.processor() or platform.machine()}
+        Path(args.out).write_text(json.dumps([{**r, **meta_info} for r in results], indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
