@@ -69,6 +69,8 @@ class GpuBench:
                             "max_num_batched_tokens": args.max_num_batched_tokens,
                             "attention_backend": args.attention_backend,
                             "overlap_scheduling": True,  # (auto would leave it off in the CPU smoke run)
+                            # make_llm copies weights into the built model: its linears must stay plain
+                            "cpu_prepack": False,
                             **self.scale.engine_args}
         if args.smoke:
             self.engine_args["max_num_batched_tokens"] = min(args.max_num_batched_tokens, 256)
