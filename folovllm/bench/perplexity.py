@@ -40,7 +40,7 @@ class Window:
 @dataclass
 class PerplexityResult:
     model: str
-    quantization: str | None
+    quantization: str
     dtype: str
     text_file: str | None  # None: the default text (pydoc_data.topics)
     python_version: str  # the default text's wording depends on it
@@ -143,7 +143,7 @@ def run_perplexity(args: argparse.Namespace) -> PerplexityResult:
     elapsed = time.perf_counter() - start
     windows = strided_windows(len(token_ids), args.max_tokens_per_window, args.stride)
     result = PerplexityResult(
-        model=llm.model_path, quantization=getattr(config, "quantization", None),
+        model=llm.model_path, quantization=config.quantization,
         dtype=str(llm.llm_engine.config.torch_dtype).removeprefix("torch."), text_file=args.text_file,
         python_version=platform.python_version(), num_text_tokens=len(token_ids), tokens_scored=scored,
         num_windows=num_windows, max_tokens_per_window=args.max_tokens_per_window, stride=args.stride,

@@ -84,4 +84,4 @@ def test_cli_matches_transformers(tmp_path, capsys):
     assert result["num_text_tokens"] == len(ids) and result["tokens_scored"] == count == len(ids) - 1
     assert result["nll"] == pytest.approx(nll, rel=1e-4)
     assert result["perplexity"] == pytest.approx(math.exp(nll / count), rel=1e-4)
-    assert result["quantization"] is None and result["text_file"] == str(text_file)
+    assert result["quantization"] == "auto" and result["text_file"] == str(text_file)
