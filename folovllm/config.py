@@ -187,6 +187,7 @@ class EngineConfig:
 
 
 @functools.cache
+@functools.cache
 def load_cpu_attention_library(path: Path) -> str | None:
     """Loads the CPU attention kernel's torch ops (once per process); returns why it cannot, else None."""
     if not path.is_file():

@@ -20,41 +20,19 @@ import time
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from folovllm.model.gguf_loader import gguf_arch_config, iter_gguf_weights, open_gguf  # noqa: E402
 from folovllm.model.linear import LinearBase  # noqa: E402
 from folovllm.model.layers import CausalLM  # noqa: E402
 from folovllm.model.loader import default_model_path, load_model  # noqa: E402
-from folovllm.model.registry import get_model_class  # noqa: E402
 from tests.helpers import make_attn_metadata  # noqa: E402
-from tests.model.quant.gptq_checkpoint import gptq_state_dict  # noqa: E402
+from folovllm.quantize.run import QuantizeArgs, quantize  # noqa: E402
 
 
 def write_gptq_folder(folder: Path, bits: int, group_size: int) -> str:
-    """The default model as a GPTQ checkpoint folder (RTN codes; the tokenizer falls back to the GGUF's)."""
-    gguf_path = default_model_path()
-    reader = open_gguf(gguf_path)
-    arch = gguf_arch_config(reader, "SmolLM2-135M-Instruct")
-    cls = get_model_class(arch.architecture)
-    state = {name: t.float() for name, t in iter_gguf_weights(reader, arch, cls.gguf_qk_permuted)}
-    gptq, _ = gptq_state_dict(state, bits, group_size, sym=True, desc_act=False, zero_offset=1)
-    config = {
-        "architectures": [arch.architecture], "vocab_size": arch.vocab_size, "hidden_size": arch.hidden_size,
-        "intermediate_size": arch.intermediate_size, "num_hidden_layers": arch.num_hidden_layers,
-        "num_attention_heads": arch.num_attention_heads, "num_key_value_heads": arch.num_key_value_heads,
-        "head_dim": arch.head_dim, "rms_norm_eps": arch.rms_norm_eps, "rope_theta": arch.rope_theta,
-        "max_position_embeddings": arch.max_position_embeddings, "tie_word_embeddings": arch.tie_word_embeddings,
-        "eos_token_id": arch.eos_token_ids,
-        "quantization_config": {"quant_method": "gptq", "bits": bits, "group_size": group_size,
-                                "desc_act": False, "sym": True, "checkpoint_format": "gptq"},
-    }
-    folder.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.half() if v.is_floating_point() else v for k, v in gptq.items()},
-              str(folder / "model.safetensors"))
-    (folder / "config.json").write_text(json.dumps(config))
+    """The default model as a GPTQ checkpoint folder, written by ``folovllm quantize --method rtn``."""
+    quantize(QuantizeArgs(out=str(folder), method="rtn", bits=bits, group_size=group_size, sym=True))
     return str(folder)
 
 
