@@ -1,8 +1,8 @@
 """FoloVLLM: a small LLM inference and serving engine (continuous batching, paged KV cache)."""
 from folovllm.outputs import CompletionOutput, RequestOutput
-from folovllm.sampling_params import SamplingParams
+from folovllm.sampling_params import SamplingParams, StructuredOutputsParams
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput"]
+__all__ = ["LLM", "SamplingParams", "StructuredOutputsParams", "RequestOutput", "CompletionOutput"]
 __version__ = "0.1.0"
 
 

@@ -2,9 +2,40 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 _INT64 = (-(2**63), 2**63 - 1)  # seeds and token ids are 64-bit integers (OpenAI's seed is int64)
+
+
+@dataclass
+class StructuredOutputsParams:
+    """A constraint on what a request may generate; exactly one field is set (vLLM's names).
+
+    ``json`` is a JSON schema (a dict or its text); ``json_object`` any JSON object; ``regex`` a
+    regular expression; ``choice`` one of the given strings; ``grammar`` an EBNF (GBNF) grammar;
+    ``structural_tag`` a structural-tag description in JSON text.
+    """
+
+    json: str | dict[str, Any] | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    structural_tag: str | None = None
+
+    def __post_init__(self) -> None:
+        chosen = [f.name for f in fields(self) if getattr(self, f.name) not in (None, False)]
+        if len(chosen) != 1:
+            raise ValueError("structured outputs take exactly one of json, regex, choice, grammar, "
+                             f"json_object or structural_tag; got {chosen or 'none'}.")
+        if self.choice is not None and (not self.choice or any(not isinstance(c, str) for c in self.choice)):
+            raise ValueError("structured outputs' choice must be a non-empty list of strings.")
+
+    @property
+    def kind(self) -> str:
+        """The name of the one field that is set."""
+        return next(f.name for f in fields(self) if getattr(self, f.name) not in (None, False))
 
 
 @dataclass
@@ -34,6 +65,7 @@ class SamplingParams:
     # vLLM's RequestOutputKind: "cumulative" = an output every step; "final_only" = only when it ends
     # (LLM.generate sets it: building outputs nobody reads costs host time every step)
     output_kind: str = "cumulative"
+    structured_outputs: StructuredOutputsParams | None = None  # constrains the output (grammar)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
