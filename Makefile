@@ -57,5 +57,19 @@ $(VLLM_STAMP):
 	$(VLLM_VENV)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec
 	touch $(VLLM_STAMP)
 
+# The clients agent frameworks and evaluators use (lm-eval, instructor, langchain-openai), in their own
+# virtualenv for scripts/ecosystem_check.py; never in CI.
+ECO_VENV := .venv-eco
+
+.PHONY: ecosystem
+ecosystem: $(ECO_VENV)/.installed-stamp
+
+$(ECO_VENV)/.installed-stamp:
+	$(PYTHON) -m venv $(ECO_VENV)
+	$(ECO_VENV)/bin/python -m pip install -q --upgrade pip
+	$(ECO_VENV)/bin/python -m pip install -q torch==2.13.0
+	$(ECO_VENV)/bin/python -m pip install -q "lm-eval[api]" transformers instructor langchain-openai openai httpx
+	touch $@
+
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build/cpu_attention
