@@ -151,7 +151,7 @@ class SamplingParams:
                           if isinstance(b, bool) or not isinstance(b, (int, float))
                           or not -100.0 <= b <= 100.0]
             if bad_biases:
-                raise ValueError(f"logit_bias values must be numbers in [-100, 100], got {bad_biases[:5]!r}.")
+                raise ValueError(f"logit_bias must be biases in [-100, 100], got {bad_biases[:5]!r}.")
         if self.allowed_token_ids is not None:
             if not isinstance(self.allowed_token_ids, (list, tuple)) or not self.allowed_token_ids:
                 raise ValueError("allowed_token_ids must be a non-empty list of token ids (or None for "
