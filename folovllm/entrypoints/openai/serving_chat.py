@@ -49,7 +49,8 @@ class ChatServing:
 
     def _logprobs(self, body: ChatCompletionRequest, out: CompletionOutput, first_token: int) -> dict:
         """OpenAI chat format: {"content": [{token, logprob, bytes, top_logprobs: [...]}, ...]}."""
-        logprob_token, as_ids, top_n = self.ctx.logprob_token, body.return_tokens_as_token_ids, body.top_logprobs or 0
+        logprob_token, as_ids = self.ctx.logprob_token, body.return_tokens_as_token_ids
+        top_n = body.top_logprobs or 0
 
         def entry(token_id: int, logprob: float) -> dict:
             text = logprob_token(token_id, as_ids)

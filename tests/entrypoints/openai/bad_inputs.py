@@ -157,8 +157,9 @@ case("unsupported-chat-audio-part", CHAT, {"messages": [{"role": "user", "conten
 
 # -- token constraints and their bounds (vocabulary 49152, max_model_len 512) --------------------
 for field, value in [
-    ("logit_bias", {"abc": 1}), ("logit_bias", {"-1": 1}), ("logit_bias", {"1": 100.5}), ("logit_bias", {"1": "5"}),
-    ("logit_bias", {"1": None}), ("logit_bias", [1]), ("logit_bias", {"49152": 1}), ("logit_bias", {"1" * 30: 1}),
+    ("logit_bias", {"abc": 1}), ("logit_bias", {"-1": 1}), ("logit_bias", {"1": 100.5}),
+    ("logit_bias", {"1": "5"}), ("logit_bias", {"1": None}), ("logit_bias", [1]), ("logit_bias", {"49152": 1}),
+    ("logit_bias", {"1" * 30: 1}),
     ("allowed_token_ids", []), ("allowed_token_ids", [-1]), ("allowed_token_ids", [49152]),
     ("allowed_token_ids", ["1"]), ("allowed_token_ids", 5), ("bad_words", [""]), ("bad_words", "x"),
     ("bad_words", [5]), ("bad_words", ["x"] * 65), ("bad_words", ["x" * 1001]), ("bad_words", ["   "]),

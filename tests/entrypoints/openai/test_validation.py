@@ -107,7 +107,8 @@ def test_truncate_prompt_tokens_keeps_the_last_tokens(validator, smol_tokenizer)
             {"prompt": prompt, "truncate_prompt_tokens": 2}))
         # a truncated text is dropped: an echo shows the tokens the model saw
         assert prompts == [{"prompt_token_ids": ids[-2:]}] and params.truncate_prompt_tokens == 2
-    whole, _ = validator.completion(CompletionRequest.model_validate({"prompt": text, "truncate_prompt_tokens": -1}))
+    whole, _ = validator.completion(CompletionRequest.model_validate(
+        {"prompt": text, "truncate_prompt_tokens": -1}))
     assert whole == [{"prompt": text, "prompt_token_ids": ids}]
     prompt, _, _ = validator.chat(ChatCompletionRequest.model_validate(
         {"messages": [{"role": "user", "content": text}], "truncate_prompt_tokens": 3}))
