@@ -30,6 +30,22 @@ def stop_token_ids(params: SamplingParams, eos_token_ids: list[int]) -> tuple[in
     return tuple(params.stop_token_ids) + eos
 
 
+def bad_words_token_ids(bad_words: list[str], tokenizer: Any) -> tuple[tuple[int, ...], ...]:
+    """The token sequences that ``bad_words`` forbid (vLLM's rule): each word as it would start the
+    text, plus with a leading space when that form starts with another token and has as many tokens."""
+    sequences: list[tuple[int, ...]] = []
+    for word in bad_words:
+        word = word.lstrip()
+        plain = tuple(tokenizer.encode(word, add_special_tokens=False)) if word else ()
+        if not plain:
+            raise ValueError(f"bad_words must be words that tokenize to at least one token, got {word!r}.")
+        sequences.append(plain)
+        spaced = tuple(tokenizer.encode(" " + word, add_special_tokens=False))
+        if spaced and spaced[0] != plain[0] and len(spaced) == len(plain):
+            sequences.append(spaced)
+    return tuple(dict.fromkeys(sequences))
+
+
 class Request:
     """A sequence being generated. ``n > 1`` requests become ``n`` of these (one per sample).
 
@@ -41,7 +57,8 @@ class Request:
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                  arrival_time: float, max_tokens: int, eos_token_ids: list[int], sample_index: int = 0,
                  parent_id: str | None = None, cache_salt: str | None = None,
-                 priority: int = 0, user: str | None = None) -> None:
+                 priority: int = 0, user: str | None = None,
+                 bad_words_token_ids: tuple[tuple[int, ...], ...] = ()) -> None:
         self.request_id = request_id
         self.parent_id = parent_id or request_id
         self.sample_index = sample_index
@@ -49,6 +66,7 @@ class Request:
         self.params = params
         self.max_tokens = max_tokens
         self.stop_token_ids = stop_token_ids(params, eos_token_ids)
+        self.bad_words_token_ids = bad_words_token_ids  # SamplingParams.bad_words, tokenized
         # Sample i of a seeded request draws from its own RNG seeded with seed + i (kept by the worker).
         self.seed = None if params.seed is None else params.seed + sample_index
         self.token_ids: list[int] = list(prompt_token_ids)  # prompt + output

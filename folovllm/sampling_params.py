@@ -66,13 +66,22 @@ class SamplingParams:
     # (LLM.generate sets it: building outputs nobody reads costs host time every step)
     output_kind: str = "cumulative"
     structured_outputs: StructuredOutputsParams | None = None  # constrains the output (grammar)
+    # Added to the logits of these token ids before sampling; -100 all but bans a token, +100 all but forces it.
+    logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None  # only these may be sampled (a non-empty list)
+    # Words never to complete: a word's last token is banned once its earlier tokens were just generated.
+    bad_words: list[str] | None = None
+    # Keep only the prompt's last k tokens; -1 means the model's max_model_len.
+    truncate_prompt_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
+        self.bad_words = list(self.bad_words or [])
         self._validate()
+        self._validate_token_constraints()
 
     def _validate(self) -> None:
         def bad(name: str, rule: str) -> ValueError:
@@ -128,6 +137,37 @@ class SamplingParams:
             raise ValueError("stop strings need detokenize=True (they match text); "
                              "use stop_token_ids with detokenize=False.")
 
+    def _validate_token_constraints(self) -> None:
+        """logit_bias, allowed_token_ids, bad_words, truncate_prompt_tokens (vocabulary bounds are
+        the engine's: it knows the model)."""
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict):
+                raise ValueError("logit_bias must be a dict of token id -> bias, "
+                                 f"got {type(self.logit_bias).__name__}.")
+            bad_ids = [t for t in self.logit_bias if not _is_token_id(t)]
+            if bad_ids:
+                raise ValueError(f"logit_bias must be keyed by non-negative token ids, got {bad_ids[:5]!r}.")
+            bad_biases = [b for b in self.logit_bias.values()
+                          if isinstance(b, bool) or not isinstance(b, (int, float))
+                          or not -100.0 <= b <= 100.0]
+            if bad_biases:
+                raise ValueError(f"logit_bias must be biases in [-100, 100], got {bad_biases[:5]!r}.")
+        if self.allowed_token_ids is not None:
+            if not isinstance(self.allowed_token_ids, (list, tuple)) or not self.allowed_token_ids:
+                raise ValueError("allowed_token_ids must be a non-empty list of token ids (or None for "
+                                 f"no restriction), got {self.allowed_token_ids!r}.")
+            bad_ids = [t for t in self.allowed_token_ids if not _is_token_id(t)]
+            if bad_ids:
+                raise ValueError(f"allowed_token_ids must be non-negative token ids, got {bad_ids[:5]!r}.")
+            self.allowed_token_ids = list(dict.fromkeys(self.allowed_token_ids))
+        if any(not isinstance(w, str) or not w for w in self.bad_words):
+            raise ValueError("bad_words must be a list of non-empty strings.")
+        self.bad_words = list(dict.fromkeys(self.bad_words))
+        k = self.truncate_prompt_tokens
+        if k is not None and (not _is_int(k) or not (k == -1 or k >= 1)):
+            raise ValueError("truncate_prompt_tokens must be -1 (the model's max_model_len) or an integer "
+                             f">= 1, got {k!r}.")
+
     @property
     def greedy(self) -> bool:
         """Temperature (near) zero: the argmax token, no randomness."""
@@ -138,5 +178,10 @@ class SamplingParams:
         """Some penalty reads the request's earlier tokens."""
         return self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
 
+
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_token_id(value: object) -> bool:
+    return _is_int(value) and 0 <= value <= _INT64[1]

@@ -49,6 +49,13 @@ def test_rejects_bad_values(kwargs: dict, field: str) -> None:
         SamplingParams(**kwargs)
 
 
+def test_token_constraints_accept_vllm_forms() -> None:
+    p = SamplingParams(logit_bias={5: -100, 6: 100.0}, allowed_token_ids=[3, 1, 3], bad_words=["a", "a", "b"],
+                       truncate_prompt_tokens=-1)
+    assert p.allowed_token_ids == [3, 1] and p.bad_words == ["a", "b"]  # repeats dropped, order kept
+    assert SamplingParams().bad_words == [] and SamplingParams().logit_bias is None
+
+
 def test_stop_strings_need_detokenize() -> None:
     assert SamplingParams(detokenize=False, stop_token_ids=[7]).stop_token_ids == [7]
     with pytest.raises(ValueError, match="detokenize"):
@@ -70,6 +77,19 @@ def test_stop_strings_need_detokenize() -> None:
     ({"stop_token_ids": [-1]}, "stop_token_ids"),
     ({"stop_token_ids": [2**63]}, "stop_token_ids"),
     ({"stop": [3]}, "stop"),
+    ({"logit_bias": {1: 100.5}}, "logit_bias"),
+    ({"logit_bias": {1: float("nan")}}, "logit_bias"),
+    ({"logit_bias": {-1: 1.0}}, "logit_bias"),
+    ({"logit_bias": {"1": 1.0}}, "logit_bias"),
+    ({"logit_bias": [1]}, "logit_bias"),
+    ({"allowed_token_ids": []}, "allowed_token_ids"),
+    ({"allowed_token_ids": [-3]}, "allowed_token_ids"),
+    ({"allowed_token_ids": [True]}, "allowed_token_ids"),
+    ({"bad_words": [""]}, "bad_words"),
+    ({"bad_words": [5]}, "bad_words"),
+    ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
+    ({"truncate_prompt_tokens": -2}, "truncate_prompt_tokens"),
+    ({"truncate_prompt_tokens": 1.5}, "truncate_prompt_tokens"),
 ])
 def test_rejects_non_finite_and_mistyped_values(kwargs: dict, field: str) -> None:
     with pytest.raises(ValueError, match=field):

@@ -28,7 +28,7 @@ from folovllm.engine.worker_input import build_step_input
 from folovllm.model.loader import default_model_path
 from folovllm.model.tokenizer import load_tokenizer
 from folovllm.outputs import RequestOutput
-from folovllm.request import Request, RequestStatus
+from folovllm.request import Request, RequestStatus, bad_words_token_ids
 from folovllm.sample.prompt_logprobs import PromptLogprobsChunk
 from folovllm.sampling_params import SamplingParams
 from folovllm.worker.model_runner import LaunchedStep
@@ -56,6 +56,29 @@ def check_prompt_length(num_tokens: int, max_model_len: int, what: str = "prompt
     if num_tokens >= max_model_len:
         raise ValueError(f"the {what} has {num_tokens} tokens, but max_model_len is {max_model_len} "
                          "(the prompt plus at least one generated token must fit)")
+
+
+def truncate_prompt(prompt_token_ids: list[int], truncate_prompt_tokens: int | None,
+                    max_model_len: int) -> list[int]:
+    """The prompt's last ``truncate_prompt_tokens`` tokens (-1: ``max_model_len`` of them)."""
+    if truncate_prompt_tokens is None:
+        return prompt_token_ids
+    if truncate_prompt_tokens > max_model_len:
+        raise ValueError(f"truncate_prompt_tokens must be at most max_model_len={max_model_len} "
+                         f"(or -1 for max_model_len), got {truncate_prompt_tokens}")
+    keep = max_model_len if truncate_prompt_tokens == -1 else truncate_prompt_tokens
+    return prompt_token_ids[-keep:]
+
+
+def check_token_ids_in_vocab(params: SamplingParams, vocab_size: int) -> None:
+    """Every token id a request names must be a row of the model's logits."""
+    for name, ids in (("stop_token_ids", params.stop_token_ids),
+                      ("logit_bias", params.logit_bias or ()),
+                      ("allowed_token_ids", params.allowed_token_ids or ())):
+        outside = sorted(t for t in ids if t >= vocab_size)
+        if outside:
+            raise ValueError(f"{name} must be in [0, {vocab_size}) for this model; "
+                             f"out of vocabulary: {outside[:10]}")
 
 
 class LLMEngine:
@@ -148,12 +171,15 @@ class LLMEngine:
         if request_id in self.groups:
             raise ValueError(f"request id {request_id!r} is already in use")
         prompt_text, prompt_ids = self._tokenize(prompt)
+        prompt_ids = truncate_prompt(prompt_ids, params.truncate_prompt_tokens, self.max_model_len)
         check_prompt_length(len(prompt_ids), self.max_model_len)
         vocab = self.vocab_size
         if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
             raise ValueError(f"prompt token ids must be in [0, {vocab}); got an id outside")
-        if any(t >= vocab for t in params.stop_token_ids):
-            raise ValueError(f"stop_token_ids must be in [0, {vocab}) for this model; got an id outside")
+        check_token_ids_in_vocab(params, vocab)
+        bad_words = bad_words_token_ids(params.bad_words, self.tokenizer) if params.bad_words else ()
+        if any(t >= vocab for ids in bad_words for t in ids):
+            raise ValueError(f"bad_words must tokenize to ids in [0, {vocab}) for this model")
         room = self.max_model_len - len(prompt_ids)
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
         arrival = time.perf_counter() if arrival_time is None else arrival_time
@@ -162,7 +188,7 @@ class LLMEngine:
             sample_id = request_id if params.n == 1 else f"{request_id}-{index}"
             sample = Request(sample_id, prompt_ids, params, arrival, max_tokens, self.eos_token_ids,
                              index, parent_id=request_id, cache_salt=cache_salt,
-                             priority=priority, user=user)
+                             priority=priority, user=user, bad_words_token_ids=bad_words)
             self.scheduler.check_admissible(sample)
             self.output_processor.start(sample)
             samples.append(sample)

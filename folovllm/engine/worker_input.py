@@ -27,11 +27,16 @@ def build_step_input(sched: SchedulerOutput, finished_request_ids: list[str]
 
 
 def sampling_row(request: Request) -> SamplingRow:
-    """The request's sampling settings; its earlier tokens only when a penalty reads them."""
+    """The request's sampling settings; its earlier tokens only when a processor reads them
+    (penalties: prompt and output; bad words: output)."""
     params = request.params
     if params.has_penalties:
         return SamplingRow(params, request.seed, request.num_output_tokens, request.stop_token_ids,
-                           request.prompt_token_ids, request.output_token_ids)
+                           request.prompt_token_ids, request.output_token_ids, request.bad_words_token_ids)
+    if request.bad_words_token_ids:
+        return SamplingRow(params, request.seed, request.num_output_tokens, request.stop_token_ids,
+                           output_token_ids=request.output_token_ids,
+                           bad_words_token_ids=request.bad_words_token_ids)
     return SamplingRow(params, request.seed, request.num_output_tokens, request.stop_token_ids)
 
 

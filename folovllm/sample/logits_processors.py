@@ -2,6 +2,7 @@
 
 ``LOGITS_PROCESSORS`` is the one ordered list. Each step, every kind builds itself from the batch's
 sampling rows, or returns ``None`` when no row uses it, so a feature nobody asks for costs nothing.
+Returned logprobs are those of the raw logits, before any processor (vLLM's default, "raw_logprobs").
 """
 from __future__ import annotations
 
@@ -17,6 +18,9 @@ from folovllm.tensors import to_device
 
 __all__ = [
     "LOGITS_PROCESSORS",
+    "AllowedTokenIdsProcessor",
+    "BadWordsProcessor",
+    "LogitBiasProcessor",
     "LogitsProcessor",
     "MinTokensProcessor",
     "PenaltiesProcessor",
@@ -118,8 +122,84 @@ class MinTokensProcessor(LogitsProcessor):
         logits[self.banned_rows, self.banned_cols] = float("-inf")
 
 
-# The order they apply in. A new processor goes here (after these, unless it must see raw logits).
-LOGITS_PROCESSORS: tuple[type[LogitsProcessor], ...] = (PenaltiesProcessor, MinTokensProcessor)
+class AllowedTokenIdsProcessor(LogitsProcessor):
+    """A row with ``allowed_token_ids`` can sample only those tokens: every other logit is -inf."""
+
+    def __init__(self, rows: torch.Tensor, banned: torch.Tensor) -> None:
+        self.rows = rows  # [M] int64: the rows that restrict their tokens
+        self.banned = banned  # [M, V] bool: True where a token is not allowed
+
+    @classmethod
+    def build(cls, rows: Sequence[SamplingRow], vocab_size: int,
+              device: torch.device | str) -> AllowedTokenIdsProcessor | None:
+        restricted = [i for i, r in enumerate(rows) if r.params.allowed_token_ids is not None]
+        if not restricted:
+            return None
+        allowed = [(m, rows[i].params.allowed_token_ids) for m, i in enumerate(restricted)]
+        index, _ = _flat_positions(allowed, vocab_size, device)
+        banned = torch.ones(len(restricted), vocab_size, dtype=torch.bool, device=device)
+        banned.view(-1)[index] = False
+        return cls(to_device(restricted, torch.int64, device), banned)
+
+    def apply(self, logits: torch.Tensor) -> None:
+        logits[self.rows] = logits[self.rows].masked_fill_(self.banned, float("-inf"))
+
+
+class BadWordsProcessor(LogitsProcessor):
+    """A row cannot complete one of its bad words: a word's last token is -inf when the tokens before
+    it are the row's latest outputs (a one-token word is always banned)."""
+
+    needs_sync = True  # reads the row's latest output tokens
+
+    def __init__(self, banned_rows: torch.Tensor, banned_cols: torch.Tensor) -> None:
+        self.banned_rows = banned_rows  # [M] int64, with banned_cols: (row, token) pairs set to -inf
+        self.banned_cols = banned_cols
+
+    @classmethod
+    def build(cls, rows: Sequence[SamplingRow], vocab_size: int,
+              device: torch.device | str) -> BadWordsProcessor | None:
+        # Built whenever a row has bad words, even with nothing to ban now: needs_sync must hold.
+        if not any(r.bad_words_token_ids for r in rows):
+            return None
+        banned = [(i, word[-1]) for i, r in enumerate(rows) for word in r.bad_words_token_ids
+                  if _ends_with(r.output_token_ids, word[:-1])]
+        return cls(to_device([i for i, _ in banned], torch.int64, device),
+                   to_device([t for _, t in banned], torch.int64, device))
+
+    def apply(self, logits: torch.Tensor) -> None:
+        logits[self.banned_rows, self.banned_cols] = float("-inf")
+
+
+class LogitBiasProcessor(LogitsProcessor):
+    """Adds each row's ``logit_bias`` to the logits of its token ids."""
+
+    def __init__(self, index: torch.Tensor, bias: torch.Tensor) -> None:
+        self.index = index  # [T] int64 flat positions (row * V + token id), distinct
+        self.bias = bias  # [T] float32
+
+    @classmethod
+    def build(cls, rows: Sequence[SamplingRow], vocab_size: int,
+              device: torch.device | str) -> LogitBiasProcessor | None:
+        biased = [(i, r.params.logit_bias) for i, r in enumerate(rows) if r.params.logit_bias]
+        if not biased:
+            return None
+        index, _ = _flat_positions([(i, list(bias)) for i, bias in biased], vocab_size, device)
+        values = [float(b) for _, bias in biased for b in bias.values()]
+        return cls(index, to_device(values, torch.float32, device))
+
+    def apply(self, logits: torch.Tensor) -> None:
+        logits.view(-1).index_add_(0, self.index, self.bias)
+
+
+# The order they apply in. Token constraints and the bias act on the raw logits, before the penalties;
+# a new processor goes here (after these, unless it must see raw logits).
+LOGITS_PROCESSORS: tuple[type[LogitsProcessor], ...] = (
+    AllowedTokenIdsProcessor,
+    BadWordsProcessor,
+    LogitBiasProcessor,
+    PenaltiesProcessor,
+    MinTokensProcessor,
+)
 
 
 def build_logits_processors(rows: Sequence[SamplingRow], vocab_size: int,
@@ -131,6 +211,12 @@ def build_logits_processors(rows: Sequence[SamplingRow], vocab_size: int,
         if processor is not None:
             processors.append(processor)
     return processors
+
+
+def _ends_with(tokens: Sequence[int], suffix: Sequence[int]) -> bool:
+    """Whether ``tokens`` ends with ``suffix`` (always, for an empty suffix)."""
+    n = len(suffix)
+    return n == 0 or (len(tokens) >= n and list(tokens[-n:]) == list(suffix))
 
 
 def _flat_positions(

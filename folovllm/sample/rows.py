@@ -15,6 +15,7 @@ class SamplingRow:
     seed: int | None = None  # its own RNG's seed; the worker keeps that generator by request id
     num_output_tokens: int = 0  # sampled so far, including one still pending on the device
     stop_token_ids: Sequence[int] = ()  # tokens that end the request (banned before min_tokens)
-    # Earlier tokens: sent only when a processor reads them (penalties), else empty.
+    # Earlier tokens: sent only when a processor reads them (penalties, bad words), else empty.
     prompt_token_ids: Sequence[int] = ()
     output_token_ids: Sequence[int] = ()
+    bad_words_token_ids: Sequence[Sequence[int]] = ()  # token sequences it must not complete

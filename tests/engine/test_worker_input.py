@@ -1,9 +1,12 @@
 """SchedulerOutput -> StepInput: known and pending tokens, who samples, what each sampling row carries."""
 from __future__ import annotations
 
+import pytest
+
 from folovllm.core.scheduler import SchedulerOutput
 from folovllm.engine.worker_input import build_step_input
-from folovllm.request import Request
+from folovllm.engine.worker_input import sampling_row
+from folovllm.request import Request, bad_words_token_ids
 from folovllm.sampling_params import SamplingParams
 
 
@@ -36,6 +39,33 @@ def test_chunks_pending_tokens_and_sampling_rows() -> None:
     row = third.sampling
     assert row.num_output_tokens == 2 and row.stop_token_ids == (2,)
     assert list(row.prompt_token_ids) == list(range(10, 16)) and list(row.output_token_ids) == [42]
+
+
+def test_bad_words_rows_carry_outputs_only() -> None:
+    words = ((5,), (6, 7))
+    req = Request("bw", [10, 11], SamplingParams(temperature=0.0), 0.0, 16, [2], bad_words_token_ids=words)
+    req.append_output_token(6)
+    row = sampling_row(req)
+    assert row.bad_words_token_ids == words and list(row.output_token_ids) == [6]
+    assert row.prompt_token_ids == ()  # no penalty: the prompt is not sent
+    plain = sampling_row(request("plain", SamplingParams(temperature=0.0)))
+    assert plain.bad_words_token_ids == () and plain.output_token_ids == ()
+
+
+class _Tokenizer:
+    """Words to ids the way a byte-level BPE might: "ab" is two tokens bare, one with a space."""
+
+    table = {"a": [1], " a": [2], "ab": [1, 3], " ab": [4], "x y": [5, 6, 7], " x y": [8, 6, 7]}
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return self.table.get(text, [])
+
+
+def test_bad_words_tokenized_bare_and_with_a_space() -> None:
+    # " ab" has fewer tokens than "ab": only the bare form is kept (vLLM's rule)
+    assert bad_words_token_ids(["a", " ab", "x y"], _Tokenizer()) == ((1,), (2,), (1, 3), (5, 6, 7), (8, 6, 7))
+    with pytest.raises(ValueError, match="bad_words"):
+        bad_words_token_ids(["zzz"], _Tokenizer())
 
 
 def test_stop_token_ids_one_rule() -> None:

@@ -244,9 +244,9 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-n", type=int, default=limits.max_n,
                    help="largest n (samples per prompt) a request may ask for (default: %(default)s)")
     g.add_argument("--max-stop-strings", type=int, default=limits.max_stop_strings,
-                   help="stop strings (and stop_token_ids) per request (default: %(default)s)")
+                   help="stop strings (and stop_token_ids, bad_words) per request (default: %(default)s)")
     g.add_argument("--max-stop-string-chars", type=int, default=limits.max_stop_string_chars,
-                   help="length of each stop string (default: %(default)s)")
+                   help="length of each stop string and bad word (default: %(default)s)")
     g.add_argument("--no-engine-process", dest="engine_process", action="store_false",
                    help="step the engine on a thread of the server process instead of its own process")
 

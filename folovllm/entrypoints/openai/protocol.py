@@ -27,13 +27,9 @@ TokenIds = list[StrictInt]
 # result. Unknown keys beyond these are ignored with a log line, as vLLM does.
 _NOOP: dict[str, Callable[[Any], bool]] = {
     "best_of": lambda v: v in (None, 1),
-    "logit_bias": lambda v: v in (None, {}),
     "suffix": lambda v: v in (None, ""),
     "use_beam_search": lambda v: v in (None, False),
     "length_penalty": lambda v: v in (None, 1, 1.0),
-    "truncate_prompt_tokens": lambda v: v is None,
-    "allowed_token_ids": lambda v: v is None,
-    "bad_words": lambda v: v in (None, []),
     "response_format": lambda v: v is None or v == {"type": "text"},
     "structured_outputs": lambda v: v is None,
     "guided_json": lambda v: v is None,
@@ -43,8 +39,6 @@ _NOOP: dict[str, Callable[[Any], bool]] = {
     "guided_decoding_backend": lambda v: v is None,
     "guided_whitespace_pattern": lambda v: v is None,
     "logits_processors": lambda v: v is None,
-    "return_tokens_as_token_ids": lambda v: v in (None, False),
-    "return_token_ids": lambda v: v in (None, False),
     "spaces_between_special_tokens": lambda v: v in (None, True),
     "prompt_embeds": lambda v: v is None,
     "kv_transfer_params": lambda v: v is None,
@@ -136,7 +130,7 @@ class _Body(BaseModel):
 
 class StreamOptions(BaseModel):
     include_usage: Bool = False
-    continuous_usage_stats: Literal[False] = False  # vLLM's usage on every chunk: not implemented
+    continuous_usage_stats: Bool = False  # vLLM's: with include_usage, usage so far on every chunk
 
 
 class SamplingRequest(_Body):
@@ -165,10 +159,31 @@ class SamplingRequest(_Body):
     skip_special_tokens: Bool = True
     cache_salt: str | None = Field(default=None, min_length=1, max_length=256)  # keeps prefixes apart
     prompt_logprobs: Int | None = None  # each prompt token's logprob and top-k, in "prompt_logprobs"
+    logit_bias: dict[str, Float] | None = None  # OpenAI's: {token id as a string: bias in [-100, 100]}
+    allowed_token_ids: TokenIds | None = None
+    bad_words: list[str] | None = None
+    truncate_prompt_tokens: Int | None = None  # keep the prompt's last k tokens (-1: max_model_len)
+    return_tokens_as_token_ids: Bool = False  # logprobs name tokens "token_id:123", not by their text
+    return_token_ids: Bool = False  # the prompt's and each choice's token ids in the response
 
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def continuous_usage(self) -> bool:
+        """Usage on every streamed chunk (vLLM asks for include_usage too)."""
+        return self.include_usage and self.stream_options.continuous_usage_stats
+
+    def logit_bias_by_id(self) -> dict[int, float] | None:
+        """``logit_bias`` keyed by int token ids; raises ValueError for a key that is not one."""
+        if self.logit_bias is None:
+            return None
+        bad_keys = [k for k in self.logit_bias if not (k.isascii() and k.isdigit())]
+        if bad_keys:
+            raise ValueError(f"logit_bias must be keyed by token ids written as strings (\"123\"), "
+                             f"got {bad_keys[:5]!r}")
+        return {int(k): v for k, v in self.logit_bias.items()}
 
     @property
     def stop_list(self) -> list[str]:

@@ -126,6 +126,11 @@ class ServingContext:
             text = self._token_text[token_id] = self.tokenizer.decode([token_id])
         return text
 
+    def logprob_token(self, token_id: int, as_token_id: bool) -> str:
+        """How logprobs name a token: its text, or ``"token_id:123"`` (vLLM's
+        ``return_tokens_as_token_ids``, for tokens whose text is not valid UTF-8 on its own)."""
+        return f"token_id:{token_id}" if as_token_id else self.token_text(token_id)
+
 
 async def _wait_for_disconnect(raw: Request) -> None:
     while (await raw.receive())["type"] != "http.disconnect":
@@ -201,11 +206,15 @@ async def event_stream(chunks: AsyncIterator[str], ctx: ServingContext,
 
 def usage(finals: list[RequestOutput], completion_tokens: int) -> dict:
     """OpenAI's usage block; cached_tokens counts prompt tokens served from the prefix cache."""
-    prompt_tokens = sum(len(f.prompt_token_ids) for f in finals)
-    cached = sum(f.num_cached_tokens for f in finals)
+    return usage_counts(sum(len(f.prompt_token_ids) for f in finals), completion_tokens,
+                        sum(f.num_cached_tokens for f in finals))
+
+
+def usage_counts(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
+    """The usage block from its counts (a stream's first chunk: nothing is known yet but the prompt)."""
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": cached}}
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
 def prompt_logprobs_json(entries: list | None, token_text: Callable[[int], str]) -> list | None:

@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from folovllm.engine.async_engine import RequestStream
 from folovllm.entrypoints.openai.protocol import ChatCompletionRequest
 from folovllm.entrypoints.openai.serving import (ServingContext, TextDeltas, event_stream, now_s,
-                                                 prompt_logprobs_json, sse, usage)
+                                                 prompt_logprobs_json, sse, usage, usage_counts)
 from folovllm.outputs import CompletionOutput
 
 
@@ -28,26 +28,32 @@ class ChatServing:
         streams = await ctx.start([prompt], params, request_id, arrival, renames, prompt_param="messages",
                                   priority=body.priority, user=body.user)
         if body.stream:
-            return StreamingResponse(event_stream(self._stream(body, streams[0], request_id, params.stop),
-                                                  ctx, streams), media_type="text/event-stream")
+            chunks = self._stream(body, streams[0], request_id, params.stop, prompt["prompt_token_ids"])
+            return StreamingResponse(event_stream(chunks, ctx, streams), media_type="text/event-stream")
         final = (await ctx.collect(streams, raw))[0]
         choices = [{"index": out.index, "message": {"role": "assistant", "content": out.text},
-                    "logprobs": self._logprobs(out, 0, body.top_logprobs or 0) if body.logprobs else None,
+                    "logprobs": self._logprobs(body, out, 0) if body.logprobs else None,
                     "finish_reason": out.finish_reason, "stop_reason": out.stop_reason}
                    for out in final.outputs]
+        if body.return_token_ids:
+            for choice, out in zip(choices, final.outputs):
+                choice["token_ids"] = list(out.token_ids)
         completion_tokens = sum(len(o.token_ids) for o in final.outputs)
         response = {"id": request_id, "object": "chat.completion", "created": now_s(),
                     "model": ctx.model_name, "choices": choices, "usage": usage([final], completion_tokens)}
+        if body.return_token_ids:
+            response["prompt_token_ids"] = final.prompt_token_ids
         if body.prompt_logprobs is not None:
             response["prompt_logprobs"] = prompt_logprobs_json(final.prompt_logprobs, ctx.token_text)
         return JSONResponse(response)
 
-    def _logprobs(self, out: CompletionOutput, first_token: int, top_n: int) -> dict:
+    def _logprobs(self, body: ChatCompletionRequest, out: CompletionOutput, first_token: int) -> dict:
         """OpenAI chat format: {"content": [{token, logprob, bytes, top_logprobs: [...]}, ...]}."""
-        token_text = self.ctx.token_text
+        logprob_token, as_ids = self.ctx.logprob_token, body.return_tokens_as_token_ids
+        top_n = body.top_logprobs or 0
 
         def entry(token_id: int, logprob: float) -> dict:
-            text = token_text(token_id)
+            text = logprob_token(token_id, as_ids)
             return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
 
         content = []
@@ -60,7 +66,7 @@ class ChatServing:
         return {"content": content}
 
     async def _stream(self, body: ChatCompletionRequest, stream: RequestStream, request_id: str,
-                      stop: list[str]) -> AsyncIterator[str]:
+                      stop: list[str], prompt_token_ids: list[int]) -> AsyncIterator[str]:
         created, model = now_s(), self.ctx.model_name
         cursors = [TextDeltas(stop) for _ in range(body.n)]
 
@@ -69,8 +75,13 @@ class ChatServing:
                         "model": model, "choices": choices, **extra})
 
         final = None
+        first = {}
+        if body.return_token_ids:
+            first["prompt_token_ids"] = prompt_token_ids
+        if body.continuous_usage:
+            first["usage"] = usage_counts(len(prompt_token_ids), 0)
         yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                      "finish_reason": None} for i in range(body.n)])
+                      "finish_reason": None} for i in range(body.n)], **first)
         async for output in stream:
             final = output
             choices = []
@@ -78,12 +89,17 @@ class ChatServing:
                 delta, first_token = cursors[out.index].advance(out)
                 if not delta and first_token == len(out.token_ids) and not out.finished():
                     continue
-                choices.append({"index": out.index, "delta": {"content": delta} if delta else {},
-                                "logprobs": self._logprobs(out, first_token, body.top_logprobs or 0)
-                                if body.logprobs else None,
-                                "finish_reason": out.finish_reason})
+                choice = {"index": out.index, "delta": {"content": delta} if delta else {},
+                          "logprobs": self._logprobs(body, out, first_token) if body.logprobs else None,
+                          "finish_reason": out.finish_reason}
+                if body.return_token_ids:
+                    choice["token_ids"] = list(out.token_ids[first_token:])
+                choices.append(choice)
             if choices:
-                yield chunk(choices)
+                extra = {}
+                if body.continuous_usage:
+                    extra["usage"] = usage([output], sum(len(o.token_ids) for o in output.outputs))
+                yield chunk(choices, **extra)
         if body.include_usage:
             completion_tokens = sum(len(o.token_ids) for o in final.outputs)
             yield chunk([], usage=usage([final], completion_tokens))

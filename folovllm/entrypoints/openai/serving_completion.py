@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from folovllm.engine.async_engine import RequestStream
 from folovllm.entrypoints.openai.protocol import CompletionRequest
 from folovllm.entrypoints.openai.serving import (ServingContext, TextDeltas, event_stream, merge_streams,
-                                                 now_s, prompt_logprobs_json, sse, usage)
+                                                 now_s, prompt_logprobs_json, sse, usage, usage_counts)
 from folovllm.outputs import CompletionOutput, RequestOutput
 
 
@@ -39,12 +39,15 @@ class CompletionServing:
                 completion_tokens += len(out.token_ids)
                 logprobs = None
                 if body.logprobs is not None:
-                    logprobs = self._logprobs(out, 0, len(echo))
+                    logprobs = self._logprobs(body, out, 0, len(echo))
                     if body.echo:
-                        logprobs = _concat(self._prompt_logprobs(final), logprobs)
+                        logprobs = _concat(self._prompt_logprobs(body, final), logprobs)
                 choice = {"index": i * params.n + out.index, "text": echo + out.text,
                           "logprobs": logprobs, "finish_reason": out.finish_reason,
                           "stop_reason": out.stop_reason}
+                if body.return_token_ids:
+                    choice["prompt_token_ids"] = final.prompt_token_ids
+                    choice["token_ids"] = list(out.token_ids)
                 if body.prompt_logprobs is not None:
                     choice["prompt_logprobs"] = prompt_logprobs_json(final.prompt_logprobs, ctx.token_text)
                 choices.append(choice)
@@ -56,36 +59,37 @@ class CompletionServing:
         text = prompt.get("prompt")
         return text if text is not None else self.ctx.tokenizer.decode(prompt["prompt_token_ids"])
 
-    def _prompt_logprobs(self, final: RequestOutput) -> dict:
+    def _prompt_logprobs(self, body: CompletionRequest, final: RequestOutput) -> dict:
         """The echoed prompt's tokens in the completions logprobs format; the first has no logprob."""
-        token_text = self.ctx.token_text
+        token_text, as_ids = self.ctx.token_text, body.return_tokens_as_token_ids
+        name = self.ctx.logprob_token
         result = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
         offset = 0
         entries = final.prompt_logprobs or [None] * len(final.prompt_token_ids)
         for token_id, entry in zip(final.prompt_token_ids, entries):
-            text = token_text(token_id)
-            result["tokens"].append(text)
+            result["tokens"].append(name(token_id, as_ids))
             result["token_logprobs"].append(None if entry is None else entry[token_id].logprob)
             result["top_logprobs"].append(None if entry is None else {
-                token_text(t): lp.logprob for t, lp in sorted(entry.items(), key=lambda e: e[1].rank)})
+                name(t, as_ids): lp.logprob for t, lp in sorted(entry.items(), key=lambda e: e[1].rank)})
             result["text_offset"].append(offset)
-            offset += len(text)
+            offset += len(token_text(token_id))  # offsets point into the text, however tokens are named
         return result
 
-    def _logprobs(self, out: CompletionOutput, first_token: int, text_offset: int) -> dict:
+    def _logprobs(self, body: CompletionRequest, out: CompletionOutput, first_token: int,
+                  text_offset: int) -> dict:
         """OpenAI completions format for tokens [first_token:]: tokens, token_logprobs, top_logprobs,
         text_offset."""
-        token_text = self.ctx.token_text
+        token_text, as_ids = self.ctx.token_text, body.return_tokens_as_token_ids
+        name = self.ctx.logprob_token
         result = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
         offset = text_offset
         for token_id, entries in zip(out.token_ids[first_token:], (out.logprobs or [])[first_token:]):
-            text = token_text(token_id)
-            result["tokens"].append(text)
+            result["tokens"].append(name(token_id, as_ids))
             result["token_logprobs"].append(entries[token_id].logprob)
-            result["top_logprobs"].append({token_text(t): lp.logprob for t, lp in
+            result["top_logprobs"].append({name(t, as_ids): lp.logprob for t, lp in
                                            sorted(entries.items(), key=lambda e: e[1].rank)})
             result["text_offset"].append(offset)
-            offset += len(text)
+            offset += len(token_text(token_id))
         return result
 
     async def _stream(self, body: CompletionRequest, prompts: list[dict], streams: list[RequestStream],
@@ -97,8 +101,27 @@ class CompletionServing:
         finals: list[RequestOutput | None] = [None] * len(streams)
 
         def chunk(choices: list[dict]) -> str:
-            return sse({"id": request_id, "object": "text_completion", "created": created,
-                        "model": model, "choices": choices})
+            payload = {"id": request_id, "object": "text_completion", "created": created,
+                       "model": model, "choices": choices}
+            if body.continuous_usage:
+                payload["usage"] = usage_so_far()
+            return sse(payload)
+
+        def usage_so_far() -> dict:
+            done = [f for f in finals if f is not None]
+            generated = 0 if _scores_only(body) else sum(len(o.token_ids) for f in done for o in f.outputs)
+            return usage_counts(sum(len(p["prompt_token_ids"]) for p in prompts), generated,
+                                sum(f.num_cached_tokens for f in done))
+
+        ids_sent: set[int] = set()  # choices whose prompt_token_ids went out (return_token_ids)
+
+        def with_ids(choice: dict, i: int, token_ids: list[int]) -> dict:
+            if body.return_token_ids:
+                if choice["index"] not in ids_sent:
+                    ids_sent.add(choice["index"])
+                    choice["prompt_token_ids"] = prompts[i]["prompt_token_ids"]
+                choice["token_ids"] = token_ids
+            return choice
 
         echo_waits: set[int] = set()  # echoes that carry prompt logprobs: sent with the first output
         if body.echo:
@@ -109,15 +132,15 @@ class CompletionServing:
                 if body.logprobs is not None:
                     echo_waits.add(i)
                     continue
-                yield chunk([{"index": i * n + j, "text": text, "logprobs": None,
-                              "finish_reason": None} for j in range(n)])
+                yield chunk([with_ids({"index": i * n + j, "text": text, "logprobs": None,
+                                       "finish_reason": None}, i, []) for j in range(n)])
         async for i, output in merge_streams(streams):
             finals[i] = output
             if i in echo_waits:
                 echo_waits.discard(i)
-                text, logprobs = self._prompt_text(prompts[i]), self._prompt_logprobs(output)
-                yield chunk([{"index": i * n + j, "text": text, "logprobs": logprobs,
-                              "finish_reason": None} for j in range(n)])
+                text, logprobs = self._prompt_text(prompts[i]), self._prompt_logprobs(body, output)
+                yield chunk([with_ids({"index": i * n + j, "text": text, "logprobs": logprobs,
+                                       "finish_reason": None}, i, []) for j in range(n)])
             choices = []
             for out in output.outputs:
                 out = _without_generation(out) if _scores_only(body) else out
@@ -126,11 +149,11 @@ class CompletionServing:
                     continue
                 logprobs = None
                 if body.logprobs is not None:
-                    logprobs = self._logprobs(out, first_token, offsets[i][out.index])
+                    logprobs = self._logprobs(body, out, first_token, offsets[i][out.index])
                 offsets[i][out.index] += len(delta)
-                choices.append({"index": i * n + out.index, "text": delta, "logprobs": logprobs,
-                                "finish_reason": out.finish_reason,
-                                "stop_reason": out.stop_reason})
+                choices.append(with_ids({"index": i * n + out.index, "text": delta, "logprobs": logprobs,
+                                         "finish_reason": out.finish_reason,
+                                         "stop_reason": out.stop_reason}, i, list(out.token_ids[first_token:])))
             if choices:
                 yield chunk(choices)
         if body.include_usage:

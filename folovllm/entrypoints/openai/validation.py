@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from folovllm.engine.llm_engine import check_prompt_length
+from folovllm.engine.llm_engine import check_prompt_length, truncate_prompt
 from folovllm.entrypoints.openai.errors import bad_request
 from folovllm.entrypoints.openai.protocol import (ChatCompletionRequest, ChatMessage, CompletionRequest,
                                                   UnsupportedField, SamplingRequest)
@@ -22,8 +22,8 @@ class RequestLimits:
     max_request_body_bytes: int = 2**20  # parsed on the event loop: about 20 ms at this size
     max_prompts_per_request: int = 128
     max_n: int = 128
-    max_stop_strings: int = 64  # also bounds stop_token_ids
-    max_stop_string_chars: int = 1000
+    max_stop_strings: int = 64  # also bounds stop_token_ids and bad_words
+    max_stop_string_chars: int = 1000  # also bounds each bad word
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():
@@ -78,9 +78,12 @@ class Validator:
         for prompt in prompts:
             if isinstance(prompt, str):
                 ids = self.encode(prompt, body.add_special_tokens, "prompt")
-                inputs.append({"prompt": prompt, "prompt_token_ids": ids})
+                kept = self._truncate(ids, params)
+                # a truncated text is echoed as the tokens the model saw
+                inputs.append({"prompt": prompt, "prompt_token_ids": ids} if kept is ids
+                              else {"prompt_token_ids": kept})
             else:
-                inputs.append({"prompt_token_ids": list(prompt)})
+                inputs.append({"prompt_token_ids": self._truncate(list(prompt), params)})
             self._check_length(len(inputs[-1]["prompt_token_ids"]), params, "prompt", "max_tokens")
             if body.cache_salt is not None:
                 inputs[-1]["cache_salt"] = body.cache_salt
@@ -98,7 +101,8 @@ class Validator:
             renames["max_tokens"] = max_name
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         params = self._params(body, max_tokens, logprobs, renames, prompt_logprobs=body.prompt_logprobs)
-        ids = self.render_chat(body.messages, body.add_generation_prompt, body.add_special_tokens)
+        ids = self._truncate(self.render_chat(body.messages, body.add_generation_prompt,
+                                              body.add_special_tokens), params)
         self._check_length(len(ids), params, "messages", max_name)
         prompt = {"prompt_token_ids": ids}
         if body.cache_salt is not None:
@@ -155,11 +159,22 @@ class Validator:
         if len(body.stop_token_ids or ()) > limits.max_stop_strings:
             raise bad_request(f"stop_token_ids holds {len(body.stop_token_ids)} ids; at most "
                               f"{limits.max_stop_strings} are allowed", "stop_token_ids")
+        bad_words = body.bad_words or []
+        if len(bad_words) > limits.max_stop_strings:
+            raise bad_request(f"bad_words holds {len(bad_words)} words; at most {limits.max_stop_strings} "
+                              "are allowed", "bad_words")
+        if any(len(w) > limits.max_stop_string_chars for w in bad_words):
+            raise bad_request(f"each bad word must be at most {limits.max_stop_string_chars} characters",
+                              "bad_words")
 
     @staticmethod
     def _params(body: SamplingRequest, max_tokens: int | None, logprobs: int | None,
                 renames: dict[str, str] | None, prompt_logprobs: int | None = None) -> SamplingParams:
         top_k = -1 if body.top_k in (None, 0) else body.top_k
+        try:
+            logit_bias = body.logit_bias_by_id()
+        except ValueError as err:
+            raise bad_request(err, "logit_bias") from err
         try:
             return SamplingParams(
                 n=body.n, temperature=body.temperature, top_p=body.top_p, top_k=top_k, min_p=body.min_p,
@@ -168,9 +183,19 @@ class Validator:
                 logprobs=logprobs, prompt_logprobs=prompt_logprobs, presence_penalty=body.presence_penalty,
                 frequency_penalty=body.frequency_penalty, repetition_penalty=body.repetition_penalty,
                 skip_special_tokens=body.skip_special_tokens,
-                include_stop_str_in_output=body.include_stop_str_in_output)
+                include_stop_str_in_output=body.include_stop_str_in_output, logit_bias=logit_bias,
+                allowed_token_ids=body.allowed_token_ids, bad_words=body.bad_words,
+                truncate_prompt_tokens=body.truncate_prompt_tokens)
         except ValueError as err:
             raise bad_request(err, renames=renames) from err
+
+    def _truncate(self, ids: list[int], params: SamplingParams) -> list[int]:
+        """The prompt ids the engine will see (``truncate_prompt_tokens``); ``ids`` itself if whole."""
+        try:
+            kept = truncate_prompt(ids, params.truncate_prompt_tokens, self.max_model_len)
+        except ValueError as err:
+            raise bad_request(err, "truncate_prompt_tokens") from err
+        return ids if len(kept) == len(ids) else kept
 
     def _check_length(self, num_prompt_tokens: int, params: SamplingParams, prompt_param: str,
                       max_param: str) -> None:

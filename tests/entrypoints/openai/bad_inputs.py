@@ -51,7 +51,7 @@ for field, value in [
     ("n", "2"), ("n", 1.5), ("n", True), ("temperature", "hot"), ("temperature", None),
     ("temperature", True), ("top_p", []), ("stop", 5), ("stop", [1]), ("stop", {"a": 1}),
     ("seed", 1.5), ("seed", "1"), ("priority", "x"), ("user", 5), ("stream", "yes"),
-    ("stream_options", {"include_usage": "x"}), ("stream_options", 3), ("stream_options", {"continuous_usage_stats": True}),
+    ("stream_options", {"include_usage": "x"}), ("stream_options", 3), ("stream_options", {"continuous_usage_stats": "yes"}),
     ("presence_penalty", "0"), ("top_k", 1.5), ("min_p", "0"), ("ignore_eos", 1), ("min_tokens", "1"),
     ("repetition_penalty", {}), ("stop_token_ids", "1"), ("stop_token_ids", [1.5]),
     ("include_stop_str_in_output", "no"), ("skip_special_tokens", 0), ("cache_salt", 5),
@@ -133,11 +133,10 @@ for where, body in [
 
 # -- fields this server does not implement ------------------------------------------------------
 for field, value in [
-    ("best_of", 2), ("logit_bias", {"1": 5}), ("suffix", "x"), ("use_beam_search", True),
-    ("length_penalty", 0.5), ("truncate_prompt_tokens", 5), ("allowed_token_ids", [1]),
-    ("bad_words", ["x"]), ("response_format", {"type": "json_object"}),
+    ("best_of", 2), ("suffix", "x"), ("use_beam_search", True),
+    ("length_penalty", 0.5), ("response_format", {"type": "json_object"}),
     ("guided_json", {}), ("guided_regex", "a+"), ("guided_choice", ["a"]), ("structured_outputs", {"regex": "a"}),
-    ("logits_processors", ["x"]), ("return_tokens_as_token_ids", True), ("spaces_between_special_tokens", False),
+    ("logits_processors", ["x"]), ("spaces_between_special_tokens", False),
     ("prompt_embeds", "AAAA"),
 ]:
     case(f"unsupported-completion-{field}", CMPL, _completion(**{field: value}))
@@ -147,7 +146,7 @@ for field, value in [
     ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}),
     ("audio", {"voice": "alloy"}), ("modalities", ["text", "audio"]), ("prediction", {"type": "content", "content": "x"}),
     ("reasoning_effort", "high"), ("chat_template_kwargs", {"enable_thinking": True}),
-    ("continue_final_message", True), ("chat_template", "{{ messages }}"), ("logit_bias", {"5": 1}),
+    ("continue_final_message", True), ("chat_template", "{{ messages }}"),
     ("echo", True), ("store", True), ("web_search_options", {}),
 ]:
     case(f"unsupported-chat-{field}", CHAT, _chat(**{field: value}))
@@ -155,6 +154,23 @@ case("unsupported-chat-image", CHAT, {"messages": [{"role": "user", "content": [
     {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]})
 case("unsupported-chat-audio-part", CHAT, {"messages": [{"role": "user", "content": [
     {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}]}]})
+
+# -- token constraints and their bounds (vocabulary 49152, max_model_len 512) --------------------
+for field, value in [
+    ("logit_bias", {"abc": 1}), ("logit_bias", {"-1": 1}), ("logit_bias", {"1": 100.5}),
+    ("logit_bias", {"1": "5"}), ("logit_bias", {"1": None}), ("logit_bias", [1]), ("logit_bias", {"49152": 1}),
+    ("logit_bias", {"1" * 30: 1}),
+    ("allowed_token_ids", []), ("allowed_token_ids", [-1]), ("allowed_token_ids", [49152]),
+    ("allowed_token_ids", ["1"]), ("allowed_token_ids", 5), ("bad_words", [""]), ("bad_words", "x"),
+    ("bad_words", [5]), ("bad_words", ["x"] * 65), ("bad_words", ["x" * 1001]), ("bad_words", ["   "]),
+    ("truncate_prompt_tokens", 0), ("truncate_prompt_tokens", -2), ("truncate_prompt_tokens", 513),
+    ("truncate_prompt_tokens", "5"), ("truncate_prompt_tokens", 1.5), ("return_token_ids", "yes"),
+    ("return_tokens_as_token_ids", 1),
+]:
+    case(f"constraint-completion-{field}-{json.dumps(value)[:24]}", CMPL, _completion(**{field: value}))
+for field, value in [("logit_bias", {"49152": 1}), ("allowed_token_ids", []), ("truncate_prompt_tokens", 513),
+                     ("bad_words", [""])]:
+    case(f"constraint-chat-{field}-{json.dumps(value)[:24]}", CHAT, _chat(**{field: value}))
 
 # -- chat shapes --------------------------------------------------------------------------------
 for name, messages in [

@@ -23,7 +23,9 @@ _FIELDS = ["prompt", "messages", "n", "temperature", "top_p", "top_k", "min_p", 
            "max_completion_tokens", "min_tokens", "stop", "stop_token_ids", "seed", "logprobs",
            "top_logprobs", "echo", "presence_penalty", "frequency_penalty", "repetition_penalty",
            "ignore_eos", "stream", "stream_options", "user", "priority", "cache_salt", "best_of",
-           "logit_bias", "tools", "response_format", "suffix", "add_special_tokens", "prompt_logprobs"]
+           "logit_bias", "tools", "response_format", "suffix", "add_special_tokens", "prompt_logprobs",
+           "allowed_token_ids", "bad_words", "truncate_prompt_tokens", "return_token_ids",
+           "return_tokens_as_token_ids"]
 plausible = st.one_of(
     json_values,
     st.integers(min_value=-3, max_value=700),
@@ -78,10 +80,42 @@ def test_random_chat_bodies_are_accepted_or_4xx(validator, body):
 
 
 def test_unimplemented_field_is_named(validator):
-    body = CompletionRequest.model_validate({"prompt": "Hi", "logit_bias": {"1": 3}})
+    body = CompletionRequest.model_validate({"prompt": "Hi", "suffix": "!"})
     with pytest.raises(APIError) as info:
         validator.completion(body)
-    assert info.value.param == "logit_bias" and "not supported" in info.value.message
+    assert info.value.param == "suffix" and "not supported" in info.value.message
+
+
+def test_token_constraints_reach_the_sampling_params(validator):
+    body = CompletionRequest.model_validate({"prompt": "Hi", "logit_bias": {"5": -100, "0007": 2.5},
+                                             "allowed_token_ids": [5, 7, 5], "bad_words": ["x"]})
+    _, params = validator.completion(body)
+    assert params.logit_bias == {5: -100, 7: 2.5} and params.allowed_token_ids == [5, 7]
+    assert params.bad_words == ["x"]
+    for bias, words in [({"x1": 1}, "logit_bias must be keyed by token ids"),
+                        ({"1": -101}, "logit_bias must be biases in [-100, 100]")]:
+        with pytest.raises(APIError) as info:
+            validator.completion(CompletionRequest.model_validate({"prompt": "Hi", "logit_bias": bias}))
+        assert info.value.param == "logit_bias" and words in info.value.message
+
+
+def test_truncate_prompt_tokens_keeps_the_last_tokens(validator, smol_tokenizer):
+    text = "one two three four five six"
+    ids = smol_tokenizer.encode(text)
+    for prompt in (text, ids):
+        prompts, params = validator.completion(CompletionRequest.model_validate(
+            {"prompt": prompt, "truncate_prompt_tokens": 2}))
+        # a truncated text is dropped: an echo shows the tokens the model saw
+        assert prompts == [{"prompt_token_ids": ids[-2:]}] and params.truncate_prompt_tokens == 2
+    whole, _ = validator.completion(CompletionRequest.model_validate(
+        {"prompt": text, "truncate_prompt_tokens": -1}))
+    assert whole == [{"prompt": text, "prompt_token_ids": ids}]
+    prompt, _, _ = validator.chat(ChatCompletionRequest.model_validate(
+        {"messages": [{"role": "user", "content": text}], "truncate_prompt_tokens": 3}))
+    assert len(prompt["prompt_token_ids"]) == 3
+    with pytest.raises(APIError) as info:
+        validator.completion(CompletionRequest.model_validate({"prompt": text, "truncate_prompt_tokens": 513}))
+    assert info.value.param == "truncate_prompt_tokens" and "max_model_len=512" in info.value.message
 
 
 def test_noop_values_of_unimplemented_fields_pass(validator):
