@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import copy
+import functools
 import logging
 import os
 import secrets
@@ -159,7 +160,11 @@ def build_app(core: ProcessCore | ThreadCore, tokenizer, config: ServerConfig,
             raise bad_request("give exactly one of prompt or messages", "prompt")
         validator = ctx.validator
         if body.messages is not None:
-            tokens = await ctx.off_loop(validator.render_chat, body.messages, body.add_generation_prompt)
+            tools = [tool.model_dump(exclude_none=True) for tool in body.tools] if body.tools else None
+            tokens = await ctx.off_loop(functools.partial(
+                validator.render_chat, body.messages, body.add_generation_prompt, tools=tools,
+                documents=body.documents, template_kwargs=body.chat_template_kwargs,
+                continue_final_message=body.continue_final_message))
         else:
             tokens = await ctx.off_loop(validator.encode, body.prompt, body.add_special_tokens, "prompt")
         return {"tokens": tokens, "count": len(tokens), "max_model_len": ctx.max_model_len}

@@ -353,6 +353,11 @@ class TokenizeRequest(_Body):
     messages: list[ChatMessage] | None = None
     add_special_tokens: Bool = True
     add_generation_prompt: Bool = True
+    # rendered as chat completions render them, to see the prompt a chat request makes
+    tools: list[ChatTool] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    continue_final_message: Bool = False
+    documents: list[dict[str, str]] | None = None
 
 
 class DetokenizeRequest(_Body):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 
+import httpx
 import openai
 import pytest
 
@@ -86,6 +87,16 @@ def test_server_template_shows_the_tools(tools_client):
     with_tools = tools_client.chat.completions.create(model=MODEL_NAME, messages=messages, tools=[WEATHER_TOOL],
                                                       tool_choice="none", max_tokens=1)
     assert with_tools.usage.prompt_tokens > without.usage.prompt_tokens + 20
+
+
+@pytest.mark.slow
+def test_tokenize_renders_the_tools(tools_client):
+    messages = [{"role": "user", "content": "Hi"}]
+    url = str(tools_client.base_url).removesuffix("/v1/") + "/tokenize"
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    plain = httpx.post(url, json={"messages": messages}, headers=headers).json()
+    with_tools = httpx.post(url, json={"messages": messages, "tools": [WEATHER_TOOL]}, headers=headers).json()
+    assert with_tools["count"] > plain["count"] + 20
 
 
 @pytest.mark.slow

@@ -23,7 +23,8 @@ _FIELDS = ["prompt", "messages", "n", "temperature", "top_p", "top_k", "min_p", 
            "max_completion_tokens", "min_tokens", "stop", "stop_token_ids", "seed", "logprobs",
            "top_logprobs", "echo", "presence_penalty", "frequency_penalty", "repetition_penalty",
            "ignore_eos", "stream", "stream_options", "user", "priority", "cache_salt", "best_of",
-           "logit_bias", "tools", "response_format", "suffix", "add_special_tokens", "prompt_logprobs"]
+           "logit_bias", "tools", "response_format", "suffix", "add_special_tokens", "prompt_logprobs",
+           "tool_choice", "chat_template", "chat_template_kwargs", "continue_final_message", "documents"]
 plausible = st.one_of(
     json_values,
     st.integers(min_value=-3, max_value=700),

@@ -27,7 +27,10 @@ def required_tools_schema(functions: list[dict[str, Any]]) -> dict[str, Any]:
     variants, defs = [], {}
     for function in functions:
         parameters = dict(function.get("parameters") or _EMPTY_OBJECT)
-        for def_name, definition in parameters.pop("$defs", {}).items():
+        function_defs = parameters.pop("$defs", {})
+        if not isinstance(function_defs, dict):
+            raise ValueError(f"tool {function['name']!r}: parameters.$defs must be an object of schemas")
+        for def_name, definition in function_defs.items():
             if defs.get(def_name, definition) != definition:
                 raise ValueError(f"tools define $defs.{def_name} twice, differently; give the "
                                  "definitions distinct names")

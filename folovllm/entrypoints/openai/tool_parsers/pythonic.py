@@ -22,10 +22,10 @@ class PythonicToolParser(ToolParser):
         if final:
             calls = _calls(body, num_closed=None)
             return ParsedToolText("", calls) if calls is not None else ParsedToolText(text)
-        closed, cut_points = _scan(body)
+        closed, cut_points, _ = _scan(body)
         candidate = body
         for _ in range(_MAX_TRIMS):
-            closers = _closers(candidate)
+            closers = _scan(candidate)[2]
             if closers is None:  # it ends inside an escape sequence: drop the backslash
                 candidate = candidate[:-1]
                 continue
@@ -39,9 +39,10 @@ class PythonicToolParser(ToolParser):
         return ParsedToolText("")
 
 
-def _scan(text: str) -> tuple[int, list[int]]:
-    """How many top-level calls are closed, and the places (after ``(``, before ``,``) where a
-    partial text can be cut back to something that parses once closed."""
+def _scan(text: str) -> tuple[int, list[int], str | None]:
+    """Over a partial list of calls: how many top-level calls are closed; the places (after ``(``,
+    before ``,``) where it can be cut back to something that parses once closed; and what closes
+    every open string and bracket (None when it ends inside an escape sequence)."""
     stack: list[str] = []
     quote = None
     escaped = False
@@ -67,32 +68,8 @@ def _scan(text: str) -> tuple[int, list[int]]:
                 closed += 1
         elif ch == ",":
             cuts.append(i)
-    return closed, cuts
-
-
-def _closers(text: str) -> str | None:
-    """What closes every open string and bracket of a partial text; None when it ends in the middle
-    of an escape sequence."""
-    stack: list[str] = []
-    quote = None
-    escaped = False
-    for ch in text:
-        if quote:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == quote:
-                quote = None
-        elif ch in "'\"":
-            quote = ch
-        elif ch in _OPENERS:
-            stack.append(_OPENERS[ch])
-        elif ch in ")]}" and stack:
-            stack.pop()
-    if escaped:
-        return None
-    return (quote or "") + "".join(reversed(stack))
+    closers = None if escaped else (quote or "") + "".join(_OPENERS[o] for o in reversed(stack))
+    return closed, cuts, closers
 
 
 def _calls(source: str, num_closed: int | None) -> list[ParsedToolCall] | None:

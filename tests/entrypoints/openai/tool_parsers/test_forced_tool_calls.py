@@ -33,6 +33,8 @@ def test_required_schema_moves_defs_to_the_root():
     clash = {"name": "other", "parameters": {"$defs": {"Point": {"type": "string"}}}}
     with pytest.raises(ValueError, match="Point"):
         required_tools_schema([tool, clash])
+    with pytest.raises(ValueError, match=r"\$defs must be an object"):
+        required_tools_schema([{"name": "bad", "parameters": {"$defs": 5}}])
 
 
 def test_named_schema_is_the_tools_parameters():
