@@ -239,7 +239,7 @@ class FunctionCall(BaseModel):
     @field_validator("arguments")
     @classmethod
     def _json_object(cls, value: str | dict[str, Any]) -> str | dict[str, Any]:
-        if isinstance(value, str):
+        if isinstance(value, str) and value:  # empty: a call without arguments
             try:
                 decoded = json.loads(value)
             except ValueError:
@@ -275,8 +275,9 @@ class ChatMessage(BaseModel):
         elif self.content is None:
             message["content"] = ""  # an assistant turn that only called tools
         for call in message.get("tool_calls", ()):
-            if isinstance(call["function"]["arguments"], str):
-                call["function"]["arguments"] = json.loads(call["function"]["arguments"])
+            arguments = call["function"]["arguments"]
+            if isinstance(arguments, str):
+                call["function"]["arguments"] = json.loads(arguments) if arguments else {}
         return message
 
 

@@ -39,6 +39,12 @@ def test_round_trip_renders_calls_as_objects(hermes):
     assert '<tool_response id="call_1">\n18 C, sunny\n</tool_response>' in text
 
 
+def test_a_call_without_arguments_renders_empty_ones(hermes):
+    messages = [ROUND_TRIP[0], {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_2", "type": "function", "function": {"name": "list_cities", "arguments": ""}}]}]
+    assert '{"name": "list_cities", "arguments": {}}' in _prompt(hermes, messages=messages, add_generation_prompt=False)
+
+
 def test_round_trip_renders_on_the_default_template(smol_tokenizer):
     text = _prompt(_validator(smol_tokenizer), messages=ROUND_TRIP + [{"role": "user", "content": "And Lyon?"}],
                    tools=[WEATHER_TOOL], tool_choice="none")
@@ -104,3 +110,17 @@ def test_chat_settings_check_parser_names():
         ChatSettings(reasoning_parser="r2")
     with pytest.raises(ValueError, match="--enable-auto-tool-choice needs --tool-call-parser"):
         ChatSettings(enable_auto_tool_choice=True)
+
+
+def test_serve_flags_become_chat_settings(tmp_path):
+    from folovllm.entrypoints.cli import build_parser
+    from folovllm.entrypoints.openai.api_server import chat_settings
+
+    path = tmp_path / "t.jinja"
+    path.write_text("{{ messages }}")
+    args = build_parser().parse_args(["serve", "--chat-template", str(path), "--tool-call-parser", "pythonic",
+                                      "--enable-auto-tool-choice", "--reasoning-parser", "deepseek_r1"])
+    assert chat_settings(args) == ChatSettings(chat_template="{{ messages }}", tool_call_parser="pythonic",
+                                               enable_auto_tool_choice=True, reasoning_parser="deepseek_r1")
+    with pytest.raises(ValueError, match="registered: hermes, llama3_json, pythonic"):
+        chat_settings(build_parser().parse_args(["serve", "--tool-call-parser", "nope"]))
