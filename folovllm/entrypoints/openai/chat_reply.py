@@ -31,7 +31,10 @@ class ReplyReader:
             tools = RequiredToolCalls()
         elif mode == "named":
             tools = NamedToolCall(named)
-        reasoning = get_reasoning_parser(settings.reasoning_parser)() if settings.reasoning_parser else None
+        reasoning = None
+        # a forced choice's schema holds from the first token: its reply has no reasoning part
+        if settings.reasoning_parser and mode not in ("required", "named"):
+            reasoning = get_reasoning_parser(settings.reasoning_parser)()
         return cls(mode, tools, reasoning)
 
     @property

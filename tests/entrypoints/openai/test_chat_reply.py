@@ -70,6 +70,13 @@ def test_reasoning_then_a_call():
     assert message["reasoning"] is None and message["content"] == "No thinking."
 
 
+def test_forced_replies_are_read_without_the_reasoning_parser():
+    settings = ChatSettings(reasoning_parser="deepseek_r1")
+    reader = _reader(settings, tools=[WEATHER_TOOL], tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    message, _ = reader.message('{"city": "Paris"}', "stop")
+    assert "reasoning" not in message and message["tool_calls"][0]["function"]["arguments"] == '{"city": "Paris"}'
+
+
 @pytest.mark.parametrize("step", [1, 4, 1000])
 def test_streamed_reasoning_and_calls_add_up_to_the_message(step):
     settings = ChatSettings(tool_call_parser="hermes", enable_auto_tool_choice=True, reasoning_parser="qwen3")
