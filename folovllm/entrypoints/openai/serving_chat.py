@@ -24,10 +24,10 @@ class ChatServing:
         ctx = self.ctx
         ctx.check_model(body.model)
         prompt, params, renames = await ctx.off_loop(ctx.validator.chat, body)
+        reader = ReplyReader.for_request(body, ctx.validator.chat_settings)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         streams = await ctx.start([prompt], params, request_id, arrival, renames, prompt_param="messages",
                                   priority=body.priority, user=body.user)
-        reader = ReplyReader.for_request(body, ctx.validator.chat_settings)
         if body.stream:
             return StreamingResponse(event_stream(self._stream(body, streams[0], request_id, params.stop, reader),
                                                   ctx, streams), media_type="text/event-stream")
