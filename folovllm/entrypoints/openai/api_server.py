@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import copy
+import functools
 import logging
 import os
 import secrets
@@ -34,7 +35,10 @@ from folovllm.entrypoints.openai.protocol import (ChatCompletionRequest, Complet
 from folovllm.entrypoints.openai.serving import ClientDisconnected, ServingContext, now_s, shutting_down
 from folovllm.entrypoints.openai.serving_chat import ChatServing
 from folovllm.entrypoints.openai.serving_completion import CompletionServing
-from folovllm.entrypoints.openai.validation import RequestLimits
+from folovllm.entrypoints.openai.chat_template import load_chat_template
+from folovllm.entrypoints.openai.reasoning import REASONING_PARSERS
+from folovllm.entrypoints.openai.tool_parsers import TOOL_PARSERS
+from folovllm.entrypoints.openai.validation import ChatSettings, RequestLimits
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +54,7 @@ class ServerConfig:
     max_waiting_requests: int | None = None  # None: unbounded admission queue
     drain_timeout_s: float = 30.0
     limits: RequestLimits = field(default_factory=RequestLimits)
+    chat: ChatSettings = field(default_factory=ChatSettings)
 
 
 @dataclass
@@ -86,7 +91,8 @@ def build_app(core: ProcessCore | ThreadCore, tokenizer, config: ServerConfig,
                      ENGINE_DEAD_EXIT_CODE)
 
     engine = AsyncLLMEngine(core, on_iteration=metrics.on_iteration, on_death=on_engine_death)
-    ctx = ServingContext(engine, config.model_name, tokenizer, config.max_waiting_requests, config.limits)
+    ctx = ServingContext(engine, config.model_name, tokenizer, config.max_waiting_requests, config.limits,
+                         config.chat)
     completions, chat = CompletionServing(ctx), ChatServing(ctx)
 
     @asynccontextmanager
@@ -154,7 +160,11 @@ def build_app(core: ProcessCore | ThreadCore, tokenizer, config: ServerConfig,
             raise bad_request("give exactly one of prompt or messages", "prompt")
         validator = ctx.validator
         if body.messages is not None:
-            tokens = await ctx.off_loop(validator.render_chat, body.messages, body.add_generation_prompt)
+            tools = [tool.model_dump(exclude_none=True) for tool in body.tools] if body.tools else None
+            tokens = await ctx.off_loop(functools.partial(
+                validator.render_chat, body.messages, body.add_generation_prompt, tools=tools,
+                documents=body.documents, template_kwargs=body.chat_template_kwargs,
+                continue_final_message=body.continue_final_message))
         else:
             tokens = await ctx.off_loop(validator.encode, body.prompt, body.add_special_tokens, "prompt")
         return {"tokens": tokens, "count": len(tokens), "max_model_len": ctx.max_model_len}
@@ -249,6 +259,31 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
                    help="length of each stop string and bad word (default: %(default)s)")
     g.add_argument("--no-engine-process", dest="engine_process", action="store_false",
                    help="step the engine on a thread of the server process instead of its own process")
+    chat = parser.add_argument_group("chat")
+    chat.add_argument("--chat-template", default=None,
+                      help="a chat template file, or the template itself (used over the tokenizer's)")
+    chat.add_argument("--trust-request-chat-template", action="store_true",
+                      help="run a chat_template sent with a request (otherwise such a request gets 400)")
+    chat.add_argument("--tool-call-parser", default=None, metavar="NAME",
+                      help=f"reads the model's tool calls for tool_choice \"auto\": {', '.join(sorted(TOOL_PARSERS))}")
+    chat.add_argument("--enable-auto-tool-choice", action="store_true",
+                      help="let the model decide whether to call tools (tool_choice \"auto\"; needs "
+                           "--tool-call-parser)")
+    chat.add_argument("--exclude-tools-when-tool-choice-none", action="store_true",
+                      help="do not show the tools to the chat template when tool_choice is \"none\"")
+    chat.add_argument("--reasoning-parser", default=None, metavar="NAME",
+                      help="splits the reasoning from the answer into \"reasoning\" / \"reasoning_content\": "
+                           f"{', '.join(sorted(REASONING_PARSERS))}")
+
+
+def chat_settings(args: argparse.Namespace) -> ChatSettings:
+    """The chat flags, checked (unknown parser names, a template file that cannot be read)."""
+    return ChatSettings(
+        chat_template=load_chat_template(args.chat_template),
+        trust_request_chat_template=args.trust_request_chat_template,
+        tool_call_parser=args.tool_call_parser, enable_auto_tool_choice=args.enable_auto_tool_choice,
+        reasoning_parser=args.reasoning_parser,
+        exclude_tools_when_tool_choice_none=args.exclude_tools_when_tool_choice_none)
 
 
 def start_engine_core(engine_config: EngineConfig, own_process: bool, log_level: str
@@ -276,11 +311,12 @@ def run_server(args: argparse.Namespace, engine_config: EngineConfig) -> int:
     if args.max_waiting_requests is not None and args.max_waiting_requests < 0:
         raise ValueError(f"--max-waiting-requests must be >= 0; got {args.max_waiting_requests}")
     limits = RequestLimits(**{f.name: getattr(args, f.name) for f in fields(RequestLimits)})
+    chat = chat_settings(args)  # before the engine starts: a bad flag fails fast
     core, tokenizer = start_engine_core(engine_config, args.engine_process, args.log_level)
     config = ServerConfig(
         model_name=args.served_model_name or default_model_name(args.model, core.info.model_path),
         api_key=args.api_key or None, max_waiting_requests=args.max_waiting_requests,
-        drain_timeout_s=args.drain_timeout, limits=limits)
+        drain_timeout_s=args.drain_timeout, limits=limits, chat=chat)
     state = ServerState()
     app = build_app(core, tokenizer, config, state)
     # uvicorn cancels what is left only after our own drain timeout aborted it and streams had time to end

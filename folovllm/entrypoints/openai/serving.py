@@ -12,7 +12,7 @@ from fastapi import Request
 
 from folovllm.engine.async_engine import AsyncLLMEngine, EngineError, RequestStream
 from folovllm.entrypoints.openai.errors import APIError, bad_request, server_busy
-from folovllm.entrypoints.openai.validation import RequestLimits, Validator
+from folovllm.entrypoints.openai.validation import ChatSettings, RequestLimits, Validator
 from folovllm.outputs import CompletionOutput, RequestOutput
 from folovllm.sampling_params import SamplingParams
 
@@ -47,13 +47,15 @@ class ServingContext:
     """State the endpoints share: the engine, the served model name, the API-side tokenizer."""
 
     def __init__(self, engine: AsyncLLMEngine, model_name: str, tokenizer,
-                 max_waiting_requests: int | None, limits: RequestLimits | None = None) -> None:
+                 max_waiting_requests: int | None, limits: RequestLimits | None = None,
+                 chat_settings: ChatSettings | None = None) -> None:
         self.engine = engine
         self.model_name = model_name
         self.tokenizer = tokenizer  # the server's own: the engine core decodes with its own
         self.max_model_len = engine.info.max_model_len
         self.max_waiting_requests = max_waiting_requests
-        self.validator = Validator(tokenizer, self.max_model_len, limits or RequestLimits())
+        self.validator = Validator(tokenizer, self.max_model_len, limits or RequestLimits(),
+                                   chat_settings or ChatSettings())
         # Tokenizing and chat templates run here, off the event loop; one thread, since a tokenizer
         # object is not safe to call from two threads at once.
         self._tokenizer_thread = ThreadPoolExecutor(1, thread_name_prefix="folovllm-tokenizer")

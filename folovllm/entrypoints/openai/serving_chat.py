@@ -8,11 +8,11 @@ from collections.abc import AsyncIterator
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from folovllm.engine.async_engine import RequestStream
+from folovllm.entrypoints.openai.chat_reply import ReplyDeltas, ReplyReader
 from folovllm.entrypoints.openai.protocol import ChatCompletionRequest
 from folovllm.entrypoints.openai.serving import (ServingContext, TextDeltas, event_stream, now_s,
                                                  prompt_logprobs_json, sse, usage, usage_counts)
-from folovllm.outputs import CompletionOutput
+from folovllm.outputs import CompletionOutput, RequestOutput
 
 
 class ChatServing:
@@ -24,20 +24,29 @@ class ChatServing:
         ctx = self.ctx
         ctx.check_model(body.model)
         prompt, params, renames = await ctx.off_loop(ctx.validator.chat, body)
+        reader = ReplyReader.for_request(body, ctx.validator.chat_settings)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         streams = await ctx.start([prompt], params, request_id, arrival, renames, prompt_param="messages",
                                   priority=body.priority, user=body.user)
         if body.stream:
-            chunks = self._stream(body, streams[0], request_id, params.stop, prompt["prompt_token_ids"])
+            chunks = self._stream(body, streams[0], request_id, params.stop, prompt["prompt_token_ids"], reader)
             return StreamingResponse(event_stream(chunks, ctx, streams), media_type="text/event-stream")
         final = (await ctx.collect(streams, raw))[0]
-        choices = [{"index": out.index, "message": {"role": "assistant", "content": out.text},
-                    "logprobs": self._logprobs(body, out, 0) if body.logprobs else None,
-                    "finish_reason": out.finish_reason, "stop_reason": out.stop_reason}
-                   for out in final.outputs]
-        if body.return_token_ids:
-            for choice, out in zip(choices, final.outputs):
+        return JSONResponse(self.response(body, final, request_id, reader))
+
+    def response(self, body: ChatCompletionRequest, final: RequestOutput, request_id: str,
+                 reader: ReplyReader) -> dict:
+        """The non-streaming response body for the request's final output."""
+        ctx = self.ctx
+        choices = []
+        for out in final.outputs:
+            message, finish_reason = reader.message(out.text, out.finish_reason)
+            choice = {"index": out.index, "message": message,
+                      "logprobs": self._logprobs(body, out, 0) if body.logprobs else None,
+                      "finish_reason": finish_reason, "stop_reason": out.stop_reason}
+            if body.return_token_ids:
                 choice["token_ids"] = list(out.token_ids)
+            choices.append(choice)
         completion_tokens = sum(len(o.token_ids) for o in final.outputs)
         response = {"id": request_id, "object": "chat.completion", "created": now_s(),
                     "model": ctx.model_name, "choices": choices, "usage": usage([final], completion_tokens)}
@@ -45,7 +54,7 @@ class ChatServing:
             response["prompt_token_ids"] = final.prompt_token_ids
         if body.prompt_logprobs is not None:
             response["prompt_logprobs"] = prompt_logprobs_json(final.prompt_logprobs, ctx.token_text)
-        return JSONResponse(response)
+        return response
 
     def _logprobs(self, body: ChatCompletionRequest, out: CompletionOutput, first_token: int) -> dict:
         """OpenAI chat format: {"content": [{token, logprob, bytes, top_logprobs: [...]}, ...]}."""
@@ -65,10 +74,11 @@ class ChatServing:
             content.append(item)
         return {"content": content}
 
-    async def _stream(self, body: ChatCompletionRequest, stream: RequestStream, request_id: str,
-                      stop: list[str], prompt_token_ids: list[int]) -> AsyncIterator[str]:
+    async def _stream(self, body: ChatCompletionRequest, stream: AsyncIterator[RequestOutput], request_id: str,
+                      stop: list[str], prompt_token_ids: list[int], reader: ReplyReader) -> AsyncIterator[str]:
         created, model = now_s(), self.ctx.model_name
         cursors = [TextDeltas(stop) for _ in range(body.n)]
+        replies = [ReplyDeltas(reader) for _ in range(body.n)] if reader.reads else None
 
         def chunk(choices: list[dict], **extra) -> str:
             return sse({"id": request_id, "object": "chat.completion.chunk", "created": created,
@@ -86,12 +96,19 @@ class ChatServing:
             final = output
             choices = []
             for out in output.outputs:
-                delta, first_token = cursors[out.index].advance(out)
+                text, first_token = cursors[out.index].advance(out)
+                finish_reason = out.finish_reason
+                if replies is None:
+                    delta = {"content": text} if text else {}
+                else:
+                    reply = replies[out.index]
+                    delta = reply.advance(text, out.finished())
+                    finish_reason = reader.finish_reason(reply.called, finish_reason)
                 if not delta and first_token == len(out.token_ids) and not out.finished():
                     continue
-                choice = {"index": out.index, "delta": {"content": delta} if delta else {},
+                choice = {"index": out.index, "delta": delta,
                           "logprobs": self._logprobs(body, out, first_token) if body.logprobs else None,
-                          "finish_reason": out.finish_reason}
+                          "finish_reason": finish_reason}
                 if body.return_token_ids:
                     choice["token_ids"] = list(out.token_ids[first_token:])
                 choices.append(choice)

@@ -7,13 +7,18 @@ with the offline API), vocabulary bounds the engine's.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from folovllm.engine.llm_engine import check_prompt_length, truncate_prompt
+from folovllm.entrypoints.openai.chat_template import RESERVED_TEMPLATE_KWARGS, render_chat_text
 from folovllm.entrypoints.openai.errors import bad_request
 from folovllm.entrypoints.openai.protocol import (ChatCompletionRequest, ChatMessage, CompletionRequest,
                                                   UnsupportedField, SamplingRequest)
-from folovllm.sampling_params import SamplingParams
+from folovllm.entrypoints.openai.reasoning import get_reasoning_parser
+from folovllm.entrypoints.openai.tool_parsers import get_tool_parser
+from folovllm.entrypoints.openai.tool_parsers.forced import named_tool_schema, required_tools_schema
+from folovllm.sampling_params import SamplingParams, StructuredOutputsParams
 
 @dataclass(frozen=True)
 class RequestLimits:
@@ -31,6 +36,27 @@ class RequestLimits:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
 
 
+@dataclass(frozen=True)
+class ChatSettings:
+    """How chat requests are rendered and their replies read; each field has a `folovllm serve` flag."""
+
+    chat_template: str | None = None  # the template text, over the tokenizer's
+    trust_request_chat_template: bool = False  # a request's own chat_template is refused without it
+    tool_call_parser: str | None = None  # reads tool calls for tool_choice "auto"
+    enable_auto_tool_choice: bool = False
+    reasoning_parser: str | None = None
+    exclude_tools_when_tool_choice_none: bool = False
+
+    def __post_init__(self) -> None:
+        if self.tool_call_parser is not None:
+            get_tool_parser(self.tool_call_parser)
+        if self.reasoning_parser is not None:
+            get_reasoning_parser(self.reasoning_parser)
+        if self.enable_auto_tool_choice and self.tool_call_parser is None:
+            raise ValueError("--enable-auto-tool-choice needs --tool-call-parser NAME (how to read the "
+                             "model's tool calls)")
+
+
 @dataclass
 class Validator:
     """What validation needs to know about the served model."""
@@ -38,6 +64,7 @@ class Validator:
     tokenizer: object
     max_model_len: int
     limits: RequestLimits
+    chat_settings: ChatSettings = field(default_factory=ChatSettings)
 
     def __post_init__(self) -> None:
         # No token is longer than this many characters, so a text longer than max_model_len times it
@@ -101,8 +128,12 @@ class Validator:
             renames["max_tokens"] = max_name
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         params = self._params(body, max_tokens, logprobs, renames, prompt_logprobs=body.prompt_logprobs)
-        ids = self._truncate(self.render_chat(body.messages, body.add_generation_prompt,
-                                              body.add_special_tokens), params)
+        tools = self._tools(body, params)
+        template = self._request_template(body)
+        ids = self._truncate(self.render_chat(body.messages, body.add_generation_prompt, body.add_special_tokens,
+                                              tools=tools, documents=body.documents, chat_template=template,
+                                              template_kwargs=body.chat_template_kwargs,
+                                              continue_final_message=body.continue_final_message), params)
         self._check_length(len(ids), params, "messages", max_name)
         prompt = {"prompt_token_ids": ids}
         if body.cache_salt is not None:
@@ -110,15 +141,30 @@ class Validator:
         return prompt, params, renames
 
     def render_chat(self, messages: list[ChatMessage], add_generation_prompt: bool = True,
-                    add_special_tokens: bool = False) -> list[int]:
-        """The conversation through the model's chat template, as token ids."""
-        tokenizer = self.tokenizer
-        if not getattr(tokenizer, "chat_template", None):
-            raise bad_request("this model has no chat template; use /v1/completions", "messages")
+                    add_special_tokens: bool = False, *, tools: list[dict] | None = None,
+                    documents: list[dict] | None = None, chat_template: str | None = None,
+                    template_kwargs: dict[str, Any] | None = None,
+                    continue_final_message: bool = False) -> list[int]:
+        """The conversation through the chat template (the request's, the server's, else the
+        tokenizer's), as token ids."""
+        template = chat_template or self.chat_settings.chat_template
+        if template is None and not getattr(self.tokenizer, "chat_template", None):
+            raise bad_request("this model has no chat template; use /v1/completions, or start the "
+                              "server with --chat-template", "messages")
+        if continue_final_message and add_generation_prompt:
+            raise bad_request("continue_final_message and add_generation_prompt cannot both be true: "
+                              "set add_generation_prompt to false to continue the last message",
+                              "continue_final_message")
+        reserved = sorted(RESERVED_TEMPLATE_KWARGS & set(template_kwargs or ()))
+        if reserved:
+            raise bad_request(f"chat_template_kwargs must not set {', '.join(reserved)}: these are "
+                              "request fields of their own", "chat_template_kwargs")
         conversation = [m.to_template_dict() for m in messages]
         try:
-            text = tokenizer.apply_chat_template(conversation, tokenize=False,
-                                                 add_generation_prompt=add_generation_prompt)
+            text = render_chat_text(self.tokenizer, conversation, chat_template=template, tools=tools,
+                                    documents=documents, add_generation_prompt=add_generation_prompt,
+                                    continue_final_message=continue_final_message,
+                                    template_kwargs=template_kwargs)
         except Exception as err:  # a template rejecting the conversation (e.g. role order)
             raise bad_request(f"the chat template rejected the messages: {err}", "messages") from err
         return self.encode(text, add_special_tokens, "messages")
@@ -134,6 +180,52 @@ class Validator:
         if any(not 0 <= t < vocab for t in token_ids):
             raise bad_request(f"tokens must be ids in [0, {vocab})", "tokens")
         return self.tokenizer.decode(token_ids)
+
+    # -- chat options ---------------------------------------------------------------------------
+
+    def _tools(self, body: ChatCompletionRequest, params: SamplingParams) -> list[dict] | None:
+        """Checks tools and tool_choice; a required or named choice constrains ``params`` to the
+        calls it asks for. Returns the tools the template renders."""
+        if body.tool_choice not in (None, "none") and body.tools is None:
+            raise bad_request("tool_choice needs tools: give the tools the model may call, or leave "
+                              "tool_choice out", "tool_choice")
+        tools = body.tools or []
+        names = [tool.function.name for tool in tools]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:
+            raise bad_request(f"tools define {', '.join(twice)} more than once; each tool needs its own "
+                              "name", "tools")
+        mode, named = body.tool_mode
+        settings = self.chat_settings
+        if mode == "auto" and not settings.enable_auto_tool_choice:
+            raise bad_request('tool_choice "auto" needs the server started with --enable-auto-tool-choice '
+                              'and --tool-call-parser NAME; use tool_choice "required", a named tool, or '
+                              '"none"' + ("" if body.tool_choice else ' (tools without tool_choice mean "auto")'),
+                              "tool_choice")
+        if mode == "named" and named not in names:
+            raise bad_request(f"tool_choice names {named!r}, which is not among the tools ({', '.join(names)})",
+                              "tool_choice")
+        if mode in ("required", "named"):
+            if params.structured_outputs is not None:
+                raise bad_request(f'tool_choice "{body.tool_choice if mode == "required" else named}" '
+                                  "constrains the output itself; it cannot be combined with "
+                                  "structured outputs (response_format)", "tool_choice")
+            try:
+                schema = (named_tool_schema(tools[names.index(named)].function.parameters) if mode == "named"
+                          else required_tools_schema([tool.function.model_dump() for tool in tools]))
+            except ValueError as err:
+                raise bad_request(err, "tools") from err
+            params.structured_outputs = StructuredOutputsParams(json=schema)
+        if not tools or (mode == "none" and settings.exclude_tools_when_tool_choice_none):
+            return None
+        return [tool.model_dump(exclude_none=True) for tool in tools]
+
+    def _request_template(self, body: ChatCompletionRequest) -> str | None:
+        if body.chat_template is not None and not self.chat_settings.trust_request_chat_template:
+            raise bad_request("this server does not run chat templates sent with a request (start it "
+                              "with --trust-request-chat-template to allow them); leave chat_template out",
+                              "chat_template")
+        return body.chat_template
 
     # -- shared checks --------------------------------------------------------------------------
 

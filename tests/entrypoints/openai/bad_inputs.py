@@ -141,15 +141,25 @@ for field, value in [
 ]:
     case(f"unsupported-completion-{field}", CMPL, _completion(**{field: value}))
 for field, value in [
-    ("tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}]),
-    ("tool_choice", "auto"), ("functions", [{"name": "f"}]), ("function_call", "auto"),
+    ("functions", [{"name": "f"}]), ("function_call", "auto"),
     ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}),
     ("audio", {"voice": "alloy"}), ("modalities", ["text", "audio"]), ("prediction", {"type": "content", "content": "x"}),
-    ("reasoning_effort", "high"), ("chat_template_kwargs", {"enable_thinking": True}),
-    ("continue_final_message", True), ("chat_template", "{{ messages }}"),
+    ("reasoning_effort", "high"),
     ("echo", True), ("store", True), ("web_search_options", {}),
 ]:
     case(f"unsupported-chat-{field}", CHAT, _chat(**{field: value}))
+# -- chat options the shared server refuses as started (no tool-call parser, no trusted templates) --
+for name, fields in [
+    ("tools-mean-auto", {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}),
+    ("tool-choice-without-tools", {"tool_choice": "auto"}),
+    ("tool-choice-unknown-tool", {"tools": [{"type": "function", "function": {"name": "f"}}],
+                                  "tool_choice": {"type": "function", "function": {"name": "g"}}}),
+    ("tool-type-custom", {"tools": [{"type": "custom", "custom": {"name": "f"}}], "tool_choice": "required"}),
+    ("template-kwargs-reserved", {"chat_template_kwargs": {"tokenize": True}}),
+    ("continue-and-generation-prompt", {"continue_final_message": True}),
+    ("untrusted-template", {"chat_template": "{{ messages }}"}),
+]:
+    case(f"refused-chat-{name}", CHAT, _chat(**fields))
 case("unsupported-chat-image", CHAT, {"messages": [{"role": "user", "content": [
     {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]})
 case("unsupported-chat-audio-part", CHAT, {"messages": [{"role": "user", "content": [

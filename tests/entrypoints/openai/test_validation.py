@@ -25,7 +25,8 @@ _FIELDS = ["prompt", "messages", "n", "temperature", "top_p", "top_k", "min_p", 
            "ignore_eos", "stream", "stream_options", "user", "priority", "cache_salt", "best_of",
            "logit_bias", "tools", "response_format", "suffix", "add_special_tokens", "prompt_logprobs",
            "allowed_token_ids", "bad_words", "truncate_prompt_tokens", "return_token_ids",
-           "return_tokens_as_token_ids"]
+           "return_tokens_as_token_ids", "tool_choice", "chat_template", "chat_template_kwargs",
+           "continue_final_message", "documents"]
 plausible = st.one_of(
     json_values,
     st.integers(min_value=-3, max_value=700),
