@@ -130,7 +130,7 @@ def test_stream_chunks_carry_indexed_call_deltas():
 
     async def collect():
         serving = _serving(HERMES)
-        return [chunk async for chunk in serving._stream(body, outputs(), "chatcmpl-1", [],
+        return [chunk async for chunk in serving._stream(body, outputs(), "chatcmpl-1", [], [1, 2],
                                                          ReplyReader.for_request(body, HERMES))]
 
     chunks = [json.loads(c.removeprefix("data: ")) for c in asyncio.run(collect())]
