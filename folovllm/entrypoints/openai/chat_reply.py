@@ -20,6 +20,7 @@ class ReplyReader:
     tool_mode: ToolMode
     tools: ToolParser | None
     reasoning: ReasoningParser | None
+    single_call: bool = False  # parallel_tool_calls false: only a reply's first call is returned
 
     @classmethod
     def for_request(cls, body: ChatCompletionRequest, settings: ChatSettings) -> ReplyReader:
@@ -35,7 +36,7 @@ class ReplyReader:
         # a forced choice's schema holds from the first token: its reply has no reasoning part
         if settings.reasoning_parser and mode not in ("required", "named"):
             reasoning = get_reasoning_parser(settings.reasoning_parser)()
-        return cls(mode, tools, reasoning)
+        return cls(mode, tools, reasoning, single_call=body.parallel_tool_calls is False)
 
     @property
     def reads(self) -> bool:
@@ -54,6 +55,8 @@ class ReplyReader:
         if self.tools is not None:
             parsed_tools = self.tools.extract(content)
             content, calls = parsed_tools.content, parsed_tools.calls
+            if self.single_call:
+                calls = calls[:1]
         message["content"] = content if content or not calls else None
         if calls:
             message["tool_calls"] = [{"id": tool_call_id(), "type": "function",
@@ -96,6 +99,8 @@ class ReplyDeltas:
                 delta["reasoning"] = delta["reasoning_content"] = reasoning
         if self.tools is not None:
             content, calls = self.tools.advance(content_text, final)
+            if self.reader.single_call:
+                calls = [call for call in calls if call["index"] == 0]
             if calls:
                 delta["tool_calls"] = calls
         else:

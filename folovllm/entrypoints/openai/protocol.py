@@ -62,7 +62,7 @@ _NOOP: dict[str, Callable[[Any], bool]] = {
 }
 # Fields that only describe the request (no effect on what is generated): accepted as they are.
 _METADATA = {"metadata", "service_tier", "prompt_cache_key", "safety_identifier", "request_id",
-             "parallel_tool_calls", "vllm_xargs"}
+             "vllm_xargs"}
 
 
 def _lone_surrogate_path(value: Any, path: str) -> str | None:
@@ -332,6 +332,7 @@ class ChatCompletionRequest(SamplingRequest):
     add_special_tokens: Bool = False
     tools: list[ChatTool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: Bool | None = None  # False: at most one call per reply
     chat_template: str | None = None  # needs --trust-request-chat-template
     chat_template_kwargs: dict[str, Any] | None = None  # template variables, e.g. enable_thinking
     continue_final_message: Bool = False  # the reply continues the last (assistant) message

@@ -212,7 +212,8 @@ class Validator:
                                   "structured outputs (response_format)", "tool_choice")
             try:
                 schema = (named_tool_schema(tools[names.index(named)].function.parameters) if mode == "named"
-                          else required_tools_schema([tool.function.model_dump() for tool in tools]))
+                          else required_tools_schema([tool.function.model_dump() for tool in tools],
+                                                     parallel=body.parallel_tool_calls is not False))
             except ValueError as err:
                 raise bad_request(err, "tools") from err
             params.structured_outputs = StructuredOutputsParams(json=schema)

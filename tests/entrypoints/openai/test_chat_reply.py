@@ -141,3 +141,15 @@ def test_stream_chunks_carry_indexed_call_deltas():
     assert calls[0]["id"].startswith("call_") and calls[0]["function"]["name"] == "get_weather"
     assert "".join(call["function"]["arguments"] for call in calls) == '{"city": "Paris"}'
     assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_parallel_tool_calls_false_returns_only_the_first_call():
+    two = CALL + "\n" + CALL.replace("Paris", "Lyon")
+    assert len(_reader(HERMES, tools=[WEATHER_TOOL]).message(two, "stop")[0]["tool_calls"]) == 2
+    reader = _reader(HERMES, tools=[WEATHER_TOOL], parallel_tool_calls=False)
+    [call] = reader.message(two, "stop")[0]["tool_calls"]
+    assert json.loads(call["function"]["arguments"]) == {"city": "Paris"}
+    deltas = ReplyDeltas(reader)
+    streamed = [deltas.advance(two[i:i + 7], i + 7 >= len(two)) for i in range(0, len(two), 7)]
+    indexes = {call["index"] for d in streamed for call in d.get("tool_calls", ())}
+    assert indexes == {0}

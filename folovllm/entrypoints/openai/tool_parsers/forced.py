@@ -20,10 +20,10 @@ def named_tool_schema(parameters: dict[str, Any] | None) -> dict[str, Any]:
     return parameters or dict(_EMPTY_OBJECT)
 
 
-def required_tools_schema(functions: list[dict[str, Any]]) -> dict[str, Any]:
-    """The schema of a non-empty array of calls, each ``{"name", "parameters"}`` of one of the
-    given functions (``{"name": .., "parameters": ..}`` dicts). Each tool's ``$defs`` move to the
-    root, where its ``#/$defs/..`` references point."""
+def required_tools_schema(functions: list[dict[str, Any]], parallel: bool = True) -> dict[str, Any]:
+    """The schema of a non-empty array of calls (exactly one unless ``parallel``), each
+    ``{"name", "parameters"}`` of one of the given functions (``{"name": .., "parameters": ..}``
+    dicts). Each tool's ``$defs`` move to the root, where its ``#/$defs/..`` references point."""
     variants, defs = [], {}
     for function in functions:
         parameters = dict(function.get("parameters") or _EMPTY_OBJECT)
@@ -40,6 +40,8 @@ def required_tools_schema(functions: list[dict[str, Any]]) -> dict[str, Any]:
                                         "parameters": parameters},
                          "required": ["name", "parameters"]})
     schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"type": "object", "anyOf": variants}}
+    if not parallel:
+        schema["maxItems"] = 1
     if defs:
         schema["$defs"] = defs
     return schema

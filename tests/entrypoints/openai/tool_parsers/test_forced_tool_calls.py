@@ -67,3 +67,9 @@ def test_named_output_is_the_arguments_as_written(check_stream_matches):
     parsed = NamedToolCall("get_weather").extract(text)
     assert [(c.name, c.arguments) for c in parsed.calls] == [("get_weather", text)]
     check_stream_matches(NamedToolCall("get_weather"), text)
+
+
+def test_required_schema_without_parallel_calls_holds_exactly_one():
+    schema = required_tools_schema([{"name": "a", "parameters": {"type": "object"}}], parallel=False)
+    assert schema["minItems"] == 1 and schema["maxItems"] == 1
+    assert "maxItems" not in required_tools_schema([{"name": "a", "parameters": {"type": "object"}}])
