@@ -133,3 +133,65 @@ def test_the_window_changes_the_logits(checkpoint: tuple[Path, torch.nn.Module])
     windowed, unwindowed = hf_logits(hf_model, PROMPT), hf_logits(wide, PROMPT)
     torch.testing.assert_close(windowed[:WINDOW], unwindowed[:WINDOW], atol=1e-5, rtol=1e-5)
     assert (windowed[WINDOW:] - unwindowed[WINDOW:]).abs().max() > 1e-2
+
+
+_GGUF_BLOCK_NAMES = {  # llama.cpp's names for Gemma 3 tensors
+    "input_layernorm": "attn_norm", "post_attention_layernorm": "post_attention_norm",
+    "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm",
+    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+    "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+}
+
+
+def write_gemma3_gguf(hf_model: torch.nn.Module, path: Path) -> None:
+    """The model as llama.cpp's converter writes it: its tensor names, norms stored as 1 + weight,
+    no layer pattern, local rope base or query scalar in the metadata (fixed by the architecture)."""
+    import gguf
+
+    config = hf_model.config
+    writer = gguf.GGUFWriter(str(path), "gemma3")
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_key_length(config.head_dim)
+    writer.add_value_length(config.head_dim)
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_rope_freq_base(config.rope_parameters[FULL]["rope_theta"])
+    writer.add_sliding_window(config.sliding_window)
+    writer.add_vocab_size(config.vocab_size)
+    for name, tensor in hf_model.state_dict().items():
+        if name == "lm_head.weight":
+            continue  # tied
+        data = tensor.float() + (1.0 if name.endswith("norm.weight") else 0.0)
+        if name == "model.embed_tokens.weight":
+            gguf_name = "token_embd.weight"
+        elif name == "model.norm.weight":
+            gguf_name = "output_norm.weight"
+        else:
+            layer, rest = name.removeprefix("model.layers.").split(".", 1)
+            module, kind = rest.rsplit(".", 1)
+            gguf_name = f"blk.{layer}.{_GGUF_BLOCK_NAMES[module]}.{kind}"
+        writer.add_tensor(gguf_name, data.numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def test_gguf_with_llama_cpp_conventions_matches_hf(tmp_path: Path) -> None:
+    # llama.cpp's gemma3 facts: every 6th layer global, local rope base 10000, scores scaled by head_dim
+    config = tiny_gemma3_config(num_hidden_layers=7, layer_types=None, query_pre_attn_scalar=16,
+                                final_logit_softcapping=None,
+                                rope_parameters={SLIDING: {"rope_type": "default", "rope_theta": 10000.0},
+                                                 FULL: {"rope_type": "default", "rope_theta": 1e6}})
+    hf_model = random_hf_model(config)
+    write_gemma3_gguf(hf_model, tmp_path / "tiny-gemma3.gguf")
+    model = load_model(str(tmp_path / "tiny-gemma3.gguf"), dtype=torch.float32, device="cpu")
+    assert model.arch.layer_types == [SLIDING] * 5 + [FULL, SLIDING] and model.arch.sliding_window == WINDOW
+    kv_caches, pool = new_kv_caches(model), BlockPool(NUM_BLOCKS)
+    (logits,) = run_step(model, kv_caches, pool, [Seq(tokens=list(PROMPT))], [len(PROMPT)])
+    torch.testing.assert_close(logits, hf_logits(hf_model, PROMPT), atol=1e-4, rtol=1e-4)
