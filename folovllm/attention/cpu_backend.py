@@ -21,7 +21,8 @@ class CpuAttentionBackend:
     """CPU only; float32 or bfloat16, any block size, num_heads a multiple of num_kv_heads.
 
     Every layer of a step is called with the same metadata object, so the step's fresh prefill chunks
-    are listed once per metadata object (as in the torch backend: build a new one each step).
+    (and their sliding-window masks) are built once per metadata object (as in the torch backend: build
+    a new one each step).
     """
 
     def __init__(self) -> None:
@@ -31,6 +32,7 @@ class CpuAttentionBackend:
                                "(or choose attention_backend 'torch')")
         self._op = torch.ops.folovllm_cpu.paged_attention
         self._last_chunks: tuple[AttentionMetadata, list[tuple[int, int]]] | None = None
+        self._masks: dict[tuple[int, int], torch.Tensor] = {}  # (length, window) -> band, for that metadata
 
     def forward(
         self,
@@ -56,7 +58,7 @@ class CpuAttentionBackend:
         for start, end in self._fresh_chunks(meta):
             # a chunk no longer than the window is plain causal; a longer one needs the band mask
             mask = None if sliding_window is None or end - start <= sliding_window else (
-                sliding_window_mask(end - start, sliding_window, query.device))
+                self._band(end - start, sliding_window, query.device))
             # 4-D [1, H, L, D]: SDPA takes its fused CPU kernel only for batched inputs
             out[start:end] = F.scaled_dot_product_attention(
                 query[start:end].transpose(0, 1)[None], key[start:end].transpose(0, 1)[None],
@@ -72,8 +74,13 @@ class CpuAttentionBackend:
                 if q_len > 1 and q_len == seq_len:
                     chunks.append((start, start + q_len))
                 start += q_len
-            self._last_chunks = (meta, chunks)
+            self._last_chunks, self._masks = (meta, chunks), {}
         return self._last_chunks[1]
+
+    def _band(self, length: int, sliding_window: int, device: torch.device) -> torch.Tensor:
+        if (length, sliding_window) not in self._masks:
+            self._masks[length, sliding_window] = sliding_window_mask(length, sliding_window, device)
+        return self._masks[length, sliding_window]
 
 
 def sliding_window_mask(length: int, sliding_window: int, device: torch.device) -> torch.Tensor:
