@@ -5,7 +5,8 @@
 // rides in the same item, so each K/V row is loaded once per item. Items run on an OpenMP team of at
 // most torch.get_num_threads() threads, heaviest first, dynamically scheduled. With
 // skip_fresh_prefills, chunks with no cached context are left to the caller (their K/V are already
-// contiguous, where a GEMM-based kernel is faster); their output rows are not written.
+// contiguous, where a GEMM-based kernel is faster); their output rows are not written. With
+// sliding_window > 0 a query at position p sees only keys (p - sliding_window, p]; 0 means no window.
 //
 // Portable build: plain C++ that the compiler auto-vectorizes, compiled once per instruction set
 // (target_clones) and picked at load time, so one binary is correct on any x86-64 and fast on AVX-512.
@@ -96,7 +97,13 @@ struct Problem {
   int64_t table_width;
   int64_t num_heads, num_kv_heads, head_dim, block_size;
   float scale;
+  int64_t sliding_window;  // keys a query sees, itself included; 0 = the whole context
 };
+
+// First key position a query at ``pos`` sees.
+FOLO_INLINE int64_t first_visible_key(int64_t pos, int64_t sliding_window) {
+  return sliding_window > 0 ? std::max<int64_t>(0, pos - sliding_window + 1) : 0;
+}
 
 // Per-thread scratch, sized for the largest item.
 struct Workspace {
@@ -153,20 +160,28 @@ FOLO_INLINE void attend_item(const Item& item, const Problem<scalar_t>& p, Works
     ws.row_sum[r] = 0.f;
   }
 
-  const int64_t num_keys = context + item.q_end;  // the last row sees keys [0, context + q_end)
-  for (int64_t t0 = 0; t0 < num_keys; t0 += kKeyTile) {
+  const int64_t num_keys = context + item.q_end;  // the last row sees keys up to context + q_end
+  // the first row's window start bounds every row's: earlier keys are never read
+  for (int64_t t0 = first_visible_key(context + item.q_begin, p.sliding_window); t0 < num_keys;
+       t0 += kKeyTile) {
     const int64_t t1 = std::min(t0 + kKeyTile, num_keys);
     fetch_rows(p.k_cache, table, p, item.kv_head, t0, t1, ws.keys.data(), ws.key_rows.data());
     fetch_rows(p.v_cache, table, p, item.kv_head, t0, t1, ws.values.data(), ws.value_rows.data());
     for (int64_t r = 0; r < num_rows; ++r) {
-      // causal: query row j sits at position context + j and sees keys up to it
-      const int64_t visible = std::min(t1, context + item.q_begin + r / group + 1) - t0;
-      if (visible <= 0) continue;
+      // causal: query row j sits at position context + j and sees keys up to it (and, with a
+      // sliding window, from pos - sliding_window + 1 on); [lo, hi) are this tile's visible keys
+      const int64_t pos = context + item.q_begin + r / group;
+      const int64_t lo = std::max<int64_t>(first_visible_key(pos, p.sliding_window), t0) - t0;
+      const int64_t hi = std::min(t1, pos + 1) - t0;
+      if (hi <= lo) continue;
+      const int64_t visible = hi - lo;
       const float* q = &ws.q[r * D];
       float* s = &ws.scores[r * kKeyTile];
+      const float* const* key_rows = ws.key_rows.data() + lo;
+      const float* const* value_rows = ws.value_rows.data() + lo;
       float tile_max = -std::numeric_limits<float>::infinity();
       for (int64_t t = 0; t < visible; ++t) {
-        s[t] = dot(q, ws.key_rows[t], D);
+        s[t] = dot(q, key_rows[t], D);
         tile_max = std::max(tile_max, s[t]);
       }
       const float new_max = std::max(ws.row_max[r], tile_max);
@@ -182,7 +197,7 @@ FOLO_INLINE void attend_item(const Item& item, const Problem<scalar_t>& p, Works
         for (int64_t d = 0; d < D; ++d) acc[d] *= correction;
       for (int64_t t = 0; t < visible; ++t) {
         const float weight = s[t];
-        const float* v = ws.value_rows[t];
+        const float* v = value_rows[t];
         for (int64_t d = 0; d < D; ++d) acc[d] += weight * v[d];
       }
     }
@@ -218,7 +233,7 @@ FOLO_INLINE void attend_items(const Item* items, int64_t n, const Problem<c10::B
 }
 
 std::vector<Item> plan_items(const int64_t* seq_lens, const int64_t* query_start_loc, int64_t num_seqs,
-                             int64_t num_kv_heads, bool skip_fresh_prefills) {
+                             int64_t num_kv_heads, bool skip_fresh_prefills, int64_t sliding_window) {
   std::vector<Item> items;
   for (int64_t s = 0; s < num_seqs; ++s) {
     const int64_t q_len = query_start_loc[s + 1] - query_start_loc[s];
@@ -226,7 +241,8 @@ std::vector<Item> plan_items(const int64_t* seq_lens, const int64_t* query_start
     if (skip_fresh_prefills && context == 0 && q_len > 1) continue;
     for (int64_t begin = 0; begin < q_len; begin += kQueryTile) {
       const int64_t end = std::min(begin + kQueryTile, q_len);
-      const int64_t cost = (end - begin) * (context + end);
+      const int64_t keys = context + end - first_visible_key(context + begin, sliding_window);
+      const int64_t cost = (end - begin) * keys;
       for (int64_t h = 0; h < num_kv_heads; ++h) items.push_back({s, h, begin, end, cost});
     }
   }
@@ -237,7 +253,7 @@ std::vector<Item> plan_items(const int64_t* seq_lens, const int64_t* query_start
 template <typename scalar_t>
 void run(const Problem<scalar_t>& p, int64_t num_seqs, bool skip_fresh_prefills) {
   const std::vector<Item> items =
-      plan_items(p.seq_lens, p.query_start_loc, num_seqs, p.num_kv_heads, skip_fresh_prefills);
+      plan_items(p.seq_lens, p.query_start_loc, num_seqs, p.num_kv_heads, skip_fresh_prefills, p.sliding_window);
   const int64_t n = static_cast<int64_t>(items.size());
   if (n == 0) return;
   const int64_t rows = kQueryTile * (p.num_heads / p.num_kv_heads);
@@ -257,7 +273,9 @@ void check_int64(const at::Tensor& t, const char* name) {
 
 void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& k_cache,
                      const at::Tensor& v_cache, const at::Tensor& block_tables, const at::Tensor& seq_lens,
-                     const at::Tensor& query_start_loc, double scale, bool skip_fresh_prefills) {
+                     const at::Tensor& query_start_loc, double scale, bool skip_fresh_prefills,
+                     int64_t sliding_window) {
+  TORCH_CHECK(sliding_window >= 0, "sliding_window must be >= 0 (0: no window)");
   TORCH_CHECK(query.dim() == 3 && k_cache.dim() == 4, "query must be [T, Hq, D] and the caches "
               "[num_blocks, block_size, Hkv, D]");
   TORCH_CHECK(query.is_contiguous() && out.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous(),
@@ -290,7 +308,7 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
                         block_tables.const_data_ptr<int64_t>(), seq_lens.const_data_ptr<int64_t>(),
                         query_start_loc.const_data_ptr<int64_t>(), block_tables.size(1),
                         query.size(1), k_cache.size(2), query.size(2), k_cache.size(1),
-                        static_cast<float>(scale)};
+                        static_cast<float>(scale), sliding_window};
     run(p, num_seqs, skip_fresh_prefills);
   };
   if (dtype == at::kFloat) {
@@ -304,7 +322,8 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
 
 TORCH_LIBRARY(folovllm_cpu, m) {
   m.def("paged_attention(Tensor(a!) out, Tensor query, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
-        "Tensor seq_lens, Tensor query_start_loc, float scale, bool skip_fresh_prefills) -> ()");
+        "Tensor seq_lens, Tensor query_start_loc, float scale, bool skip_fresh_prefills, "
+        "int sliding_window=0) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(folovllm_cpu, CPU, m) { m.impl("paged_attention", &paged_attention); }

@@ -21,10 +21,20 @@ class AttentionBackend(Protocol):
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        sliding_window: int | None = None,
     ) -> torch.Tensor:  # [T, num_heads * head_dim]
         """Store key/value at ``meta.slot_mapping``, then return causal attention of every query token
-        over its own sequence's whole context (cached earlier tokens + this step's tokens)."""
+        over its own sequence's whole context (cached earlier tokens + this step's tokens).
+
+        ``sliding_window`` (the calling layer's own): a query at position p sees only the keys at
+        positions p - sliding_window + 1 .. p; None sees the whole context."""
         ...
+
+
+def check_sliding_window(sliding_window: int | None) -> None:
+    """ValueError unless the window is None or a positive number of positions."""
+    if sliding_window is not None and sliding_window < 1:
+        raise ValueError(f"sliding_window must be a positive number of positions or None; got {sliding_window}")
 
 
 ATTENTION_BACKENDS: Registry[type] = Registry("attention backend")

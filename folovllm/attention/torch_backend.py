@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from folovllm.attention.backend import register_attention_backend
+from folovllm.attention.backend import check_sliding_window, register_attention_backend
 from folovllm.attention.metadata import AttentionMetadata
 from folovllm.paging import blocks_for_tokens
 
@@ -19,7 +19,7 @@ class _DecodePlan:
 
     rows: torch.Tensor | None  # batch rows of the decode tokens; None when every token decodes
     block_ids: torch.Tensor  # [B * num_blocks] flattened block tables, padded to the longest
-    pad_bias: torch.Tensor  # [B * Hkv, 1, num_blocks * block_size]: 0, or -inf past a sequence's end
+    pad_bias: torch.Tensor  # [B * Hkv, 1, num_blocks * block_size]: 0, or -inf past its end / before its window
 
 
 @dataclass
@@ -30,7 +30,7 @@ class _PrefillChunk:
     end: int
     seq_len: int
     block_ids: torch.Tensor | None  # its blocks, when cached context must be read back
-    mask: torch.Tensor | None  # [q_len, seq_len] offset-causal mask; None = plain causal
+    mask: torch.Tensor | None  # [q_len, seq_len] offset-causal (and windowed) mask; None = plain causal
 
 
 @dataclass
@@ -44,12 +44,13 @@ class TorchAttentionBackend:
     """CPU-friendly backend (also correct, not fast, on CUDA).
 
     Every layer of a step is called with the same metadata object, so index work (padded block
-    tables, masks) is planned once per metadata object: build a new AttentionMetadata each step
-    rather than mutating one in place.
+    tables, masks) is planned once per metadata object and sliding window: build a new
+    AttentionMetadata each step rather than mutating one in place.
     """
 
     def __init__(self) -> None:
-        self._last_plan: tuple[AttentionMetadata, _StepPlan] | None = None
+        self._last_meta: AttentionMetadata | None = None
+        self._plans: dict[int | None, _StepPlan] = {}  # by sliding window, for self._last_meta
 
     def forward(
         self,
@@ -60,10 +61,11 @@ class TorchAttentionBackend:
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        sliding_window: int | None = None,
     ) -> torch.Tensor:
         num_tokens, num_heads, head_dim = query.shape
         write_kv_cache(key, value, k_cache, v_cache, meta.slot_mapping)
-        plan = self._get_plan(meta, num_tokens, k_cache.shape[2], query.dtype)
+        plan = self._get_plan(meta, num_tokens, k_cache.shape[2], query.dtype, sliding_window)
         if plan.decode is not None and plan.decode.rows is None:
             return _decode(query, k_cache, v_cache, plan.decode, scale).view(num_tokens, -1)
 
@@ -77,15 +79,20 @@ class TorchAttentionBackend:
         return out.view(num_tokens, num_heads * head_dim)
 
     def _get_plan(
-        self, meta: AttentionMetadata, num_tokens: int, num_kv_heads: int, dtype: torch.dtype
+        self, meta: AttentionMetadata, num_tokens: int, num_kv_heads: int, dtype: torch.dtype,
+        sliding_window: int | None,
     ) -> _StepPlan:
-        if self._last_plan is None or self._last_plan[0] is not meta:
-            self._last_plan = (meta, _make_plan(meta, num_tokens, num_kv_heads, dtype))
-        return self._last_plan[1]
+        if self._last_meta is not meta:
+            self._last_meta, self._plans = meta, {}
+        if sliding_window not in self._plans:
+            check_sliding_window(sliding_window)
+            self._plans[sliding_window] = _make_plan(meta, num_tokens, num_kv_heads, dtype, sliding_window)
+        return self._plans[sliding_window]
 
 
 def _make_plan(
-    meta: AttentionMetadata, num_tokens: int, num_kv_heads: int, dtype: torch.dtype
+    meta: AttentionMetadata, num_tokens: int, num_kv_heads: int, dtype: torch.dtype,
+    sliding_window: int | None,
 ) -> _StepPlan:
     device = meta.block_tables.device
     starts = list(itertools.accumulate(meta.query_lens, initial=0))
@@ -99,7 +106,10 @@ def _make_plan(
             tables, seq_lens = tables[seq_idx], seq_lens[seq_idx]
             rows = torch.tensor([starts[i] for i in decode_seqs], device=device)
         padded_len = num_blocks * meta.block_size
-        pad_mask = torch.arange(padded_len, device=device) >= seq_lens[:, None]
+        key_pos = torch.arange(padded_len, device=device)
+        pad_mask = key_pos >= seq_lens[:, None]
+        if sliding_window is not None:  # the decode token sits at seq_len - 1
+            pad_mask |= key_pos <= seq_lens[:, None] - 1 - sliding_window
         pad_bias = torch.zeros(pad_mask.shape, dtype=dtype, device=device).masked_fill_(pad_mask, -math.inf)
         pad_bias = pad_bias.repeat_interleave(num_kv_heads, dim=0)[:, None, :]
         decode = _DecodePlan(rows, tables.reshape(-1), pad_bias)
@@ -112,9 +122,13 @@ def _make_plan(
         block_ids = mask = None
         if seq_len != q_len:
             block_ids = meta.block_tables[i, : blocks_for_tokens(seq_len, meta.block_size)]
+        if seq_len != q_len or (sliding_window is not None and seq_len > sliding_window):
             # query j sits at absolute position seq_len - q_len + j and sees keys up to there
-            q_pos = torch.arange(seq_len - q_len, seq_len, device=device)
-            mask = torch.arange(seq_len, device=device)[None, :] <= q_pos[:, None]
+            q_pos = torch.arange(seq_len - q_len, seq_len, device=device)[:, None]
+            key_pos = torch.arange(seq_len, device=device)[None, :]
+            mask = key_pos <= q_pos
+            if sliding_window is not None:
+                mask &= key_pos > q_pos - sliding_window
         prefills.append(_PrefillChunk(starts[i], starts[i + 1], seq_len, block_ids, mask))
     return _StepPlan(decode, prefills)
 

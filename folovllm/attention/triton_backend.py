@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from folovllm.attention.backend import register_attention_backend
+from folovllm.attention.backend import check_sliding_window, register_attention_backend
 from folovllm.attention.metadata import AttentionMetadata
 
 
@@ -29,12 +29,14 @@ class TritonAttentionBackend:
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        sliding_window: int | None = None,
     ) -> torch.Tensor:
         num_tokens, num_heads, head_dim = query.shape
         self._check(query, k_cache, v_cache)
+        check_sliding_window(sliding_window)
         self._kernels.store_kv(key, value, k_cache, v_cache, meta.slot_mapping)
         out = self._kernels.paged_attention(query, k_cache, v_cache, meta.block_tables, meta.seq_lens,
-                                            meta.query_start_loc, scale)
+                                            meta.query_start_loc, scale, sliding_window=sliding_window)
         return out.view(num_tokens, num_heads * head_dim)
 
     def _check(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:

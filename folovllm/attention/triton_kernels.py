@@ -15,6 +15,8 @@ import triton.language as tl
 
 # Scores use exp2; folding log2(e) into the softmax scale turns exp(x) into exp2(x * log2(e)).
 _LOG2E = 1.4426950408889634
+# "No window": wider than any context, small enough that position - window stays in int32.
+_NO_WINDOW = 1 << 30
 # tl.dot needs at least 16 rows (and 16 columns) per tile on tensor cores.
 _MIN_DOT_ROWS = 16
 # Triton 3.6's interpreter multiplies bf16 bit patterns in tl.dot, so it gets fp32 operands instead.
@@ -52,7 +54,7 @@ def _store_kv_kernel(
 def _paged_attention_kernel(
     out_ptr, q_ptr, k_cache_ptr, v_cache_ptr,
     block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
-    num_seqs, scale_log2,
+    num_seqs, scale_log2, sliding_window,
     stride_qt, stride_qh, stride_ot, stride_oh,  # query/out [T, H, D], unit stride along D
     stride_cb, stride_cs, stride_ch,  # K and V caches share one layout
     stride_bt,  # block_tables row stride
@@ -76,7 +78,9 @@ def _paged_attention_kernel(
     The inner loop walks the sequence's keys BLOCK_N at a time, looks each key's block up in the
     block table, and keeps a running max / sum / fp32 accumulator (online softmax). Query token j of
     a sequence with ``seq_len`` keys and ``q_len`` new tokens sits at position ``seq_len - q_len + j``
-    and sees keys up to that position. Rows that see no key (padding, seq_len 0) output zeros.
+    and sees keys up to that position, and from ``position - sliding_window + 1`` on (the loop starts
+    at the first row's window; "no window" is a window longer than any sequence). Rows that see no
+    key (padding, seq_len 0) output zeros.
     """
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -114,7 +118,8 @@ def _paged_attention_kernel(
     acc = tl.zeros([BLOCK_Q * GROUP_PAD, HEAD_DIM], dtype=tl.float32)
     kv_end = tl.minimum(seq_len, context_len + first_token + BLOCK_Q)  # keys this tile's last token sees
     block_table = block_tables_ptr + seq * stride_bt
-    for key_start in range(0, kv_end, BLOCK_N):
+    kv_begin = tl.maximum(context_len + first_token - sliding_window + 1, 0)  # keys the first token sees
+    for key_start in range(kv_begin, kv_end, BLOCK_N):
         key_pos = key_start + tl.arange(0, BLOCK_N)
         key_valid = key_pos < kv_end
         block = tl.load(block_table + key_pos // BLOCK_SIZE, mask=key_valid, other=0)
@@ -122,6 +127,7 @@ def _paged_attention_kernel(
         k_t = tl.load(k_cache_ptr + kv_offset[None, :] + dims[:, None], mask=key_valid[None, :], other=0.0)
         scores = tl.dot(q, k_t.to(DOT_DTYPE), input_precision=DOT_PRECISION) * scale_log2
         visible = key_valid[None, :] & (key_pos[None, :] <= q_pos[:, None])
+        visible = visible & (key_pos[None, :] > q_pos[:, None] - sliding_window)
         scores = tl.where(visible, scores, float("-inf"))
         m_new = tl.maximum(m, tl.max(scores, 1))
         alpha = tl.exp2(m - m_new)
@@ -155,12 +161,14 @@ def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_ca
 
 def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
-                    scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
+                    scale: float, out: torch.Tensor | None = None,
+                    sliding_window: int | None = None) -> torch.Tensor:
     """Causal attention of query [T, H, D] over each sequence's paged context; returns [T, H, D].
 
     Sequence i owns query rows ``query_start_loc[i]:query_start_loc[i+1]`` and has ``seq_lens[i]``
     keys in the cache (its new keys included: store them first). ``out`` (contiguous, like query)
-    receives the result when given.
+    receives the result when given. With ``sliding_window`` a query at position p sees only keys
+    p - sliding_window + 1 .. p.
     """
     query = _unit_last_stride(query)
     num_tokens, num_heads, head_dim = query.shape
@@ -177,7 +185,7 @@ def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     grid = (num_tokens // block_q + num_seqs, num_kv_heads)
     _paged_attention_kernel[grid](
         out, query, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
-        num_seqs, scale * _LOG2E,
+        num_seqs, scale * _LOG2E, _NO_WINDOW if sliding_window is None else sliding_window,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         BLOCK_SIZE=k_cache.shape[1], GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q,

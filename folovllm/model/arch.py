@@ -5,7 +5,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # HF config fields that change the math and that our model code does not implement.
-_UNSUPPORTED_FLAGS = ("mlp_bias", "use_sliding_window")
+_UNSUPPORTED_FLAGS = ("mlp_bias", "use_sliding_window", "attn_logit_softcapping", "use_bidirectional_attention")
+SLIDING, FULL = "sliding_attention", "full_attention"  # HF's layer_types entries
 _REQUIRED_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
 
 
@@ -24,6 +25,15 @@ class ArchConfig:
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     rope_scaling: dict[str, Any] | None = None  # None, or {"rope_type": "linear" | "llama3", ...}
+    # Sliding-window layers (Gemma 3): layer i is SLIDING or FULL (empty: every layer FULL); a SLIDING
+    # layer's query sees its last ``sliding_window`` positions, itself included, with its own rope.
+    layer_types: list[str] = field(default_factory=list)
+    sliding_window: int | None = None
+    rope_local_theta: float | None = None  # SLIDING layers' rope base; None: rope_theta
+    rope_local_scaling: dict[str, Any] | None = None  # SLIDING layers' rope scaling
+    hidden_act: str = "silu"  # the gated MLP's activation
+    query_pre_attn_scalar: float | None = None  # attention scale is its -1/2 power; None: head_dim's
+    final_logit_softcapping: float | None = None  # logits -> cap * tanh(logits / cap)
     max_position_embeddings: int = 2048
     tie_word_embeddings: bool = False
     attention_bias: bool = False  # the checkpoint has q/k/v biases (a model file may fix its own rule)
@@ -41,6 +51,17 @@ class ArchConfig:
                 f"ArchConfig {self.name!r}: num_attention_heads ({self.num_attention_heads}) must be a "
                 f"multiple of num_key_value_heads ({self.num_key_value_heads})"
             )
+        if self.layer_types:
+            if len(self.layer_types) != self.num_hidden_layers or set(self.layer_types) - {SLIDING, FULL}:
+                raise ValueError(f"ArchConfig {self.name!r}: layer_types must list {SLIDING!r} or {FULL!r} for "
+                                 f"each of the {self.num_hidden_layers} layers; got {self.layer_types}")
+            if SLIDING in self.layer_types and (self.sliding_window is None or self.sliding_window < 1):
+                raise ValueError(f"ArchConfig {self.name!r}: sliding layers need a positive sliding_window; "
+                                 f"got {self.sliding_window}")
+
+    def layer_sliding_window(self, layer: int) -> int | None:
+        """The window of layer ``layer`` (positions a query sees, itself included), None if it sees all."""
+        return self.sliding_window if self.layer_types and self.layer_types[layer] == SLIDING else None
 
     @classmethod
     def from_hf_config(cls, config: dict[str, Any], name: str = "") -> "ArchConfig":
@@ -57,9 +78,21 @@ class ArchConfig:
                 raise ValueError(f"config {name!r}: '{flag}: true' is not supported")
 
         rope_params = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
-        rope_theta = float(rope_params.pop("rope_theta", config.get("rope_theta", 10000.0)))
-        rope_type = rope_params.get("rope_type", rope_params.get("type", "default"))
-        rope_scaling = None if rope_type == "default" else {**rope_params, "rope_type": rope_type}
+        rope_local_theta = rope_local_scaling = None
+        if FULL in rope_params or SLIDING in rope_params:  # transformers 5: one rope per layer type
+            rope_theta, rope_scaling = _rope(rope_params.get(FULL) or {}, config.get("rope_theta", 10000.0))
+            rope_local_theta, rope_local_scaling = _rope(
+                rope_params.get(SLIDING) or {}, config.get("rope_local_base_freq", rope_theta))
+        else:
+            rope_theta, rope_scaling = _rope(rope_params, config.get("rope_theta", 10000.0))
+            if config.get("rope_local_base_freq") is not None:  # transformers 4 Gemma 3: scaling is global only
+                rope_local_theta = float(config["rope_local_base_freq"])
+        layer_types = list(config.get("layer_types") or [])
+        # older configs name a pattern (every n-th layer global); Gemma 3's default is 6
+        pattern = config.get("sliding_window_pattern") or (6 if config.get("model_type") == "gemma3_text" else 0)
+        if not layer_types and pattern:
+            pattern = int(pattern)
+            layer_types = [FULL if (i + 1) % pattern == 0 else SLIDING for i in range(config["num_hidden_layers"])]
 
         num_heads = config["num_attention_heads"]
         eos = config.get("eos_token_id")
@@ -79,6 +112,13 @@ class ArchConfig:
             rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
             rope_theta=rope_theta,
             rope_scaling=rope_scaling,
+            layer_types=layer_types,
+            sliding_window=config.get("sliding_window") if SLIDING in layer_types else None,
+            rope_local_theta=rope_local_theta,
+            rope_local_scaling=rope_local_scaling,
+            hidden_act=config.get("hidden_activation") or config.get("hidden_act") or "silu",
+            query_pre_attn_scalar=config.get("query_pre_attn_scalar"),
+            final_logit_softcapping=config.get("final_logit_softcapping"),
             max_position_embeddings=config.get("max_position_embeddings", 2048),
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
             attention_bias=attention_bias,
@@ -88,3 +128,11 @@ class ArchConfig:
             eos_token_ids=eos_ids,
             name=name or config.get("_name_or_path", ""),
         )
+
+
+def _rope(params: dict[str, Any], default_theta: float) -> tuple[float, dict[str, Any] | None]:
+    """(rope base, scaling dict or None) from one HF rope-parameters dict."""
+    params = dict(params)
+    theta = float(params.pop("rope_theta", default_theta))
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    return theta, None if rope_type == "default" else {**params, "rope_type": rope_type}

@@ -3,14 +3,17 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gguf
 import numpy as np
 import torch
 
-from folovllm.model.arch import ArchConfig
-from folovllm.model.registry import architecture_for_gguf
+from folovllm.model.arch import FULL, SLIDING, ArchConfig
+from folovllm.model.registry import architecture_for_gguf, get_model_class
+
+if TYPE_CHECKING:
+    from folovllm.model.layers import CausalLM
 
 _GLOBAL_TENSORS = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _BLOCK_TENSORS = {
@@ -46,6 +49,7 @@ def gguf_arch_config(reader: gguf.GGUFReader, name: str = "") -> ArchConfig:
     """Build the ArchConfig from GGUF metadata (``{arch}.block_count``, ``tokenizer.ggml.*`` ...)."""
     gguf_arch = _field(reader, "general.architecture")
     architecture = architecture_for_gguf(gguf_arch, name)
+    defaults = get_model_class(architecture).gguf_defaults
     if any(t.name == "rope_freqs.weight" for t in reader.tensors):
         raise ValueError(f"GGUF {name!r} uses per-frequency rope factors (rope_freqs): not supported")
 
@@ -65,18 +69,31 @@ def gguf_arch_config(reader: gguf.GGUFReader, name: str = "") -> ArchConfig:
         rope_scaling = {"rope_type": "linear", "factor": key("rope.scaling.factor")}
     eos_ids = [_field(reader, f"tokenizer.ggml.{kind}_token_id") for kind in ("eos", "eot")]
     has_bias = any(t.name.endswith("attn_q.bias") for t in reader.tensors)
+    num_layers = key("block_count")
+    sliding_window, layer_types = key("attention.sliding_window"), []
+    if sliding_window is not None and defaults.get("sliding_window_pattern"):
+        pattern = int(key("attention.sliding_window_pattern", defaults["sliding_window_pattern"]))
+        layer_types = [FULL if (i + 1) % pattern == 0 else SLIDING for i in range(num_layers)]
+    head_dim = key("attention.key_length") or hidden // num_heads
     return ArchConfig(
         architecture=architecture,
         vocab_size=key("vocab_size") or len(reader.fields["tokenizer.ggml.tokens"].data),
         hidden_size=hidden,
         intermediate_size=key("feed_forward_length"),
-        num_hidden_layers=key("block_count"),
+        num_hidden_layers=num_layers,
         num_attention_heads=num_heads,
         num_key_value_heads=key("attention.head_count_kv", num_heads),
-        head_dim=key("attention.key_length") or hidden // num_heads,
+        head_dim=head_dim,
         rms_norm_eps=float(key("attention.layer_norm_rms_epsilon", 1e-6)),
         rope_theta=float(key("rope.freq_base", 10000.0)),
         rope_scaling=rope_scaling,
+        layer_types=layer_types,
+        sliding_window=sliding_window if layer_types else None,
+        rope_local_theta=key("rope.freq_base_swa", defaults.get("rope_local_theta")),
+        hidden_act=defaults.get("hidden_act", "silu"),
+        # llama.cpp scales scores by head_dim^-1/2 for these models
+        query_pre_attn_scalar=head_dim if layer_types else None,
+        final_logit_softcapping=key("final_logit_softcapping"),
         max_position_embeddings=key("context_length", 2048),
         tie_word_embeddings=not any(t.name == "output.weight" for t in reader.tensors),
         attention_bias=has_bias,
@@ -87,17 +104,22 @@ def gguf_arch_config(reader: gguf.GGUFReader, name: str = "") -> ArchConfig:
 
 
 def iter_gguf_weights(
-    reader: gguf.GGUFReader, arch: ArchConfig, qk_permuted: bool
+    reader: gguf.GGUFReader, arch: ArchConfig, model_class: type[CausalLM]
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (HF parameter name, float32 tensor) one at a time, so only one is dequantized at once.
 
-    qk_permuted: the model class says llama.cpp permuted its q/k rows for its rope layout; undone here.
+    The model class states llama.cpp's conventions for its architecture: q/k rows permuted for its
+    rope layout (``gguf_qk_permuted``), norms stored with an offset (``gguf_norm_offset``), block
+    tensor names that mean something else there (``gguf_block_tensors``); all undone here.
     """
+    block_tensors = {**_BLOCK_TENSORS, **model_class.gguf_block_tensors}
     for tensor in reader.tensors:
-        name = _hf_name(tensor.name)
+        name = _hf_name(tensor.name, block_tensors)
         # np.array copies: F32 tensors come back as views of the read-only mmap
         weights = torch.from_numpy(np.array(gguf.quants.dequantize(tensor.data, tensor.tensor_type)))
-        if qk_permuted:
+        if model_class.gguf_norm_offset and name.endswith("norm.weight"):
+            weights = weights - model_class.gguf_norm_offset
+        if model_class.gguf_qk_permuted:
             if ".q_proj." in name:
                 weights = unpermute_qk(weights, arch.num_attention_heads)
             elif ".k_proj." in name:
@@ -113,12 +135,12 @@ def unpermute_qk(weights: torch.Tensor, num_heads: int) -> torch.Tensor:
     return w.transpose(1, 2).reshape(weights.shape)
 
 
-def _hf_name(gguf_name: str) -> str:
+def _hf_name(gguf_name: str, block_tensors: dict[str, str]) -> str:
     base, _, kind = gguf_name.rpartition(".")
     if base in _GLOBAL_TENSORS:
         return f"{_GLOBAL_TENSORS[base]}.{kind}"
     match = _BLOCK_RE.fullmatch(gguf_name)
-    if match is None or match.group(2) not in _BLOCK_TENSORS:
+    if match is None or match.group(2) not in block_tensors:
         raise ValueError(f"GGUF tensor {gguf_name!r} is not supported by this loader")
     layer, piece, kind = match.groups()
-    return f"model.layers.{layer}.{_BLOCK_TENSORS[piece]}.{kind}"
+    return f"model.layers.{layer}.{block_tensors[piece]}.{kind}"

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -126,11 +127,22 @@ class VocabEmbedding(nn.Module):
         return F.linear(hidden, self.weight)
 
 
-class GatedMLP(nn.Module):
-    """SiLU-gated MLP with gate and up projections merged into one matmul (shards 0 and 1)."""
+# HF activation names the gated MLP implements -> the function applied to the gate
+_ACTIVATIONS = {
+    "silu": F.silu,
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+}
 
-    def __init__(self, hidden_size: int, intermediate_size: int, weights: WeightConfig) -> None:
+
+class GatedMLP(nn.Module):
+    """Gated MLP (SiLU by default) with gate and up projections merged into one matmul (shards 0 and 1)."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, weights: WeightConfig,
+                 activation: str = "silu") -> None:
         super().__init__()
+        if activation not in _ACTIVATIONS:
+            raise ValueError(f"MLP activation {activation!r} is not supported; supported: {sorted(_ACTIVATIONS)}")
+        self.act = _ACTIVATIONS[activation]
         self.gate_up_proj = MergedColumnParallelLinear(
             hidden_size, [intermediate_size, intermediate_size], bias=False, weights=weights
         )
@@ -138,13 +150,14 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate).mul_(up))
+        return self.down_proj(self.act(gate).mul_(up))
 
 
 class Attention(nn.Module):
     """Paged self-attention: merged q/k/v projection, optional per-head q/k RMSNorm, rotary, o_proj.
 
-    Which biases and norms exist is the model file's choice (``qkv_bias``, ``o_bias``, ``qk_norm``).
+    Which biases and norms exist is the model file's choice (``qkv_bias``, ``o_bias``, ``qk_norm``,
+    ``norm_class``), and so are the score scale (default head_dim^-1/2) and the layer's sliding window.
     """
 
     def __init__(
@@ -156,6 +169,9 @@ class Attention(nn.Module):
         qkv_bias: bool,
         o_bias: bool,
         qk_norm: bool,
+        norm_class: type[nn.Module] = RMSNorm,
+        scale: float | None = None,
+        sliding_window: int | None = None,
     ) -> None:
         super().__init__()
         self.qkv_proj = QKVParallelLinear(
@@ -165,12 +181,13 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
         self.head_dim = arch.head_dim
         self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.scale = self.head_dim**-0.5
+        self.scale = self.head_dim**-0.5 if scale is None else scale
+        self.sliding_window = sliding_window
         self.o_proj = RowParallelLinear(
             arch.num_attention_heads * arch.head_dim, arch.hidden_size, o_bias, weights
         )
-        self.q_norm = RMSNorm(self.head_dim, arch.rms_norm_eps, weights) if qk_norm else None
-        self.k_norm = RMSNorm(self.head_dim, arch.rms_norm_eps, weights) if qk_norm else None
+        self.q_norm = norm_class(self.head_dim, arch.rms_norm_eps, weights) if qk_norm else None
+        self.k_norm = norm_class(self.head_dim, arch.rms_norm_eps, weights) if qk_norm else None
         self.backend = backend
 
     def forward(
@@ -183,7 +200,7 @@ class Attention(nn.Module):
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary(q, rope), apply_rotary(k, rope)
-        out = self.backend.forward(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
+        out = self.backend.forward(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale, self.sliding_window)
         return self.o_proj(out)
 
 
@@ -212,6 +229,13 @@ class CausalLM(nn.Module):
     gguf_architecture: str | None = None
     # llama.cpp's converter permuted the q/k rows of this architecture; the GGUF reader undoes it
     gguf_qk_permuted: bool = False
+    # GGUF block tensor names that mean another HF name in this architecture (e.g. "ffn_norm")
+    gguf_block_tensors: dict[str, str] = {}
+    # llama.cpp stores RMSNorm weights plus this offset; the GGUF reader subtracts it
+    gguf_norm_offset: float = 0.0
+    # ArchConfig fields llama.cpp fixes for this architecture instead of writing them into the file
+    # (and "sliding_window_pattern": every n-th layer global)
+    gguf_defaults: dict[str, Any] = {}
 
     model: nn.Module
     lm_head: ReplicatedLinear | None

@@ -12,7 +12,7 @@ from torch import nn
 
 from folovllm.attention.backend import AttentionBackend
 from folovllm.attention.metadata import AttentionMetadata
-from folovllm.model.arch import ArchConfig
+from folovllm.model.arch import SLIDING, ArchConfig
 from folovllm.model.layers import (
     Attention,
     CausalLM,
@@ -94,6 +94,9 @@ class LlamaForCausalLM(CausalLM):
     gguf_qk_permuted = True
 
     def __init__(self, arch: ArchConfig, backend: AttentionBackend, weights: WeightConfig) -> None:
+        if SLIDING in arch.layer_types:  # this block attends over the whole context in every layer
+            raise ValueError(f"{arch.name!r} ({arch.architecture}) has sliding-window layers, which this model "
+                             "file does not implement")
         super().__init__(arch, weights)
         self.model = LlamaModel(arch, backend, weights, self.decoder_layer)
         self.lm_head = lm_head(arch, weights)

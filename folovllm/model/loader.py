@@ -116,7 +116,7 @@ def load_model(
         if load_format == "dummy":
             _init_dummy(module, seed)
         elif reader is not None:
-            module.load_weights(iter_gguf_weights(reader, arch, cls.gguf_qk_permuted))
+            module.load_weights(iter_gguf_weights(reader, arch, cls))
         else:
             module.load_weights(_iter_safetensors(model))
         module.process_weights_after_loading()

@@ -13,7 +13,7 @@ from folovllm.registry import Registry
 if TYPE_CHECKING:
     from folovllm.model.layers import CausalLM
 
-MODEL_FILES = ("llama", "qwen2", "qwen3")  # modules of folovllm.model
+MODEL_FILES = ("llama", "qwen2", "qwen3", "gemma3")  # modules of folovllm.model
 MODEL_REGISTRY: Registry[type[CausalLM]] = Registry("model architecture")
 register_model = MODEL_REGISTRY.register  # class decorator: the model class for an HF architecture name
 

@@ -89,7 +89,9 @@ def quantize(options: QuantizeArgs) -> int:
     """Quantize ``options.model`` into ``options.out``; returns how many checkpoint linears it wrote."""
     import torch
 
+    from folovllm.model.llama import LlamaForCausalLM
     from folovllm.model.loader import default_model_path, load_arch_config, load_model
+    from folovllm.model.registry import get_model_class
     from folovllm.model.tokenizer import load_tokenizer
     from folovllm.quantize.calibration import calibration_samples, calibration_text
     from folovllm.quantize.folder import checkpoint_tensors, hf_config_from_arch, write_folder
@@ -101,6 +103,10 @@ def quantize(options: QuantizeArgs) -> int:
     gptq = GPTQConfig(spec, options.damp, options.act_order, options.block_size)
     source = options.model or default_model_path()
     arch = load_arch_config(source)
+    if not issubclass(get_model_class(arch.architecture), LlamaForCausalLM):
+        # calibration runs Llama-family decoder layers one by one, and GGUF sources are rewritten as Llama configs
+        raise ValueError(f"folovllm quantize supports Llama-family models (Llama, Qwen2, Qwen3); {source!r} is "
+                         f"{arch.architecture}: serve it unquantized or with --quantization int8")
     if arch.quantization != "unquantized":
         raise ValueError(f"{source!r} is already quantized ({arch.quantization}); start from unquantized weights")
     if options.method == "gptq" and options.seq_len > arch.max_position_embeddings:

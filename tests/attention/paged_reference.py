@@ -9,8 +9,10 @@ from folovllm.attention.backend import get_attention_backend
 from tests.helpers import BlockPool, make_attn_metadata
 
 
-def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    """q [Lq,Hq,D] are the last Lq positions of a context k/v [S,Hkv,D]; fp64 causal attention."""
+def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                        sliding_window: int | None = None) -> torch.Tensor:
+    """q [Lq,Hq,D] are the last Lq positions of a context k/v [S,Hkv,D]; fp64 causal attention
+    (with ``sliding_window``: query at p sees keys p - sliding_window < k <= p, as transformers masks)."""
     q_len, num_heads, head_dim = q.shape
     seq_len, num_kv_heads = k.shape[0], k.shape[1]
     group = num_heads // num_kv_heads
@@ -18,7 +20,11 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale
     v = v.double().repeat_interleave(group, dim=1)
     scores = torch.einsum("qhd,khd->hqk", q.double(), k) * scale
     q_pos = torch.arange(seq_len - q_len, seq_len)[:, None]
-    scores = scores.masked_fill(torch.arange(seq_len)[None, :] > q_pos, float("-inf"))
+    key_pos = torch.arange(seq_len)[None, :]
+    hidden = key_pos > q_pos
+    if sliding_window is not None:
+        hidden |= key_pos <= q_pos - sliding_window
+    scores = scores.masked_fill(hidden, float("-inf"))
     out = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
     return out.reshape(q_len, num_heads * head_dim)
 
@@ -33,6 +39,7 @@ def run_case(
     dtype: torch.dtype,
     seed: int = 0,
     backend: str = "torch",
+    sliding_window: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Fill each sequence's cached context, run one step through ``backend``, return (ours, reference)."""
     gen = torch.Generator().manual_seed(seed)
@@ -55,7 +62,7 @@ def run_case(
     new_v = torch.cat([v[s - n :] for (_, v), n, s in zip(contexts, query_lens, seq_lens)])
     scale = 1 / math.sqrt(head_dim)
     ours = get_attention_backend(backend).forward(
-        torch.cat(queries), new_k, new_v, k_cache, v_cache, meta, scale
+        torch.cat(queries), new_k, new_v, k_cache, v_cache, meta, scale, sliding_window
     )
-    ref = torch.cat([reference_attention(q, k, v, scale) for q, (k, v) in zip(queries, contexts)])
+    ref = torch.cat([reference_attention(q, k, v, scale, sliding_window) for q, (k, v) in zip(queries, contexts)])
     return ours, ref

@@ -16,6 +16,7 @@ from tests.attention.paged_reference import reference_attention, run_case
 from tests.helpers import make_attn_metadata
 
 torch.set_num_threads(2)
+BACKEND = 'cpu'
 
 NOT_BUILT = load_cpu_attention_library(CPU_ATTENTION_LIBRARY)
 needs_kernel = pytest.mark.skipif(NOT_BUILT is not None, reason=f"{NOT_BUILT}")
@@ -70,6 +71,44 @@ def test_bf16_loose(heads: tuple[int, int], head_dim: int) -> None:
     torch.testing.assert_close(ours.double(), ref, atol=3e-2, rtol=3e-2)
     theirs, _ = run_case(query_lens, seq_lens, *heads, head_dim, 16, torch.bfloat16, backend="torch")
     torch.testing.assert_close(ours.double(), theirs.double(), atol=3e-2, rtol=3e-2)
+
+
+# (query_lens, seq_lens): decodes and chunks over contexts longer than the window, chunks longer than
+# the window with no cached context (SDPA's path in the cpu backend), contexts past one key tile
+WINDOW_CASES = [([1, 1, 1], [5, 17, 9]), ([5, 1, 12], [13, 3, 12]), ([37, 1], [45, 30]), ([1, 20], [300, 290])]
+
+
+@needs_kernel
+@pytest.mark.parametrize("query_lens,seq_lens", WINDOW_CASES)
+@pytest.mark.parametrize("sliding_window", [1, 4, 7, 200])
+@pytest.mark.parametrize("heads", [(4, 2), (6, 1)])
+def test_sliding_window_matches_reference(query_lens: list[int], seq_lens: list[int], sliding_window: int,
+                                          heads: tuple[int, int]) -> None:
+    ours, ref = run_case(query_lens, seq_lens, *heads, head_dim=16, block_size=4, dtype=torch.float32,
+                         backend=BACKEND, sliding_window=sliding_window)
+    torch.testing.assert_close(ours.double(), ref, atol=1e-5, rtol=1e-5)
+
+
+@needs_kernel
+@given(
+    seqs=st.lists(st.tuples(st.integers(1, 30), st.integers(0, 60)), min_size=1, max_size=5),
+    sliding_window=st.integers(1, 40),
+    block_size=st.sampled_from([1, 3, 16]),
+    seed=st.integers(0, 1000),
+)
+@settings(max_examples=25, deadline=None)
+def test_sliding_window_random_batches(seqs: list[tuple[int, int]], sliding_window: int, block_size: int,
+                                       seed: int) -> None:
+    query_lens, seq_lens = [q for q, _ in seqs], [q + c for q, c in seqs]
+    ours, ref = run_case(query_lens, seq_lens, 4, 2, 16, block_size, torch.float32, seed, BACKEND,
+                         sliding_window)
+    torch.testing.assert_close(ours.double(), ref, atol=1e-5, rtol=1e-5)
+
+
+@needs_kernel
+def test_sliding_window_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="sliding_window"):
+        run_case([3], [3], 4, 2, 16, 4, torch.float32, backend=BACKEND, sliding_window=0)
 
 
 @needs_kernel

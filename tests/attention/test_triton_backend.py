@@ -31,7 +31,8 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 
 def build_case(query_lens: list[int], seq_lens: list[int], num_heads: int, num_kv_heads: int,
-               head_dim: int, block_size: int, dtype: torch.dtype, seed: int = 0, poison: bool = False):
+               head_dim: int, block_size: int, dtype: torch.dtype, seed: int = 0, poison: bool = False,
+               sliding_window: int | None = None):
     """A paged cache holding each sequence's earlier context, this step's q/k/v, and the metadata.
 
     With ``poison`` every cache slot that no sequence owns (and the rest of its last block) holds NaN,
@@ -57,17 +58,18 @@ def build_case(query_lens: list[int], seq_lens: list[int], num_heads: int, num_k
     new_v = torch.cat([v[s - n:] for (_, v), n, s in zip(contexts, query_lens, seq_lens)])
     meta = make_attn_metadata(query_lens, seq_lens, tables, block_size, device=DEVICE)
     scale = 1 / math.sqrt(head_dim)
-    ref = torch.cat([reference_attention(q, k, v, scale) for q, (k, v) in zip(queries, contexts)])
+    ref = torch.cat([reference_attention(q, k, v, scale, sliding_window) for q, (k, v) in zip(queries, contexts)])
     on = dict(device=DEVICE)
     return (torch.cat(queries).to(**on), new_k.to(**on), new_v.to(**on), k_cache.to(**on),
             v_cache.to(**on), meta, scale, ref)
 
 
 def run_backend(query_lens, seq_lens, num_heads, num_kv_heads, head_dim, block_size, dtype,
-                seed: int = 0, poison: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                seed: int = 0, poison: bool = False,
+                sliding_window: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     q, k, v, k_cache, v_cache, meta, scale, ref = build_case(
-        query_lens, seq_lens, num_heads, num_kv_heads, head_dim, block_size, dtype, seed, poison)
-    ours = get_attention_backend("triton").forward(q, k, v, k_cache, v_cache, meta, scale)
+        query_lens, seq_lens, num_heads, num_kv_heads, head_dim, block_size, dtype, seed, poison, sliding_window)
+    ours = get_attention_backend("triton").forward(q, k, v, k_cache, v_cache, meta, scale, sliding_window)
     return ours.cpu(), ref
 
 
@@ -109,6 +111,19 @@ def test_bf16_loose(heads, head_dim) -> None:
     ours, ref = run_backend([1, 6, 1, 1], [30, 14, 7, 65], *heads, head_dim, 16, torch.bfloat16)
     assert ours.dtype == torch.bfloat16
     torch.testing.assert_close(ours.double(), ref, atol=3e-2, rtol=3e-2)
+
+
+# (query_lens, seq_lens): decodes and chunks over contexts longer than the window, a chunk longer
+# than the window with no cached context, and one longer than a query tile
+WINDOW_CASES = [([1, 1, 1], [5, 17, 9]), ([5, 1, 12], [13, 3, 12]), ([37, 1], [45, 30])]
+
+
+@pytest.mark.parametrize("query_lens,seq_lens", WINDOW_CASES)
+@pytest.mark.parametrize("sliding_window", [1, 4, 7])
+def test_sliding_window_matches_reference(query_lens, seq_lens, sliding_window) -> None:
+    ours, ref = run_backend(query_lens, seq_lens, 4, 2, 16, 4, torch.float32, poison=True,
+                            sliding_window=sliding_window)
+    torch.testing.assert_close(ours.double(), ref, atol=1e-5, rtol=1e-5)
 
 
 def test_reads_nothing_past_a_sequence_and_writes_every_output() -> None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 
+from folovllm.model.gemma3 import Gemma3ForCausalLM
 from folovllm.model.llama import LlamaForCausalLM
 from folovllm.model.qwen2 import Qwen2ForCausalLM
 from folovllm.model.qwen3 import Qwen3ForCausalLM
@@ -13,8 +14,9 @@ def test_each_model_file_registers_its_architecture() -> None:
     assert get_model_class("LlamaForCausalLM") is LlamaForCausalLM
     assert get_model_class("Qwen2ForCausalLM") is Qwen2ForCausalLM
     assert get_model_class("Qwen3ForCausalLM") is Qwen3ForCausalLM
-    with pytest.raises(ValueError, match=r"'Gemma3ForCausalLM' is not supported; supported: \['LlamaForCausalLM'"):
-        get_model_class("Gemma3ForCausalLM")
+    assert get_model_class("Gemma3ForCausalLM") is Gemma3ForCausalLM
+    with pytest.raises(ValueError, match=r"'Gemma2ForCausalLM' is not supported; supported: \['Gemma3ForCausalLM'"):
+        get_model_class("Gemma2ForCausalLM")
     with pytest.raises(ValueError, match="registered twice"):
         register_model("LlamaForCausalLM")(LlamaForCausalLM)
 
@@ -22,8 +24,9 @@ def test_each_model_file_registers_its_architecture() -> None:
 def test_gguf_architecture_names_and_qk_permute_come_from_the_model_classes() -> None:
     assert architecture_for_gguf("llama") == "LlamaForCausalLM"
     assert architecture_for_gguf("qwen3") == "Qwen3ForCausalLM"
-    with pytest.raises(ValueError, match=r"GGUF architecture 'gemma3' in 'x.gguf' is not supported; "
-                                         r"supported: \['llama', 'qwen2', 'qwen3'\]"):
-        architecture_for_gguf("gemma3", "x.gguf")
-    assert LlamaForCausalLM.gguf_qk_permuted
+    assert architecture_for_gguf("gemma3") == "Gemma3ForCausalLM"
+    with pytest.raises(ValueError, match=r"GGUF architecture 'gemma2' in 'x.gguf' is not supported; "
+                                         r"supported: \['gemma3', 'llama', 'qwen2', 'qwen3'\]"):
+        architecture_for_gguf("gemma2", "x.gguf")
+    assert LlamaForCausalLM.gguf_qk_permuted and not Gemma3ForCausalLM.gguf_qk_permuted
     assert not Qwen2ForCausalLM.gguf_qk_permuted and not Qwen3ForCausalLM.gguf_qk_permuted

@@ -159,6 +159,16 @@ def test_a_non_empty_out_folder_is_refused(tiny_llama: Path, tmp_path: Path, cap
     assert "is not empty" in capsys.readouterr().err
 
 
+def test_a_non_llama_family_model_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from tests.model.test_gemma3 import tiny_gemma3_config
+
+    config = tiny_gemma3_config()
+    config.architectures = ["Gemma3ForCausalLM"]
+    config.save_pretrained(tmp_path / "gemma3")  # the config alone: refused before loading
+    assert quantize(tmp_path / "gemma3", tmp_path / "out", "--method", "rtn") == 2
+    assert "supports Llama-family models" in capsys.readouterr().err
+
+
 def _gptq_loader_registered() -> bool:
     import folovllm.model.quant as quant
     from folovllm.model.linear_method import LINEAR_METHODS
