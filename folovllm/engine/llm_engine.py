@@ -25,6 +25,8 @@ from folovllm.engine.fault_isolation import isolate_faults, subset
 from folovllm.engine.output_processor import OutputProcessor, RequestGroup
 from folovllm.engine.stats import EngineStats, StepStats
 from folovllm.engine.worker_input import build_step_input
+from folovllm.model.generation_config import default_sampling_overrides
+from folovllm.model.hub import resolve_model_files
 from folovllm.model.loader import default_model_path
 from folovllm.model.tokenizer import load_tokenizer
 from folovllm.outputs import RequestOutput
@@ -60,12 +62,16 @@ def check_prompt_length(num_tokens: int, max_model_len: int, what: str = "prompt
 
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
-        config = config.resolve()  # every "auto" decided here, once
+        config = resolve_model_files(config).resolve()  # hub ids to paths; every "auto" decided here, once
         self.config = config
+        for line in config.ignored_settings():
+            logger.warning(line)
         self.device = config.torch_device
         self.model_path = config.model or default_model_path()
         self.worker = Worker(config, self.model_path)
-        self.tokenizer = load_tokenizer(self.model_path)
+        self.tokenizer = load_tokenizer(config.tokenizer or self.model_path)
+        # SamplingParams fields the model's generation_config.json sets (vLLM's --generation-config)
+        self.default_sampling = default_sampling_overrides(self.model_path, config.generation_config)
         arch = self.worker.arch
         self.vocab_size = arch.vocab_size
         self.max_model_len = self._resolve_max_model_len(arch.max_position_embeddings)
@@ -147,13 +153,14 @@ class LLMEngine:
             cache_salt = prompt["cache_salt"]
         if request_id in self.groups:
             raise ValueError(f"request id {request_id!r} is already in use")
-        prompt_text, prompt_ids = self._tokenize(prompt)
+        prompt_text, prompt_ids = self.tokenize(prompt)
         check_prompt_length(len(prompt_ids), self.max_model_len)
         vocab = self.vocab_size
         if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
             raise ValueError(f"prompt token ids must be in [0, {vocab}); got an id outside")
         if any(t >= vocab for t in params.stop_token_ids):
             raise ValueError(f"stop_token_ids must be in [0, {vocab}) for this model; got an id outside")
+        self._check_logprobs(params)
         room = self.max_model_len - len(prompt_ids)
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
         arrival = time.perf_counter() if arrival_time is None else arrival_time
@@ -168,12 +175,21 @@ class LLMEngine:
             samples.append(sample)
         return RequestGroup(request_id, prompt_text, prompt_ids, samples)
 
+    def _check_logprobs(self, params: SamplingParams) -> None:
+        limit = self.config.max_logprobs
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(params, name)
+            if limit >= 0 and value is not None and value > limit:
+                raise ValueError(f"{name}={value} is more than this engine's max_logprobs={limit} "
+                                 "(raise it with --max-logprobs)")
+
     def _queue(self, group: RequestGroup) -> None:
         self.groups[group.request_id] = group
         for sample in group.samples:
             self.scheduler.add_request(sample)
 
-    def _tokenize(self, prompt: PromptInput) -> tuple[str | None, list[int]]:
+    def tokenize(self, prompt: PromptInput) -> tuple[str | None, list[int]]:
+        """A prompt's text (if it has one) and token ids."""
         if isinstance(prompt, dict):
             if "prompt_token_ids" in prompt:
                 return prompt.get("prompt"), list(prompt["prompt_token_ids"])

@@ -53,7 +53,8 @@ class ServingContext:
         self.tokenizer = tokenizer  # the server's own: the engine core decodes with its own
         self.max_model_len = engine.info.max_model_len
         self.max_waiting_requests = max_waiting_requests
-        self.validator = Validator(tokenizer, self.max_model_len, limits or RequestLimits())
+        self.validator = Validator(tokenizer, self.max_model_len, limits or RequestLimits(),
+                                   engine.info.default_sampling)
         # Tokenizing and chat templates run here, off the event loop; one thread, since a tokenizer
         # object is not safe to call from two threads at once.
         self._tokenizer_thread = ThreadPoolExecutor(1, thread_name_prefix="folovllm-tokenizer")

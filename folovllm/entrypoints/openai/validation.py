@@ -7,7 +7,7 @@ with the offline API), vocabulary bounds the engine's.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from folovllm.engine.llm_engine import check_prompt_length
 from folovllm.entrypoints.openai.errors import bad_request
@@ -38,6 +38,8 @@ class Validator:
     tokenizer: object
     max_model_len: int
     limits: RequestLimits
+    # SamplingParams fields set by the model's generation config: used where a request omits them
+    default_sampling: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # No token is longer than this many characters, so a text longer than max_model_len times it
@@ -156,19 +158,23 @@ class Validator:
             raise bad_request(f"stop_token_ids holds {len(body.stop_token_ids)} ids; at most "
                               f"{limits.max_stop_strings} are allowed", "stop_token_ids")
 
-    @staticmethod
-    def _params(body: SamplingRequest, max_tokens: int | None, logprobs: int | None,
+    def _params(self, body: SamplingRequest, max_tokens: int | None, logprobs: int | None,
                 renames: dict[str, str] | None, prompt_logprobs: int | None = None) -> SamplingParams:
         top_k = -1 if body.top_k in (None, 0) else body.top_k
+        # the model's generation config fills what the request leaves out
+        given = body.model_fields_set
+        sampling = {"temperature": body.temperature, "top_p": body.top_p, "top_k": top_k, "min_p": body.min_p,
+                    "repetition_penalty": body.repetition_penalty}
+        sampling.update({k: v for k, v in self.default_sampling.items() if k in sampling and k not in given})
+        if max_tokens is None:
+            max_tokens = self.default_sampling.get("max_tokens")
         try:
             return SamplingParams(
-                n=body.n, temperature=body.temperature, top_p=body.top_p, top_k=top_k, min_p=body.min_p,
-                seed=body.seed, stop=body.stop_list, stop_token_ids=body.stop_token_ids,
+                n=body.n, seed=body.seed, stop=body.stop_list, stop_token_ids=body.stop_token_ids,
                 max_tokens=max_tokens, min_tokens=body.min_tokens, ignore_eos=body.ignore_eos,
                 logprobs=logprobs, prompt_logprobs=prompt_logprobs, presence_penalty=body.presence_penalty,
-                frequency_penalty=body.frequency_penalty, repetition_penalty=body.repetition_penalty,
-                skip_special_tokens=body.skip_special_tokens,
-                include_stop_str_in_output=body.include_stop_str_in_output)
+                frequency_penalty=body.frequency_penalty, skip_special_tokens=body.skip_special_tokens,
+                include_stop_str_in_output=body.include_stop_str_in_output, **sampling)
         except ValueError as err:
             raise bad_request(err, renames=renames) from err
 
