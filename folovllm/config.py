@@ -57,7 +57,8 @@ NO_EFFECT = "accepted for compatibility, has no effect"
 
 def knob(default: Any, help: str | None = None, *, choices: list[str] | None = None,
          flag: str | None = None, cli: bool = True, group: str = "FoloVLLM",
-         aliases: tuple[str, ...] = (), no_effect: str | None = None) -> Any:
+         aliases: tuple[str, ...] = (), no_effect: str | None = None,
+         only: tuple[Any, str] | None = None) -> Any:
     """A config field with its command-line description.
 
     ``flag``: the option's name when it is not ``--field-name`` (a ``--no-x`` flag turns a field off;
@@ -65,13 +66,14 @@ def knob(default: Any, help: str | None = None, *, choices: list[str] | None = N
     ``cli=False``: the field has no flag (set it from Python); ``group``: its section of ``--help``
     (one of CONFIG_GROUPS); ``aliases``: more names for the same option (for a boolean, an alias
     starting with ``--no-`` turns it off); ``no_effect``: why a non-default value cannot change
-    anything here (the engine warns once that it is ignored).
+    anything here (the engine warns once that it is ignored); ``only``: (the one value implemented,
+    the feature any other value needs), since a setting whose absence would change results is an error.
     """
     if group not in CONFIG_GROUPS:
         raise ValueError(f"unknown config group {group!r}; use one of {CONFIG_GROUPS}")
     return field(default=default, metadata={"help": help, "choices": choices, "flag": flag, "cli": cli,
                                              "group": group, "aliases": tuple(aliases),
-                                             "no_effect": no_effect})
+                                             "no_effect": no_effect, "only": only})
 
 
 @dataclass(frozen=True)
@@ -126,7 +128,7 @@ class EngineConfig:
                                                group="CacheConfig")
     kv_cache_dtype: str = knob("auto", "auto: the model's dtype (the only one implemented; fp8 kinds are "
                                        "an error)", choices=["auto", *FP8_KV_CACHE_DTYPES],
-                               group="CacheConfig")
+                               group="CacheConfig", only=("auto", "an fp8 KV cache"))
     enable_prefix_caching: bool = knob(True, "automatic prefix caching (--no-prefix-caching: off, for ablation)",
                                        flag="--enable-prefix-caching", aliases=("--no-prefix-caching",),
                                        group="CacheConfig")
@@ -136,9 +138,11 @@ class EngineConfig:
                                         no_effect="weights are never offloaded")
     # -- ParallelConfig ---------------------------------------------------------------------------
     tensor_parallel_size: int = knob(1, "tensor-parallel ranks (1 only: tensor parallelism is not "
-                                        "implemented yet)", group="ParallelConfig", aliases=("-tp",))
+                                        "implemented yet)", group="ParallelConfig", aliases=("-tp",),
+                                     only=(1, "tensor parallelism"))
     data_parallel_size: int = knob(1, "data-parallel engine replicas (1 only: data parallelism is not "
-                                      "implemented yet)", group="ParallelConfig", aliases=("-dp",))
+                                      "implemented yet)", group="ParallelConfig", aliases=("-dp",),
+                                   only=(1, "data parallelism"))
     # -- SchedulerConfig --------------------------------------------------------------------------
     max_num_seqs: int = knob(256, "most requests running at once", group="SchedulerConfig")
     max_num_batched_tokens: int = knob(2048, "most tokens one step computes", group="SchedulerConfig")
@@ -223,18 +227,13 @@ class EngineConfig:
 
     def _check_unimplemented(self) -> None:
         """vLLM settings whose absence here would change results: an error that names what is missing."""
-        for name, what in (("tensor_parallel_size", "tensor parallelism"),
-                           ("data_parallel_size", "data parallelism")):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer; got {value!r}")
-            if value > 1:
-                raise ValueError(f"{name}={value}: {what} is not implemented yet; use 1")
-        if self.kv_cache_dtype in FP8_KV_CACHE_DTYPES:
-            raise ValueError(f"kv_cache_dtype={self.kv_cache_dtype!r}: an fp8 KV cache is not implemented; "
-                             "use 'auto' (the model's dtype)")
-        if self.kv_cache_dtype != "auto":
-            raise ValueError(f"kv_cache_dtype must be 'auto'; got {self.kv_cache_dtype!r}")
+        for f in dataclasses.fields(self):
+            if f.metadata.get("only") is None:
+                continue
+            allowed, feature = f.metadata["only"]
+            value = getattr(self, f.name)
+            if value != allowed:
+                raise ValueError(f"{f.name}={value!r}: {feature} is not implemented yet; use {allowed!r}")
         if self.max_logprobs < -1:
             raise ValueError(f"max_logprobs must be -1 (no limit) or >= 0; got {self.max_logprobs}")
         if self.hf_overrides is not None and not isinstance(self.hf_overrides, dict):

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import datetime
 import json
 import logging
 import math
@@ -30,7 +29,7 @@ from folovllm.bench.serve_client import (ENDPOINT_PATHS, RequestOutcome, ServedM
                                          fetch_models, send_request)
 from folovllm.bench.serve_results import (build_serve_result, format_serve_result, latency_samples_ms,
                                           parse_goodput, parse_metric_percentiles, parse_percentile_metrics,
-                                          vllm_result_fields)
+                                          vllm_result_fields, vllm_run_fields)
 
 REQUEST_TIMEOUT_S = 6 * 3600.0  # a request under heavy load may queue long: only a hung server times out
 CHECK_MAX_TOKENS = 4
@@ -292,11 +291,9 @@ def run_serve(args: argparse.Namespace) -> list[dict[str, Any]]:
                   "random_range_ratio": args.random_range_ratio}
         result = build_serve_result(outcomes, name=f"serve-{args.dataset}@{label}", engine=engine, model=model,
                                     config=config, slos=slos)
-        result.update({"date": datetime.datetime.now().strftime("%Y%m%d-%H%M%S"),
-                       "endpoint_type": args.backend or "openai", "label": args.label, "model_id": model,
-                       "tokenizer_id": args.tokenizer or model, "num_prompts": len(requests),
-                       "request_rate": "inf" if rate is None or math.isinf(rate) else rate, "burstiness": args.burstiness,
-                       "max_concurrency": args.max_concurrency})
+        result.update(vllm_run_fields(backend=args.backend, label=args.label, model=model, tokenizer=args.tokenizer,
+                                      num_prompts=len(requests), rate=rate, burstiness=args.burstiness,
+                                      max_concurrency=args.max_concurrency))
         result.update(vllm_result_fields(outcomes, result, metrics, percentiles))
         print(format_serve_result(result))
         results.append(result)

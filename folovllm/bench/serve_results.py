@@ -1,6 +1,8 @@
 """``bench serve`` results: latency and throughput metrics from request outcomes, goodput, classes, console report."""
 from __future__ import annotations
 
+import datetime
+import math
 import re
 from collections import Counter
 from typing import Any
@@ -141,6 +143,16 @@ def parse_metric_percentiles(text: str) -> list[float]:
     if not values or any(not 0 < p <= 100 for p in values):
         raise ValueError(f"--metric-percentiles must be in (0, 100]; got {text!r}.")
     return values
+
+
+def vllm_run_fields(*, backend: str | None, label: str | None, model: str, tokenizer: str | None,
+                    num_prompts: int, rate: float | None, burstiness: float,
+                    max_concurrency: int | None) -> dict[str, Any]:
+    """The keys of ``vllm bench serve``'s result that describe the run (``rate`` None: a replayed trace)."""
+    return {"date": datetime.datetime.now().strftime("%Y%m%d-%H%M%S"), "endpoint_type": backend or "openai",
+            "backend": backend or "openai", "label": label, "model_id": model, "tokenizer_id": tokenizer or model,
+            "num_prompts": num_prompts, "request_rate": "inf" if rate is None or math.isinf(rate) else rate,
+            "burstiness": burstiness, "max_concurrency": max_concurrency}
 
 
 def vllm_result_fields(outcomes: list[RequestOutcome], result: dict[str, Any], metrics: list[str],

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from folovllm.attention.backend import attention_backend_names
-from folovllm.config import CONFIG_GROUPS, DTYPE_ALIASES, EngineConfig
+from folovllm.config import CONFIG_GROUPS, DTYPE_ALIASES, NO_EFFECT, EngineConfig
 from folovllm.core.admission import admission_mode_names
 from folovllm.core.policy import policy_names
 
@@ -63,7 +63,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
             continue
         group = groups[meta["group"]]
         flag = meta["flag"] or "--" + f.name.replace("_", "-")
-        kwargs: dict[str, Any] = {"dest": f.name, "help": meta["help"]}
+        help_text = f"{NO_EFFECT}: {meta['no_effect']}" if meta["no_effect"] else meta["help"]
+        kwargs: dict[str, Any] = {"dest": f.name, "help": help_text}
         aliases = list(meta["aliases"])
         if isinstance(f.default, bool):
             if flag.startswith("--no-"):

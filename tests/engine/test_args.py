@@ -69,7 +69,7 @@ def test_vllm_spellings_of_our_switches() -> None:
 @pytest.mark.parametrize("argv, missing", [
     (("-tp", "2"), "tensor parallelism is not implemented"),
     (("--data-parallel-size", "2"), "data parallelism is not implemented"),
-    (("--kv-cache-dtype", "fp8"), "fp8 KV cache is not implemented"),
+    (("--kv-cache-dtype", "fp8"), "an fp8 KV cache is not implemented"),
 ])
 def test_settings_that_would_change_results_are_errors(argv, missing) -> None:
     with pytest.raises(ValueError, match=missing):
