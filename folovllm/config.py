@@ -247,8 +247,12 @@ class EngineConfig:
             if reason and getattr(self, f.name) not in (f.default, None, False):
                 flag = "--" + f.name.replace("_", "-")
                 lines.append(f"{NO_EFFECT}: {flag}={getattr(self, f.name)} ({reason})")
-        if self.enforce_eager and not self.device.startswith("cuda"):
-            lines.append(f"{NO_EFFECT}: --enforce-eager on {self.device} (CUDA graphs are CUDA-only)")
+        if not self.device.startswith("cuda"):  # a resolved config knows its device
+            if self.enforce_eager:
+                lines.append(f"{NO_EFFECT}: --enforce-eager on {self.device} (CUDA graphs are CUDA-only)")
+            if self.gpu_memory_utilization != _default("gpu_memory_utilization"):
+                lines.append(f"{NO_EFFECT}: --gpu-memory-utilization on {self.device} (--kv-cache-memory "
+                             "sizes the KV cache there)")
         return lines
 
     def resolve(self) -> EngineConfig:
@@ -290,7 +294,10 @@ class EngineConfig:
         return _DTYPES[self.resolve().dtype]
 
 
-@functools.cache
+def _default(name: str) -> Any:
+    return next(f.default for f in dataclasses.fields(EngineConfig) if f.name == name)
+
+
 @functools.cache
 def load_cpu_attention_library(path: Path) -> str | None:
     """Loads the CPU attention kernel's torch ops (once per process); returns why it cannot, else None."""

@@ -79,9 +79,10 @@ def test_settings_that_would_change_results_are_errors(argv, missing) -> None:
 def test_settings_that_cannot_matter_warn_in_one_line_each() -> None:
     assert EngineConfig().ignored_settings() == []
     config = engine_config_from_args(parse("--trust-remote-code", "--swap-space", "4", "--cpu-offload-gb", "1",
-                                           "--disable-log-stats", "--enforce-eager", "--device", "cpu"))
+                                           "--disable-log-stats", "--enforce-eager", "--device", "cpu",
+                                           "--gpu-memory-utilization", "0.5"))
     lines = config.ignored_settings()
-    assert len(lines) == 5 and all(line.startswith("accepted for compatibility, has no effect: ") for line in lines)
+    assert len(lines) == 6 and all(line.startswith("accepted for compatibility, has no effect: ") for line in lines)
     assert any("--trust-remote-code" in line for line in lines)
     assert any("--enforce-eager" in line for line in lines)
 

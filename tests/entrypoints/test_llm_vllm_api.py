@@ -93,3 +93,16 @@ def test_beam_search_matches_brute_force(tiny_llm, tiny_hub) -> None:
 def test_beam_search_params_are_checked() -> None:
     with pytest.raises(ValueError, match="beam_width"):
         BeamSearchParams(beam_width=11, max_tokens=4)
+
+
+def test_tokenizer_from_another_path_and_hf_overrides(tiny_hub, smol_tokenizer, tmp_path) -> None:
+    hf_home, snapshot = tiny_hub
+    tokenizer_dir = tmp_path / "tokenizer"
+    smol_tokenizer.save_pretrained(tokenizer_dir)
+    (tokenizer_dir / "chat_template.jinja").write_text("{{ messages[0]['content'] }}!")  # transformers reads it first
+    llm = LLM(str(snapshot), tokenizer=str(tokenizer_dir), hf_overrides={"max_position_embeddings": 128},
+              dtype="float32", kv_cache_memory="64MiB", generation_config="vllm")
+    assert llm.llm_engine.max_model_len == 128  # the override, not config.json's 256
+    out = llm.chat([{"role": "user", "content": "Hi"}], SamplingParams(max_tokens=1), use_tqdm=False)[0]
+    assert out.prompt == "Hi!"  # the other tokenizer's chat template
+    assert llm.get_default_sampling_params() == SamplingParams()  # "vllm": not the model's generation config
