@@ -119,6 +119,9 @@ class LLM:
         prompt_lens = [len(beams[0].tokens) for beams in live]
         finished: list[list[BeamSearchSequence]] = [[] for _ in prompts]
         for _ in tqdm(range(params.max_tokens), desc="Beam search", disable=not use_tqdm):
+            for i, beams in enumerate(live):  # a beam that fills max_model_len ends there
+                finished[i] += [b for b in beams if len(b.tokens) >= engine.max_model_len]
+                live[i] = [b for b in beams if len(b.tokens) < engine.max_model_len]
             flat = [beam for beams in live for beam in beams]
             if not flat:
                 break
@@ -129,8 +132,8 @@ class LLM:
                 finished[i] += ended
         results = []
         for i, beams in enumerate(live):
-            for beam in beams:
-                beam.finish_reason = "length"
+            for beam in beams + finished[i]:
+                beam.finish_reason = beam.finish_reason or "length"
             best = best_finished(finished[i] + beams, params, eos)
             for beam in best:
                 beam.text = self.tokenizer.decode(beam.tokens[prompt_lens[i]:], skip_special_tokens=True)

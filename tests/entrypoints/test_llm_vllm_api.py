@@ -106,3 +106,11 @@ def test_tokenizer_from_another_path_and_hf_overrides(tiny_hub, smol_tokenizer, 
     out = llm.chat([{"role": "user", "content": "Hi"}], SamplingParams(max_tokens=1), use_tqdm=False)[0]
     assert out.prompt == "Hi!"  # the other tokenizer's chat template
     assert llm.get_default_sampling_params() == SamplingParams()  # "vllm": not the model's generation config
+
+
+def test_beams_end_at_max_model_len(tiny_llm) -> None:
+    prompt = [1] + [504] * 253  # room for two more tokens within max_model_len=256
+    output = tiny_llm.beam_search(TokensPrompt(prompt_token_ids=prompt),
+                                  BeamSearchParams(beam_width=2, max_tokens=5, ignore_eos=True))[0]
+    assert [len(s.tokens) for s in output.sequences] == [256, 256]
+    assert all(s.finish_reason == "length" for s in output.sequences)
