@@ -194,7 +194,7 @@ class EngineConfig:
         object.__setattr__(self, "dtype", DTYPE_ALIASES.get(self.dtype, self.dtype))
         if self.quantization is None:  # vLLM's spelling of "as the checkpoint says"
             object.__setattr__(self, "quantization", "auto")
-        self._check_unimplemented()
+        self._check_vllm_settings()
         if self.dtype != "auto" and self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of auto, {', '.join(_DTYPES)}; got {self.dtype!r}")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
@@ -225,8 +225,9 @@ class EngineConfig:
         if self.kv_cache_memory is not None:
             object.__setattr__(self, "kv_cache_memory", parse_size(self.kv_cache_memory))
 
-    def _check_unimplemented(self) -> None:
-        """vLLM settings whose absence here would change results: an error that names what is missing."""
+    def _check_vllm_settings(self) -> None:
+        """vLLM's settings: a value whose absence here would change results is an error naming what is
+        missing (``only`` metadata); max_logprobs and hf_overrides are checked for shape."""
         for f in dataclasses.fields(self):
             if f.metadata.get("only") is None:
                 continue
