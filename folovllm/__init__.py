@@ -1,8 +1,11 @@
 """FoloVLLM: a small LLM inference and serving engine (continuous batching, paged KV cache)."""
+from folovllm.beam_search import BeamSearchParams
+from folovllm.inputs import PromptType, TextPrompt, TokensPrompt
 from folovllm.outputs import CompletionOutput, RequestOutput
 from folovllm.sampling_params import SamplingParams, StructuredOutputsParams
 
-__all__ = ["LLM", "SamplingParams", "StructuredOutputsParams", "RequestOutput", "CompletionOutput"]
+__all__ = ["LLM", "SamplingParams", "StructuredOutputsParams", "BeamSearchParams", "RequestOutput",
+           "CompletionOutput", "PromptType", "TextPrompt", "TokensPrompt"]
 __version__ = "0.1.0"
 
 

@@ -22,6 +22,8 @@ _SIZE_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20,
                "mib": 2**20, "g": 2**30, "gb": 2**30, "gib": 2**30}
 DEFAULT_CPU_KV_CACHE_MEMORY = 2 * 2**30
 QUANTIZATIONS = ("auto", "gptq", "int8")
+DTYPE_ALIASES = {"half": "float16", "float": "float32"}  # vLLM's other spellings
+FP8_KV_CACHE_DTYPES = ("fp8", "fp8_e4m3", "fp8_e5m2")
 # The CPU attention kernel's torch op library, built by `make kernels` (csrc/build.py) in a source checkout.
 CPU_ATTENTION_LIBRARY = (Path(__file__).resolve().parent.parent / "build" / "cpu_attention"
                          / "libfolovllm_cpu_attention.so")
@@ -46,14 +48,32 @@ def usable_cores() -> int:
     return os.cpu_count() or 1
 
 
+# The option groups of `folovllm serve --help`, in vLLM's order (vLLM's config class names); the
+# last holds the knobs only FoloVLLM has.
+CONFIG_GROUPS = ("ModelConfig", "LoadConfig", "DeviceConfig", "CacheConfig", "ParallelConfig",
+                 "SchedulerConfig", "CompilationConfig", "ObservabilityConfig", "FoloVLLM")
+NO_EFFECT = "accepted for compatibility, has no effect"
+
+
 def knob(default: Any, help: str | None = None, *, choices: list[str] | None = None,
-         flag: str | None = None, cli: bool = True) -> Any:
+         flag: str | None = None, cli: bool = True, group: str = "FoloVLLM",
+         aliases: tuple[str, ...] = (), no_effect: str | None = None,
+         only: tuple[Any, str] | None = None) -> Any:
     """A config field with its command-line description.
 
-    ``flag``: the option's name when it is not ``--field-name`` (a ``--no-x`` flag turns a field off);
-    ``cli=False``: the field has no flag (set it from Python).
+    ``flag``: the option's name when it is not ``--field-name`` (a ``--no-x`` flag turns a field off;
+    a boolean that defaults to True gets a ``--x`` / ``--no-x`` pair, as vLLM's flags do);
+    ``cli=False``: the field has no flag (set it from Python); ``group``: its section of ``--help``
+    (one of CONFIG_GROUPS); ``aliases``: more names for the same option (for a boolean, an alias
+    starting with ``--no-`` turns it off); ``no_effect``: why a non-default value cannot change
+    anything here (the engine warns once that it is ignored); ``only``: (the one value implemented,
+    the feature any other value needs), since a setting whose absence would change results is an error.
     """
-    return field(default=default, metadata={"help": help, "choices": choices, "flag": flag, "cli": cli})
+    if group not in CONFIG_GROUPS:
+        raise ValueError(f"unknown config group {group!r}; use one of {CONFIG_GROUPS}")
+    return field(default=default, metadata={"help": help, "choices": choices, "flag": flag, "cli": cli,
+                                             "group": group, "aliases": tuple(aliases),
+                                             "no_effect": no_effect, "only": only})
 
 
 @dataclass(frozen=True)
@@ -64,35 +84,91 @@ class EngineConfig:
     engine reads resolved values only.
     """
 
-    model: str | None = knob(None, "a .gguf file or HF folder (default: SmolLM2-135M-Instruct)")
-    dtype: str = knob("auto", "auto = bfloat16", choices=["auto", *_DTYPES])
-    device: str = knob("auto", "auto = cuda if available, else cpu; or cpu, cuda, cuda:N")
-    load_format: str = knob("auto", "dummy: random weights from the model's config (tests, ablations)",
-                            choices=["auto", "dummy"])
+    # -- ModelConfig ------------------------------------------------------------------------------
+    model: str | None = knob(None, "a .gguf file, an HF folder or a Hugging Face hub id (local cache first; "
+                                   "default: SmolLM2-135M-Instruct)", group="ModelConfig")
+    tokenizer: str | None = knob(None, "the tokenizer's folder, .gguf file or hub id (default: the model's)",
+                                 group="ModelConfig")
+    revision: str | None = knob(None, "hub id: the branch, tag or commit to use (default: main)",
+                                group="ModelConfig")
+    trust_remote_code: bool = knob(False, "FoloVLLM runs its own model code only", group="ModelConfig",
+                                   no_effect="code from a model repository is never run")
+    dtype: str = knob("auto", "auto = bfloat16; half = float16, float = float32",
+                      choices=["auto", *_DTYPES], group="ModelConfig")
+    seed: int = knob(0, "seed for dummy weights and torch", group="ModelConfig")
+    max_model_len: int | None = knob(None, "longest prompt + output (default: the model's maximum)",
+                                     group="ModelConfig")
     quantization: str = knob("auto", "auto: as the checkpoint says; gptq: insist on a GPTQ checkpoint; "
                                      "int8: quantize a float checkpoint's linear weights to int8 at load",
-                             choices=list(QUANTIZATIONS))
-    seed: int = knob(0, "seed for dummy weights and torch")
-    max_model_len: int | None = knob(None, "longest prompt + output (default: the model's maximum)")
-    max_num_seqs: int = knob(256, "most requests running at once")
-    max_num_batched_tokens: int = knob(2048, "most tokens one step computes")
-    block_size: int = knob(16, "tokens per KV cache block")
-    kv_cache_memory: int | str | None = knob(None, "CPU KV cache size, e.g. 2GiB (default)")
-    gpu_memory_utilization: float = knob(0.9, "CUDA: fraction of device memory the engine may use")
-    num_gpu_blocks_override: int | None = knob(None, "fixes the block count (tests, ablations)", cli=False)
-    enable_chunked_prefill: bool = knob(True, "prefill whole prompts in one step", flag="--no-chunked-prefill")
+                             choices=list(QUANTIZATIONS), group="ModelConfig", aliases=("-q",))
+    enforce_eager: bool = knob(False, "CUDA: no CUDA graphs for decode steps", group="ModelConfig")
+    max_logprobs: int = knob(20, "most logprobs (and prompt logprobs) a request may ask for; -1: no "
+                                 "limit beyond SamplingParams' own (20)", group="ModelConfig")
+    hf_overrides: dict[str, Any] | None = knob(
+        None, "JSON merged into the model's config.json, e.g. '{\"max_position_embeddings\": 4096}'",
+        group="ModelConfig")
+    generation_config: str = knob(
+        "auto", "auto: the model's generation_config.json gives the default sampling settings "
+                "(temperature, top_p, top_k, min_p, repetition_penalty, max_new_tokens); vllm: "
+                "SamplingParams' own defaults; or a folder holding a generation_config.json",
+        group="ModelConfig")
+    # -- LoadConfig -------------------------------------------------------------------------------
+    load_format: str = knob("auto", "dummy: random weights from the model's config (tests, ablations)",
+                            choices=["auto", "dummy"], group="LoadConfig")
+    download_dir: str | None = knob(None, "hub ids: the Hugging Face cache folder (default: $HF_HOME/hub)",
+                                    group="LoadConfig")
+    # -- DeviceConfig -----------------------------------------------------------------------------
+    device: str = knob("auto", "auto = cuda if available, else cpu; or cpu, cuda, cuda:N", group="DeviceConfig")
+    # -- CacheConfig ------------------------------------------------------------------------------
+    block_size: int = knob(16, "tokens per KV cache block", group="CacheConfig")
+    kv_cache_memory: int | str | None = knob(None, "CPU KV cache size, e.g. 2GiB (default)", group="CacheConfig")
+    gpu_memory_utilization: float = knob(0.9, "CUDA: fraction of device memory the engine may use",
+                                         group="CacheConfig")
+    num_gpu_blocks_override: int | None = knob(None, "fixes the block count (tests, ablations)", cli=False,
+                                               group="CacheConfig")
+    kv_cache_dtype: str = knob("auto", "auto: the model's dtype (the only one implemented; fp8 kinds are "
+                                       "an error)", choices=["auto", *FP8_KV_CACHE_DTYPES],
+                               group="CacheConfig", only=("auto", "an fp8 KV cache"))
+    enable_prefix_caching: bool = knob(True, "automatic prefix caching (--no-prefix-caching: off, for ablation)",
+                                       flag="--enable-prefix-caching", aliases=("--no-prefix-caching",),
+                                       group="CacheConfig")
+    swap_space: float | None = knob(None, "GiB of CPU swap space per GPU", group="CacheConfig",
+                                    no_effect="preempted requests are recomputed, never swapped")
+    cpu_offload_gb: float | None = knob(None, "GiB of weights to keep in CPU memory", group="CacheConfig",
+                                        no_effect="weights are never offloaded")
+    # -- ParallelConfig ---------------------------------------------------------------------------
+    tensor_parallel_size: int = knob(1, "tensor-parallel ranks (1 only: tensor parallelism is not "
+                                        "implemented yet)", group="ParallelConfig", aliases=("-tp",),
+                                     only=(1, "tensor parallelism"))
+    data_parallel_size: int = knob(1, "data-parallel engine replicas (1 only: data parallelism is not "
+                                      "implemented yet)", group="ParallelConfig", aliases=("-dp",),
+                                   only=(1, "data parallelism"))
+    # -- SchedulerConfig --------------------------------------------------------------------------
+    max_num_seqs: int = knob(256, "most requests running at once", group="SchedulerConfig")
+    max_num_batched_tokens: int = knob(2048, "most tokens one step computes", group="SchedulerConfig")
+    enable_chunked_prefill: bool = knob(True, "split long prompts into chunks that share steps with "
+                                              "decodes (--no-chunked-prefill: prefill whole prompts in one step)",
+                                        flag="--enable-chunked-prefill", aliases=("--no-chunked-prefill",),
+                                        group="SchedulerConfig")
     long_prefill_token_threshold: int = knob(
-        0, "cap each prompt's chunk per step so short requests can join (0 = off)")
-    enable_prefix_caching: bool = knob(True, "turn automatic prefix caching off (ablation)",
-                                       flag="--no-prefix-caching")
+        0, "cap each prompt's chunk per step so short requests can join (0 = off)", group="SchedulerConfig")
+    scheduling_policy: str = knob("fcfs", "the order in which waiting requests are admitted",
+                                  group="SchedulerConfig")
+    # -- CompilationConfig ------------------------------------------------------------------------
+    cuda_graph_max_batch: int = knob(256, "CUDA: the largest decode batch captured in a CUDA graph",
+                                     group="CompilationConfig")
+    # -- ObservabilityConfig ----------------------------------------------------------------------
+    disable_log_stats: bool = knob(False, "do not log engine statistics", group="ObservabilityConfig",
+                                   no_effect="the engine logs no periodic statistics; /metrics is always served")
+    trace_path: str | None = knob(
+        None, "write the step trace (JSONL: tokens by kind, running, waiting, KV) here", flag="--trace",
+        group="ObservabilityConfig")
+    # -- FoloVLLM's own knobs ---------------------------------------------------------------------
     attention_backend: str = knob("auto", "auto: triton on CUDA; on CPU cpu when its kernel is built "
                                           "(make kernels), else torch")
-    enforce_eager: bool = knob(False, "CUDA: no CUDA graphs for decode steps")
-    cuda_graph_max_batch: int = knob(256, "CUDA: the largest decode batch captured in a CUDA graph")
     overlap_scheduling: bool | str = knob(
         "auto", "do not schedule step N+1 while the device runs step N "
                 "(default: overlap on CUDA, where the device runs asynchronously)", flag="--no-overlap")
-    scheduling_policy: str = knob("fcfs", "the order in which waiting requests are admitted")
     max_queue_delay: float | None = knob(
         None, "sjf/fair: seconds after which a waiting request goes first (aging)")
     tenant_weights: dict[str, float] | None = knob(None, "fair: share per user (default 1 each)", cli=False)
@@ -110,13 +186,15 @@ class EngineConfig:
                            choices=["continuous", "static"])
     kv_layout: str = knob("paged", "contiguous: each request reserves max_model_len up front (ablation)",
                           choices=["paged", "contiguous"])
-    trace_path: str | None = knob(
-        None, "write the step trace (JSONL: tokens by kind, running, waiting, KV) here", flag="--trace")
     num_threads: int | None = knob(None, "CPU threads for torch (default: the cores this process may run on)")
     cpu_prepack: bool = knob(True, "CPU: keep linear weights plain instead of prepacked for oneDNN (ablation)",
                              flag="--no-cpu-prepack")
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "dtype", DTYPE_ALIASES.get(self.dtype, self.dtype))
+        if self.quantization is None:  # vLLM's spelling of "as the checkpoint says"
+            object.__setattr__(self, "quantization", "auto")
+        self._check_vllm_settings()
         if self.dtype != "auto" and self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of auto, {', '.join(_DTYPES)}; got {self.dtype!r}")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
@@ -146,6 +224,37 @@ class EngineConfig:
             raise ValueError(f"cuda_graph_max_batch must be >= 1; got {self.cuda_graph_max_batch}")
         if self.kv_cache_memory is not None:
             object.__setattr__(self, "kv_cache_memory", parse_size(self.kv_cache_memory))
+
+    def _check_vllm_settings(self) -> None:
+        """vLLM's settings: a value whose absence here would change results is an error naming what is
+        missing (``only`` metadata); max_logprobs and hf_overrides are checked for shape."""
+        for f in dataclasses.fields(self):
+            if f.metadata.get("only") is None:
+                continue
+            allowed, feature = f.metadata["only"]
+            value = getattr(self, f.name)
+            if value != allowed:
+                raise ValueError(f"{f.name}={value!r}: {feature} is not implemented yet; use {allowed!r}")
+        if self.max_logprobs < -1:
+            raise ValueError(f"max_logprobs must be -1 (no limit) or >= 0; got {self.max_logprobs}")
+        if self.hf_overrides is not None and not isinstance(self.hf_overrides, dict):
+            raise ValueError(f"hf_overrides must be a dict (JSON object); got {type(self.hf_overrides).__name__}")
+
+    def ignored_settings(self) -> list[str]:
+        """One warning line per vLLM setting given here that cannot change anything (never silent)."""
+        lines = []
+        for f in dataclasses.fields(self):
+            reason = f.metadata.get("no_effect")
+            if reason and getattr(self, f.name) not in (f.default, None, False):
+                flag = "--" + f.name.replace("_", "-")
+                lines.append(f"{NO_EFFECT}: {flag}={getattr(self, f.name)} ({reason})")
+        if not self.device.startswith("cuda"):  # a resolved config knows its device
+            if self.enforce_eager:
+                lines.append(f"{NO_EFFECT}: --enforce-eager on {self.device} (CUDA graphs are CUDA-only)")
+            if self.gpu_memory_utilization != _default("gpu_memory_utilization"):
+                lines.append(f"{NO_EFFECT}: --gpu-memory-utilization on {self.device} (--kv-cache-memory "
+                             "sizes the KV cache there)")
+        return lines
 
     def resolve(self) -> EngineConfig:
         """This config with every ``auto`` decided for this machine (the one place that decides).
@@ -186,7 +295,10 @@ class EngineConfig:
         return _DTYPES[self.resolve().dtype]
 
 
-@functools.cache
+def _default(name: str) -> Any:
+    return next(f.default for f in dataclasses.fields(EngineConfig) if f.name == name)
+
+
 @functools.cache
 def load_cpu_attention_library(path: Path) -> str | None:
     """Loads the CPU attention kernel's torch ops (once per process); returns why it cannot, else None."""

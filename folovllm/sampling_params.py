@@ -5,6 +5,10 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any
 
+from folovllm.beam_search import BeamSearchParams  # re-exported: vLLM's users import it from here
+
+__all__ = ["BeamSearchParams", "SamplingParams", "StructuredOutputsParams"]
+
 _INT64 = (-(2**63), 2**63 - 1)  # seeds and token ids are 64-bit integers (OpenAI's seed is int64)
 
 

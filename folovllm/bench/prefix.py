@@ -133,16 +133,18 @@ def run_multi_turn(args: argparse.Namespace, make_llm, allowed: np.ndarray) -> l
 def run_prefix_workload(args: argparse.Namespace) -> list[dict[str, Any]]:
     from folovllm import LLM
     from folovllm.engine.args import engine_config_from_args
+    from folovllm.model.hub import resolve_model_files
     from folovllm.model.loader import default_model_path, load_arch_config
     from folovllm.model.tokenizer import load_tokenizer
 
-    config = engine_config_from_args(args)
+    config = resolve_model_files(engine_config_from_args(args))
 
     def make_llm(**overrides):
         return LLM(**{**vars(config), **overrides})
 
     model = config.model or default_model_path()
-    allowed = _allowed_ids(load_tokenizer(model), load_arch_config(model).vocab_size)
+    allowed = _allowed_ids(load_tokenizer(config.tokenizer or model),
+                           load_arch_config(model, config.hf_overrides).vocab_size)
     runner = run_shared_prefix if args.workload == "shared-prefix" else run_multi_turn
     results = runner(args, make_llm, allowed)
     if args.output_json:

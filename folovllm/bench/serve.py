@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+import json
+import logging
 import math
 import os
 import time
@@ -22,13 +25,16 @@ from tqdm import tqdm
 from folovllm.bench import datasets as ds
 from folovllm.bench.driver import poisson_arrivals
 from folovllm.bench.results import write_results
-from folovllm.bench.serve_client import (RequestOutcome, ServedModel, auth_headers, fetch_models,
-                                         send_request)
+from folovllm.bench.serve_client import (ENDPOINT_PATHS, RequestOutcome, ServedModel, auth_headers,
+                                         fetch_models, send_request)
 from folovllm.bench.serve_results import (build_serve_result, format_serve_result, latency_samples_ms,
-                                          parse_goodput)
+                                          parse_goodput, parse_metric_percentiles, parse_percentile_metrics,
+                                          vllm_result_fields, vllm_run_fields)
 
 REQUEST_TIMEOUT_S = 6 * 3600.0  # a request under heavy load may queue long: only a hung server times out
 CHECK_MAX_TOKENS = 4
+
+logger = logging.getLogger(__name__)
 
 
 def arrival_offsets(num: int, rate: float, burstiness: float = 1.0, seed: int = 0) -> list[float]:
@@ -55,16 +61,29 @@ def parse_rates(text: str) -> list[float]:
     return rates
 
 
+def _endpoint(text: str) -> str:
+    """Our endpoint names, or vLLM's paths (``/v1/completions``, ``/v1/chat/completions``)."""
+    return {path: name for name, path in ENDPOINT_PATHS.items()}.get(text, text)
+
+
 def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add the ``bench serve`` options to ``parser`` and return it."""
+    """Add the ``bench serve`` options to ``parser`` and return it (``vllm bench serve``'s names too)."""
     g = parser.add_argument_group("server")
-    g.add_argument("--base-url", default="http://127.0.0.1:8000", help="the server, without /v1")
-    g.add_argument("--endpoint", choices=["completions", "chat"], default="completions",
-                   help="completions sends token-id prompts (exact lengths); chat sends random words")
+    g.add_argument("--base-url", default=None, help="the server, without /v1 (default: http://HOST:PORT)")
+    g.add_argument("--host", default="127.0.0.1")
+    g.add_argument("--port", type=int, default=8000)
+    g.add_argument("--endpoint", type=_endpoint, choices=list(ENDPOINT_PATHS), default=None,
+                   help="completions (or /v1/completions) sends token-id prompts (exact lengths); "
+                        "chat (or /v1/chat/completions) sends random words")
+    g.add_argument("--backend", "--endpoint-type", choices=list(_BACKENDS), default=None,
+                   help="vLLM's spelling of the endpoint: openai-chat = chat, vllm/openai = completions")
     g.add_argument("--model", default=None, help="model name to request (default: first id of GET /v1/models)")
+    g.add_argument("--tokenizer", default=None,
+                   help="accepted for compatibility, has no effect: prompts are token ids or words, and "
+                        "token counts come from the server's usage")
     g.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"), help="default: $OPENAI_API_KEY")
     d = parser.add_argument_group("dataset")
-    d.add_argument("--dataset", choices=ds.DATASETS, default="random",
+    d.add_argument("--dataset", "--dataset-name", dest="dataset", choices=ds.DATASETS, default="random",
                    help="random, shared-prefix, sharegpt-like, a reference workload "
                         "(its count, lengths and arrivals; e.g. mixed = 50%% 1024-token prompts, Poisson 64/s), "
                         "or jsonl (--dataset-path)")
@@ -73,9 +92,12 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     d.add_argument("--num-prompts", type=int, default=None,
                    help="requests (default: 64 for random/shared-prefix, 500 sharegpt-like, the table's "
                         "count for seed workloads, the whole file for jsonl)")
-    d.add_argument("--input-len", type=int, default=None,
+    d.add_argument("--input-len", "--random-input-len", dest="input_len", type=int, default=None,
                    help="prompt tokens (random: 128; shared-prefix: the suffix; mixed: the long class)")
-    d.add_argument("--output-len", type=int, default=None, help="max_tokens (random/shared-prefix: 64)")
+    d.add_argument("--output-len", "--random-output-len", dest="output_len", type=int, default=None,
+                   help="max_tokens (random/shared-prefix: 64)")
+    d.add_argument("--random-range-ratio", type=float, default=None,
+                   help="lengths uniform in [L*(1-R), L*(1+R)] around --input-len and --output-len")
     d.add_argument("--input-len-range", default=None, metavar="A:B", help="prompt tokens uniform in [A, B]")
     d.add_argument("--output-len-range", default=None, metavar="A:B", help="max_tokens uniform in [A, B]")
     d.add_argument("--prefix-len", type=int, default=256, help="shared-prefix: tokens of the common prefix")
@@ -91,13 +113,49 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="run once per rate (inf allowed) for a throughput-latency curve")
     a.add_argument("--max-concurrency", type=int, default=None, help="requests in flight at most")
     a.add_argument("--seed", type=int, default=0, help="seeds the dataset and the arrivals")
+    a.add_argument("--ignore-eos", action="store_true",
+                   help="every request ignores EOS (synthetic datasets always do: it fixes their lengths)")
     o = parser.add_argument_group("output")
     o.add_argument("--goodput", nargs="+", default=None, metavar="KEY:MS",
                    help="SLOs for goodput, e.g. ttft:200 tpot:50 e2el:5000")
+    o.add_argument("--percentile-metrics", default="ttft,tpot,itl",
+                   help="metrics whose percentiles the vLLM-format keys report (of ttft,tpot,itl,e2el)")
+    o.add_argument("--metric-percentiles", default="99", help="those percentiles, e.g. 50,90,99")
     o.add_argument("--output-json", default=None, help="write the list of result objects here")
+    o.add_argument("--save-result", action="store_true",
+                   help="write each run's result object (vLLM's keys and ours) as a JSON file")
+    o.add_argument("--result-dir", default=None, help="--save-result: the folder (default: here)")
+    o.add_argument("--result-filename", default=None,
+                   help="--save-result: the file name (default: LABEL-RATEqps[-concurrencyN]-MODEL-DATE.json)")
+    o.add_argument("--label", default=None, help="names the run in the saved file (default: folovllm)")
     o.add_argument("--plot", default=None, metavar="DIR", help="write latency CDFs (and the sweep curve) as PNGs")
-    o.add_argument("--no-progress", action="store_true", help="no progress bar")
+    o.add_argument("--no-progress", "--disable-tqdm", dest="no_progress", action="store_true",
+                   help="no progress bar")
     return parser
+
+
+_BACKENDS = {"vllm": "completions", "openai": "completions", "openai-chat": "chat"}
+
+
+def endpoint_of(args: argparse.Namespace) -> str:
+    """--endpoint, else what --backend names, else completions."""
+    if args.endpoint is not None:
+        return args.endpoint
+    return _BACKENDS[args.backend] if args.backend else "completions"
+
+
+def base_url_of(args: argparse.Namespace) -> str:
+    """--base-url, else http://HOST:PORT."""
+    return args.base_url or f"http://{args.host}:{args.port}"
+
+
+def _ranged(value: int | None, ratio: float | None, name: str) -> str | None:
+    """``--random-range-ratio`` as an A:B range around a fixed length."""
+    if ratio is None or value is None:
+        return None
+    if not 0 <= ratio < 1:
+        raise ValueError(f"--random-range-ratio must be in [0, 1), got {ratio}.")
+    return f"{max(1, int(value * (1 - ratio)))}:{max(1, int(value * (1 + ratio)))}"
 
 
 def _len_bounds(fixed: int | None, text: str | None, default: int | None, name: str) -> tuple[int, int] | None:
@@ -115,7 +173,8 @@ def build_requests(args: argparse.Namespace, served: ServedModel | None) -> list
     """The dataset ``args`` name, shaped for ``args.endpoint``."""
     if args.num_prompts is not None and args.num_prompts < 1:
         raise ValueError(f"--num-prompts must be at least 1, got {args.num_prompts}.")
-    fmt = "ids" if args.endpoint == "completions" else "text"
+    endpoint = endpoint_of(args)
+    fmt = "ids" if endpoint == "completions" else "text"
     maker = ds.PromptMaker(fmt, np.random.default_rng(args.seed),
                            ds.parse_len_range(args.token_id_range, "--token-id-range"))
     name, n = args.dataset, args.num_prompts
@@ -130,11 +189,20 @@ def build_requests(args: argparse.Namespace, served: ServedModel | None) -> list
     elif name == "sharegpt-like":
         requests = ds.sharegpt_like_dataset(n or 500, maker, served.max_model_len if served else None)
     else:
-        ins = _len_bounds(args.input_len, args.input_len_range, 128, "input-len")
-        outs = _len_bounds(args.output_len, args.output_len_range, 64, "output-len")
+        ratio = args.random_range_ratio
+        if ratio is not None and (args.input_len_range or args.output_len_range):
+            raise ValueError("give --random-range-ratio or --input-len-range/--output-len-range, not both.")
+        in_len = 128 if args.input_len is None else args.input_len
+        out_len = 64 if args.output_len is None else args.output_len
+        ins = _len_bounds(None if ratio is not None else args.input_len,
+                          _ranged(in_len, ratio, "input-len") or args.input_len_range, 128, "input-len")
+        outs = _len_bounds(None if ratio is not None else args.output_len,
+                           _ranged(out_len, ratio, "output-len") or args.output_len_range, 64, "output-len")
         requests = (ds.random_dataset(n or 64, ins, outs, maker) if name == "random" else
                     ds.shared_prefix_dataset(n or 64, args.prefix_len, ins, outs, maker))
-    return ds.adapt_to_endpoint(requests, args.endpoint)
+    if args.ignore_eos:
+        requests = [dataclasses.replace(r, ignore_eos=True) for r in requests]
+    return ds.adapt_to_endpoint(requests, endpoint)
 
 
 async def run_benchmark(requests: list[ds.ServeRequest], arrivals: list[float], *, base_url: str,
@@ -174,21 +242,28 @@ def _check_endpoint(args: argparse.Namespace, model: str, req: ds.ServeRequest) 
     """One short request before timing anything: a wrong URL, model or prompt fails fast, with the reason."""
     probe = ds.ServeRequest(req.prompt, min(req.max_tokens, CHECK_MAX_TOKENS), req.prompt_len,
                             messages=req.messages, ignore_eos=req.ignore_eos)
-    outcome = asyncio.run(run_benchmark([probe], [0.0], base_url=args.base_url, endpoint=args.endpoint,
+    base_url = base_url_of(args)
+    outcome = asyncio.run(run_benchmark([probe], [0.0], base_url=base_url, endpoint=endpoint_of(args),
                                         model=model, api_key=args.api_key, progress=False))[0]
     if not outcome.success:
-        raise ValueError(f"the check request to {args.base_url} failed: {outcome.error}")
+        raise ValueError(f"the check request to {base_url} failed: {outcome.error}")
 
 
 def run_serve(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Runs the benchmark (once, or once per ``--sweep-rates`` rate), prints each report and writes
-    the JSON list and plots asked for; returns the result objects."""
+    the JSON list, the per-run files (``--save-result``) and plots asked for; returns the result objects."""
     slos = parse_goodput(args.goodput)
-    models = fetch_models(args.base_url, args.api_key)
+    metrics = parse_percentile_metrics(args.percentile_metrics)
+    percentiles = parse_metric_percentiles(args.metric_percentiles)
+    if args.tokenizer is not None:
+        logger.warning("accepted for compatibility, has no effect: --tokenizer (prompts are token ids or "
+                       "words; token counts come from the server's usage)")
+    base_url, endpoint = base_url_of(args), endpoint_of(args)
+    models = fetch_models(base_url, args.api_key)
     served = next((m for m in models if m.id == args.model), None) if args.model else (models or [None])[0]
     model = args.model or (served.id if served else None)
     if model is None:
-        raise ValueError(f"{args.base_url}/v1/models lists no model; pass --model.")
+        raise ValueError(f"{base_url}/v1/models lists no model; pass --model.")
     engine = served.owned_by if served and served.owned_by else "openai-compatible"
     requests = build_requests(args, served)
     fixed_arrivals = args.request_rate is None and all(r.arrival_s is not None for r in requests)
@@ -203,26 +278,51 @@ def run_serve(args: argparse.Namespace) -> list[dict[str, Any]]:
     for rate in rates:
         arrivals = ([r.arrival_s for r in requests] if rate is None else
                     arrival_offsets(len(requests), rate, args.burstiness, args.seed))
-        outcomes = asyncio.run(run_benchmark(requests, arrivals, base_url=args.base_url, endpoint=args.endpoint,
+        outcomes = asyncio.run(run_benchmark(requests, arrivals, base_url=base_url, endpoint=endpoint,
                                              model=model, api_key=args.api_key,
                                              max_concurrency=args.max_concurrency,
                                              progress=not args.no_progress))
         label = "trace" if rate is None else f"{rate:g}"
-        config = {"base_url": args.base_url, "endpoint": args.endpoint, "dataset": args.dataset,
+        config = {"base_url": base_url, "endpoint": endpoint, "dataset": args.dataset,
                   "dataset_path": args.dataset_path, "num_prompts": len(requests), "request_rate": label,
                   "burstiness": args.burstiness, "max_concurrency": args.max_concurrency, "seed": args.seed,
                   "input_len": args.input_len, "output_len": args.output_len,
-                  "input_len_range": args.input_len_range, "output_len_range": args.output_len_range}
+                  "input_len_range": args.input_len_range, "output_len_range": args.output_len_range,
+                  "random_range_ratio": args.random_range_ratio}
         result = build_serve_result(outcomes, name=f"serve-{args.dataset}@{label}", engine=engine, model=model,
                                     config=config, slos=slos)
+        result.update(vllm_run_fields(backend=args.backend, label=args.label, model=model, tokenizer=args.tokenizer,
+                                      num_prompts=len(requests), rate=rate, burstiness=args.burstiness,
+                                      max_concurrency=args.max_concurrency))
+        result.update(vllm_result_fields(outcomes, result, metrics, percentiles))
         print(format_serve_result(result))
         results.append(result)
         samples.append(latency_samples_ms([o.timing() for o in outcomes if o.success]))
+        if args.save_result:
+            _save_result(args, result, label, len(rates) > 1)
     if args.output_json:
         write_results(results, args.output_json)
     if args.plot:
         _write_plots(Path(args.plot), results, samples)
     return results
+
+
+def _save_result(args: argparse.Namespace, result: dict[str, Any], rate_label: str, sweep: bool) -> Path:
+    """One run's result object as vLLM's ``--save-result`` file; in a sweep the rate joins the name."""
+    if args.result_filename:
+        name = args.result_filename
+        if sweep:
+            stem, dot, ext = name.rpartition(".")
+            name = f"{stem}-rate{rate_label}.{ext}" if dot else f"{name}-rate{rate_label}"
+    else:
+        concurrency = f"-concurrency{args.max_concurrency}" if args.max_concurrency else ""
+        name = (f"{args.label or 'folovllm'}-{rate_label}qps{concurrency}-"
+                f"{result['model_id'].split('/')[-1]}-{result['date']}.json")
+    path = Path(args.result_dir or ".") / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2, allow_nan=True))
+    print(f"wrote {path}")
+    return path
 
 
 def _write_plots(folder: Path, results: list[dict[str, Any]], samples: list[dict[str, list[float]]]) -> None:

@@ -1,9 +1,13 @@
 """``bench serve`` results: latency and throughput metrics from request outcomes, goodput, classes, console report."""
 from __future__ import annotations
 
+import datetime
+import math
 import re
 from collections import Counter
 from typing import Any
+
+import numpy as np
 
 from folovllm.bench.results import LATENCY_KEYS, RequestTiming, build_result, format_result
 from folovllm.bench.serve_client import RequestOutcome
@@ -115,3 +119,69 @@ def format_serve_result(result: dict[str, Any]) -> str:
                      f"{part['output_tok_s']:,.1f} out tok/s; p50 TTFT {_ms(part['ttft_ms'], 'p50')} ms, "
                      f"TPOT {_ms(part['tpot_ms'], 'p50')} ms, E2EL {_ms(part['e2el_ms'], 'p50')} ms")
     return "\n".join(lines + extra + [closing])
+
+
+VLLM_PERCENTILE_METRICS = ("ttft", "tpot", "itl", "e2el")
+
+
+def parse_percentile_metrics(text: str) -> list[str]:
+    """``"ttft,tpot,itl"`` → the metrics ``vllm bench serve`` reports percentiles of."""
+    metrics = [m.strip() for m in text.split(",") if m.strip()]
+    bad = [m for m in metrics if m not in VLLM_PERCENTILE_METRICS]
+    if bad or not metrics:
+        raise ValueError(f"--percentile-metrics takes a comma-separated subset of "
+                         f"{','.join(VLLM_PERCENTILE_METRICS)}; got {text!r}.")
+    return metrics
+
+
+def parse_metric_percentiles(text: str) -> list[float]:
+    """``"50,90,99"`` → [50.0, 90.0, 99.0], each in (0, 100]."""
+    try:
+        values = [float(p) for p in text.split(",") if p.strip()]
+    except ValueError:
+        raise ValueError(f"--metric-percentiles takes comma-separated numbers; got {text!r}.") from None
+    if not values or any(not 0 < p <= 100 for p in values):
+        raise ValueError(f"--metric-percentiles must be in (0, 100]; got {text!r}.")
+    return values
+
+
+def vllm_run_fields(*, backend: str | None, label: str | None, model: str, tokenizer: str | None,
+                    num_prompts: int, rate: float | None, burstiness: float,
+                    max_concurrency: int | None) -> dict[str, Any]:
+    """The keys of ``vllm bench serve``'s result that describe the run (``rate`` None: a replayed trace)."""
+    return {"date": datetime.datetime.now().strftime("%Y%m%d-%H%M%S"), "endpoint_type": backend or "openai",
+            "backend": backend or "openai", "label": label, "model_id": model, "tokenizer_id": tokenizer or model,
+            "num_prompts": num_prompts, "request_rate": "inf" if rate is None or math.isinf(rate) else rate,
+            "burstiness": burstiness, "max_concurrency": max_concurrency}
+
+
+def vllm_result_fields(outcomes: list[RequestOutcome], result: dict[str, Any], metrics: list[str],
+                       percentiles: list[float]) -> dict[str, Any]:
+    """The keys ``vllm bench serve --save-result`` writes, from the same outcomes as ``result``:
+    counts, throughputs, per-request lists (seconds) and, per selected metric, mean / median / std
+    / p<P> in ms (``p99_ttft_ms``; a whole percentile without its decimals, as vLLM names it)."""
+    ok = [o for o in outcomes if o.success]
+    samples = latency_samples_ms([o.timing() for o in ok])
+    duration = result["duration_s"]
+    fields: dict[str, Any] = {
+        "duration": duration, "completed": len(ok), "failed": len(outcomes) - len(ok),
+        "total_input_tokens": result["input_tokens"], "total_output_tokens": result["output_tokens"],
+        "request_throughput": result["request_throughput"], "output_throughput": result["output_tok_s"],
+        "total_token_throughput": result["total_tok_s"],
+        "input_lens": [o.prompt_tokens for o in outcomes],
+        "output_lens": [o.output_tokens for o in outcomes],
+        "ttfts": [o.chunk_times[0] - o.send_time if o.success and o.chunk_times else 0.0 for o in outcomes],
+        "itls": [[b - a for a, b in zip(o.chunk_times, o.chunk_times[1:])] for o in outcomes],
+        "errors": [o.error or "" for o in outcomes],
+    }
+    if "goodput" in result:
+        fields["request_goodput"] = result["goodput"]["request_goodput"]
+    for metric in metrics:
+        values = np.asarray(samples[f"{metric}_ms"] or [0.0], dtype=np.float64)
+        fields[f"mean_{metric}_ms"] = float(values.mean())
+        fields[f"median_{metric}_ms"] = float(np.median(values))
+        fields[f"std_{metric}_ms"] = float(values.std())
+        for p in percentiles:
+            name = str(int(p)) if p == int(p) else str(p)
+            fields[f"p{name}_{metric}_ms"] = float(np.percentile(values, p))
+    return fields

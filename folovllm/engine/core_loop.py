@@ -59,6 +59,8 @@ class EngineInfo:
 
     model_path: str
     max_model_len: int
+    # SamplingParams fields the model's generation config sets: a request that omits one gets these
+    default_sampling: dict = field(default_factory=dict)
 
 
 @dataclass

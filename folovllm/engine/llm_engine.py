@@ -25,6 +25,8 @@ from folovllm.engine.fault_isolation import isolate_faults, subset
 from folovllm.engine.output_processor import OutputProcessor, RequestGroup
 from folovllm.engine.stats import EngineStats, StepStats
 from folovllm.engine.worker_input import build_step_input
+from folovllm.model.generation_config import default_sampling_overrides
+from folovllm.model.hub import resolve_model_files
 from folovllm.model.loader import default_model_path
 from folovllm.model.tokenizer import load_tokenizer
 from folovllm.outputs import RequestOutput
@@ -83,12 +85,16 @@ def check_token_ids_in_vocab(params: SamplingParams, vocab_size: int) -> None:
 
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
-        config = config.resolve()  # every "auto" decided here, once
+        config = resolve_model_files(config).resolve()  # hub ids to paths; every "auto" decided here, once
         self.config = config
+        for line in config.ignored_settings():
+            logger.warning(line)
         self.device = config.torch_device
         self.model_path = config.model or default_model_path()
         self.worker = Worker(config, self.model_path)
-        self.tokenizer = load_tokenizer(self.model_path)
+        self.tokenizer = load_tokenizer(config.tokenizer or self.model_path)
+        # SamplingParams fields the model's generation_config.json sets (vLLM's --generation-config)
+        self.default_sampling = default_sampling_overrides(self.model_path, config.generation_config)
         arch = self.worker.arch
         self.vocab_size = arch.vocab_size
         self.max_model_len = self._resolve_max_model_len(arch.max_position_embeddings)
@@ -170,7 +176,7 @@ class LLMEngine:
             cache_salt = prompt["cache_salt"]
         if request_id in self.groups:
             raise ValueError(f"request id {request_id!r} is already in use")
-        prompt_text, prompt_ids = self._tokenize(prompt)
+        prompt_text, prompt_ids = self.tokenize(prompt)
         prompt_ids = truncate_prompt(prompt_ids, params.truncate_prompt_tokens, self.max_model_len)
         check_prompt_length(len(prompt_ids), self.max_model_len)
         vocab = self.vocab_size
@@ -180,6 +186,7 @@ class LLMEngine:
         bad_words = bad_words_token_ids(params.bad_words, self.tokenizer) if params.bad_words else ()
         if any(t >= vocab for ids in bad_words for t in ids):
             raise ValueError(f"bad_words must tokenize to ids in [0, {vocab}) for this model")
+        self._check_logprobs(params)
         room = self.max_model_len - len(prompt_ids)
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
         arrival = time.perf_counter() if arrival_time is None else arrival_time
@@ -194,12 +201,21 @@ class LLMEngine:
             samples.append(sample)
         return RequestGroup(request_id, prompt_text, prompt_ids, samples)
 
+    def _check_logprobs(self, params: SamplingParams) -> None:
+        limit = self.config.max_logprobs
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(params, name)
+            if limit >= 0 and value is not None and value > limit:
+                raise ValueError(f"{name}={value} is more than this engine's max_logprobs={limit} "
+                                 "(raise it with --max-logprobs)")
+
     def _queue(self, group: RequestGroup) -> None:
         self.groups[group.request_id] = group
         for sample in group.samples:
             self.scheduler.add_request(sample)
 
-    def _tokenize(self, prompt: PromptInput) -> tuple[str | None, list[int]]:
+    def tokenize(self, prompt: PromptInput) -> tuple[str | None, list[int]]:
+        """A prompt's text (if it has one) and token ids."""
         if isinstance(prompt, dict):
             if "prompt_token_ids" in prompt:
                 return prompt.get("prompt"), list(prompt["prompt_token_ids"])

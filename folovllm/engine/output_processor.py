@@ -31,6 +31,7 @@ class OutputProcessor:
     def __init__(self, tokenizer, max_model_len: int) -> None:
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
+        self._token_text: dict[int, str] = {}  # token id -> its text, for Logprob.decoded_token
 
     def start(self, request: Request) -> None:
         if request.params.detokenize:  # detokenize=False: ids only, the tokenizer is never asked
@@ -83,8 +84,15 @@ class OutputProcessor:
             request.prompt_logprobs[first_position + offset] = self._to_logprob_dict(token_logprobs)
         request.num_prompt_logprobs = max(request.num_prompt_logprobs, first_position + len(entries) - 1)
 
+    def token_text(self, token_id: int) -> str:
+        """The token as text (``" Paris"``, not the vocabulary's ``"ĠParis"``), cached per id."""
+        text = self._token_text.get(token_id)
+        if text is None:
+            text = self._token_text[token_id] = self.tokenizer.decode([token_id])
+        return text
+
     def _to_logprob_dict(self, token_logprobs) -> dict[int, Logprob]:
-        decode = self.tokenizer.convert_ids_to_tokens
+        decode = self.token_text
         entries = {tid: Logprob(lp, rank + 1, decode(tid))
                    for rank, (tid, lp) in enumerate(token_logprobs.top_logprobs)}
         entries.setdefault(token_logprobs.token_id, Logprob(

@@ -6,7 +6,7 @@ import logging
 import sys
 import time
 
-from folovllm.engine.args import add_engine_args, engine_config_from_args
+from folovllm.engine.args import add_engine_args, add_model_positional, engine_config_from_args
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -73,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     gen = sub.add_parser("generate", help="generate text for one or more prompts")
+    add_model_positional(gen)
     gen.add_argument("--prompt", action="append", help="a prompt (repeat for several)")
     gen.add_argument("--chat", action="store_true", help="wrap each prompt in the chat template")
     gen.add_argument("--max-tokens", type=int, default=64)
@@ -87,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.set_defaults(func=_generate)
 
     serve = sub.add_parser("serve", help="the OpenAI-compatible HTTP server")
+    add_model_positional(serve)
     from folovllm.entrypoints.openai.api_server import add_server_args
 
     add_server_args(serve)
@@ -98,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     throughput = bench_sub.add_parser("throughput", help="offline throughput on a seed workload")
     from folovllm.bench.throughput import add_throughput_args
 
+    add_model_positional(throughput)
     add_throughput_args(throughput)
     throughput.set_defaults(func=_bench)
     serve_bench = bench_sub.add_parser("serve", help="online load against an OpenAI-compatible server")

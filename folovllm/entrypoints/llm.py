@@ -2,16 +2,21 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Sequence
 from typing import Any
 
 from tqdm.auto import tqdm
 
+from folovllm.beam_search import BeamSearchOutput, BeamSearchParams, BeamSearchSequence, best_finished, expand
 from folovllm.config import EngineConfig
 from folovllm.engine.llm_engine import LLMEngine, PromptInput
+from folovllm.engine.metrics_reader import Metric, engine_metrics
 from folovllm.engine.run_loop import run_until_finished
 from folovllm.outputs import RequestOutput
 from folovllm.sampling_params import SamplingParams
+
+_ENGINE_ARGS = frozenset(f.name for f in dataclasses.fields(EngineConfig))
 
 
 class LLM:
@@ -22,6 +27,12 @@ class LLM:
     """
 
     def __init__(self, model: str | None = None, **engine_args: Any) -> None:
+        """``model``: a .gguf file, an HF folder or a hub id; ``engine_args``: EngineConfig's fields
+        (vLLM's names: tensor_parallel_size, tokenizer, quantization, seed, ...)."""
+        unknown = sorted(set(engine_args) - _ENGINE_ARGS)
+        if unknown:
+            raise ValueError(f"unknown engine argument(s) {unknown}; the known ones are EngineConfig's "
+                             "fields (folovllm/config.py)")
         self.llm_engine = LLMEngine(EngineConfig(model=model, **engine_args))
 
     @property
@@ -45,7 +56,7 @@ class LLM:
             prompts = [prompts]
         prompts = list(prompts)
         if sampling_params is None:
-            sampling_params = SamplingParams()
+            sampling_params = self.get_default_sampling_params()
         if isinstance(sampling_params, SamplingParams):
             sampling_params = [sampling_params] * len(prompts)
         if len(sampling_params) != len(prompts):
@@ -77,16 +88,63 @@ class LLM:
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         if not getattr(self.tokenizer, "chat_template", None) and chat_template is None:
             raise ValueError("this model has no chat template; pass chat_template= or use generate()")
-        prompts = [{"prompt_token_ids": self._apply_template(c, add_generation_prompt, chat_template)}
-                   for c in conversations]
+        prompts = [self._apply_template(c, add_generation_prompt, chat_template) for c in conversations]
         return self.generate(prompts, sampling_params, use_tqdm)
 
     def _apply_template(self, conversation: list[dict], add_generation_prompt: bool,
-                        chat_template: str | None) -> list[int]:
+                        chat_template: str | None) -> dict:
+        """The rendered conversation as a prompt: its token ids, and its text as the output's ``prompt``."""
         text = self.tokenizer.apply_chat_template(
             conversation, tokenize=False, add_generation_prompt=add_generation_prompt,
             chat_template=chat_template)
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        return {"prompt_token_ids": self.tokenizer.encode(text, add_special_tokens=False), "prompt": text}
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """SamplingParams with the model's generation_config.json settings (``generation_config="auto"``)
+        as defaults; what ``generate`` uses when no sampling params are given."""
+        return SamplingParams(**self.llm_engine.default_sampling)
+
+    def beam_search(self, prompts: PromptInput | Sequence[PromptInput], params: BeamSearchParams,
+                    use_tqdm: bool = False) -> list[BeamSearchOutput]:
+        """Beam search over the engine, one token per step for every live beam of every prompt
+        (folovllm/beam_search.py); results in input order, each with its best ``beam_width`` beams."""
+        if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts
+                                                 and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        engine = self.llm_engine
+        eos = engine.eos_token_ids
+        step = SamplingParams(max_tokens=1, logprobs=2 * params.beam_width, temperature=params.temperature,
+                              ignore_eos=True, detokenize=False)
+        live = [[BeamSearchSequence(engine.tokenize(p)[1])] for p in prompts]
+        prompt_lens = [len(beams[0].tokens) for beams in live]
+        finished: list[list[BeamSearchSequence]] = [[] for _ in prompts]
+        for _ in tqdm(range(params.max_tokens), desc="Beam search", disable=not use_tqdm):
+            for i, beams in enumerate(live):  # a beam that fills max_model_len ends there
+                finished[i] += [b for b in beams if len(b.tokens) >= engine.max_model_len]
+                live[i] = [b for b in beams if len(b.tokens) < engine.max_model_len]
+            flat = [beam for beams in live for beam in beams]
+            if not flat:
+                break
+            outputs = self.generate([{"prompt_token_ids": b.tokens} for b in flat], step, use_tqdm=False)
+            step_logprobs = iter(out.outputs[0].logprobs[0] for out in outputs)
+            for i, beams in enumerate(live):
+                live[i], ended = expand(beams, [next(step_logprobs) for _ in beams], params, eos)
+                finished[i] += ended
+        results = []
+        for i, beams in enumerate(live):
+            for beam in beams + finished[i]:
+                beam.finish_reason = beam.finish_reason or "length"
+            best = best_finished(finished[i] + beams, params, eos)
+            for beam in best:
+                beam.text = self.tokenizer.decode(beam.tokens[prompt_lens[i]:], skip_special_tokens=True)
+            results.append(BeamSearchOutput(best))
+        return results
+
+    def get_metrics(self) -> list[Metric]:
+        """The engine's counters and gauges now (vLLM's ``get_metrics`` shape; /metrics' names)."""
+        engine = self.llm_engine
+        return engine_metrics(engine.stats, len(engine.scheduler.running), len(engine.scheduler.waiting),
+                              engine.kv_cache.usage, os.path.basename(engine.model_path.rstrip("/")))
 
     def _run(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         wanted = set(request_ids)

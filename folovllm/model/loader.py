@@ -7,6 +7,7 @@ import json
 import logging
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -35,9 +36,11 @@ def default_model_path() -> str:
     return os.path.join(spec.submodule_search_locations[0], DEFAULT_GGUF_FILE)
 
 
-def load_arch_config(model: str) -> ArchConfig:
-    """ArchConfig of a .gguf file, a folder holding config.json, or a config.json path."""
+def load_arch_config(model: str, hf_overrides: dict[str, Any] | None = None) -> ArchConfig:
+    """ArchConfig of a .gguf file, a folder holding config.json, or a config.json path;
+    ``hf_overrides`` is merged into config.json first (nested objects key by key)."""
     if model.endswith(".gguf"):
+        _no_overrides_for_gguf(model, hf_overrides)
         return gguf_arch_config(open_gguf(_existing(model)), name=os.path.basename(model))
     config_path = os.path.join(model, "config.json") if os.path.isdir(model) else model
     if not os.path.isfile(config_path):
@@ -45,7 +48,7 @@ def load_arch_config(model: str) -> ArchConfig:
             f"model {model!r} is not a .gguf file, a folder with config.json, or a config.json path "
             "(models are never downloaded)"
         )
-    config = _read_json(config_path)
+    config = _merged(_read_json(config_path), hf_overrides or {})
     # AutoGPTQ writes its settings next to config.json rather than into it
     quantize_config_path = os.path.join(os.path.dirname(config_path), "quantize_config.json")
     if "quantization_config" not in config and os.path.isfile(quantize_config_path):
@@ -54,6 +57,20 @@ def load_arch_config(model: str) -> ArchConfig:
     for architecture in config.get("architectures") or []:
         get_model_class(architecture)  # an unknown architecture is named before any field check
     return ArchConfig.from_hf_config(config, name=folder_name)
+
+
+def _merged(base: dict, overrides: dict) -> dict:
+    merged = dict(base)
+    for key, value in overrides.items():
+        merged[key] = (_merged(base[key], value) if isinstance(value, dict) and isinstance(base.get(key), dict)
+                       else value)
+    return merged
+
+
+def _no_overrides_for_gguf(model: str, hf_overrides: dict[str, Any] | None) -> None:
+    if hf_overrides:
+        raise ValueError(f"hf_overrides change a model's config.json, but {model!r} is a GGUF file; "
+                         "use an HF folder (or leave hf_overrides out)")
 
 
 def _read_json(path: str) -> dict:
@@ -88,6 +105,7 @@ def load_model(
     attn_backend: AttentionBackend | str = "torch",
     seed: int = 0,
     cpu_prepack: bool = False,
+    hf_overrides: dict[str, Any] | None = None,
 ) -> CausalLM:
     """Build the model for ``model`` and fill its weights.
 
@@ -97,15 +115,17 @@ def load_model(
     quantization: "auto" (as the checkpoint's quantization_config says), the checkpoint's own method
     name to insist on it, or "int8" to quantize a float checkpoint's linear weights once loaded.
     cpu_prepack: hold unquantized CPU weights in oneDNN's layout (the engine's default; off here so
-    that tools reading weights back get plain tensors).
+    that tools reading weights back get plain tensors). hf_overrides: merged into config.json.
     """
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"unknown load_format {load_format!r}; choose one of {LOAD_FORMATS}")
     device = torch.device(device)
     backend = get_attention_backend(attn_backend) if isinstance(attn_backend, str) else attn_backend
     # GGUF metadata parsing takes seconds (the vocabulary), so the file is opened once
+    if model.endswith(".gguf"):
+        _no_overrides_for_gguf(model, hf_overrides)
     reader = open_gguf(_existing(model)) if model.endswith(".gguf") else None
-    arch = gguf_arch_config(reader, os.path.basename(model)) if reader else load_arch_config(model)
+    arch = gguf_arch_config(reader, os.path.basename(model)) if reader else load_arch_config(model, hf_overrides)
     cls = get_model_class(arch.architecture)
     quant_method = resolve_quantization(quantization, arch)
     prepack = cpu_prepack and cpu_prepack_supported(dtype, device)

@@ -41,6 +41,7 @@ class Worker:
         self.model = load_model(model_path, load_format=config.load_format, quantization=config.quantization,
                                 dtype=self.dtype, device=self.device,
                                 attn_backend=get_attention_backend(config.attention_backend), seed=config.seed,
+                                hf_overrides=config.hf_overrides,
                                 cpu_prepack=config.cpu_prepack)
         self.runner: ModelRunner | None = None  # built by initialize_cache
         self._generators: dict[str, torch.Generator] = {}  # request id -> its RNG (seeded requests)

@@ -56,3 +56,24 @@ def test_build_requests_from_options():
         build_requests(args_for("--input-len", "3", "--input-len-range", "2:4"), None)
     with pytest.raises(ValueError, match="--dataset-path"):
         build_requests(args_for("--dataset", "jsonl"), None)
+
+
+def test_vllm_bench_serve_spellings():
+    from folovllm.bench.serve import base_url_of, endpoint_of
+
+    args = args_for("--host", "10.0.0.2", "--port", "8123", "--endpoint", "/v1/completions",
+                    "--dataset-name", "random", "--random-input-len", "40", "--random-output-len", "10",
+                    "--random-range-ratio", "0.5", "--num-prompts", "50", "--seed", "1", "--ignore-eos",
+                    "--percentile-metrics", "ttft,e2el", "--metric-percentiles", "90,99", "--save-result",
+                    "--result-dir", "out", "--result-filename", "r.json", "--disable-tqdm",
+                    "--tokenizer", "org/name", "--max-concurrency", "4", "--request-rate", "2")
+    assert base_url_of(args) == "http://10.0.0.2:8123" and endpoint_of(args) == "completions"
+    reqs = build_requests(args, None)
+    assert all(20 <= len(r.prompt) <= 60 and 5 <= r.max_tokens <= 15 for r in reqs)
+    assert len({len(r.prompt) for r in reqs}) > 1 and all(r.ignore_eos for r in reqs)
+    assert args.no_progress and args.save_result and (args.result_dir, args.result_filename) == ("out", "r.json")
+    chat = args_for("--backend", "openai-chat", "--base-url", "http://h:1")
+    assert endpoint_of(chat) == "chat" and base_url_of(chat) == "http://h:1"
+    assert endpoint_of(args_for("--endpoint", "/v1/chat/completions")) == "chat"
+    with pytest.raises(ValueError, match="not both"):
+        build_requests(args_for("--random-range-ratio", "0.2", "--input-len-range", "2:4"), None)

@@ -46,3 +46,30 @@ def test_bench_serve_sweep_against_live_server(tmp_path, capsys):
     for label in ("Successful requests:", "Benchmark duration (s):", "Input tokens:", "Output tokens:",
                   "Mean / P50 / P90 / P99 TTFT:", "Mean / P50 / P90 / P99 ITL:", "Failed requests:"):
         assert label in console
+
+
+@pytest.mark.slow
+def test_vllm_bench_serve_line_saves_vllms_result_keys(tmp_path):
+    server = ServerProcess()
+    try:
+        server.wait_ready()
+        args = add_serve_args(argparse.ArgumentParser()).parse_args([
+            "--host", "127.0.0.1", "--port", str(server.port), "--endpoint", "/v1/completions",
+            "--dataset-name", "random", "--random-input-len", "8", "--random-output-len", "4",
+            "--num-prompts", "3", "--request-rate", "inf", "--ignore-eos", "--save-result",
+            "--result-dir", str(tmp_path), "--result-filename", "vllm.json", "--disable-tqdm",
+            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99"])
+        run_serve(args)
+    finally:
+        server.stop()
+        server.kill()
+    saved = json.loads((tmp_path / "vllm.json").read_text())
+    assert (saved["completed"], saved["failed"], saved["total_input_tokens"], saved["total_output_tokens"]) == (
+        3, 0, 24, 12)
+    for metric in ("ttft", "tpot", "itl", "e2el"):
+        for stat in ("mean", "median", "std", "p50", "p99"):
+            assert saved[f"{stat}_{metric}_ms"] >= 0
+    assert saved["request_throughput"] > 0 and saved["output_throughput"] == pytest.approx(12 / saved["duration"])
+    assert saved["total_token_throughput"] == pytest.approx(36 / saved["duration"])
+    assert saved["model_id"] == MODEL_NAME and saved["output_lens"] == [4, 4, 4]
+    assert saved["ttft_ms"]["p50"] > 0  # our own keys ride along

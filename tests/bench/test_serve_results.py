@@ -91,3 +91,24 @@ def test_a_run_where_every_request_failed_still_reports():
     assert "2 × HTTP 503: busy" in format_serve_result(r)
     with pytest.raises(ValueError, match="no requests"):
         build([])
+
+
+def test_vllm_result_keys_alongside_ours():
+    from folovllm.bench.serve_results import (parse_metric_percentiles, parse_percentile_metrics,
+                                              vllm_result_fields)
+
+    outcomes = [outcome(0.0, [0.1, 0.2, 0.4]), outcome(0.0, [0.2, 0.3, 0.4]), outcome(0.0, [], error="HTTP 500")]
+    result = build(outcomes)
+    fields = vllm_result_fields(outcomes, result, parse_percentile_metrics("ttft,itl,e2el"),
+                                parse_metric_percentiles("50,99.9"))
+    assert (fields["completed"], fields["failed"], fields["total_output_tokens"]) == (2, 1, 6)
+    assert fields["output_throughput"] == result["output_tok_s"] and fields["duration"] == result["duration_s"]
+    assert fields["mean_ttft_ms"] == pytest.approx(150.0) and fields["median_ttft_ms"] == pytest.approx(150.0)
+    assert fields["p50_ttft_ms"] == pytest.approx(150.0) and "p99.9_itl_ms" in fields
+    assert fields["std_ttft_ms"] == pytest.approx(50.0) and "mean_tpot_ms" not in fields
+    assert fields["ttfts"] == pytest.approx([0.1, 0.2, 0.0]) and fields["errors"] == ["", "", "HTTP 500"]
+    assert fields["itls"][0] == pytest.approx([0.1, 0.2])
+    with pytest.raises(ValueError, match="percentile-metrics"):
+        parse_percentile_metrics("ttft,latency")
+    with pytest.raises(ValueError, match="metric-percentiles"):
+        parse_metric_percentiles("0")

@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
+import pytest
+
 from folovllm.config import EngineConfig
 from folovllm.engine.args import add_engine_args, engine_config_from_args
 
@@ -47,3 +49,62 @@ def test_registered_names_are_the_choices() -> None:
 def test_cpu_prepack_is_on_unless_switched_off() -> None:
     assert engine_config_from_args(parse()).cpu_prepack
     assert not engine_config_from_args(parse("--no-cpu-prepack")).cpu_prepack
+
+
+def test_vllm_spellings_of_our_switches() -> None:
+    assert not engine_config_from_args(parse("--no-enable-prefix-caching")).enable_prefix_caching
+    assert engine_config_from_args(parse("--enable-prefix-caching")).enable_prefix_caching
+    assert not engine_config_from_args(parse("--no-enable-chunked-prefill")).enable_chunked_prefill
+    assert engine_config_from_args(parse("--enable-chunked-prefill")).enable_chunked_prefill
+    config = engine_config_from_args(parse("-tp", "1", "--data-parallel-size", "1", "--dtype", "half",
+                                           "-q", "int8", "--hf-overrides", '{"rope_theta": 5.0}',
+                                           "--max-logprobs", "5", "--generation-config", "vllm",
+                                           "--tokenizer", "tok", "--seed", "3"))
+    assert (config.tensor_parallel_size, config.data_parallel_size, config.dtype, config.quantization) == (
+        1, 1, "float16", "int8")
+    assert config.hf_overrides == {"rope_theta": 5.0} and config.max_logprobs == 5
+    assert (config.generation_config, config.tokenizer, config.seed) == ("vllm", "tok", 3)
+
+
+@pytest.mark.parametrize("argv, missing", [
+    (("-tp", "2"), "tensor parallelism is not implemented"),
+    (("--data-parallel-size", "2"), "data parallelism is not implemented"),
+    (("--kv-cache-dtype", "fp8"), "an fp8 KV cache is not implemented"),
+])
+def test_settings_that_would_change_results_are_errors(argv, missing) -> None:
+    with pytest.raises(ValueError, match=missing):
+        engine_config_from_args(parse(*argv))
+
+
+def test_settings_that_cannot_matter_warn_in_one_line_each() -> None:
+    assert EngineConfig().ignored_settings() == []
+    config = engine_config_from_args(parse("--trust-remote-code", "--swap-space", "4", "--cpu-offload-gb", "1",
+                                           "--disable-log-stats", "--enforce-eager", "--device", "cpu",
+                                           "--gpu-memory-utilization", "0.5"))
+    lines = config.ignored_settings()
+    assert len(lines) == 6 and all(line.startswith("accepted for compatibility, has no effect: ") for line in lines)
+    assert any("--trust-remote-code" in line for line in lines)
+    assert any("--enforce-eager" in line for line in lines)
+
+
+def test_serve_help_groups_flags_as_vllm_does() -> None:
+    from folovllm.entrypoints.cli import build_parser
+
+    serve = build_parser()._subparsers._group_actions[0].choices["serve"]
+    groups = {g.title: {a.dest for a in g._group_actions} for g in serve._action_groups}
+    assert {"model", "tokenizer", "dtype", "max_logprobs", "generation_config"} <= groups["ModelConfig"]
+    assert {"block_size", "enable_prefix_caching", "kv_cache_dtype", "swap_space"} <= groups["CacheConfig"]
+    assert {"max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill"} <= groups["SchedulerConfig"]
+    assert {"tensor_parallel_size", "data_parallel_size"} <= groups["ParallelConfig"]
+    assert {"host", "port"} <= groups["Frontend"]
+
+
+def test_model_is_positional_too() -> None:
+    from folovllm.entrypoints.cli import build_parser
+
+    for argv in (["serve", "org/name"], ["generate", "org/name"], ["bench", "throughput", "org/name"]):
+        args = build_parser().parse_args(argv)
+        assert engine_config_from_args(args).model == "org/name"
+    assert engine_config_from_args(build_parser().parse_args(["serve", "--model", "org/name"])).model == "org/name"
+    with pytest.raises(ValueError, match="given twice"):
+        engine_config_from_args(build_parser().parse_args(["serve", "org/a", "--model", "org/b"]))

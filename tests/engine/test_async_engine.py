@@ -136,7 +136,7 @@ def test_a_failing_engine_thread_is_reported_as_dead(caplog):
     def broken() -> bool:
         raise RuntimeError("injected loop failure")
 
-    stub = SimpleNamespace(model_path="stub", max_model_len=8, device=torch.device("meta"),
+    stub = SimpleNamespace(model_path="stub", max_model_len=8, default_sampling={}, device=torch.device("meta"),
                            has_unfinished_requests=broken)
     died = threading.Event()
 

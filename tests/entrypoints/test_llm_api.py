@@ -133,3 +133,14 @@ def test_the_engine_rejects_stop_ids_outside_the_vocabulary(smol_llm) -> None:
     with pytest.raises(ValueError, match="stop_token_ids must be in"):
         engine.add_request("Hi", SamplingParams(stop_token_ids=[vocab], min_tokens=1))
     assert not engine.has_unfinished_requests()
+
+
+def test_chat_output_carries_the_rendered_prompt_and_logprobs_decoded_text(smol_llm):
+    out = smol_llm.chat([{"role": "user", "content": "Say hello."}],
+                        SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)[0]
+    assert out.prompt.startswith("<|im_start|>") and "Say hello.<|im_end|>" in out.prompt
+    assert smol_llm.tokenizer.encode(out.prompt, add_special_tokens=False) == out.prompt_token_ids
+    paris = smol_llm.generate("The capital of France is", SamplingParams(temperature=0, max_tokens=1, logprobs=1),
+                              use_tqdm=False)[0].outputs[0]
+    token_id = paris.token_ids[0]
+    assert paris.logprobs[0][token_id].decoded_token == " Paris"  # text, not the vocabulary's "ĠParis"

@@ -191,3 +191,10 @@ def test_dummy_gptq_model_runs(tmp_path: Path) -> None:
     model = load_model(str(tmp_path), load_format="dummy", dtype=torch.float32, device="cpu")
     assert model.arch.quantization == "gptq"
     assert torch.isfinite(prefill_logits(model, [1, 2, 3])).all()
+
+
+def test_hf_overrides_need_a_config_json() -> None:
+    from folovllm.model.loader import load_arch_config
+
+    with pytest.raises(ValueError, match="hf_overrides change a model's config.json"):
+        load_arch_config("model.gguf", {"max_position_embeddings": 64})

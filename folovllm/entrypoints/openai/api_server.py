@@ -233,7 +233,7 @@ def default_model_name(model_arg: str | None, model_path: str) -> str:
 
 
 def add_server_args(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("server")
+    g = parser.add_argument_group("Frontend")
     g.add_argument("--host", default="127.0.0.1")
     g.add_argument("--port", type=int, default=8000)
     g.add_argument("--served-model-name", default=None,
@@ -293,12 +293,14 @@ def start_engine_core(engine_config: EngineConfig, own_process: bool, log_level:
     if not own_process:
         engine = LLMEngine(engine_config)
         return ThreadCore(engine), copy.deepcopy(engine.tokenizer)
+    from folovllm.model.hub import resolve_model_files
     from folovllm.model.loader import default_model_path
     from folovllm.model.tokenizer import load_tokenizer
 
+    engine_config = resolve_model_files(engine_config)  # once, here: the child gets local paths
     core = ProcessCore(engine_config, getattr(logging, log_level.upper()))
     try:
-        tokenizer = load_tokenizer(engine_config.model or default_model_path())
+        tokenizer = load_tokenizer(engine_config.tokenizer or engine_config.model or default_model_path())
         core.wait_ready()
     except BaseException:
         core.close(0)

@@ -55,7 +55,8 @@ class ServingContext:
         self.max_model_len = engine.info.max_model_len
         self.max_waiting_requests = max_waiting_requests
         self.validator = Validator(tokenizer, self.max_model_len, limits or RequestLimits(),
-                                   chat_settings or ChatSettings())
+                                   chat_settings=chat_settings or ChatSettings(),
+                                   default_sampling=engine.info.default_sampling)
         # Tokenizing and chat templates run here, off the event loop; one thread, since a tokenizer
         # object is not safe to call from two threads at once.
         self._tokenizer_thread = ThreadPoolExecutor(1, thread_name_prefix="folovllm-tokenizer")

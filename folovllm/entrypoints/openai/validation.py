@@ -65,6 +65,8 @@ class Validator:
     max_model_len: int
     limits: RequestLimits
     chat_settings: ChatSettings = field(default_factory=ChatSettings)
+    # SamplingParams fields set by the model's generation config: used where a request omits them
+    default_sampling: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # No token is longer than this many characters, so a text longer than max_model_len times it
@@ -260,25 +262,29 @@ class Validator:
             raise bad_request(f"each bad word must be at most {limits.max_stop_string_chars} characters",
                               "bad_words")
 
-    @staticmethod
-    def _params(body: SamplingRequest, max_tokens: int | None, logprobs: int | None,
+    def _params(self, body: SamplingRequest, max_tokens: int | None, logprobs: int | None,
                 renames: dict[str, str] | None, prompt_logprobs: int | None = None) -> SamplingParams:
         top_k = -1 if body.top_k in (None, 0) else body.top_k
+        # the model's generation config fills what the request leaves out
+        given = body.model_fields_set
+        sampling = {"temperature": body.temperature, "top_p": body.top_p, "top_k": top_k, "min_p": body.min_p,
+                    "repetition_penalty": body.repetition_penalty}
+        sampling.update({k: v for k, v in self.default_sampling.items() if k in sampling and k not in given})
+        if max_tokens is None:
+            max_tokens = self.default_sampling.get("max_tokens")
         try:
             logit_bias = body.logit_bias_by_id()
         except ValueError as err:
             raise bad_request(err, "logit_bias") from err
         try:
             return SamplingParams(
-                n=body.n, temperature=body.temperature, top_p=body.top_p, top_k=top_k, min_p=body.min_p,
-                seed=body.seed, stop=body.stop_list, stop_token_ids=body.stop_token_ids,
+                n=body.n, seed=body.seed, stop=body.stop_list, stop_token_ids=body.stop_token_ids,
                 max_tokens=max_tokens, min_tokens=body.min_tokens, ignore_eos=body.ignore_eos,
                 logprobs=logprobs, prompt_logprobs=prompt_logprobs, presence_penalty=body.presence_penalty,
-                frequency_penalty=body.frequency_penalty, repetition_penalty=body.repetition_penalty,
-                skip_special_tokens=body.skip_special_tokens,
+                frequency_penalty=body.frequency_penalty, skip_special_tokens=body.skip_special_tokens,
                 include_stop_str_in_output=body.include_stop_str_in_output, logit_bias=logit_bias,
                 allowed_token_ids=body.allowed_token_ids, bad_words=body.bad_words,
-                truncate_prompt_tokens=body.truncate_prompt_tokens)
+                truncate_prompt_tokens=body.truncate_prompt_tokens, **sampling)
         except ValueError as err:
             raise bad_request(err, renames=renames) from err
 

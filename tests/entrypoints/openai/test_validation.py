@@ -182,3 +182,16 @@ def test_max_tokens_zero_needs_echo(validator):
     with pytest.raises(APIError) as info:
         validator.completion(CompletionRequest.model_validate({"prompt": "Hi", "max_tokens": 0}))
     assert info.value.param == "max_tokens" and "only with echo" in info.value.message
+
+
+def test_generation_config_defaults_fill_only_omitted_fields(smol_tokenizer):
+    validator = Validator(smol_tokenizer, MAX_MODEL_LEN, RequestLimits(),
+                          default_sampling={"temperature": 0.3, "top_k": 40, "max_tokens": 7})
+    messages = [{"role": "user", "content": "hi"}]
+    _, params, _ = validator.chat(ChatCompletionRequest.model_validate({"messages": messages}))
+    assert (params.temperature, params.top_k, params.max_tokens) == (0.3, 40, 7)
+    _, params, _ = validator.chat(ChatCompletionRequest.model_validate(
+        {"messages": messages, "temperature": 1.0, "top_k": 5, "max_tokens": 9}))
+    assert (params.temperature, params.top_k, params.max_tokens) == (1.0, 5, 9)
+    _, params = validator.completion(CompletionRequest.model_validate({"prompt": "hi"}))
+    assert params.temperature == 0.3 and params.max_tokens == 16  # completions' own default stays
