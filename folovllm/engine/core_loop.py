@@ -59,6 +59,11 @@ class EngineInfo:
 
     model_path: str
     max_model_len: int
+    cache_config: dict[str, str] = field(default_factory=dict)  # LLMEngine.cache_config_info()
+
+
+def engine_info(engine: LLMEngine) -> EngineInfo:
+    return EngineInfo(engine.model_path, engine.max_model_len, engine.cache_config_info())
 
 
 @dataclass

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import AsyncIterator
 
 from fastapi import Request
@@ -11,7 +10,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from folovllm.engine.async_engine import RequestStream
 from folovllm.entrypoints.openai.protocol import ChatCompletionRequest
 from folovllm.entrypoints.openai.serving import (ServingContext, TextDeltas, event_stream, now_s,
-                                                 prompt_logprobs_json, sse, usage)
+                                                 prompt_logprobs_json, request_id_of, sse)
 from folovllm.outputs import CompletionOutput
 
 
@@ -24,7 +23,7 @@ class ChatServing:
         ctx = self.ctx
         ctx.check_model(body.model)
         prompt, params, renames = await ctx.off_loop(ctx.validator.chat, body)
-        request_id = f"chatcmpl-{uuid.uuid4().hex}"
+        request_id = request_id_of(raw, "chatcmpl-")
         streams = await ctx.start([prompt], params, request_id, arrival, renames, prompt_param="messages",
                                   priority=body.priority, user=body.user)
         if body.stream:
@@ -37,7 +36,8 @@ class ChatServing:
                    for out in final.outputs]
         completion_tokens = sum(len(o.token_ids) for o in final.outputs)
         response = {"id": request_id, "object": "chat.completion", "created": now_s(),
-                    "model": ctx.model_name, "choices": choices, "usage": usage([final], completion_tokens)}
+                    "model": ctx.model_name, "choices": choices,
+                    "usage": ctx.usage([final], completion_tokens)}
         if body.prompt_logprobs is not None:
             response["prompt_logprobs"] = prompt_logprobs_json(final.prompt_logprobs, ctx.token_text)
         return JSONResponse(response)
@@ -86,4 +86,4 @@ class ChatServing:
                 yield chunk(choices)
         if body.include_usage:
             completion_tokens = sum(len(o.token_ids) for o in final.outputs)
-            yield chunk([], usage=usage([final], completion_tokens))
+            yield chunk([], usage=self.ctx.usage([final], completion_tokens))

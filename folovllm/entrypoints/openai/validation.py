@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from folovllm.engine.llm_engine import check_prompt_length
 from folovllm.entrypoints.openai.errors import bad_request
 from folovllm.entrypoints.openai.protocol import (ChatCompletionRequest, ChatMessage, CompletionRequest,
-                                                  UnsupportedField, SamplingRequest)
+                                                  ResponsesRequest, SamplingRequest, UnsupportedField)
 from folovllm.sampling_params import SamplingParams
 
 @dataclass(frozen=True)
@@ -104,6 +104,25 @@ class Validator:
         if body.cache_salt is not None:
             prompt["cache_salt"] = body.cache_salt
         return prompt, params, renames
+
+    def responses(self, body: ResponsesRequest) -> tuple[dict, SamplingParams]:
+        """The engine prompt and sampling params of a /v1/responses body."""
+        try:
+            body.check_supported()
+        except UnsupportedField as err:
+            raise bad_request(err, err.param) from err
+        try:
+            messages = body.messages()
+        except ValueError as err:
+            raise bad_request(err, "input") from err
+        try:
+            params = SamplingParams(temperature=body.temperature, top_p=body.top_p,
+                                    max_tokens=body.max_output_tokens)
+        except ValueError as err:
+            raise bad_request(err, renames={"max_tokens": "max_output_tokens"}) from err
+        ids = self.render_chat(messages)
+        self._check_length(len(ids), params, "input", "max_output_tokens")
+        return {"prompt_token_ids": ids}, params
 
     def render_chat(self, messages: list[ChatMessage], add_generation_prompt: bool = True,
                     add_special_tokens: bool = False) -> list[int]:
