@@ -7,8 +7,8 @@ stored and there are no tools: fields that need them are a 400 that names them.
 A stream is a sequence of typed events (SSE ``event:`` + ``data:``), numbered by ``sequence_number``:
 response.created, response.in_progress, response.output_item.added, response.content_part.added,
 response.output_text.delta (repeated), response.output_text.done, response.content_part.done,
-response.output_item.done, then response.completed (or response.incomplete at max_output_tokens);
-an engine failure ends it with an ``error`` event.
+response.output_item.done, then response.completed (its response's status "incomplete" when
+max_output_tokens cut it); an engine failure ends it with an ``error`` event.
 """
 from __future__ import annotations
 
@@ -77,9 +77,9 @@ class ResponsesServing:
         yield event("response.output_text.done", **where, content_index=0, text=text, logprobs=[])
         yield event("response.content_part.done", **where, content_index=0, part=_text_part(text))
         yield event("response.output_item.done", output_index=0, item=draft.message(text, "completed"))
-        done = draft.response(final, text, self.ctx)
-        kind = "response.completed" if done["status"] == "completed" else "response.incomplete"
-        yield event(kind, response=done)
+        # "completed" also when max_output_tokens cut it: the response's status says so, and clients
+        # (the openai SDK's stream helper) wait for this event whatever the status
+        yield event("response.completed", response=draft.response(final, text, self.ctx))
 
 
 class _Draft:
