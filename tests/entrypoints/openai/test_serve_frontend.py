@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import threading
+import time
 
 import httpx
 import pytest
@@ -18,13 +19,14 @@ def test_version_ping_and_load(server, http):
     assert http.get("/ping").status_code == 200
     assert http.post("/ping").status_code == 200
     assert http.get("/load").json() == {"server_load": 0}
-    body = {"model": MODEL_NAME, "prompt": PROMPT, "max_tokens": 64, "ignore_eos": True}
+    body = {"model": MODEL_NAME, "prompt": PROMPT, "max_tokens": 32, "ignore_eos": True}
     request = threading.Thread(target=http.post, args=("/v1/completions",),
                                kwargs={"json": body, "timeout": 600.0})
     request.start()
     seen = set()
     while request.is_alive() and 1 not in seen:
         seen.add(http.get("/load").json()["server_load"])
+        time.sleep(0.02)  # poll, leaving the CPU to the request
     request.join()
     assert 1 in seen  # the request counted while it ran
     assert http.get("/load").json() == {"server_load": 0}
