@@ -35,7 +35,8 @@ class CompletionOutput:
 class RequestMetrics:
     """Wall-clock times (time.perf_counter) of a request's milestones."""
 
-    arrival_time: float
+    arrival_time: float  # the caller's (the server's: before tokenizing)
+    queued_time: float | None = None  # the engine queued it (past validation)
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     last_token_time: float | None = None

@@ -19,7 +19,7 @@ from collections.abc import Callable
 import torch
 
 from folovllm.config import EngineConfig, usable_cores
-from folovllm.engine.core_loop import EngineInfo, IterationMessage, Op, run_core_loop
+from folovllm.engine.core_loop import EngineInfo, IterationMessage, Op, engine_info, run_core_loop
 from folovllm.engine.errors import EngineDeadError
 from folovllm.engine.llm_engine import LLMEngine
 
@@ -75,7 +75,7 @@ class ThreadCore:
 
     def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
-        self.info = EngineInfo(engine.model_path, engine.max_model_len, engine.default_sampling)
+        self.info = engine_info(engine)
         self._ops: queue.Queue[Op] = queue.Queue()
         self._thread: threading.Thread | None = None
 
@@ -185,7 +185,7 @@ def _core_process_main(config: EngineConfig, ops, conn, log_level: int) -> None:
         logger.exception("the engine failed to start")
         conn.send(RuntimeError(f"engine start-up failed: {err!r}"))
         return
-    conn.send(EngineInfo(engine.model_path, engine.max_model_len, engine.default_sampling))
+    conn.send(engine_info(engine))
     parent = multiprocessing.parent_process()
 
     def inbox(block: bool) -> list[Op]:

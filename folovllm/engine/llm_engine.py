@@ -211,7 +211,9 @@ class LLMEngine:
 
     def _queue(self, group: RequestGroup) -> None:
         self.groups[group.request_id] = group
+        now = time.perf_counter()
         for sample in group.samples:
+            sample.metrics.queued_time = now
             self.scheduler.add_request(sample)
 
     def tokenize(self, prompt: PromptInput) -> tuple[str | None, list[int]]:
@@ -417,6 +419,15 @@ class LLMEngine:
     def reset_prefix_cache(self) -> int:
         """Drops every cached block that no running request uses; returns how many."""
         return self.kv_cache.reset_prefix_cache()
+
+    def cache_config_info(self) -> dict[str, str]:
+        """The KV cache settings as label values (the ``cache_config_info`` metric)."""
+        config = self.config
+        return {"block_size": str(config.block_size),
+                "cache_dtype": str(config.torch_dtype).removeprefix("torch."),
+                "enable_prefix_caching": str(config.enable_prefix_caching),
+                "gpu_memory_utilization": str(config.gpu_memory_utilization),
+                "num_gpu_blocks": str(self.kv_cache.num_blocks), "prefix_caching_hash_algo": "sha256"}
 
     def get_kv_cache_stats(self) -> dict:
         return self.kv_cache.stats()

@@ -8,9 +8,9 @@ before ``[DONE]``), and the server exits 0. If the engine dies, in-flight reques
 from __future__ import annotations
 
 import argparse
-import asyncio
 import copy
 import functools
+import json
 import logging
 import os
 import secrets
@@ -21,60 +21,66 @@ from dataclasses import dataclass, field, fields
 
 import uvicorn
 from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
+from pydantic import ValidationError
+
+import folovllm
 
 from folovllm.config import EngineConfig
-from folovllm.engine.async_engine import AsyncLLMEngine, EngineDeadError, EngineShutdownError
+from folovllm.engine.async_engine import AsyncLLMEngine, EngineDeadError
 from folovllm.engine.core_client import ProcessCore, ThreadCore
 from folovllm.engine.llm_engine import LLMEngine
 from folovllm.entrypoints.openai.body_limit import BodySizeLimit
+from folovllm.entrypoints.openai.draining import DrainGate, DrainingServer, ServerState
 from folovllm.entrypoints.openai.errors import APIError, bad_request, install_error_handlers
-from folovllm.entrypoints.openai.metrics import RejectionCounter, ServerMetrics
+from folovllm.entrypoints.openai.metrics import METRICS_PREFIXES, RejectionCounter, ServerMetrics
+from folovllm.entrypoints.openai.middleware import InFlight, RequestIdHeader, ServerLoad
 from folovllm.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest,
-                                                  DetokenizeRequest, TokenizeRequest)
-from folovllm.entrypoints.openai.serving import ClientDisconnected, ServingContext, now_s, shutting_down
+                                                  DetokenizeRequest, ResponsesRequest, TokenizeRequest)
+from folovllm.entrypoints.openai.serving import ClientDisconnected, ServingContext, now_s
 from folovllm.entrypoints.openai.serving_chat import ChatServing
 from folovllm.entrypoints.openai.serving_completion import CompletionServing
 from folovllm.entrypoints.openai.chat_template import load_chat_template
 from folovllm.entrypoints.openai.reasoning import REASONING_PARSERS
+from folovllm.entrypoints.openai.serving_responses import ResponsesServing
 from folovllm.entrypoints.openai.tool_parsers import TOOL_PARSERS
 from folovllm.entrypoints.openai.validation import ChatSettings, RequestLimits
 
 logger = logging.getLogger(__name__)
 
-_DEATH_FLUSH_S = 1.0  # after the engine died, time for the error responses to reach their clients
 _ABORT_GRACE_S = 5.0  # after the drain timeout aborted the rest, time for their streams to end
 ENGINE_DEAD_EXIT_CODE = 1
 
 
 @dataclass
+class CORSConfig:
+    """FastAPI's CORSMiddleware settings (vLLM's defaults: anything goes, no credentials)."""
+
+    allowed_origins: list[str] = field(default_factory=lambda: ["*"])
+    allowed_methods: list[str] = field(default_factory=lambda: ["*"])
+    allowed_headers: list[str] = field(default_factory=lambda: ["*"])
+    allow_credentials: bool = False
+
+
+@dataclass
 class ServerConfig:
-    model_name: str
+    model_names: list[str]  # what clients may send as "model"; the first is the one reported
     api_key: str | None = None
     max_waiting_requests: int | None = None  # None: unbounded admission queue
     drain_timeout_s: float = 30.0
     limits: RequestLimits = field(default_factory=RequestLimits)
     chat: ChatSettings = field(default_factory=ChatSettings)
+    metrics_prefix: str = "vllm"
+    prompt_tokens_details: bool = False  # usage.prompt_tokens_details.cached_tokens in responses
+    log_requests: bool = False
+    root_path: str = ""
+    cors: CORSConfig = field(default_factory=CORSConfig)
 
-
-@dataclass
-class ServerState:
-    draining: bool = False  # set on SIGTERM: new requests get 503 while in-flight ones finish
-    engine_died_at: float | None = None  # time.monotonic() when the engine died: the server exits
-
-
-class DrainGate:
-    """ASGI middleware (not BaseHTTPMiddleware, which would wrap every streamed chunk): 503 while draining."""
-
-    def __init__(self, app, state: ServerState) -> None:
-        self.app = app
-        self.state = state
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and self.state.draining and scope["path"] != "/metrics":
-            await shutting_down().response()(scope, receive, send)
-            return
-        await self.app(scope, receive, send)
+    @property
+    def model_name(self) -> str:
+        return self.model_names[0]
 
 
 def build_app(core: ProcessCore | ThreadCore, tokenizer, config: ServerConfig,
@@ -82,7 +88,8 @@ def build_app(core: ProcessCore | ThreadCore, tokenizer, config: ServerConfig,
     """The app over one started engine core; its messages are routed between lifespan start-up and
     shutdown. ``tokenizer`` is the server's own (chat templates, /tokenize, logprob text)."""
     state = state or ServerState()
-    metrics = ServerMetrics(config.model_name)
+    metrics = ServerMetrics(config.model_name, config.metrics_prefix, core.info.max_model_len,
+                            core.info.cache_config)
 
     def on_engine_death(error: EngineDeadError) -> None:
         metrics.reset_gauges()
@@ -91,9 +98,11 @@ def build_app(core: ProcessCore | ThreadCore, tokenizer, config: ServerConfig,
                      ENGINE_DEAD_EXIT_CODE)
 
     engine = AsyncLLMEngine(core, on_iteration=metrics.on_iteration, on_death=on_engine_death)
-    ctx = ServingContext(engine, config.model_name, tokenizer, config.max_waiting_requests, config.limits,
-                         config.chat)
-    completions, chat = CompletionServing(ctx), ChatServing(ctx)
+    ctx = ServingContext(engine, config.model_names, tokenizer, config.max_waiting_requests, config.limits,
+                         chat_settings=config.chat, on_admitted=metrics.observe_params,
+                         prompt_tokens_details=config.prompt_tokens_details, log_requests=config.log_requests)
+    completions, chat, responses = CompletionServing(ctx), ChatServing(ctx), ResponsesServing(ctx)
+    load = InFlight()
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -116,10 +125,16 @@ def build_app(core: ProcessCore | ThreadCore, tokenizer, config: ServerConfig,
                            type="authentication_error", code="invalid_api_key")
 
     # redirect_slashes off: "/v1/completions/" is a 404 with an error body, not a 307 a client may not follow
-    app = FastAPI(title="FoloVLLM", lifespan=lifespan, redirect_slashes=False)
+    app = FastAPI(title="FoloVLLM", lifespan=lifespan, redirect_slashes=False, root_path=config.root_path)
     app.add_middleware(BodySizeLimit, max_bytes=config.limits.max_request_body_bytes)
     app.add_middleware(DrainGate, state=state)
-    app.add_middleware(RejectionCounter, metrics=metrics)  # outermost: sees the gate's 503s too
+    app.add_middleware(RejectionCounter, metrics=metrics)  # sees the gate's 503s too
+    app.add_middleware(ServerLoad, load=load)
+    app.add_middleware(RequestIdHeader)  # every response carries its X-Request-Id, errors included
+    cors = config.cors
+    app.add_middleware(CORSMiddleware, allow_origins=cors.allowed_origins,  # outermost: answers preflights
+                       allow_methods=cors.allowed_methods, allow_headers=cors.allowed_headers,
+                       allow_credentials=cors.allow_credentials)
     install_error_handlers(app)
     v1 = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)])
 
@@ -131,11 +146,15 @@ def build_app(core: ProcessCore | ThreadCore, tokenizer, config: ServerConfig,
     async def create_chat_completion(body: ChatCompletionRequest, raw: Request):
         return await _handle(chat.create(body, raw))
 
+    @v1.post("/responses")
+    async def create_response(body: ResponsesRequest, raw: Request):
+        return await _handle(responses.create(body, raw))
+
     @v1.get("/models")
     async def list_models():
         return {"object": "list", "data": [{
-            "id": config.model_name, "object": "model", "created": now_s(), "owned_by": "folovllm",
-            "root": engine.info.model_path, "max_model_len": ctx.max_model_len}]}
+            "id": name, "object": "model", "created": now_s(), "owned_by": "folovllm",
+            "root": engine.info.model_path, "max_model_len": ctx.max_model_len} for name in config.model_names]}
 
     app.include_router(v1)
 
@@ -146,6 +165,35 @@ def build_app(core: ProcessCore | ThreadCore, tokenizer, config: ServerConfig,
             raise APIError(503, f"the engine is dead: {dead}" if dead else "the engine is not running",
                            type="service_unavailable")
         return Response(status_code=200)
+
+    app.add_api_route("/ping", health, methods=["GET", "POST"])  # SageMaker's health check
+
+    @app.get("/version")
+    async def version():
+        return {"version": folovllm.__version__}
+
+    @app.get("/load")
+    async def server_load():
+        return {"server_load": load.count}
+
+    @app.post("/invocations", dependencies=[Depends(require_api_key)])
+    async def invocations(raw: Request):
+        """SageMaker's single endpoint: a body with "messages" is a chat completion, one with
+        "prompt" a completion."""
+        try:
+            body = await raw.json()
+        except ValueError as err:
+            raise bad_request(f"the request body is not valid JSON: {err}") from err
+        kind = next((k for k in ("messages", "prompt") if isinstance(body, dict) and k in body), None)
+        if kind is None:
+            raise bad_request('no endpoint takes this body: /invocations expects a chat completion '
+                              '("messages") or a completion ("prompt")')
+        try:
+            if kind == "messages":
+                return await _handle(chat.create(ChatCompletionRequest.model_validate(body), raw))
+            return await _handle(completions.create(CompletionRequest.model_validate(body), raw))
+        except ValidationError as err:
+            raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in err.errors()]) from err
 
     @app.get("/metrics")
     async def prometheus_metrics():
@@ -186,45 +234,6 @@ async def _handle(coro):
         return JSONResponse({}, status_code=499)  # nobody reads it; the request was aborted
 
 
-class _DrainingServer(uvicorn.Server):
-    """uvicorn's graceful shutdown (stop listening, let in-flight requests finish) with our own drain
-    timeout: at ``drain_timeout_s`` every request still open is aborted in the engine, so each ends
-    with an error response instead of being cancelled mid-body. Also exits once the engine died."""
-
-    def __init__(self, config: uvicorn.Config, state: ServerState, engine: AsyncLLMEngine,
-                 drain_timeout_s: float) -> None:
-        super().__init__(config)
-        self.state = state
-        self.engine = engine
-        self.drain_timeout_s = drain_timeout_s
-
-    def handle_exit(self, sig, frame) -> None:
-        if not self.state.draining:
-            logger.info("draining: finishing in-flight requests, refusing new ones")
-        self.state.draining = True
-        super().handle_exit(sig, frame)
-
-    async def on_tick(self, counter: int) -> bool:
-        if await super().on_tick(counter):
-            return True
-        died = self.state.engine_died_at
-        return died is not None and time.monotonic() - died >= _DEATH_FLUSH_S
-
-    async def shutdown(self, sockets=None) -> None:
-        timer = asyncio.get_running_loop().call_later(self.drain_timeout_s, self._abort_in_flight)
-        try:
-            await super().shutdown(sockets)
-        finally:
-            timer.cancel()
-
-    def _abort_in_flight(self) -> None:
-        count = self.engine.abort_all(EngineShutdownError(
-            f"the server is shutting down: the request did not finish within the "
-            f"{self.drain_timeout_s:g} s drain timeout"))
-        if count:
-            logger.warning("drain timeout: aborted %d unfinished request(s)", count)
-
-
 def default_model_name(model_arg: str | None, model_path: str) -> str:
     if model_arg:
         return model_arg
@@ -236,8 +245,9 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("Frontend")
     g.add_argument("--host", default="127.0.0.1")
     g.add_argument("--port", type=int, default=8000)
-    g.add_argument("--served-model-name", default=None,
-                   help="the model name clients send (default: --model, or the default model's name)")
+    g.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                   help="the model name(s) clients may send; the first is the one reported "
+                        "(default: --model, or the default model's name)")
     g.add_argument("--api-key", default=os.environ.get("FOLOVLLM_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on /v1/*, /tokenize and /detokenize "
                         "(default: $FOLOVLLM_API_KEY)")
@@ -246,6 +256,31 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--drain-timeout", type=float, default=30.0,
                    help="on SIGTERM, seconds to let in-flight requests finish before aborting them")
     g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    g.add_argument("--uvicorn-log-level", default=None,
+                   choices=["debug", "info", "warning", "error", "critical", "trace"],
+                   help="uvicorn's own log level (default: --log-level)")
+    g.add_argument("--enable-log-requests", action="store_true",
+                   help="log each request as it reaches the engine (id, prompt length, sampling params)")
+    g.add_argument("--disable-log-requests", dest="enable_log_requests", action="store_false",
+                   help="do not log requests (the default; vLLM's older spelling)")
+    g.add_argument("--metrics-prefix", default="vllm", choices=list(METRICS_PREFIXES),
+                   help="prefix of the /metrics series: vllm (dashboards written for vLLM work as they "
+                        "are) or folovllm")
+    g.add_argument("--enable-prompt-tokens-details", action="store_true",
+                   help="report usage.prompt_tokens_details.cached_tokens (prompt tokens served from "
+                        "the prefix cache); otherwise it is null")
+    g.add_argument("--root-path", default="",
+                   help="the path prefix under which a path-routing proxy serves this app")
+    g.add_argument("--ssl-keyfile", default=None, help="serve HTTPS with this private key (PEM)")
+    g.add_argument("--ssl-certfile", default=None, help="serve HTTPS with this certificate (PEM)")
+    cors = CORSConfig()
+    g.add_argument("--allowed-origins", nargs="+", type=_json_list, default=[cors.allowed_origins],
+                   help='CORS allowed origins, as values or a JSON list (default: ["*"])')
+    g.add_argument("--allowed-methods", nargs="+", type=_json_list, default=[cors.allowed_methods],
+                   help='CORS allowed methods (default: ["*"])')
+    g.add_argument("--allowed-headers", nargs="+", type=_json_list, default=[cors.allowed_headers],
+                   help='CORS allowed headers (default: ["*"])')
+    g.add_argument("--allow-credentials", action="store_true", help="CORS: allow credentials")
     limits = RequestLimits()
     g.add_argument("--max-request-body-bytes", type=int, default=limits.max_request_body_bytes,
                    help="larger request bodies get 413 (default: %(default)s)")
@@ -286,6 +321,19 @@ def chat_settings(args: argparse.Namespace) -> ChatSettings:
         exclude_tools_when_tool_choice_none=args.exclude_tools_when_tool_choice_none)
 
 
+def _json_list(value: str) -> list[str]:
+    """A flag value that is a JSON list of strings (vLLM's form) or one plain string."""
+    if not value.startswith("["):
+        return [value]
+    try:
+        items = json.loads(value)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"not a JSON list: {value!r} ({err})") from err
+    if not all(isinstance(item, str) for item in items):
+        raise argparse.ArgumentTypeError(f"expected a JSON list of strings, got {value!r}")
+    return items
+
+
 def start_engine_core(engine_config: EngineConfig, own_process: bool, log_level: str
                       ) -> tuple[ProcessCore | ThreadCore, object]:
     """Starts the engine core and returns it with a tokenizer for the server; the child process
@@ -315,22 +363,28 @@ def run_server(args: argparse.Namespace, engine_config: EngineConfig) -> int:
     limits = RequestLimits(**{f.name: getattr(args, f.name) for f in fields(RequestLimits)})
     chat = chat_settings(args)  # before the engine starts: a bad flag fails fast
     core, tokenizer = start_engine_core(engine_config, args.engine_process, args.log_level)
+    cors = CORSConfig(*(sum(getattr(args, name), []) for name in
+                        ("allowed_origins", "allowed_methods", "allowed_headers")), args.allow_credentials)
     config = ServerConfig(
-        model_name=args.served_model_name or default_model_name(args.model, core.info.model_path),
+        model_names=args.served_model_name or [default_model_name(args.model, core.info.model_path)],
         api_key=args.api_key or None, max_waiting_requests=args.max_waiting_requests,
-        drain_timeout_s=args.drain_timeout, limits=limits, chat=chat)
+        drain_timeout_s=args.drain_timeout, limits=limits, chat=chat, metrics_prefix=args.metrics_prefix,
+        prompt_tokens_details=args.enable_prompt_tokens_details, log_requests=args.enable_log_requests,
+        root_path=args.root_path, cors=cors)
     state = ServerState()
     app = build_app(core, tokenizer, config, state)
     # uvicorn cancels what is left only after our own drain timeout aborted it and streams had time to end
-    uv_config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+    uv_config = uvicorn.Config(app, host=args.host, port=args.port,
+                               log_level=args.uvicorn_log_level or args.log_level,
                                timeout_graceful_shutdown=config.drain_timeout_s + _ABORT_GRACE_S,
-                               access_log=False)
-    logger.info("serving %r on http://%s:%d", config.model_name, args.host, args.port)
+                               access_log=False, ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile)
+    scheme = "https" if args.ssl_certfile else "http"
+    logger.info("serving %r on %s://%s:%d%s", config.model_name, scheme, args.host, args.port, args.root_path)
     # uvicorn re-raises the signal it shut down on, with the handler found at start: make that a
     # no-op so a drained SIGTERM ends in exit code 0, not death by signal.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
-    _DrainingServer(uv_config, state, app.state.engine, config.drain_timeout_s).run()
+    DrainingServer(uv_config, state, app.state.engine, config.drain_timeout_s).run()
     if state.engine_died_at is not None:
         return ENGINE_DEAD_EXIT_CODE
     logger.info("drained; bye")

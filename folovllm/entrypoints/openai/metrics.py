@@ -1,62 +1,148 @@
-"""Prometheus metrics with vLLM's names (``folovllm:`` prefix), on a per-app registry.
+"""Prometheus metrics with vLLM's names, types, labels and buckets, on a per-app registry.
+
+Dashboards, autoscaler rules and alerts written for vLLM read this server unchanged: the prefix is
+``vllm:`` by default (``--metrics-prefix folovllm`` for ours), engine series carry ``model_name`` and
+``engine`` labels, counters end in ``_total``, and no ``_created`` series are exported.
 
 Fed on the event loop after every engine iteration: counters from EngineStats deltas, gauges from the
 engine's snapshot (scheduler queues, KV cache), histograms from the RequestOutputs of that step.
-Requests that end early are counted too: aborted ones (client gone, drain timeout) in
-``request_success_total{finished_reason="abort"}``, engine faults under ``"error"``, and error responses
-given before a request reached the engine in ``request_rejected_total{status=...}``.
+Timings come from the engine core's per-request timestamps (RequestMetrics), all time.perf_counter:
+
+    queue    = first scheduled - queued in the engine     prefill   = first token - first scheduled
+    decode   = last token - first token                    inference = last token - first scheduled
+    TTFT     = first token - arrival at the server         e2e       = finish seen here - arrival
+
+A user request (one prompt, all its ``n`` samples) is one observation in each request histogram;
+``request_success_total`` counts each sample by its finish reason, as vLLM counts each engine request.
+Aborted requests (client gone, drain timeout) count under ``finished_reason="abort"``, engine faults
+under ``"error"``; error responses given before a request reached the engine count in the
+server-only ``request_rejected_total{status}``.
 """
 from __future__ import annotations
 
 import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics import disable_created_metrics
 
 from folovllm.engine.core_loop import EngineSnapshot
+from folovllm.entrypoints.openai.middleware import route_path
 from folovllm.entrypoints.openai.serving import REACHED_ENGINE
 from folovllm.outputs import RequestOutput
+from folovllm.sampling_params import SamplingParams
 
-_LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
-                    7.5, 10.0, 20.0, 40.0, 80.0)
-_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+METRICS_PREFIXES = ("vllm", "folovllm")
+_ENGINE = "0"  # one engine core per server: vLLM's label for data-parallel rank 0
+FINISH_REASONS = ("stop", "length", "abort", "error")
+_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+                 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+_TOKEN_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
+                          7.5, 10.0, 20.0, 40.0, 80.0)
+_REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
+                            50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+_ITERATION_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+_N_BUCKETS = (1, 2, 5, 10, 20)
 # EngineStats counter field -> metric name (without prefix and _total)
 _COUNTERS = {"prompt_tokens": "prompt_tokens", "generation_tokens": "generation_tokens",
              "num_preemptions": "num_preemptions", "prefix_cache_queries": "prefix_cache_queries",
              "prefix_cache_hits": "prefix_cache_hits"}
-_PROBES = ("/health", "/metrics")  # their error statuses describe the server, not a rejected request
+PROBE_PATHS = ("/health", "/ping", "/metrics", "/load", "/version")  # their statuses describe the server
+
+
+def token_buckets(max_value: int) -> list[int]:
+    """1, 2, 5, 10, 20, 50, ... up to ``max_value`` (request sizes, in tokens)."""
+    buckets, scale = [], 1
+    while True:
+        for mantissa in (1, 2, 5):
+            if mantissa * scale > max_value:
+                return buckets
+            buckets.append(mantissa * scale)
+        scale *= 10
 
 
 class ServerMetrics:
-    def __init__(self, model_name: str) -> None:
-        self.registry = CollectorRegistry()
-        labels, values = ["model_name"], [model_name]
-        r = self.registry
+    """The /metrics registry of one server; ``on_iteration`` is the AsyncLLMEngine hook."""
+
+    def __init__(self, model_name: str, prefix: str = "vllm", max_model_len: int = 2048,
+                 cache_config: dict[str, str] | None = None) -> None:
+        if prefix not in METRICS_PREFIXES:
+            raise ValueError(f"--metrics-prefix must be one of {', '.join(METRICS_PREFIXES)}; got {prefix!r}")
+        disable_created_metrics()  # prometheus_client's switch is process-wide; every server wants it off
+        self.registry = r = CollectorRegistry()
+        self.prefix = prefix
+        labels, values = ["model_name", "engine"], [model_name, _ENGINE]
 
         def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(f"folovllm:{name}", doc, labels, registry=r).labels(*values)
+            return Gauge(f"{prefix}:{name}", doc, labels, registry=r).labels(*values)
+
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(f"{prefix}:{name}", doc, labels, registry=r).labels(*values)
 
         def histogram(name: str, doc: str, buckets) -> Histogram:
-            return Histogram(f"folovllm:{name}", doc, labels, buckets=buckets, registry=r).labels(*values)
+            return Histogram(f"{prefix}:{name}", doc, labels, buckets=buckets, registry=r).labels(*values)
 
-        self.num_running = gauge("num_requests_running", "Requests in the running batch.")
-        self.num_waiting = gauge("num_requests_waiting", "Requests waiting to be scheduled.")
-        self.kv_usage = gauge("kv_cache_usage_perc", "Fraction of KV cache blocks in use (0-1).")
-        self.counters = {field: Counter(f"folovllm:{name}", f"{name.replace('_', ' ')} (total).",
-                                        labels, registry=r).labels(*values)
+        self.num_running = gauge("num_requests_running", "Number of requests in model execution batches.")
+        self.num_waiting = gauge("num_requests_waiting", "Number of requests waiting to be processed.")
+        self.kv_usage = gauge("kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
+        self.counters = {field: counter(name, f"{name.replace('_', ' ').capitalize()} (engine total).")
                          for field, name in _COUNTERS.items()}
-        self._success = Counter("folovllm:request_success", "Finished requests by finish reason.",
-                                labels + ["finished_reason"], registry=r)
-        self._rejected = Counter("folovllm:request_rejected",
+        self.prompt_tokens_cached = counter("prompt_tokens_cached", "Prompt tokens served from the prefix cache.")
+        self.prompt_tokens_recomputed = counter(
+            "prompt_tokens_recomputed", "Cached prompt tokens computed again (none here: a prefix-cache hit "
+                                        "never covers a prompt's last token).")
+        by_source = Counter(f"{prefix}:prompt_tokens_by_source", "Prompt tokens by source.",
+                            labels + ["source"], registry=r)
+        self.prompt_computed = by_source.labels(*values, "local_compute")
+        self.prompt_cache_hit = by_source.labels(*values, "local_cache_hit")
+        by_source.labels(*values, "external_kv_transfer")  # no KV transfer here: stays 0
+        success = Counter(f"{prefix}:request_success", "Count of successfully processed requests.",
+                          labels + ["finished_reason"], registry=r)
+        self._success = {reason: success.labels(*values, reason) for reason in FINISH_REASONS}
+        self._rejected = Counter(f"{prefix}:request_rejected",
                                  "Requests answered with an error status before reaching the engine.",
-                                 labels + ["status"], registry=r)
-        self.ttft = histogram("time_to_first_token_seconds", "Arrival to first token.", _LATENCY_BUCKETS)
-        self.itl = histogram("inter_token_latency_seconds", "Time between output tokens.",
-                             _LATENCY_BUCKETS)
-        self.e2e = histogram("e2e_request_latency_seconds", "Arrival to finish.", _LATENCY_BUCKETS)
-        self.queue_time = histogram("request_queue_time_seconds", "Arrival to first scheduling.",
-                                    _LATENCY_BUCKETS)
-        self.iteration_tokens = histogram("iteration_tokens_total", "Tokens computed per step.",
-                                          _TOKEN_BUCKETS)
+                                 ["model_name", "status"], registry=r)
+        if cache_config is not None:
+            info = {**cache_config, "engine": _ENGINE}
+            Gauge(f"{prefix}:cache_config_info", "Information of the LLMEngine CacheConfig",
+                  list(info), registry=r).labels(**info).set(1)
+
+        sizes = token_buckets(max_model_len)
+        self.prompt_tokens_hist = histogram("request_prompt_tokens", "Number of prefill tokens processed.", sizes)
+        self.generation_tokens_hist = histogram("request_generation_tokens",
+                                                "Number of generation tokens processed.", sizes)
+        self.max_generation_tokens_hist = histogram(
+            "request_max_num_generation_tokens", "Histogram of maximum number of requested generation tokens.",
+            sizes)
+        self.kv_computed_hist = histogram(
+            "request_prefill_kv_computed_tokens",
+            "Histogram of new KV tokens computed during prefill (excluding cached tokens).", sizes)
+        self.params_n = histogram("request_params_n", "Histogram of the n request parameter.", _N_BUCKETS)
+        self.params_max_tokens = histogram("request_params_max_tokens",
+                                           "Histogram of the max_tokens request parameter.", sizes)
+        self.iteration_tokens = histogram("iteration_tokens_total",
+                                          "Histogram of number of tokens per engine_step.", _ITERATION_BUCKETS)
+        self.ttft = histogram("time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+                              _TTFT_BUCKETS)
+        self.itl = histogram("inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+                             _TOKEN_LATENCY_BUCKETS)
+        self.tpot = histogram("time_per_output_token_seconds",
+                              "Histogram of time per output token in seconds. DEPRECATED: use "
+                              "inter_token_latency_seconds (kept for dashboards of vLLM < 0.11).",
+                              _TOKEN_LATENCY_BUCKETS)
+        self.request_tpot = histogram("request_time_per_output_token_seconds",
+                                      "Histogram of time_per_output_token_seconds per request.",
+                                      _TOKEN_LATENCY_BUCKETS)
+        latency = _REQUEST_LATENCY_BUCKETS
+        self.e2e = histogram("e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
+                             latency)
+        self.queue_time = histogram("request_queue_time_seconds",
+                                    "Histogram of time spent in WAITING phase for request.", latency)
+        self.inference_time = histogram("request_inference_time_seconds",
+                                        "Histogram of time spent in RUNNING phase for request.", latency)
+        self.prefill_time = histogram("request_prefill_time_seconds",
+                                      "Histogram of time spent in PREFILL phase for request.", latency)
+        self.decode_time = histogram("request_decode_time_seconds",
+                                     "Histogram of time spent in DECODE phase for request.", latency)
         self._model_name = model_name
         self._seen: dict[str, int] = {}  # counter snapshots (EngineStats fields, finish reasons)
         self._last_step_time: float | None = None
@@ -68,7 +154,9 @@ class ServerMetrics:
         for field, counter in self.counters.items():
             self._inc(field, counter, getattr(stats, field))
         for reason, total in list(stats.finished_by_reason.items()):
-            self._inc(f"finished:{reason}", self._success.labels(self._model_name, reason), total)
+            success = self._success.get(reason)
+            if success is not None:
+                self._inc(f"finished:{reason}", success, total)
         self.num_running.set(snap.num_running)
         self.num_waiting.set(snap.num_waiting)
         self.kv_usage.set(snap.kv_usage)
@@ -76,10 +164,18 @@ class ServerMetrics:
         if step is not None and step.time != self._last_step_time:
             self._last_step_time = step.time
             self.iteration_tokens.observe(step.num_prefill_tokens + step.num_decode_tokens)
+        now = time.perf_counter()
         for output in outputs:
-            self._observe_request(output)
+            self._observe_request(output, now)
         for request_id in ended:  # aborted requests end without a finished output
             self._last_token_time.pop(request_id, None)
+
+    def observe_params(self, params: SamplingParams, num_prompts: int) -> None:
+        """A request reached the engine: its ``n`` and ``max_tokens`` (when the client set one)."""
+        for _ in range(num_prompts):
+            self.params_n.observe(params.n)
+            if params.max_tokens is not None:
+                self.params_max_tokens.observe(params.max_tokens)
 
     def count_rejected(self, status: int) -> None:
         self._rejected.labels(self._model_name, str(status)).inc()
@@ -95,23 +191,41 @@ class ServerMetrics:
             counter.inc(delta)
         self._seen[key] = total
 
-    def _observe_request(self, output: RequestOutput) -> None:
+    def _observe_request(self, output: RequestOutput, now: float) -> None:
         m = output.metrics
-        now = m.last_token_time or time.perf_counter()
+        latest = m.last_token_time or now
         previous = self._last_token_time.get(output.request_id)
-        if previous is None:
+        if previous is None:  # the request's first output: its prefill is done
             if m.first_token_time is not None:
                 self.ttft.observe(m.first_token_time - m.arrival_time)
-            if m.first_scheduled_time is not None:
-                self.queue_time.observe(m.first_scheduled_time - m.arrival_time)
-        else:
-            self.itl.observe(now - previous)
-        if output.finished:
-            self._last_token_time.pop(output.request_id, None)
-            if m.finished_time is not None:
-                self.e2e.observe(m.finished_time - m.arrival_time)
-        else:
-            self._last_token_time[output.request_id] = now
+            cached = output.num_cached_tokens
+            self.prompt_tokens_cached.inc(cached)
+            self.prompt_cache_hit.inc(cached)
+            self.prompt_computed.inc(len(output.prompt_token_ids) - cached)
+        elif latest > previous:
+            self.itl.observe(latest - previous)
+            self.tpot.observe(latest - previous)
+        if not output.finished:
+            self._last_token_time[output.request_id] = latest
+            return
+        self._last_token_time.pop(output.request_id, None)
+        self.e2e.observe(now - m.arrival_time)
+        num_prompt = len(output.prompt_token_ids)
+        lengths = [len(o.token_ids) for o in output.outputs]
+        self.prompt_tokens_hist.observe(num_prompt)
+        self.kv_computed_hist.observe(num_prompt - output.num_cached_tokens)
+        self.generation_tokens_hist.observe(sum(lengths))
+        self.max_generation_tokens_hist.observe(max(lengths, default=0))
+        scheduled, first, last = m.first_scheduled_time, m.first_token_time, m.finished_time
+        if scheduled is not None and m.queued_time is not None:
+            self.queue_time.observe(max(scheduled - m.queued_time, 0.0))
+        if scheduled is None or first is None or last is None:
+            return  # ended before its first token (aborted, failed): no phase timings
+        self.prefill_time.observe(first - scheduled)
+        self.decode_time.observe(last - first)
+        self.inference_time.observe(last - scheduled)
+        if max(lengths) > 1:
+            self.request_tpot.observe((last - first) / (max(lengths) - 1))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -126,7 +240,7 @@ class RejectionCounter:
         self.metrics = metrics
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http" or scope["path"] in _PROBES:
+        if scope["type"] != "http" or route_path(scope) in PROBE_PATHS:
             await self.app(scope, receive, send)
             return
 

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
@@ -18,8 +20,19 @@ from folovllm.sampling_params import SamplingParams
 
 
 _T = TypeVar("_T")
+logger = logging.getLogger(__name__)
 # ASGI scope key: set once the request reached the engine; an error response after that is no rejection.
 REACHED_ENGINE = "folovllm.reached_engine"
+# ASGI scope key: the request's id (its X-Request-Id header, else a fresh one), echoed in the response.
+REQUEST_ID = "folovllm.request_id"
+# Called once per request that reached the engine: (its sampling params, its number of prompts).
+AdmittedHook = Callable[[SamplingParams, int], None]
+
+
+def request_id_of(raw: Request, prefix: str) -> str:
+    """``prefix`` + the X-Request-Id the client gave (vLLM's header), else + a fresh id."""
+    base = raw.scope.get(REQUEST_ID) or raw.headers.get("x-request-id") or uuid.uuid4().hex
+    return prefix + base
 
 
 class ClientDisconnected(Exception):
@@ -46,11 +59,16 @@ def engine_error(err: EngineError) -> APIError:
 class ServingContext:
     """State the endpoints share: the engine, the served model name, the API-side tokenizer."""
 
-    def __init__(self, engine: AsyncLLMEngine, model_name: str, tokenizer,
+    def __init__(self, engine: AsyncLLMEngine, model_names: str | list[str], tokenizer,
                  max_waiting_requests: int | None, limits: RequestLimits | None = None,
-                 chat_settings: ChatSettings | None = None) -> None:
+                 chat_settings: ChatSettings | None = None, on_admitted: AdmittedHook | None = None,
+                 prompt_tokens_details: bool = True, log_requests: bool = False) -> None:
         self.engine = engine
-        self.model_name = model_name
+        self.model_names = [model_names] if isinstance(model_names, str) else list(model_names)
+        self.model_name = self.model_names[0]  # the name responses report
+        self.on_admitted = on_admitted
+        self.prompt_tokens_details = prompt_tokens_details  # usage.prompt_tokens_details.cached_tokens
+        self.log_requests = log_requests
         self.tokenizer = tokenizer  # the server's own: the engine core decodes with its own
         self.max_model_len = engine.info.max_model_len
         self.max_waiting_requests = max_waiting_requests
@@ -70,10 +88,11 @@ class ServingContext:
         self._tokenizer_thread.shutdown(wait=False, cancel_futures=True)
 
     def check_model(self, name: str | None) -> None:
-        if name is not None and name != self.model_name:
-            raise APIError(404, f"the model {name!r} does not exist; this server serves "
-                                f"{self.model_name!r}", type="not_found_error", param="model",
-                           code="model_not_found")
+        """Any served name is accepted; so is none (omitted or ""), meaning the served model."""
+        if name and name not in self.model_names:
+            served = ", ".join(repr(n) for n in self.model_names)
+            raise APIError(404, f"the model {name!r} does not exist; this server serves {served}",
+                           type="not_found_error", param="model", code="model_not_found")
 
     async def start(self, prompts: list[dict], params: SamplingParams, request_id: str,
                     arrival_time: float, param_renames: dict[str, str] | None = None,
@@ -85,14 +104,35 @@ class ServingContext:
         if limit is not None and self.engine.num_pending + len(prompts) > limit:
             raise server_busy()
         sub_ids = [request_id] if len(prompts) == 1 else [f"{request_id}-p{i}" for i in range(len(prompts))]
+        if self.log_requests:
+            for sub_id, prompt in zip(sub_ids, prompts):
+                logger.info("request %s: %d prompt tokens, %s", sub_id,
+                            len(prompt.get("prompt_token_ids", ())), params)
         try:
-            return await self.engine.add_requests(sub_ids, prompts, params, arrival_time,
-                                                  priority=priority, user=user)
+            streams = await self.engine.add_requests(sub_ids, prompts, params, arrival_time,
+                                                     priority=priority, user=user)
         except ValueError as err:
             raise bad_request(err, param=prompt_param if "prompt" in str(err) else None,
                               renames=param_renames) from err
         except EngineError as err:
             raise engine_error(err) from err
+        if self.on_admitted is not None:
+            self.on_admitted(params, len(prompts))
+        return streams
+
+    def usage(self, finals: list[RequestOutput], completion_tokens: int) -> dict:
+        """OpenAI's usage block; ``prompt_tokens_details.cached_tokens`` (prompt tokens served from
+        the prefix cache) when --enable-prompt-tokens-details is on, else null."""
+        return self._gated(usage(finals, completion_tokens))
+
+    def usage_counts(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
+        """The usage block from its counts (a stream's usage so far), gated as ``usage``."""
+        return self._gated(usage_counts(prompt_tokens, completion_tokens, cached_tokens))
+
+    def _gated(self, block: dict) -> dict:
+        if not self.prompt_tokens_details:
+            block["prompt_tokens_details"] = None
+        return block
 
     def abort_unfinished(self, streams: list[RequestStream]) -> None:
         for stream in streams:

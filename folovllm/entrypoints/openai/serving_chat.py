@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import AsyncIterator
 
 from fastapi import Request
@@ -11,7 +10,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from folovllm.entrypoints.openai.chat_reply import ReplyDeltas, ReplyReader
 from folovllm.entrypoints.openai.protocol import ChatCompletionRequest
 from folovllm.entrypoints.openai.serving import (ServingContext, TextDeltas, event_stream, now_s,
-                                                 prompt_logprobs_json, sse, usage, usage_counts)
+                                                 prompt_logprobs_json, request_id_of, sse)
 from folovllm.outputs import CompletionOutput, RequestOutput
 
 
@@ -25,7 +24,7 @@ class ChatServing:
         ctx.check_model(body.model)
         prompt, params, renames = await ctx.off_loop(ctx.validator.chat, body)
         reader = ReplyReader.for_request(body, ctx.validator.chat_settings)
-        request_id = f"chatcmpl-{uuid.uuid4().hex}"
+        request_id = request_id_of(raw, "chatcmpl-")
         streams = await ctx.start([prompt], params, request_id, arrival, renames, prompt_param="messages",
                                   priority=body.priority, user=body.user)
         if body.stream:
@@ -49,7 +48,8 @@ class ChatServing:
             choices.append(choice)
         completion_tokens = sum(len(o.token_ids) for o in final.outputs)
         response = {"id": request_id, "object": "chat.completion", "created": now_s(),
-                    "model": ctx.model_name, "choices": choices, "usage": usage([final], completion_tokens)}
+                    "model": ctx.model_name, "choices": choices,
+                    "usage": ctx.usage([final], completion_tokens)}
         if body.return_token_ids:
             response["prompt_token_ids"] = final.prompt_token_ids
         if body.prompt_logprobs is not None:
@@ -89,7 +89,7 @@ class ChatServing:
         if body.return_token_ids:
             first["prompt_token_ids"] = prompt_token_ids
         if body.continuous_usage:
-            first["usage"] = usage_counts(len(prompt_token_ids), 0)
+            first["usage"] = self.ctx.usage_counts(len(prompt_token_ids), 0)
         yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                       "finish_reason": None} for i in range(body.n)], **first)
         async for output in stream:
@@ -115,8 +115,8 @@ class ChatServing:
             if choices:
                 extra = {}
                 if body.continuous_usage:
-                    extra["usage"] = usage([output], sum(len(o.token_ids) for o in output.outputs))
+                    extra["usage"] = self.ctx.usage([output], sum(len(o.token_ids) for o in output.outputs))
                 yield chunk(choices, **extra)
         if body.include_usage:
             completion_tokens = sum(len(o.token_ids) for o in final.outputs)
-            yield chunk([], usage=usage([final], completion_tokens))
+            yield chunk([], usage=self.ctx.usage([final], completion_tokens))

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import AsyncIterator
 
 from fastapi import Request
@@ -11,7 +10,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from folovllm.engine.async_engine import RequestStream
 from folovllm.entrypoints.openai.protocol import CompletionRequest
 from folovllm.entrypoints.openai.serving import (ServingContext, TextDeltas, event_stream, merge_streams,
-                                                 now_s, prompt_logprobs_json, sse, usage, usage_counts)
+                                                 now_s, prompt_logprobs_json, request_id_of, sse)
 from folovllm.outputs import CompletionOutput, RequestOutput
 
 
@@ -24,7 +23,7 @@ class CompletionServing:
         ctx = self.ctx
         ctx.check_model(body.model)
         prompts, params = await ctx.off_loop(ctx.validator.completion, body)
-        request_id = f"cmpl-{uuid.uuid4().hex}"
+        request_id = request_id_of(raw, "cmpl-")
         streams = await ctx.start(prompts, params, request_id, arrival, priority=body.priority,
                                   user=body.user)
         if body.stream:
@@ -53,7 +52,7 @@ class CompletionServing:
                 choices.append(choice)
         return JSONResponse({"id": request_id, "object": "text_completion", "created": now_s(),
                              "model": ctx.model_name, "choices": choices,
-                             "usage": usage(finals, completion_tokens)})
+                             "usage": ctx.usage(finals, completion_tokens)})
 
     def _prompt_text(self, prompt: dict) -> str:
         text = prompt.get("prompt")
@@ -110,8 +109,8 @@ class CompletionServing:
         def usage_so_far() -> dict:
             done = [f for f in finals if f is not None]
             generated = 0 if _scores_only(body) else sum(len(o.token_ids) for f in done for o in f.outputs)
-            return usage_counts(sum(len(p["prompt_token_ids"]) for p in prompts), generated,
-                                sum(f.num_cached_tokens for f in done))
+            return self.ctx.usage_counts(sum(len(p["prompt_token_ids"]) for p in prompts), generated,
+                                         sum(f.num_cached_tokens for f in done))
 
         ids_sent: set[int] = set()  # choices whose prompt_token_ids went out (return_token_ids)
 
@@ -160,7 +159,8 @@ class CompletionServing:
             completion_tokens = 0 if _scores_only(body) else sum(
                 len(o.token_ids) for f in finals for o in f.outputs)
             yield sse({"id": request_id, "object": "text_completion", "created": created,
-                       "model": model, "choices": [], "usage": usage(finals, completion_tokens)})
+                       "model": model, "choices": [],
+                       "usage": self.ctx.usage(finals, completion_tokens)})
 
 
 def _scores_only(body: CompletionRequest) -> bool:

@@ -14,7 +14,7 @@ from folovllm.engine.llm_engine import check_prompt_length, truncate_prompt
 from folovllm.entrypoints.openai.chat_template import RESERVED_TEMPLATE_KWARGS, render_chat_text
 from folovllm.entrypoints.openai.errors import bad_request
 from folovllm.entrypoints.openai.protocol import (ChatCompletionRequest, ChatMessage, CompletionRequest,
-                                                  UnsupportedField, SamplingRequest)
+                                                  ResponsesRequest, SamplingRequest, UnsupportedField)
 from folovllm.entrypoints.openai.reasoning import get_reasoning_parser
 from folovllm.entrypoints.openai.tool_parsers import get_tool_parser
 from folovllm.entrypoints.openai.tool_parsers.forced import named_tool_schema, required_tools_schema
@@ -141,6 +141,25 @@ class Validator:
         if body.cache_salt is not None:
             prompt["cache_salt"] = body.cache_salt
         return prompt, params, renames
+
+    def responses(self, body: ResponsesRequest) -> tuple[dict, SamplingParams]:
+        """The engine prompt and sampling params of a /v1/responses body."""
+        try:
+            body.check_supported()
+        except UnsupportedField as err:
+            raise bad_request(err, err.param) from err
+        try:
+            messages = body.messages()
+        except ValueError as err:
+            raise bad_request(err, "input") from err
+        try:
+            params = SamplingParams(temperature=body.temperature, top_p=body.top_p,
+                                    max_tokens=body.max_output_tokens)
+        except ValueError as err:
+            raise bad_request(err, renames={"max_tokens": "max_output_tokens"}) from err
+        ids = self.render_chat(messages)
+        self._check_length(len(ids), params, "input", "max_output_tokens")
+        return {"prompt_token_ids": ids}, params
 
     def render_chat(self, messages: list[ChatMessage], add_generation_prompt: bool = True,
                     add_special_tokens: bool = False, *, tools: list[dict] | None = None,

@@ -20,13 +20,15 @@ ENGINE_ARGS = ["--dtype", "float32", "--max-model-len", "512", "--kv-cache-memor
 
 class ServerProcess:
     """A server subprocess; ``stop()`` sends SIGTERM and returns the exit code. ``entry`` is the
-    module run with ``-m`` (a test's own wrapper of the CLI, e.g. one that injects a fault)."""
+    module run with ``-m`` (a test's own wrapper of the CLI, e.g. one that injects a fault);
+    ``https`` when the extra args give it a certificate (readiness is then checked without
+    verifying it)."""
 
-    def __init__(self, *extra_args: str, entry: str = "folovllm.entrypoints.cli") -> None:
+    def __init__(self, *extra_args: str, entry: str = "folovllm.entrypoints.cli", https: bool = False) -> None:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             self.port = sock.getsockname()[1]
-        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.base_url = f"{'https' if https else 'http'}://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", entry, "serve", "--port", str(self.port),
                "--served-model-name", MODEL_NAME, "--log-level", "warning", *ENGINE_ARGS, *extra_args]
         self.proc = subprocess.Popen(cmd, env={**os.environ, "FOLOVLLM_API_KEY": ""},
@@ -38,7 +40,7 @@ class ServerProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.proc.stderr.read()}")
             try:
-                if httpx.get(f"{self.base_url}/health", timeout=1.0).status_code == 200:
+                if httpx.get(f"{self.base_url}/health", timeout=1.0, verify=False).status_code == 200:
                     return
             except httpx.TransportError:
                 pass
@@ -63,8 +65,8 @@ class ServerProcess:
 
 @pytest.fixture(scope="session")
 def server():
-    """The shared server: API key on, default admission queue."""
-    proc = ServerProcess("--api-key", API_KEY)
+    """The shared server: API key on, default admission queue, cached_tokens in usage."""
+    proc = ServerProcess("--api-key", API_KEY, "--enable-prompt-tokens-details")
     try:
         proc.wait_ready()
         yield proc
@@ -101,13 +103,13 @@ def scrape(http):
 
 
 def parse_metrics(response: httpx.Response) -> dict[str, float]:
-    """/metrics as {sample name{sorted labels, model_name dropped}: value}; must parse."""
+    """/metrics as {sample name{sorted labels, model_name and engine dropped}: value}; must parse."""
     from prometheus_client.parser import text_string_to_metric_families
 
     assert response.status_code == 200
     values = {}
     for family in text_string_to_metric_families(response.text):
         for sample in family.samples:
-            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()) if k != "model_name")
+            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()) if k not in ("model_name", "engine"))
             values[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
     return values

@@ -52,7 +52,8 @@ def test_a_failing_request_ends_alone(start_server):
             assert failed.json()["error"]["type"] == "internal_error"
             assert c.get("/health").status_code == 200
             metrics = c.get("/metrics").text
-            assert 'folovllm:request_success_total{finished_reason="error",model_name="smol"} 2.0' in metrics
+            assert ('vllm:request_success_total{engine="0",finished_reason="error",model_name="smol"} 2.0'
+                    in metrics)
         assert srv.stop() == 0
         err = srv.proc.stderr.read()
         assert "injected sampling fault" in err  # the fault is logged with its cause

@@ -7,16 +7,17 @@ import httpx
 import pytest
 
 from tests.entrypoints.openai.conftest import parse_metrics
+from tests.entrypoints.openai.vllm_metrics import EMITTED, NOT_EMITTED, OWN
 
 PROMPT = "Metrics are counted for this unique prompt number 4711:"
 
 
 def test_metrics_parse_and_counters_move(client, scrape):
     before = scrape()
-    for name in ("folovllm:num_requests_running", "folovllm:num_requests_waiting",
-                 "folovllm:kv_cache_usage_perc", "folovllm:num_preemptions_total",
-                 "folovllm:prefix_cache_queries_total", "folovllm:prefix_cache_hits_total",
-                 "folovllm:iteration_tokens_total_count"):
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting",
+                 "vllm:kv_cache_usage_perc", "vllm:num_preemptions_total",
+                 "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
+                 "vllm:iteration_tokens_total_count"):
         assert name in before, name
     response = client.completions.create(model="smol", prompt=PROMPT, max_tokens=5, temperature=0,
                                          extra_body={"ignore_eos": True})
@@ -25,15 +26,52 @@ def test_metrics_parse_and_counters_move(client, scrape):
     def delta(name: str) -> float:
         return after.get(name, 0.0) - before.get(name, 0.0)
 
-    assert delta("folovllm:generation_tokens_total") == 5
-    assert 0 < delta("folovllm:prompt_tokens_total") <= response.usage.prompt_tokens
-    assert delta("folovllm:request_success_total{finished_reason=length}") == 1
+    assert delta("vllm:generation_tokens_total") == 5
+    assert 0 < delta("vllm:prompt_tokens_total") <= response.usage.prompt_tokens
+    assert delta("vllm:request_success_total{finished_reason=length}") == 1
     for histogram in ("time_to_first_token_seconds", "e2e_request_latency_seconds",
                       "request_queue_time_seconds"):
-        assert delta(f"folovllm:{histogram}_count") == 1, histogram
-    assert delta("folovllm:inter_token_latency_seconds_count") == 4
-    assert delta("folovllm:iteration_tokens_total_count") >= 5
-    assert after["folovllm:num_requests_running"] == 0
+        assert delta(f"vllm:{histogram}_count") == 1, histogram
+    assert delta("vllm:inter_token_latency_seconds_count") == 4
+    assert delta("vllm:time_per_output_token_seconds_count") == 4
+    assert delta("vllm:iteration_tokens_total_count") >= 5
+    assert after["vllm:num_requests_running"] == 0
+    for histogram in ("request_prefill_time_seconds", "request_decode_time_seconds",
+                      "request_inference_time_seconds", "request_time_per_output_token_seconds",
+                      "request_params_n", "request_params_max_tokens", "request_max_num_generation_tokens"):
+        assert delta(f"vllm:{histogram}_count") == 1, histogram
+    assert delta("vllm:request_params_max_tokens_sum") == 5
+    assert delta("vllm:request_generation_tokens_sum") == 5
+    assert delta("vllm:request_prompt_tokens_sum") == response.usage.prompt_tokens
+    cached = response.usage.prompt_tokens_details.cached_tokens
+    assert delta("vllm:prompt_tokens_cached_total") == cached
+    assert delta("vllm:request_prefill_kv_computed_tokens_sum") == response.usage.prompt_tokens - cached
+    assert delta("vllm:prompt_tokens_by_source_total{source=local_compute}") == response.usage.prompt_tokens - cached
+    # the phases add up: inference = prefill + decode, all inside the end-to-end latency
+    phases = delta("vllm:request_prefill_time_seconds_sum") + delta("vllm:request_decode_time_seconds_sum")
+    assert abs(delta("vllm:request_inference_time_seconds_sum") - phases) < 1e-6
+    assert delta("vllm:request_inference_time_seconds_sum") <= delta("vllm:e2e_request_latency_seconds_sum")
+
+
+def test_metric_names_and_types_match_vllms(http):
+    """Every vLLM series we compute is there with vLLM's type and labels; none we do not compute;
+    no _created series."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    families = {f.name: f for f in text_string_to_metric_families(http.get("/metrics").text)
+                if f.name.startswith("vllm:")}
+    types = {name.removeprefix("vllm:"): f.type for name, f in families.items()}
+    assert types == {**EMITTED, **OWN}
+    assert not set(types) & set(NOT_EMITTED)
+    for name, family in families.items():
+        assert not any(s.name.endswith("_created") for s in family.samples), name
+        if name.removeprefix("vllm:") in EMITTED:  # cache_config_info: its labels are the config's
+            wanted = {"engine"} if name == "vllm:cache_config_info" else {"model_name", "engine"}
+            assert all(wanted <= set(s.labels) for s in family.samples), name
+    info = families["vllm:cache_config_info"].samples[0].labels
+    assert info["block_size"] == "16" and info["enable_prefix_caching"] == "True"
+    reasons = {s.labels["finished_reason"] for s in families["vllm:request_success"].samples}
+    assert reasons == {"stop", "length", "abort", "error"}
 
 
 def test_disconnect_mid_stream_frees_blocks(server, scrape):
@@ -47,19 +85,19 @@ def test_disconnect_mid_stream_frees_blocks(server, scrape):
             for _ in range(4):  # a few tokens in: the request holds KV blocks now
                 next(lines)
             running = scrape()
-            assert running["folovllm:num_requests_running"] == 1
-            assert running["folovllm:kv_cache_usage_perc"] > 0
+            assert running["vllm:num_requests_running"] == 1
+            assert running["vllm:kv_cache_usage_perc"] > 0
     deadline = time.monotonic() + 5.0
     while time.monotonic() < deadline:
         now = scrape()
-        if now["folovllm:num_requests_running"] == 0:
+        if now["vllm:num_requests_running"] == 0:
             break
         time.sleep(0.05)
-    assert now["folovllm:num_requests_running"] == 0
-    assert now["folovllm:kv_cache_usage_perc"] == 0
-    aborted = "folovllm:request_success_total{finished_reason=abort}"
+    assert now["vllm:num_requests_running"] == 0
+    assert now["vllm:kv_cache_usage_perc"] == 0
+    aborted = "vllm:request_success_total{finished_reason=abort}"
     assert now.get(aborted, 0) - before.get(aborted, 0) == 1
-    assert now["folovllm:generation_tokens_total"] - before["folovllm:generation_tokens_total"] < 400
+    assert now["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"] < 400
 
 
 def test_rejected_requests_are_counted_by_status(server, http, scrape):
@@ -74,7 +112,7 @@ def test_rejected_requests_are_counted_by_status(server, http, scrape):
     after = scrape()
 
     def delta(status: int) -> float:
-        name = f"folovllm:request_rejected_total{{status={status}}}"
+        name = f"vllm:request_rejected_total{{status={status}}}"
         return after.get(name, 0.0) - before.get(name, 0.0)
 
     assert (delta(400), delta(401), delta(404)) == (1, 1, 2)
@@ -114,13 +152,13 @@ def test_disconnect_storm_leaves_no_blocks_or_requests(server, scrape):
     deadline = time.monotonic() + 30.0
     while True:
         now = scrape()
-        idle = (now["folovllm:num_requests_running"], now["folovllm:num_requests_waiting"],
-                now["folovllm:kv_cache_usage_perc"])
+        idle = (now["vllm:num_requests_running"], now["vllm:num_requests_waiting"],
+                now["vllm:kv_cache_usage_perc"])
         if idle == (0, 0, 0) or time.monotonic() > deadline:
             break
         time.sleep(0.2)
     assert idle == (0, 0, 0)
-    aborted = "folovllm:request_success_total{finished_reason=abort}"
+    aborted = "vllm:request_success_total{finished_reason=abort}"
     assert now.get(aborted, 0) - before.get(aborted, 0) >= num_clients // 2
     with httpx.Client(base_url=server.base_url, headers={"Authorization": "Bearer test-key"},
                       timeout=60) as c:
@@ -133,9 +171,9 @@ def test_gauges_reset_when_the_engine_is_gone():
     from folovllm.engine.stats import EngineStats
     from folovllm.entrypoints.openai.metrics import ServerMetrics
 
-    metrics = ServerMetrics("smol")
+    metrics = ServerMetrics("smol")  # prefix vllm by default
     metrics.on_iteration(EngineSnapshot(EngineStats(), num_running=3, num_waiting=2, kv_usage=0.5), [], [])
     metrics.reset_gauges()
     values = parse_metrics(httpx.Response(200, content=metrics.render()))
     for gauge in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc"):
-        assert values[f"folovllm:{gauge}"] == 0, gauge
+        assert values[f"vllm:{gauge}"] == 0, gauge
