@@ -11,6 +11,7 @@ import pytest
 from chat_templates import WEATHER_TOOL
 from folovllm.entrypoints.openai.chat_reply import ReplyDeltas, ReplyReader
 from folovllm.entrypoints.openai.protocol import ChatCompletionRequest
+from folovllm.entrypoints.openai.serving import usage, usage_counts
 from folovllm.entrypoints.openai.serving_chat import ChatServing
 from folovllm.entrypoints.openai.validation import ChatSettings
 from folovllm.outputs import CompletionOutput, RequestMetrics, RequestOutput
@@ -101,7 +102,8 @@ def test_streamed_reasoning_and_calls_add_up_to_the_message(step):
 # -- through the endpoint's response builders --------------------------------------------------
 
 def _serving(settings: ChatSettings) -> ChatServing:
-    ctx = SimpleNamespace(model_name="smol", token_text=str, validator=SimpleNamespace(chat_settings=settings))
+    ctx = SimpleNamespace(model_name="smol", token_text=str, validator=SimpleNamespace(chat_settings=settings),
+                          usage=usage, usage_counts=usage_counts)
     return ChatServing(ctx)
 
 
