@@ -113,6 +113,8 @@ class EngineConfig:
     trace_path: str | None = knob(
         None, "write the step trace (JSONL: tokens by kind, running, waiting, KV) here", flag="--trace")
     num_threads: int | None = knob(None, "CPU threads for torch (default: the cores this process may run on)")
+    tensor_parallel_size: int = knob(
+        1, "split every layer across N ranks (processes spawned by the engine; gloo on CPU, NCCL on CUDA)")
     cpu_prepack: bool = knob(True, "CPU: keep linear weights plain instead of prepacked for oneDNN (ablation)",
                              flag="--no-cpu-prepack")
 
@@ -142,6 +144,8 @@ class EngineConfig:
             raise ValueError(f"overlap_scheduling must be True, False or 'auto'; got {self.overlap_scheduling!r}")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"num_threads must be >= 1; got {self.num_threads}")
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be >= 1; got {self.tensor_parallel_size}")
         if self.cuda_graph_max_batch < 1:
             raise ValueError(f"cuda_graph_max_batch must be >= 1; got {self.cuda_graph_max_batch}")
         if self.kv_cache_memory is not None:
@@ -172,8 +176,36 @@ class EngineConfig:
             else:
                 backend = _auto_cpu_attention_backend(CPU_ATTENTION_LIBRARY)
         overlap = on_cuda if self.overlap_scheduling == "auto" else bool(self.overlap_scheduling)
+        enforce_eager = self.enforce_eager
+        if self.tensor_parallel_size > 1:
+            overlap, enforce_eager = self._tensor_parallel_settings(device, overlap)
         return dataclasses.replace(self, device=device, dtype=dtype, attention_backend=backend,
-                                   overlap_scheduling=overlap, num_threads=self.num_threads or usable_cores())
+                                   overlap_scheduling=overlap, enforce_eager=enforce_eager,
+                                   num_threads=self.num_threads or usable_cores())
+
+    def _tensor_parallel_settings(self, device: str, overlap: bool) -> tuple[bool, bool]:
+        """(overlap_scheduling, enforce_eager) under tensor parallelism: both off.
+
+        The other ranks learn a step's input tokens from the host, so a token still on rank 0's device
+        (overlap) cannot reach them; decode CUDA graphs are not captured with collectives inside.
+        """
+        if device.startswith("cuda:"):
+            raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size} places rank r on cuda:r; "
+                             f"pass device='cuda' instead of {device!r}")
+        if device == "cuda" and torch.cuda.device_count() < self.tensor_parallel_size:
+            raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size} needs that many CUDA devices; "
+                             f"{torch.cuda.device_count()} are visible")
+        if self.overlap_scheduling is True:
+            raise ValueError("overlap scheduling does not work with tensor_parallel_size > 1; "
+                             "leave overlap_scheduling at 'auto' or pass --no-overlap")
+        if overlap:
+            logger.info("tensor parallelism: overlap scheduling off (other ranks read input tokens from the host)")
+        return False, True
+
+    @property
+    def threads_per_rank(self) -> int:
+        """CPU threads for torch in each rank's process: the cores shared evenly between the ranks."""
+        return max(1, (self.num_threads or usable_cores()) // self.tensor_parallel_size)
 
     @property
     def torch_device(self) -> torch.device:

@@ -21,6 +21,7 @@ from folovllm.core.admission import make_admission
 from folovllm.core.kv_cache import KVCacheManager
 from folovllm.core.policy import make_policy
 from folovllm.core.scheduler import Scheduler, SchedulerLimits, SchedulerOutput
+from folovllm.distributed.launch import RankFailedError
 from folovllm.engine.fault_isolation import isolate_faults, subset
 from folovllm.engine.output_processor import OutputProcessor, RequestGroup
 from folovllm.engine.stats import EngineStats, StepStats
@@ -32,6 +33,7 @@ from folovllm.request import Request, RequestStatus
 from folovllm.sample.prompt_logprobs import PromptLogprobsChunk
 from folovllm.sampling_params import SamplingParams
 from folovllm.worker.model_runner import LaunchedStep
+from folovllm.worker.tp_worker import TensorParallelWorker
 from folovllm.worker.worker import Worker
 
 logger = logging.getLogger(__name__)
@@ -64,7 +66,8 @@ class LLMEngine:
         self.config = config
         self.device = config.torch_device
         self.model_path = config.model or default_model_path()
-        self.worker = Worker(config, self.model_path)
+        self.worker = (TensorParallelWorker(config, self.model_path) if config.tensor_parallel_size > 1
+                       else Worker(config, self.model_path))
         self.tokenizer = load_tokenizer(self.model_path)
         arch = self.worker.arch
         self.vocab_size = arch.vocab_size
@@ -217,6 +220,8 @@ class LLMEngine:
         if not sched.is_empty:
             try:
                 self._in_flight = self._launch(sched)
+            except RankFailedError:  # no request's fault, and no retry can run: the engine is done
+                raise
             except Exception as err:
                 if previous is not None:  # settle it first: the retries take its tokens from the host
                     wait_s += self._resolve(previous, touched)
@@ -366,6 +371,16 @@ class LLMEngine:
         if request.metrics.finished_time is None:
             request.metrics.finished_time = time.perf_counter()
         self.scheduler.finish_request(request, status)
+
+    def check_health(self) -> None:
+        """Raises RankFailedError if a tensor-parallel rank has died (a single worker is always fine)."""
+        if isinstance(self.worker, TensorParallelWorker):
+            self.worker.check_health()
+
+    def shutdown(self) -> None:
+        """Stops the tensor-parallel ranks, if any (they also stop when this process exits)."""
+        if isinstance(self.worker, TensorParallelWorker):
+            self.worker.close()
 
     @property
     def model(self) -> torch.nn.Module:

@@ -1,0 +1,122 @@
+"""Tensor parallelism seen from the engine: one worker object, N ranks behind it.
+
+Rank 0 runs in the engine's process (it samples and hands tokens back); ranks 1..N-1 are spawned
+processes (worker/rank_main.py). Every call the engine makes is sent to the other ranks first (one
+pickled message each, distributed/channel.py), then run on rank 0; the ranks meet in the model's
+collectives. A rank that dies makes the next call raise ``RankFailedError``.
+"""
+from __future__ import annotations
+
+import logging
+import weakref
+from collections.abc import Callable
+from typing import TypeVar
+
+import torch
+
+from folovllm.config import EngineConfig
+from folovllm.distributed.channel import send_to_ranks
+from folovllm.distributed.group import TPGroup, backend_for, init_tp_group
+from folovllm.distributed.launch import LOOPBACK, RankFailedError, RankProcess, rendezvous_store, spawn_rank
+from folovllm.model.arch import ArchConfig
+from folovllm.worker.model_runner import LaunchedStep, ModelRunner
+from folovllm.worker.rank_main import DETERMINE_NUM_KV_BLOCKS, INITIALIZE_CACHE, STEP, run_rank
+from folovllm.worker.step_input import StepInput, StepOutput
+from folovllm.worker.worker import Worker
+
+logger = logging.getLogger(__name__)
+
+_STOP_TIMEOUT_S = 10.0
+T = TypeVar("T")
+
+
+def _stop_ranks(ranks: list[RankProcess]) -> None:
+    for rank in ranks:  # a closed pipe is the stop signal: each rank reads EOF and returns
+        rank.conn.close()
+    for rank in ranks:
+        rank.stop(_STOP_TIMEOUT_S)
+
+
+class TensorParallelWorker:
+    """The engine's worker when ``tensor_parallel_size > 1``: same interface as ``Worker``."""
+
+    def __init__(self, config: EngineConfig, model_path: str) -> None:
+        size = config.tensor_parallel_size
+        store = rendezvous_store(size)
+        log_level = logging.getLogger().getEffectiveLevel()
+        self.ranks = [spawn_rank(run_rank, rank, (config, model_path, rank, LOOPBACK, store.port, log_level))
+                      for rank in range(1, size)]
+        self._finalizer = weakref.finalize(self, _stop_ranks, self.ranks)
+        try:
+            self.group: TPGroup = init_tp_group(store, 0, size, backend_for(config.torch_device))
+            self.local = Worker(config, model_path, self.group)
+            self._wait_ready()
+        except BaseException:
+            self.close()
+            raise
+        logger.info("tensor parallelism: %d ranks over %s; rank 0 in this process", size, self.group.backend)
+
+    def _wait_ready(self) -> None:
+        for rank in self.ranks:
+            while not rank.conn.poll(1.0):
+                if not rank.is_alive():
+                    raise RankFailedError(f"tensor-parallel {rank.describe()} while starting")
+            try:
+                error = rank.conn.recv()
+            except EOFError:
+                raise RankFailedError(f"tensor-parallel {rank.describe()} while starting") from None
+            if error is not None:
+                raise error
+
+    @property
+    def arch(self) -> ArchConfig:
+        return self.local.arch
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """Rank 0's model (its slice of every weight)."""
+        return self.local.model
+
+    @property
+    def runner(self) -> ModelRunner | None:
+        return self.local.runner
+
+    def _on_all(self, message: tuple, run_locally: Callable[[], T]) -> T:
+        """Sends ``message`` to the other ranks, runs rank 0's part; a dead rank is a RankFailedError."""
+        self.check_health()
+        try:
+            send_to_ranks([rank.conn for rank in self.ranks], message)
+            return run_locally()
+        except (OSError, RuntimeError) as err:
+            dead = [rank.describe() for rank in self.ranks if not rank.is_alive()]
+            if dead or isinstance(err, OSError):
+                raise RankFailedError(f"tensor-parallel {', '.join(dead) or 'rank pipe closed'}: "
+                                      f"the engine cannot go on ({err})") from err
+            raise
+
+    def check_health(self) -> None:
+        """RankFailedError if a rank's process has ended."""
+        for rank in self.ranks:
+            if not rank.is_alive():
+                raise RankFailedError(f"tensor-parallel {rank.describe()}: the engine cannot go on")
+
+    def determine_num_kv_blocks(self) -> int:
+        """The smallest block count any rank can hold."""
+        return self._on_all((DETERMINE_NUM_KV_BLOCKS,), self.local.determine_num_kv_blocks)
+
+    def initialize_cache(self, num_blocks: int, max_model_len: int) -> None:
+        self._on_all((INITIALIZE_CACHE, num_blocks, max_model_len),
+                     lambda: self.local.initialize_cache(num_blocks, max_model_len))
+
+    def launch(self, step: StepInput) -> LaunchedStep:
+        return self._on_all((STEP, step), lambda: self.local.launch(step))
+
+    def resolve(self, launched: LaunchedStep) -> StepOutput:
+        return self.local.resolve(launched)
+
+    def execute(self, step: StepInput) -> StepOutput:
+        return self.resolve(self.launch(step))
+
+    def close(self) -> None:
+        """Stops every rank and waits for them (terminating any that hang); also run when collected."""
+        self._finalizer()
