@@ -1,17 +1,21 @@
 """Rank processes on one machine: a rendezvous store on a free loopback port, spawned ranks, their ends.
 
-The store's port is picked by the OS (port 0), so two engines on one machine never collide. Ranks are
-spawned (CUDA and OpenMP do not survive fork) as daemons of the process that owns rank 0.
+The store's port is picked by the OS (port 0), so two engines on one machine never collide. A rank is
+a fresh interpreter (``python -m <module> <fd>``; CUDA and OpenMP do not survive fork) started with
+``subprocess``, which works from the server's engine-core process too (multiprocessing forbids a
+daemon process children). It talks to rank 0 over one socket pair, so it reads EOF as soon as rank 0's
+process is gone, however it died, and exits: no orphans.
 """
 from __future__ import annotations
 
 import datetime
-import multiprocessing
+import os
 import signal
-from collections.abc import Callable
+import socket
+import subprocess
+import sys
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any
 
 import torch.distributed as dist
 
@@ -48,37 +52,53 @@ def describe_exit(exitcode: int | None) -> str:
 
 @dataclass
 class RankProcess:
-    """A spawned rank: its process and rank 0's end of the pipe to it."""
+    """A spawned rank: its process and rank 0's end of the connection to it."""
 
     rank: int
-    process: multiprocessing.process.BaseProcess
+    process: subprocess.Popen
     conn: Connection
 
     def is_alive(self) -> bool:
-        return self.process.is_alive()
+        return self.process.poll() is None
+
+    def join(self, timeout_s: float) -> None:
+        try:
+            self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            pass
 
     def describe(self) -> str:
         """'rank 1 (pid 123) killed by SIGKILL'."""
-        self.process.join(0.5)  # a rank that just died may not be reaped yet
-        return f"rank {self.rank} (pid {self.process.pid}) {describe_exit(self.process.exitcode)}"
+        self.join(0.5)  # a rank that just died may not be reaped yet
+        return f"rank {self.rank} (pid {self.process.pid}) {describe_exit(self.process.returncode)}"
 
     def stop(self, timeout_s: float) -> None:
-        """Closes the pipe (the rank reads EOF and exits), then waits; terminates it past ``timeout_s``."""
+        """Closes the connection (the rank reads EOF and exits), then waits; terminates it past ``timeout_s``."""
         self.conn.close()
-        self.process.join(timeout_s)
-        if self.process.is_alive():
+        self.join(timeout_s)
+        if self.is_alive():
             self.process.terminate()
-            self.process.join(timeout_s)
-        if self.process.is_alive():
+            self.join(timeout_s)
+        if self.is_alive():
             self.process.kill()
-            self.process.join()
+            self.process.wait()
 
 
-def spawn_rank(target: Callable[..., None], rank: int, args: tuple[Any, ...]) -> RankProcess:
-    """Starts ``target(*args, conn)`` in a spawned daemon process; ``conn`` is its end of a duplex pipe."""
-    ctx = multiprocessing.get_context("spawn")
-    parent_conn, child_conn = ctx.Pipe(duplex=True)
-    process = ctx.Process(target=target, name=f"folovllm-tp-rank{rank}", args=(*args, child_conn), daemon=True)
-    process.start()
-    child_conn.close()  # the rank holds the only other end: EOF here means it is gone
-    return RankProcess(rank, process, parent_conn)
+def spawn_rank(module: str, rank: int) -> RankProcess:
+    """Starts ``python -m module <fd>``: ``fd`` is the rank's end of a socket pair to this process.
+
+    The child sees this interpreter's ``sys.path``, so it imports the same ``folovllm``.
+    """
+    ours, theirs = socket.socketpair()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    process = subprocess.Popen([sys.executable, "-m", module, str(theirs.fileno())],
+                               pass_fds=(theirs.fileno(),), env=env)
+    theirs.close()  # the rank holds the only other end: EOF here means it is gone
+    return RankProcess(rank, process, Connection(ours.detach()))
+
+
+def rank_connection(argv: list[str]) -> Connection:
+    """In a spawned rank: its connection to rank 0, from the fd ``spawn_rank`` put on its command line."""
+    if len(argv) != 2 or not argv[1].isdigit():
+        raise SystemExit(f"usage: python -m {argv[0]} <fd>  (started by rank 0, not by hand)")
+    return Connection(int(argv[1]))

@@ -7,12 +7,13 @@ is gone), or on any error (its peers' collectives then fail at once, and rank 0 
 from __future__ import annotations
 
 import logging
+import sys
 from multiprocessing.connection import Connection
 
 from folovllm.config import EngineConfig
 from folovllm.distributed.channel import receive
 from folovllm.distributed.group import backend_for, init_tp_group
-from folovllm.distributed.launch import connect_store
+from folovllm.distributed.launch import connect_store, rank_connection
 from folovllm.worker.step_input import StepInput
 from folovllm.worker.worker import Worker
 
@@ -24,9 +25,11 @@ DETERMINE_NUM_KV_BLOCKS = "determine_num_kv_blocks"
 INITIALIZE_CACHE = "initialize_cache"
 
 
-def run_rank(config: EngineConfig, model_path: str, rank: int, host: str, port: int, log_level: int,
-             conn: Connection) -> None:
-    """The rank's main: start-up (its error, if any, goes back over ``conn``), then the message loop."""
+def run_rank(conn: Connection) -> None:
+    """The rank's main: its settings from rank 0, start-up (its error, if any, goes back over ``conn``),
+    then the message loop."""
+    config: EngineConfig
+    config, model_path, rank, host, port, log_level = receive(conn)
     logging.basicConfig(level=log_level, format=f"%(levelname)s %(name)s (tp rank {rank}): %(message)s")
     size = config.tensor_parallel_size
     try:
@@ -61,3 +64,7 @@ def _serve(worker: Worker, conn: Connection) -> None:
             worker.initialize_cache(*message[1:])
         else:
             raise RuntimeError(f"unknown message {kind!r} from rank 0")
+
+
+if __name__ == "__main__":
+    run_rank(rank_connection(sys.argv))

@@ -20,12 +20,13 @@ from folovllm.distributed.group import TPGroup, backend_for, init_tp_group
 from folovllm.distributed.launch import LOOPBACK, RankFailedError, RankProcess, rendezvous_store, spawn_rank
 from folovllm.model.arch import ArchConfig
 from folovllm.worker.model_runner import LaunchedStep, ModelRunner
-from folovllm.worker.rank_main import DETERMINE_NUM_KV_BLOCKS, INITIALIZE_CACHE, STEP, run_rank
+from folovllm.worker.rank_main import DETERMINE_NUM_KV_BLOCKS, INITIALIZE_CACHE, STEP
 from folovllm.worker.step_input import StepInput, StepOutput
 from folovllm.worker.worker import Worker
 
 logger = logging.getLogger(__name__)
 
+RANK_MAIN = "folovllm.worker.rank_main"
 _STOP_TIMEOUT_S = 10.0
 T = TypeVar("T")
 
@@ -44,10 +45,11 @@ class TensorParallelWorker:
         size = config.tensor_parallel_size
         store = rendezvous_store(size)
         log_level = logging.getLogger().getEffectiveLevel()
-        self.ranks = [spawn_rank(run_rank, rank, (config, model_path, rank, LOOPBACK, store.port, log_level))
-                      for rank in range(1, size)]
+        self.ranks = [spawn_rank(RANK_MAIN, rank) for rank in range(1, size)]
         self._finalizer = weakref.finalize(self, _stop_ranks, self.ranks)
         try:
+            for rank in self.ranks:
+                send_to_ranks([rank.conn], (config, model_path, rank.rank, LOOPBACK, store.port, log_level))
             self.group: TPGroup = init_tp_group(store, 0, size, backend_for(config.torch_device))
             self.local = Worker(config, model_path, self.group)
             self._wait_ready()
