@@ -8,6 +8,7 @@ collectives. A rank that dies makes the next call raise ``RankFailedError``.
 from __future__ import annotations
 
 import logging
+import time
 import weakref
 from collections.abc import Callable
 from typing import TypeVar
@@ -19,9 +20,11 @@ from folovllm.distributed.channel import send_to_ranks
 from folovllm.distributed.group import TPGroup, backend_for, init_tp_group
 from folovllm.distributed.launch import LOOPBACK, RankFailedError, RankProcess, rendezvous_store, spawn_rank
 from folovllm.model.arch import ArchConfig
+from folovllm.sample.rows import SamplingRow
+from folovllm.sampling_params import SamplingParams
 from folovllm.worker.model_runner import LaunchedStep, ModelRunner
 from folovllm.worker.rank_main import DETERMINE_NUM_KV_BLOCKS, INITIALIZE_CACHE, STEP
-from folovllm.worker.step_input import StepInput, StepOutput
+from folovllm.worker.step_input import ScheduledRequest, StepInput, StepOutput
 from folovllm.worker.worker import Worker
 
 logger = logging.getLogger(__name__)
@@ -29,6 +32,16 @@ logger = logging.getLogger(__name__)
 RANK_MAIN = "folovllm.worker.rank_main"
 _STOP_TIMEOUT_S = 10.0
 T = TypeVar("T")
+# What a rank that does not sample gets for a row that samples: only that it samples (one shared
+# object, pickled once per message, instead of every row's settings and penalty token lists).
+_SAMPLES = SamplingRow(SamplingParams())
+
+
+def follower_step(step: StepInput) -> StepInput:
+    """The step as the ranks that do not sample need it: each row's sampling settings reduced to a flag."""
+    return StepInput([ScheduledRequest(r.request_id, r.new_token_ids, r.num_pending_tokens, r.num_computed_tokens,
+                                       r.block_table, None if r.sampling is None else _SAMPLES, r.prompt_logprobs)
+                      for r in step.requests], step.finished_request_ids)
 
 
 def _stop_ranks(ranks: list[RankProcess]) -> None:
@@ -45,6 +58,7 @@ class TensorParallelWorker:
         size = config.tensor_parallel_size
         store = rendezvous_store(size)
         log_level = logging.getLogger().getEffectiveLevel()
+        self.send_s = 0.0  # host time spent handing messages to the other ranks (the step breakdown reads it)
         self.ranks = [spawn_rank(RANK_MAIN, rank) for rank in range(1, size)]
         self._finalizer = weakref.finalize(self, _stop_ranks, self.ranks)
         try:
@@ -83,11 +97,13 @@ class TensorParallelWorker:
     def runner(self) -> ModelRunner | None:
         return self.local.runner
 
-    def _on_all(self, message: tuple, run_locally: Callable[[], T]) -> T:
-        """Sends ``message`` to the other ranks, runs rank 0's part; a dead rank is a RankFailedError."""
+    def _on_all(self, message: Callable[[], tuple], run_locally: Callable[[], T]) -> T:
+        """Sends ``message()`` to the other ranks, runs rank 0's part; a dead rank is a RankFailedError."""
         self.check_health()
         try:
-            send_to_ranks([rank.conn for rank in self.ranks], message)
+            start = time.perf_counter()
+            send_to_ranks([rank.conn for rank in self.ranks], message())
+            self.send_s += time.perf_counter() - start
             return run_locally()
         except (OSError, RuntimeError) as err:
             dead = [rank.describe() for rank in self.ranks if not rank.is_alive()]
@@ -104,14 +120,14 @@ class TensorParallelWorker:
 
     def determine_num_kv_blocks(self) -> int:
         """The smallest block count any rank can hold."""
-        return self._on_all((DETERMINE_NUM_KV_BLOCKS,), self.local.determine_num_kv_blocks)
+        return self._on_all(lambda: (DETERMINE_NUM_KV_BLOCKS,), self.local.determine_num_kv_blocks)
 
     def initialize_cache(self, num_blocks: int, max_model_len: int) -> None:
-        self._on_all((INITIALIZE_CACHE, num_blocks, max_model_len),
+        self._on_all(lambda: (INITIALIZE_CACHE, num_blocks, max_model_len),
                      lambda: self.local.initialize_cache(num_blocks, max_model_len))
 
     def launch(self, step: StepInput) -> LaunchedStep:
-        return self._on_all((STEP, step), lambda: self.local.launch(step))
+        return self._on_all(lambda: (STEP, follower_step(step)), lambda: self.local.launch(step))
 
     def resolve(self, launched: LaunchedStep) -> StepOutput:
         return self.local.resolve(launched)
