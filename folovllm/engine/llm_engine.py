@@ -374,13 +374,11 @@ class LLMEngine:
 
     def check_health(self) -> None:
         """Raises RankFailedError if a tensor-parallel rank has died (a single worker is always fine)."""
-        if isinstance(self.worker, TensorParallelWorker):
-            self.worker.check_health()
+        self.worker.check_health()
 
     def shutdown(self) -> None:
         """Stops the tensor-parallel ranks, if any (they also stop when this process exits)."""
-        if isinstance(self.worker, TensorParallelWorker):
-            self.worker.close()
+        self.worker.close()
 
     @property
     def model(self) -> torch.nn.Module:

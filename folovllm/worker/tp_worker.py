@@ -56,7 +56,7 @@ class TensorParallelWorker:
 
     def __init__(self, config: EngineConfig, model_path: str) -> None:
         size = config.tensor_parallel_size
-        store = rendezvous_store(size)
+        store = self._store = rendezvous_store(size)  # hosts the rendezvous: kept for the group's life
         log_level = logging.getLogger().getEffectiveLevel()
         self.send_s = 0.0  # host time spent handing messages to the other ranks (the step breakdown reads it)
         self.ranks = [spawn_rank(RANK_MAIN, rank) for rank in range(1, size)]

@@ -114,6 +114,12 @@ class Worker:
         """Launches one step and waits for its tokens."""
         return self.resolve(self.launch(step))
 
+    def check_health(self) -> None:
+        """Nothing can fail apart from this process (``TensorParallelWorker`` checks its ranks here)."""
+
+    def close(self) -> None:
+        """Nothing to stop (``TensorParallelWorker`` stops its ranks here)."""
+
     def _generator(self, request_id: str, seed: int | None) -> torch.Generator | None:
         """The request's own RNG, created from its seed on first sight and kept until it finishes."""
         if seed is None:
