@@ -107,3 +107,11 @@ def test_ranks_exit_when_the_engine_process_is_killed(model_dirs: dict[str, str]
         assert not alive, f"orphaned rank processes: {[p.pid for p in alive]}"
     finally:
         core.close(0)
+
+
+def test_heads_that_do_not_split_are_a_clear_error_and_leave_no_rank(model_dirs: dict[str, str]) -> None:
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    with pytest.raises(ValueError, match="num_key_value_heads=2 is fewer than tp_size=3"):
+        make_llm(model_dirs["llama"], tensor_parallel_size=3)
+    spawned = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    assert not _wait_gone(spawned, 30)
