@@ -137,9 +137,9 @@ class EngineConfig:
     cpu_offload_gb: float | None = knob(None, "GiB of weights to keep in CPU memory", group="CacheConfig",
                                         no_effect="weights are never offloaded")
     # -- ParallelConfig ---------------------------------------------------------------------------
-    tensor_parallel_size: int = knob(1, "tensor-parallel ranks (1 only: tensor parallelism is not "
-                                        "implemented yet)", group="ParallelConfig", aliases=("-tp",),
-                                     only=(1, "tensor parallelism"))
+    tensor_parallel_size: int = knob(
+        1, "split every layer across N ranks (processes spawned by the engine; gloo on CPU, NCCL on CUDA)",
+        group="ParallelConfig", aliases=("-tp",))
     data_parallel_size: int = knob(1, "data-parallel engine replicas (1 only: data parallelism is not "
                                       "implemented yet)", group="ParallelConfig", aliases=("-dp",),
                                    only=(1, "data parallelism"))
@@ -220,6 +220,8 @@ class EngineConfig:
             raise ValueError(f"overlap_scheduling must be True, False or 'auto'; got {self.overlap_scheduling!r}")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"num_threads must be >= 1; got {self.num_threads}")
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be >= 1; got {self.tensor_parallel_size}")
         if self.cuda_graph_max_batch < 1:
             raise ValueError(f"cuda_graph_max_batch must be >= 1; got {self.cuda_graph_max_batch}")
         if self.kv_cache_memory is not None:
@@ -281,8 +283,36 @@ class EngineConfig:
             else:
                 backend = _auto_cpu_attention_backend(CPU_ATTENTION_LIBRARY)
         overlap = on_cuda if self.overlap_scheduling == "auto" else bool(self.overlap_scheduling)
+        enforce_eager = self.enforce_eager
+        if self.tensor_parallel_size > 1:
+            overlap, enforce_eager = self._tensor_parallel_settings(device, overlap)
         return dataclasses.replace(self, device=device, dtype=dtype, attention_backend=backend,
-                                   overlap_scheduling=overlap, num_threads=self.num_threads or usable_cores())
+                                   overlap_scheduling=overlap, enforce_eager=enforce_eager,
+                                   num_threads=self.num_threads or usable_cores())
+
+    def _tensor_parallel_settings(self, device: str, overlap: bool) -> tuple[bool, bool]:
+        """(overlap_scheduling, enforce_eager) under tensor parallelism: both off.
+
+        The other ranks learn a step's input tokens from the host, so a token still on rank 0's device
+        (overlap) cannot reach them; decode CUDA graphs are not captured with collectives inside.
+        """
+        if device.startswith("cuda:"):
+            raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size} places rank r on cuda:r; "
+                             f"pass device='cuda' instead of {device!r}")
+        if device == "cuda" and torch.cuda.device_count() < self.tensor_parallel_size:
+            raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size} needs that many CUDA devices; "
+                             f"{torch.cuda.device_count()} are visible")
+        if self.overlap_scheduling is True:
+            raise ValueError("overlap scheduling does not work with tensor_parallel_size > 1; "
+                             "leave overlap_scheduling at 'auto' or pass --no-overlap")
+        if overlap:
+            logger.info("tensor parallelism: overlap scheduling off (other ranks read input tokens from the host)")
+        return False, True
+
+    @property
+    def threads_per_rank(self) -> int:
+        """CPU threads for torch in each rank's process: the cores shared evenly between the ranks."""
+        return max(1, (self.num_threads or usable_cores()) // self.tensor_parallel_size)
 
     @property
     def torch_device(self) -> torch.device:

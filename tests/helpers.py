@@ -76,3 +76,24 @@ def use_triton_interpreter_without_cuda() -> None:
 
     patch_lang_tensor.folovllm_patched = True
     interpreter._patch_lang_tensor = patch_lang_tensor
+
+
+def _rank_entry(rank: int, fn, port: int, size: int, args: tuple) -> None:
+    from folovllm.distributed.group import init_tp_group
+    from folovllm.distributed.launch import LOOPBACK, connect_store
+
+    torch.set_num_threads(1)
+    group = init_tp_group(connect_store(LOOPBACK, port, size), rank, size, "gloo")
+    fn(rank, group, *args)
+
+
+def run_ranks(fn, size: int, *args) -> None:
+    """Runs ``fn(rank, group, *args)`` in ``size`` spawned processes joined in one gloo ``TPGroup``
+    (loopback, a free port); an assertion failing in any rank fails the caller with its traceback.
+    ``fn`` must be importable by name (a module-level function)."""
+    import torch.multiprocessing as mp
+
+    from folovllm.distributed.launch import rendezvous_store
+
+    store = rendezvous_store(size)  # kept alive while the ranks run: they rendezvous through it
+    mp.spawn(_rank_entry, args=(fn, store.port, size, args), nprocs=size, join=True)

@@ -54,3 +54,16 @@ def test_num_threads_default_to_the_cores_this_process_may_use() -> None:
     assert EngineConfig(device="cpu", num_threads=1).resolve().num_threads == 1
     with pytest.raises(ValueError, match="num_threads must be >= 1"):
         EngineConfig(num_threads=0)
+
+
+def test_tensor_parallelism_turns_overlap_and_cuda_graphs_off_and_shares_the_threads() -> None:
+    resolved = EngineConfig(device="cpu", tensor_parallel_size=2, num_threads=4).resolve()
+    assert (resolved.overlap_scheduling, resolved.enforce_eager, resolved.threads_per_rank) == (False, True, 2)
+    assert EngineConfig(device="cpu", tensor_parallel_size=4, num_threads=2).threads_per_rank == 1
+    assert EngineConfig(device="cpu", num_threads=2).resolve().enforce_eager is False
+    with pytest.raises(ValueError, match="tensor_parallel_size must be >= 1"):
+        EngineConfig(tensor_parallel_size=0)
+    with pytest.raises(ValueError, match="overlap scheduling does not work with tensor_parallel_size > 1"):
+        EngineConfig(device="cpu", tensor_parallel_size=2, overlap_scheduling=True).resolve()
+    with pytest.raises(ValueError, match="pass device='cuda'"):
+        EngineConfig(device="cuda:1", tensor_parallel_size=2).resolve()

@@ -29,6 +29,10 @@ FORBIDDEN = {
                   "folovllm.worker", "folovllm.model", "folovllm.quantize"],
     "sample": ["folovllm.entrypoints", "folovllm.bench", "folovllm.engine", "folovllm.core",
                "folovllm.worker", "folovllm.model", "folovllm.quantize"],
+    # process groups, collectives, rank processes: model layers call it; it knows no layer, worker or engine
+    "distributed": ["folovllm.entrypoints", "folovllm.bench", "folovllm.engine", "folovllm.core",
+                    "folovllm.worker", "folovllm.model", "folovllm.attention", "folovllm.sample",
+                    "folovllm.quantize"],
     # the offline quantizer: run by the CLI, reads models through folovllm.model
     "quantize": ["folovllm.entrypoints", "folovllm.bench", "folovllm.engine", "folovllm.core",
                  "folovllm.worker"],

@@ -18,7 +18,8 @@ from collections.abc import Callable
 
 import torch
 
-from folovllm.config import EngineConfig, usable_cores
+from folovllm.config import EngineConfig
+from folovllm.distributed.launch import RankFailedError
 from folovllm.engine.core_loop import EngineInfo, IterationMessage, Op, engine_info, run_core_loop
 from folovllm.engine.errors import EngineDeadError
 from folovllm.engine.llm_engine import LLMEngine
@@ -85,7 +86,7 @@ class ThreadCore:
     def attach(self, loop: asyncio.AbstractEventLoop, on_message: OnMessage) -> None:
         def run() -> None:
             if self.engine.device.type == "cpu":  # OpenMP's thread count is per thread: set it here too
-                torch.set_num_threads(self.engine.config.num_threads or usable_cores())
+                torch.set_num_threads(self.engine.config.threads_per_rank)
             def emit(message: IterationMessage) -> None:
                 loop.call_soon_threadsafe(on_message, _detached(message))
 
@@ -196,8 +197,14 @@ def _core_process_main(config: EngineConfig, ops, conn, log_level: int) -> None:
             if parent is not None and not parent.is_alive():
                 logger.warning("the server process is gone; the engine exits")
                 raise SystemExit(0)
+            engine.check_health()  # an idle engine notices a dead tensor-parallel rank too
 
     try:
         run_core_loop(engine, inbox, conn.send)
     except (BrokenPipeError, ConnectionResetError):
         logger.warning("the server closed the connection; the engine exits")
+    except RankFailedError as err:
+        logger.error("%s; the engine exits", err)
+        raise SystemExit(1) from None
+    finally:
+        engine.shutdown()

@@ -13,6 +13,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from folovllm.distributed.launch import RankFailedError
 from folovllm.engine.errors import EngineError, EngineShutdownError
 from folovllm.engine.llm_engine import LLMEngine, PromptInput
 from folovllm.engine.output_delta import DeltaEncoder, OutputDelta
@@ -109,6 +110,8 @@ def run_core_loop(engine: LLMEngine, inbox: Inbox, emit: Callable[[IterationMess
         elif engine.has_unfinished_requests():
             try:
                 message.outputs = [deltas.encode(output) for output in engine.step()]
+            except RankFailedError:  # a tensor-parallel rank is gone: no later step can run
+                raise
             except Exception:  # outside any one request's work: end them all, keep serving
                 logger.exception("engine step failed outside any one request; ending all requests")
                 _fail_all(engine, EngineError("the engine step failed; see the server log"), message)

@@ -21,6 +21,7 @@ from folovllm.core.admission import make_admission
 from folovllm.core.kv_cache import KVCacheManager
 from folovllm.core.policy import make_policy
 from folovllm.core.scheduler import Scheduler, SchedulerLimits, SchedulerOutput
+from folovllm.distributed.launch import RankFailedError
 from folovllm.engine.fault_isolation import isolate_faults, subset
 from folovllm.engine.output_processor import OutputProcessor, RequestGroup
 from folovllm.engine.stats import EngineStats, StepStats
@@ -34,6 +35,7 @@ from folovllm.request import Request, RequestStatus, bad_words_token_ids
 from folovllm.sample.prompt_logprobs import PromptLogprobsChunk
 from folovllm.sampling_params import SamplingParams
 from folovllm.worker.model_runner import LaunchedStep
+from folovllm.worker.tp_worker import TensorParallelWorker
 from folovllm.worker.worker import Worker
 
 logger = logging.getLogger(__name__)
@@ -91,7 +93,8 @@ class LLMEngine:
             logger.warning(line)
         self.device = config.torch_device
         self.model_path = config.model or default_model_path()
-        self.worker = Worker(config, self.model_path)
+        self.worker = (TensorParallelWorker(config, self.model_path) if config.tensor_parallel_size > 1
+                       else Worker(config, self.model_path))
         self.tokenizer = load_tokenizer(config.tokenizer or self.model_path)
         # SamplingParams fields the model's generation_config.json sets (vLLM's --generation-config)
         self.default_sampling = default_sampling_overrides(self.model_path, config.generation_config)
@@ -261,6 +264,8 @@ class LLMEngine:
         if not sched.is_empty:
             try:
                 self._in_flight = self._launch(sched)
+            except RankFailedError:  # no request's fault, and no retry can run: the engine is done
+                raise
             except Exception as err:
                 if previous is not None:  # settle it first: the retries take its tokens from the host
                     wait_s += self._resolve(previous, touched)
@@ -410,6 +415,14 @@ class LLMEngine:
         if request.metrics.finished_time is None:
             request.metrics.finished_time = time.perf_counter()
         self.scheduler.finish_request(request, status)
+
+    def check_health(self) -> None:
+        """Raises RankFailedError if a tensor-parallel rank has died (a single worker is always fine)."""
+        self.worker.check_health()
+
+    def shutdown(self) -> None:
+        """Stops the tensor-parallel ranks, if any (they also stop when this process exits)."""
+        self.worker.close()
 
     @property
     def model(self) -> torch.nn.Module:

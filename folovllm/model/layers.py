@@ -13,15 +13,17 @@ from folovllm.attention.backend import AttentionBackend
 from folovllm.attention.metadata import AttentionMetadata
 from folovllm.model.arch import ArchConfig
 from folovllm.model.linear import (
+    LinearBase,
     MergedColumnParallelLinear,
     QKVParallelLinear,
-    ReplicatedLinear,
     RowParallelLinear,
     ShardId,
     WeightConfig,
+    all_reduce,
+    kv_heads_per_rank,
 )
 from folovllm.model.cpu_packed import PackedLinearMethod, pack_linear_weight, packed_linear
-from folovllm.model.linear_method import UnquantizedLinearMethod
+from folovllm.model.linear_method import LinearMethod, UnquantizedLinearMethod
 from folovllm.model.weights import load_checkpoint, process_weights_after_loading, weight_bytes
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
@@ -101,30 +103,76 @@ def apply_rotary(x: torch.Tensor, rope: Rope) -> torch.Tensor:
     return x * cos + torch.cat([x2, x1], dim=-1) * signed_sin
 
 
+def vocab_shard(vocab_size: int, tp_rank: int, tp_size: int) -> tuple[int, int]:
+    """(first token id, rows) of a rank's slice of the vocabulary: ceil(vocab / tp_size) rows each,
+    the last rank's tail padded with zero rows (their logits are cut off after the gather)."""
+    rows = -(-vocab_size // tp_size)
+    return tp_rank * rows, rows
+
+
+def load_vocab_rows(param: nn.Parameter, loaded: torch.Tensor, first: int, vocab_size: int) -> None:
+    """Copy rows [first, first + rows) of a [vocab, hidden] checkpoint tensor; rows past the vocab are 0."""
+    if loaded.shape != (vocab_size, *param.shape[1:]):
+        raise ValueError(f"has shape {tuple(loaded.shape)}, expected {(vocab_size, *param.shape[1:])}")
+    end = min(first + param.shape[0], vocab_size)
+    param.data.zero_()
+    param.data[:end - first].copy_(loaded[first:end])
+
+
 class VocabEmbedding(nn.Module):
-    """Token id -> hidden vector; its table is also the LM head when embeddings are tied."""
+    """Token id -> hidden vector; its table is also the LM head when embeddings are tied.
+
+    Vocab-parallel: each rank holds a slice of the rows (``vocab_shard``), looks up the ids that fall
+    in it (zeros for the others) and the ranks' vectors are summed.
+    """
 
     packed_head: torch.Tensor | None
 
     def __init__(self, vocab_size: int, hidden_size: int, weights: WeightConfig) -> None:
         super().__init__()
+        self.vocab_size = vocab_size
+        self.tp_size, self.tp_group = weights.tp_size, weights.tp_group
+        self.first, rows = vocab_shard(vocab_size, weights.tp_rank, weights.tp_size)
         self.weight = nn.Parameter(
-            torch.empty(vocab_size, hidden_size, dtype=weights.dtype, device=weights.device), requires_grad=False
+            torch.empty(rows, hidden_size, dtype=weights.dtype, device=weights.device), requires_grad=False
         )
+        self.weight.weight_loader = self.weight_loader
         self.register_buffer("packed_head", None, persistent=False)
 
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
+        """This rank's rows of the checkpoint's [vocab, hidden] table."""
+        load_vocab_rows(param, loaded, self.first, self.vocab_size)
+
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return F.embedding(input_ids, self.weight)
+        if self.tp_size == 1:
+            return F.embedding(input_ids, self.weight)
+        local = input_ids - self.first
+        outside = (local < 0) | (local >= self.weight.shape[0])
+        x = F.embedding(local.masked_fill(outside, 0), self.weight)
+        x.masked_fill_(outside.unsqueeze(-1), 0)
+        return all_reduce(x, self.tp_group, self.tp_size, "a vocab-parallel embedding")
 
     def pack_head(self) -> None:
         """Keep a prepacked copy of the table for the tied logits matmul (the lookup needs the plain one)."""
         self.packed_head = pack_linear_weight(self.weight)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [N, hidden_size] @ table^T: the tied LM head, in the model dtype."""
+        """hidden [N, hidden_size] @ table^T: the tied LM head (this rank's vocab slice), in the model dtype."""
         if self.packed_head is not None:
             return packed_linear(hidden, self.packed_head, None)
         return F.linear(hidden, self.weight)
+
+
+class ParallelLMHead(LinearBase):
+    """The untied output projection, split by vocabulary rows like ``VocabEmbedding``."""
+
+    def __init__(self, hidden_size: int, vocab_size: int, weights: WeightConfig, method: LinearMethod) -> None:
+        self.vocab_size = vocab_size
+        self.first, rows = vocab_shard(vocab_size, weights.tp_rank, weights.tp_size)
+        super().__init__(hidden_size, rows, False, weights, method)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
+        load_vocab_rows(param, loaded, self.first, self.vocab_size)
 
 
 # HF activation names the gated MLP implements -> the function applied to the gate
@@ -204,7 +252,7 @@ class Attention(nn.Module):
         return self.o_proj(out)
 
 
-def lm_head(arch: ArchConfig, weights: WeightConfig) -> ReplicatedLinear | None:
+def lm_head(arch: ArchConfig, weights: WeightConfig) -> ParallelLMHead | None:
     """The output projection, or None when tied to the embedding (then ``compute_logits`` reads that).
 
     It stays an unquantized weight in the model dtype whatever the linear method (quantized checkpoints
@@ -213,7 +261,7 @@ def lm_head(arch: ArchConfig, weights: WeightConfig) -> ReplicatedLinear | None:
     if arch.tie_word_embeddings:
         return None
     method = PackedLinearMethod() if weights.cpu_prepack else UnquantizedLinearMethod()
-    return ReplicatedLinear(arch.hidden_size, arch.vocab_size, False, weights, method)
+    return ParallelLMHead(arch.hidden_size, arch.vocab_size, weights, method)
 
 
 class CausalLM(nn.Module):
@@ -238,13 +286,15 @@ class CausalLM(nn.Module):
     gguf_defaults: dict[str, Any] = {}
 
     model: nn.Module
-    lm_head: ReplicatedLinear | None
+    lm_head: ParallelLMHead | None
 
     def __init__(self, arch: ArchConfig, weights: WeightConfig) -> None:
         super().__init__()
         self.arch = arch
         self.dtype = weights.dtype  # activations and KV cache
         self.cpu_prepack = weights.cpu_prepack
+        self.tp_size, self.tp_group = weights.tp_size, weights.tp_group
+        self.num_kv_heads = kv_heads_per_rank(arch.num_key_value_heads, weights.tp_size)  # this rank's KV cache
 
     def forward(
         self,
@@ -256,11 +306,16 @@ class CausalLM(nn.Module):
         """Run one ragged step batch; returns final hidden states [T, hidden]."""
         return self.model(input_ids, positions, kv_caches, attn_metadata)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[N, hidden] -> [N, vocab] float32 logits."""
-        if self.lm_head is None:
-            return self.model.embed_tokens.logits(hidden).float()
-        return self.lm_head(hidden).float()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """[N, hidden] -> [N, vocab] float32 logits; under tensor parallelism only rank 0 gets them
+        (each rank computes its vocab slice; the slices are gathered to rank 0, the others get None)."""
+        local = self.model.embed_tokens.logits(hidden) if self.lm_head is None else self.lm_head(hidden)
+        if self.tp_size == 1:
+            return local.float()
+        if self.tp_group is None:
+            raise RuntimeError(f"logits with tp_size={self.tp_size} need a gather: build the model with a tp_group")
+        gathered = self.tp_group.gather_to_first(local.float())  # fp32 on the wire: the sampler reads fp32
+        return None if gathered is None else gathered[:, :self.arch.vocab_size]
 
     def skips_checkpoint_tensor(self, name: str) -> bool:
         """Checkpoint tensors with no parameter here: HF's rotary cache, a head tied to the embedding."""

@@ -3,8 +3,8 @@
 The layer decides *which part* of a checkpoint tensor it keeps (its q/k/v or gate/up slot in a merged
 weight; its rank's rows or columns under tensor parallelism); the ``LinearMethod`` decides *how* the
 weight is held and multiplied. (tp_rank, tp_size) defaults to (0, 1): one process holds everything.
-With tp_size > 1 each rank loads its slice through the same loaders; what tensor parallelism still
-has to add is the all-reduce after a row-parallel layer.
+With tp_size > 1 each rank loads its slice through the same loaders, and a row-parallel layer sums
+its partial outputs over ``WeightConfig.tp_group``.
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from folovllm.distributed.group import TPGroup
 from folovllm.model.linear_method import LinearMethod, UnquantizedLinearMethod
 
 ShardId = int | str
@@ -28,10 +29,43 @@ class WeightConfig:
     tp_rank: int = 0
     tp_size: int = 1
     cpu_prepack: bool = False  # unquantized tensors outside linear_method (the LM head) are held prepacked too
+    tp_group: TPGroup | None = None  # the collectives between ranks (None: loading slices only, no forward)
 
     def __post_init__(self) -> None:
         if not 0 <= self.tp_rank < self.tp_size:
             raise ValueError(f"tp_rank={self.tp_rank} must lie in [0, tp_size={self.tp_size})")
+        group = self.tp_group
+        if group is not None and (group.rank, group.size) != (self.tp_rank, self.tp_size):
+            raise ValueError(f"tp_group is rank {group.rank} of {group.size}, but the weights are for "
+                             f"rank {self.tp_rank} of {self.tp_size}")
+
+    @classmethod
+    def for_group(cls, dtype: torch.dtype, device: torch.device, linear_method: LinearMethod,
+                  cpu_prepack: bool, tp_group: TPGroup | None) -> WeightConfig:
+        """This rank's weights: its (tp_rank, tp_size) read from ``tp_group`` (None: a single process)."""
+        rank, size = (tp_group.rank, tp_group.size) if tp_group is not None else (0, 1)
+        return cls(dtype, device, linear_method, rank, size, cpu_prepack, tp_group)
+
+
+def all_reduce(x: torch.Tensor, tp_group: TPGroup | None, tp_size: int, what: str) -> torch.Tensor:
+    """Sums a rank's partial result over the group (nothing to do for one rank)."""
+    if tp_size == 1:
+        return x
+    if tp_group is None:
+        raise RuntimeError(f"{what} with tp_size={tp_size} needs an all-reduce across ranks: "
+                           "build its WeightConfig with a tp_group")
+    return tp_group.all_reduce(x)
+
+
+def kv_heads_per_rank(num_kv_heads: int, tp_size: int) -> int:
+    """KV heads each rank holds: a share when there are at least tp_size, else one (replicated)."""
+    if num_kv_heads >= tp_size:
+        return _split(num_kv_heads, tp_size, "num_key_value_heads")
+    if tp_size % num_kv_heads:
+        raise ValueError(f"num_key_value_heads={num_kv_heads} is fewer than tp_size={tp_size} and does not "
+                         "divide it, so the heads cannot be replicated evenly; pick a tp_size that divides "
+                         "or is divided by it")
+    return 1
 
 
 def _split(size: int, tp_size: int, what: str) -> int:
@@ -46,13 +80,17 @@ def _copy_checked(dest: torch.Tensor, loaded: torch.Tensor) -> None:
     dest.copy_(loaded)  # casts to the parameter's dtype
 
 
-def _rank_part(dest: torch.Tensor, loaded: torch.Tensor, dim: int, tp_rank: int, tp_size: int) -> torch.Tensor:
-    """This rank's slice (the size of ``dest``) along ``dim`` of a checkpoint tensor holding every rank's."""
+def _rank_part(dest: torch.Tensor, loaded: torch.Tensor, dim: int, part: int, num_parts: int) -> torch.Tensor:
+    """Part ``part`` of ``num_parts`` (the size of ``dest``) along ``dim`` of a checkpoint tensor.
+
+    The part is the rank's own (part, num_parts) = (tp_rank, tp_size), or the replicated KV head it
+    shares with other ranks.
+    """
     size = dest.shape[dim]
-    expected = (*dest.shape[:dim], size * tp_size, *dest.shape[dim + 1:])
+    expected = (*dest.shape[:dim], size * num_parts, *dest.shape[dim + 1:])
     if loaded.shape != expected:
         raise ValueError(f"has shape {tuple(loaded.shape)}, expected {expected}")
-    return loaded.narrow(dim, tp_rank * size, size)
+    return loaded.narrow(dim, part * size, size)
 
 
 def _packed(outputs: int, pack_factor: int) -> int:
@@ -83,7 +121,7 @@ class LinearBase(nn.Module):
     ) -> None:
         super().__init__()
         self.input_size, self.output_size = input_size, output_size  # this rank's part
-        self.tp_rank, self.tp_size = weights.tp_rank, weights.tp_size
+        self.tp_rank, self.tp_size, self.tp_group = weights.tp_rank, weights.tp_size, weights.tp_group
         self.method = method or weights.linear_method
         self.method.create_weights(self, input_size, output_size, bias, weights.dtype, weights.device)
         for param in self.parameters(recurse=False):
@@ -115,17 +153,29 @@ class ColumnParallelLinear(LinearBase):
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
-    """Several column-parallel outputs in one matmul (gate and up); checkpoint piece ``i`` fills slot ``i``."""
+    """Several column-parallel outputs in one matmul (gate and up); checkpoint piece ``i`` fills slot ``i``.
 
-    def __init__(self, input_size: int, output_sizes: list[int], bias: bool, weights: WeightConfig) -> None:
-        super().__init__(input_size, sum(output_sizes), bias, weights)
-        self.output_sizes = [_split(size, weights.tp_size, "output_size") for size in output_sizes]
+    Each piece is split across ranks on its own (a rank holds its part of gate, then its part of up),
+    never the merged tensor cut in N.
+    """
+
+    def __init__(self, input_size: int, output_sizes: list[int], bias: bool, weights: WeightConfig,
+                 rank_output_sizes: list[int] | None = None) -> None:
+        """``rank_output_sizes``: each piece's size on this rank when it is not ``size / tp_size``."""
+        if rank_output_sizes is None:
+            rank_output_sizes = [_split(size, weights.tp_size, "output_size") for size in output_sizes]
+        self.output_sizes = rank_output_sizes
+        LinearBase.__init__(self, input_size, sum(rank_output_sizes), bias, weights)
         for param in self.parameters(recurse=False):
             param.shard_ids = self.shard_ids()
 
     def shard_ids(self) -> tuple[ShardId, ...]:
         """The checkpoint pieces that together fill each parameter."""
         return tuple(range(len(self.output_sizes)))
+
+    def shard_part(self, shard_id: ShardId) -> tuple[int, int]:
+        """(part, num_parts): which slice of checkpoint piece ``shard_id`` this rank holds."""
+        return self.tp_rank, self.tp_size
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: ShardId | None = None) -> None:
         """Copy this rank's part of checkpoint piece ``shard_id`` into its slot of the merged weight."""
@@ -142,27 +192,39 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         if getattr(param, "packed_dim", None) == dim:  # several outputs per element (packed low-bit codes)
             offset, size = _packed(offset, param.pack_factor), _packed(size, param.pack_factor)
         dest = param.data.narrow(dim, offset, size)
-        _copy_checked(dest, _rank_part(dest, loaded, dim, self.tp_rank, self.tp_size))
+        _copy_checked(dest, _rank_part(dest, loaded, dim, *self.shard_part(shard_id)))
 
 
 class QKVParallelLinear(MergedColumnParallelLinear):
-    """q, k and v projections in one matmul; shards "q", "k", "v"; heads split across ranks."""
+    """q, k and v projections in one matmul; shards "q", "k", "v"; heads split across ranks.
+
+    With fewer KV heads than ranks each rank holds one KV head, the one its query heads attend with
+    (ranks ``r * tp_size / num_kv_heads ...`` share KV head ``r``).
+    """
 
     def __init__(
         self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool, weights: WeightConfig
     ) -> None:
         heads = _split(num_heads, weights.tp_size, "num_attention_heads")
-        kv_heads = _split(num_kv_heads, weights.tp_size, "num_key_value_heads")
+        kv_heads = kv_heads_per_rank(num_kv_heads, weights.tp_size)
+        self.total_num_kv_heads = num_kv_heads
         kv_size = num_kv_heads * head_dim
-        super().__init__(hidden_size, [num_heads * head_dim, kv_size, kv_size], bias, weights)
+        super().__init__(hidden_size, [num_heads * head_dim, kv_size, kv_size], bias, weights,
+                         [heads * head_dim, kv_heads * head_dim, kv_heads * head_dim])
         self.head_dim, self.num_heads, self.num_kv_heads = head_dim, heads, kv_heads  # this rank's heads
 
     def shard_ids(self) -> tuple[ShardId, ...]:
         return ("q", "k", "v")
 
+    def shard_part(self, shard_id: ShardId) -> tuple[int, int]:
+        if shard_id == "q" or self.total_num_kv_heads >= self.tp_size:
+            return self.tp_rank, self.tp_size
+        return self.tp_rank * self.total_num_kv_heads // self.tp_size, self.total_num_kv_heads  # replicated
+
 
 class RowParallelLinear(LinearBase):
-    """Input features split across ranks; each rank keeps its block of columns, rank 0 adds the bias."""
+    """Input features split across ranks; each rank keeps its block of columns, rank 0 adds the bias,
+    and the partial outputs are summed over the group (all-reduce)."""
 
     def __init__(self, input_size: int, output_size: int, bias: bool, weights: WeightConfig) -> None:
         super().__init__(_split(input_size, weights.tp_size, "input_size"), output_size, bias, weights)
@@ -174,6 +236,5 @@ class RowParallelLinear(LinearBase):
         _copy_checked(param.data, loaded)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.tp_size > 1:
-            raise NotImplementedError("row-parallel partial sums need an all-reduce across ranks")
-        return self.method.apply(self, x, self.bias)
+        bias = self.bias if self.tp_rank == 0 else None  # added once, not once per rank
+        return all_reduce(self.method.apply(self, x, bias), self.tp_group, self.tp_size, "a row-parallel linear")

@@ -13,6 +13,7 @@ import torch
 from safetensors import safe_open
 
 from folovllm.attention.backend import AttentionBackend, get_attention_backend
+from folovllm.distributed.group import TPGroup
 from folovllm.model.arch import ArchConfig
 from folovllm.model.gguf_loader import gguf_arch_config, iter_gguf_weights, open_gguf
 from folovllm.model.layers import CausalLM
@@ -106,6 +107,7 @@ def load_model(
     seed: int = 0,
     cpu_prepack: bool = False,
     hf_overrides: dict[str, Any] | None = None,
+    tp_group: TPGroup | None = None,
 ) -> CausalLM:
     """Build the model for ``model`` and fill its weights.
 
@@ -116,6 +118,7 @@ def load_model(
     name to insist on it, or "int8" to quantize a float checkpoint's linear weights once loaded.
     cpu_prepack: hold unquantized CPU weights in oneDNN's layout (the engine's default; off here so
     that tools reading weights back get plain tensors). hf_overrides: merged into config.json.
+    tp_group: this process's tensor-parallel rank: it builds and loads only its slice of every weight.
     """
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"unknown load_format {load_format!r}; choose one of {LOAD_FORMATS}")
@@ -130,7 +133,7 @@ def load_model(
     quant_method = resolve_quantization(quantization, arch)
     prepack = cpu_prepack and cpu_prepack_supported(dtype, device)
     method = select_linear_method(quant_method, arch.quantization_config, dtype, device, prepack)
-    module = cls(arch, backend, WeightConfig(dtype, device, method, cpu_prepack=prepack))
+    module = cls(arch, backend, WeightConfig.for_group(dtype, device, method, prepack, tp_group))
 
     with torch.no_grad():
         if load_format == "dummy":

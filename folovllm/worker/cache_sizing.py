@@ -40,7 +40,7 @@ def cuda_kv_budget(model: CausalLM, num_tokens: int, block_size: int,
     allocated_before = torch.cuda.memory_allocated(device)
     # A throw-away cache just big enough for one sequence of num_tokens.
     num_blocks = blocks_for_tokens(num_tokens, block_size)
-    shape = (num_blocks, block_size, arch.num_key_value_heads, arch.head_dim)
+    shape = (num_blocks, block_size, model.num_kv_heads, arch.head_dim)  # this rank's heads
     dtype = model.dtype  # the activation dtype; quantized weights may be held in another
     caches = [(torch.empty(shape, dtype=dtype, device=device),
                torch.empty(shape, dtype=dtype, device=device)) for _ in range(arch.num_hidden_layers)]

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from folovllm.attention.metadata import AttentionMetadata
-from folovllm.sample.prompt_logprobs import (PromptLogprobsBatch, PromptLogprobsTensors,
+from folovllm.sample.prompt_logprobs import (DEFAULT_SLICE_ROWS, PromptLogprobsBatch, PromptLogprobsTensors,
                                              compute_prompt_logprobs)
 from folovllm.sample.sampler import Sampler, SamplingRow, build_sampling_batch
 from folovllm.tensors import to_device
@@ -117,8 +117,11 @@ class ModelRunner:
     """Runs one step at a time on the model and its paged KV tensors, then samples."""
 
     def __init__(self, model: torch.nn.Module, kv_caches: KVCaches, block_size: int, device: torch.device,
-                 cuda_graphs: CudaGraphRunner | None = None) -> None:
+                 cuda_graphs: CudaGraphRunner | None = None, samples: bool = True) -> None:
+        """``samples``: False on tensor-parallel ranks other than 0, which only take part in the
+        forward and the logits gather."""
         self.model = model
+        self.samples = samples
         self.cuda_graphs = cuda_graphs  # decode-step graphs (CUDA + triton backend); None: always eager
         self.kv_caches = kv_caches
         self.block_size = block_size
@@ -135,6 +138,9 @@ class ModelRunner:
         if batch.pending_inputs:
             self._fill_pending_inputs(batch, previous)
         hidden = self._forward(batch)
+        if not self.samples:
+            self._join_logits_gathers(batch, hidden)
+            return LaunchedStep([], None, None)
         prompt_logprobs = None
         if batch.prompt_logprobs is not None:
             prompt_logprobs = compute_prompt_logprobs(hidden, batch.prompt_logprobs, self.model.compute_logits)
@@ -166,6 +172,16 @@ class ModelRunner:
             ids = launched.token_ids.tolist()
         return StepOutput(launched.request_ids, ids, launched.logprobs, prompt_logprobs,
                           time.perf_counter() - start)
+
+    def _join_logits_gathers(self, batch: StepBatch, hidden: torch.Tensor) -> None:
+        """A rank that does not sample computes its vocab slice of the same logits rank 0 asks for,
+        call for call, so that every gather of rank 0 is met."""
+        if batch.prompt_logprobs is not None:  # rank 0 turns these rows into logits a slice at a time
+            rows = batch.prompt_logprobs.row_indices
+            for start in range(0, len(rows), DEFAULT_SLICE_ROWS):
+                self.model.compute_logits(hidden[rows[start:start + DEFAULT_SLICE_ROWS]])
+        if batch.sampling_rows:
+            self.model.compute_logits(hidden[batch.logits_indices])
 
     @staticmethod
     def _fill_pending_inputs(batch: StepBatch, previous: LaunchedStep | None) -> None:

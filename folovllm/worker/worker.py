@@ -3,6 +3,8 @@ seeded request's RNG. The engine feeds it plain ``StepInput``s and never touches
 
 Start-up runs in two phases, so that whoever owns several workers can agree on one cache size:
 ``determine_num_kv_blocks`` (what fits this device), then ``initialize_cache`` with the size agreed.
+Under tensor parallelism each rank has a worker holding its slice of the model and of the KV heads;
+the ranks agree on the smallest block count, and only rank 0 samples.
 """
 from __future__ import annotations
 
@@ -10,7 +12,8 @@ from __future__ import annotations
 import torch
 
 from folovllm.attention.backend import get_attention_backend
-from folovllm.config import EngineConfig, usable_cores
+from folovllm.config import EngineConfig
+from folovllm.distributed.group import TPGroup
 from folovllm.model.arch import ArchConfig
 from folovllm.model.loader import load_model
 from folovllm.worker import cache_sizing
@@ -30,19 +33,25 @@ def allocate_kv_caches(num_layers: int, num_blocks: int, block_size: int, num_kv
 class Worker:
     """Owns everything on one device; ``launch``/``resolve`` (or ``execute``) run one step."""
 
-    def __init__(self, config: EngineConfig, model_path: str) -> None:
-        """``config`` is resolved (``EngineConfig.resolve``): no setting is "auto"."""
+    def __init__(self, config: EngineConfig, model_path: str, tp_group: TPGroup | None = None) -> None:
+        """``config`` is resolved (``EngineConfig.resolve``): no setting is "auto". ``tp_group``: this
+        worker's tensor-parallel rank (rank r runs on cuda:r on CUDA); None for a single process."""
         self.config = config
+        self.tp_group = tp_group
+        self.tp_size = tp_group.size if tp_group is not None else 1
         self.device = config.torch_device
+        if tp_group is not None and self.device.type == "cuda":
+            self.device = torch.device("cuda", tp_group.rank)
+            torch.cuda.set_device(self.device)
         self.dtype = config.torch_dtype
         torch.manual_seed(config.seed)  # unseeded sampling draws from the global RNG
         if self.device.type == "cpu":
-            torch.set_num_threads(config.num_threads or usable_cores())
+            torch.set_num_threads(config.threads_per_rank)
         self.model = load_model(model_path, load_format=config.load_format, quantization=config.quantization,
                                 dtype=self.dtype, device=self.device,
                                 attn_backend=get_attention_backend(config.attention_backend), seed=config.seed,
                                 hf_overrides=config.hf_overrides,
-                                cpu_prepack=config.cpu_prepack)
+                                cpu_prepack=config.cpu_prepack, tp_group=tp_group)
         self.runner: ModelRunner | None = None  # built by initialize_cache
         self._generators: dict[str, torch.Generator] = {}  # request id -> its RNG (seeded requests)
         self._previous: LaunchedStep | None = None  # the last step launched: pending inputs come from it
@@ -56,28 +65,33 @@ class Worker:
     def _block_bytes(self) -> int:
         arch = self.arch
         return cache_sizing.bytes_per_block(arch.num_hidden_layers, self.config.block_size,
-                                            arch.num_key_value_heads, arch.head_dim, self.dtype)
+                                            self.model.num_kv_heads, arch.head_dim, self.dtype)
 
     def determine_num_kv_blocks(self) -> int:
-        """How many KV blocks fit this device's memory budget (or ``num_gpu_blocks_override``)."""
+        """How many KV blocks fit this device's memory budget (or ``num_gpu_blocks_override``); under
+        tensor parallelism every rank calls it and all get the smallest rank's count."""
         cfg = self.config
         if cfg.num_gpu_blocks_override is not None:
             return cfg.num_gpu_blocks_override
         if self.device.type == "cuda":
             budget = cache_sizing.cuda_kv_budget(self.model, cfg.max_num_batched_tokens, cfg.block_size,
                                                  cfg.gpu_memory_utilization, self.device)
-        else:
-            budget = cache_sizing.cpu_kv_budget(cfg.kv_cache_memory)
-        return budget // self._block_bytes()
+        else:  # the ranks share this machine's RAM: the budget is split between them
+            budget = cache_sizing.cpu_kv_budget(cfg.kv_cache_memory) // self.tp_size
+        num_blocks = budget // self._block_bytes()
+        if self.tp_group is not None:
+            num_blocks = self.tp_group.all_reduce_min(num_blocks, self.device)
+        return num_blocks
 
     def initialize_cache(self, num_blocks: int, max_model_len: int) -> None:
         """Allocates ``num_blocks`` KV blocks, captures the decode graphs, and readies the runner."""
         cfg, arch = self.config, self.arch
         cache_sizing.log_capacity(num_blocks, cfg.block_size, self._block_bytes(), max_model_len)
         caches = allocate_kv_caches(arch.num_hidden_layers, num_blocks, cfg.block_size,
-                                    arch.num_key_value_heads, arch.head_dim, self.dtype, self.device)
+                                    self.model.num_kv_heads, arch.head_dim, self.dtype, self.device)
         graphs = capture_decode_graphs(self.model, caches, cfg, max_model_len)
-        self.runner = ModelRunner(self.model, caches, cfg.block_size, self.device, graphs)
+        samples = self.tp_group is None or self.tp_group.is_first
+        self.runner = ModelRunner(self.model, caches, cfg.block_size, self.device, graphs, samples)
 
     # -- steps --------------------------------------------------------------------------------
 
@@ -100,6 +114,12 @@ class Worker:
     def execute(self, step: StepInput) -> StepOutput:
         """Launches one step and waits for its tokens."""
         return self.resolve(self.launch(step))
+
+    def check_health(self) -> None:
+        """Nothing can fail apart from this process (``TensorParallelWorker`` checks its ranks here)."""
+
+    def close(self) -> None:
+        """Nothing to stop (``TensorParallelWorker`` stops its ranks here)."""
 
     def _generator(self, request_id: str, seed: int | None) -> torch.Generator | None:
         """The request's own RNG, created from its seed on first sight and kept until it finishes."""

@@ -64,10 +64,10 @@ def test_vllm_spellings_of_our_switches() -> None:
         1, 1, "float16", "int8")
     assert config.hf_overrides == {"rope_theta": 5.0} and config.max_logprobs == 5
     assert (config.generation_config, config.tokenizer, config.seed) == ("vllm", "tok", 3)
+    assert engine_config_from_args(parse("-tp", "2")).tensor_parallel_size == 2
 
 
 @pytest.mark.parametrize("argv, missing", [
-    (("-tp", "2"), "tensor parallelism is not implemented"),
     (("--data-parallel-size", "2"), "data parallelism is not implemented"),
     (("--kv-cache-dtype", "fp8"), "an fp8 KV cache is not implemented"),
 ])

@@ -100,15 +100,18 @@ def test_tensor_parallel_rank_loads_its_slice(tp_rank: int) -> None:
         qkv.weight.weight_loader(qkv.weight, w, shard)
     assert (qkv.num_heads, qkv.num_kv_heads) == (2, 1)
     assert torch.equal(qkv.weight, torch.cat([q.chunk(2)[tp_rank], k.chunk(2)[tp_rank], v.chunk(2)[tp_rank]]))
-    with pytest.raises(NotImplementedError, match="all-reduce"):
+    with pytest.raises(RuntimeError, match="all-reduce"):  # no tp_group: this rank cannot sum its part
         row(torch.randn(1, 4))
 
 
 def test_bad_tensor_parallel_settings_are_clear_errors() -> None:
     with pytest.raises(ValueError, match="tp_rank=2 must lie in"):
         weights(2, 2)
-    with pytest.raises(ValueError, match="num_key_value_heads=1 is not divisible by tp_size=2"):
-        QKVParallelLinear(8, 2, 2, 1, False, weights(0, 2))
+    with pytest.raises(ValueError, match="num_key_value_heads=3 is not divisible by tp_size=2"):
+        QKVParallelLinear(8, 2, 6, 3, False, weights(0, 2))
+    with pytest.raises(ValueError, match="num_key_value_heads=2 is fewer than tp_size=3"):
+        QKVParallelLinear(8, 2, 6, 2, False, weights(0, 3))
+    assert QKVParallelLinear(8, 2, 2, 1, False, weights(1, 2)).num_kv_heads == 1  # replicated
 
 
 class TransposedLinearMethod(UnquantizedLinearMethod):

@@ -1,0 +1,53 @@
+"""`folovllm serve --tensor-parallel-size 2`: the engine-core process owns rank 0 and spawns rank 1;
+a request is answered, and killing a rank ends the server (exit 1) with no process left behind."""
+from __future__ import annotations
+
+import signal
+
+import httpx
+import psutil
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from folovllm.bench.gpu_runs import save_tokenizer
+from tests.entrypoints.openai.conftest import MODEL_NAME, ServerProcess
+
+RANK_MAIN = "folovllm.worker.rank_main"
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> str:
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=49152, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                         tie_word_embeddings=True)
+    path = tmp_path_factory.mktemp("tp_serve_model")
+    LlamaForCausalLM(config).eval().save_pretrained(path, safe_serialization=True)
+    save_tokenizer(path)  # the default model's tokenizer: its 49152 ids match the vocabulary above
+    return str(path)
+
+
+def _ranks_of(server: ServerProcess) -> list[psutil.Process]:
+    return [p for p in psutil.Process(server.proc.pid).children(recursive=True)
+            if RANK_MAIN in " ".join(p.cmdline())]
+
+
+@pytest.mark.slow
+def test_server_with_two_ranks_answers_then_a_killed_rank_ends_it(tiny_model: str) -> None:
+    server = ServerProcess("--model", tiny_model, "--tensor-parallel-size", "2")
+    try:
+        server.wait_ready(timeout_s=300)
+        response = httpx.post(f"{server.base_url}/v1/completions", timeout=120, json={
+            "model": MODEL_NAME, "prompt": "The capital of France is", "max_tokens": 4, "temperature": 0})
+        assert response.status_code == 200, response.text
+        assert response.json()["usage"]["completion_tokens"] == 4
+        ranks = _ranks_of(server)
+        assert len(ranks) == 1
+        ranks[0].send_signal(signal.SIGKILL)
+        assert server.proc.wait(120) == 1  # the idle engine notices, exits; the server follows
+        gone, alive = psutil.wait_procs(ranks, timeout=30)
+        assert not alive
+        assert "tensor-parallel rank 1" in server.proc.stderr.read()
+    finally:
+        server.kill()
