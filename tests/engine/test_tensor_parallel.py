@@ -10,7 +10,8 @@ import time
 import psutil
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM, Qwen3Config,
+                          Qwen3ForCausalLM)
 
 from folovllm import SamplingParams
 from folovllm.bench.gpu_runs import save_tokenizer
@@ -28,6 +29,9 @@ MODELS = {  # name -> (transformers class, config, KV heads per rank at TP=2)
                                                  tie_word_embeddings=True), 1),
     "llama-one-kv-head": (LlamaForCausalLM, LlamaConfig(**SHAPE, num_key_value_heads=1, initializer_range=0.2,
                                                         tie_word_embeddings=False), 1),  # replicated
+    "gemma3-windowed": (Gemma3ForCausalLM, Gemma3TextConfig(**SHAPE, num_key_value_heads=2, head_dim=16,
+                                                            initializer_range=0.2, sliding_window=4,
+                                                            layer_types=["sliding_attention", "full_attention"]), 1),
 }
 
 
