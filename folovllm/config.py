@@ -113,6 +113,9 @@ class EngineConfig:
     trace_path: str | None = knob(
         None, "write the step trace (JSONL: tokens by kind, running, waiting, KV) here", flag="--trace")
     num_threads: int | None = knob(None, "CPU threads for torch (default: the cores this process may run on)")
+    structured_outputs_backend: str = knob(
+        "auto", "the library that compiles structured-output constraints (auto = xgrammar)",
+        choices=["auto", "xgrammar"])
     cpu_prepack: bool = knob(True, "CPU: keep linear weights plain instead of prepacked for oneDNN (ablation)",
                              flag="--no-cpu-prepack")
 
@@ -144,6 +147,9 @@ class EngineConfig:
             raise ValueError(f"num_threads must be >= 1; got {self.num_threads}")
         if self.cuda_graph_max_batch < 1:
             raise ValueError(f"cuda_graph_max_batch must be >= 1; got {self.cuda_graph_max_batch}")
+        if self.structured_outputs_backend not in ("auto", "xgrammar"):
+            raise ValueError("structured_outputs_backend must be auto or xgrammar; "
+                             f"got {self.structured_outputs_backend!r}")
         if self.kv_cache_memory is not None:
             object.__setattr__(self, "kv_cache_memory", parse_size(self.kv_cache_memory))
 
@@ -152,7 +158,7 @@ class EngineConfig:
 
         device: cuda if available, else cpu. dtype: bfloat16. attention_backend: triton on CUDA when
         triton is installed; on CPU the cpu kernel when it is built and loads, else torch.
-        overlap_scheduling: on CUDA only; on CPU the forward runs synchronously, so overlapping would
+        structured_outputs_backend: xgrammar. overlap_scheduling: on CUDA only; on CPU the forward runs synchronously, so overlapping would
         only hand each token out one step later. num_threads: the cores this process may run on (its
         CPU affinity, which a container or taskset narrows).
         Names of registered pieces (attention backend, policy, admission) are checked where they
@@ -172,8 +178,10 @@ class EngineConfig:
             else:
                 backend = _auto_cpu_attention_backend(CPU_ATTENTION_LIBRARY)
         overlap = on_cuda if self.overlap_scheduling == "auto" else bool(self.overlap_scheduling)
+        structured = "xgrammar" if self.structured_outputs_backend == "auto" else self.structured_outputs_backend
         return dataclasses.replace(self, device=device, dtype=dtype, attention_backend=backend,
-                                   overlap_scheduling=overlap, num_threads=self.num_threads or usable_cores())
+                                   overlap_scheduling=overlap, num_threads=self.num_threads or usable_cores(),
+                                   structured_outputs_backend=structured)
 
     @property
     def torch_device(self) -> torch.device:

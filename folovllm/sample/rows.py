@@ -4,6 +4,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from folovllm.sampling_params import SamplingParams
 
 
@@ -18,3 +20,5 @@ class SamplingRow:
     # Earlier tokens: sent only when a processor reads them (penalties), else empty.
     prompt_token_ids: Sequence[int] = ()
     output_token_ids: Sequence[int] = ()
+    # Structured outputs: int32 words, bit t set = token t allowed next (None: unconstrained).
+    allowed_token_bitmask: np.ndarray | None = None
