@@ -50,6 +50,10 @@ class GrammarCache:
     @property
     def backend(self) -> StructuredOutputBackend:
         """The backend, built on first use (thread-safe)."""
+        return self.load()
+
+    def load(self) -> StructuredOutputBackend:
+        """Builds the backend now if it is not built yet (it reads the tokenizer's vocabulary)."""
         with self._lock:
             if self._backend is None:
                 self._backend = make_backend(*self._backend_args)

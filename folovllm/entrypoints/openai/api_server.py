@@ -50,6 +50,7 @@ class ServerConfig:
     max_waiting_requests: int | None = None  # None: unbounded admission queue
     drain_timeout_s: float = 30.0
     limits: RequestLimits = field(default_factory=RequestLimits)
+    structured_outputs_backend: str = "auto"  # the engine's, for checking constraints here
 
 
 @dataclass
@@ -86,7 +87,8 @@ def build_app(core: ProcessCore | ThreadCore, tokenizer, config: ServerConfig,
                      ENGINE_DEAD_EXIT_CODE)
 
     engine = AsyncLLMEngine(core, on_iteration=metrics.on_iteration, on_death=on_engine_death)
-    ctx = ServingContext(engine, config.model_name, tokenizer, config.max_waiting_requests, config.limits)
+    ctx = ServingContext(engine, config.model_name, tokenizer, config.max_waiting_requests, config.limits,
+                         config.structured_outputs_backend)
     completions, chat = CompletionServing(ctx), ChatServing(ctx)
 
     @asynccontextmanager
@@ -280,7 +282,8 @@ def run_server(args: argparse.Namespace, engine_config: EngineConfig) -> int:
     config = ServerConfig(
         model_name=args.served_model_name or default_model_name(args.model, core.info.model_path),
         api_key=args.api_key or None, max_waiting_requests=args.max_waiting_requests,
-        drain_timeout_s=args.drain_timeout, limits=limits)
+        drain_timeout_s=args.drain_timeout, limits=limits,
+        structured_outputs_backend=engine_config.structured_outputs_backend)
     state = ServerState()
     app = build_app(core, tokenizer, config, state)
     # uvicorn cancels what is left only after our own drain timeout aborted it and streams had time to end

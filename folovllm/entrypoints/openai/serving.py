@@ -12,9 +12,12 @@ from fastapi import Request
 
 from folovllm.engine.async_engine import AsyncLLMEngine, EngineError, RequestStream
 from folovllm.entrypoints.openai.errors import APIError, bad_request, server_busy
+from folovllm.entrypoints.openai.protocol import SamplingRequest
+from folovllm.entrypoints.openai.structured import compile_error, structured_outputs_from_body
 from folovllm.entrypoints.openai.validation import RequestLimits, Validator
 from folovllm.outputs import CompletionOutput, RequestOutput
 from folovllm.sampling_params import SamplingParams
+from folovllm.structured_output import GrammarCache
 
 
 _T = TypeVar("_T")
@@ -47,7 +50,8 @@ class ServingContext:
     """State the endpoints share: the engine, the served model name, the API-side tokenizer."""
 
     def __init__(self, engine: AsyncLLMEngine, model_name: str, tokenizer,
-                 max_waiting_requests: int | None, limits: RequestLimits | None = None) -> None:
+                 max_waiting_requests: int | None, limits: RequestLimits | None = None,
+                 structured_outputs_backend: str = "auto") -> None:
         self.engine = engine
         self.model_name = model_name
         self.tokenizer = tokenizer  # the server's own: the engine core decodes with its own
@@ -58,6 +62,20 @@ class ServingContext:
         # object is not safe to call from two threads at once.
         self._tokenizer_thread = ThreadPoolExecutor(1, thread_name_prefix="folovllm-tokenizer")
         self._token_text: dict[int, str] = {}
+        # This process compiles each constraint too (cached, on its own threads), so a bad one is a
+        # 400 before the engine sees it. Built now: it reads the vocabulary before any tokenizing.
+        self.grammars = GrammarCache(structured_outputs_backend, tokenizer, None, [])
+        self.grammars.load()
+
+    async def check_structured_outputs(self, body: SamplingRequest, params: SamplingParams) -> None:
+        """Compiles the request's constraint (or finds it cached); a 400 naming its field if it fails."""
+        if params.structured_outputs is None:
+            return
+        try:
+            await asyncio.wrap_future(self.grammars.get(params.structured_outputs))
+        except ValueError as err:
+            _, field = structured_outputs_from_body(body)
+            raise compile_error(err, field) from err
 
     async def off_loop(self, fn: Callable[..., _T], *args) -> _T:
         """Runs ``fn(*args)`` on the tokenizer thread: the event loop keeps serving meanwhile."""
@@ -65,6 +83,7 @@ class ServingContext:
 
     def close(self) -> None:
         self._tokenizer_thread.shutdown(wait=False, cancel_futures=True)
+        self.grammars.close()
 
     def check_model(self, name: str | None) -> None:
         if name is not None and name != self.model_name:

@@ -24,6 +24,7 @@ class ChatServing:
         ctx = self.ctx
         ctx.check_model(body.model)
         prompt, params, renames = await ctx.off_loop(ctx.validator.chat, body)
+        await ctx.check_structured_outputs(body, params)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         streams = await ctx.start([prompt], params, request_id, arrival, renames, prompt_param="messages",
                                   priority=body.priority, user=body.user)

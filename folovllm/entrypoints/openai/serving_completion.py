@@ -24,6 +24,7 @@ class CompletionServing:
         ctx = self.ctx
         ctx.check_model(body.model)
         prompts, params = await ctx.off_loop(ctx.validator.completion, body)
+        await ctx.check_structured_outputs(body, params)
         request_id = f"cmpl-{uuid.uuid4().hex}"
         streams = await ctx.start(prompts, params, request_id, arrival, priority=body.priority,
                                   user=body.user)

@@ -13,6 +13,7 @@ from folovllm.engine.llm_engine import check_prompt_length
 from folovllm.entrypoints.openai.errors import bad_request
 from folovllm.entrypoints.openai.protocol import (ChatCompletionRequest, ChatMessage, CompletionRequest,
                                                   UnsupportedField, SamplingRequest)
+from folovllm.entrypoints.openai.structured import structured_outputs_from_body
 from folovllm.sampling_params import SamplingParams
 
 @dataclass(frozen=True)
@@ -160,6 +161,7 @@ class Validator:
     def _params(body: SamplingRequest, max_tokens: int | None, logprobs: int | None,
                 renames: dict[str, str] | None, prompt_logprobs: int | None = None) -> SamplingParams:
         top_k = -1 if body.top_k in (None, 0) else body.top_k
+        structured = structured_outputs_from_body(body)
         try:
             return SamplingParams(
                 n=body.n, temperature=body.temperature, top_p=body.top_p, top_k=top_k, min_p=body.min_p,
@@ -168,7 +170,8 @@ class Validator:
                 logprobs=logprobs, prompt_logprobs=prompt_logprobs, presence_penalty=body.presence_penalty,
                 frequency_penalty=body.frequency_penalty, repetition_penalty=body.repetition_penalty,
                 skip_special_tokens=body.skip_special_tokens,
-                include_stop_str_in_output=body.include_stop_str_in_output)
+                include_stop_str_in_output=body.include_stop_str_in_output,
+                structured_outputs=structured[0] if structured is not None else None)
         except ValueError as err:
             raise bad_request(err, renames=renames) from err
 
