@@ -1,0 +1,65 @@
+"""``bench serve`` under structured outputs: every request carries one JSON schema (a file, or a
+built-in one), and ``--structured-rounds N`` alternates N unconstrained and N constrained runs of
+the same requests to report the constraint's cost as a ratio of median output tok/s."""
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+# Open-ended enough that a request keeps generating (strings in an array), so rounds stay comparable.
+BUILTIN_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "title": {"type": "string"},
+        "year": {"type": "integer"},
+        "tags": {"type": "array", "items": {"type": "string"}},
+        "notes": {"type": "array", "items": {"type": "string"}},
+    },
+    "required": ["title", "year", "tags", "notes"],
+}
+
+
+def load_schema(source: str) -> dict[str, Any]:
+    """``builtin`` or the path of a JSON file holding the schema."""
+    if source == "builtin":
+        return BUILTIN_SCHEMA
+    try:
+        schema = json.loads(Path(source).read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(f"--structured-json-schema {source!r}: not a readable JSON file ({err}).") from None
+    if not isinstance(schema, dict):
+        raise ValueError(f"--structured-json-schema {source!r} must hold a JSON object (a schema).")
+    return schema
+
+
+def schema_body(schema: dict[str, Any]) -> dict[str, Any]:
+    """The request fields that put a request under ``schema`` (OpenAI's response_format)."""
+    return {"response_format": {"type": "json_schema",
+                                "json_schema": {"name": "bench", "schema": schema, "strict": True}}}
+
+
+def overhead_summary(free_tok_s: list[float], constrained_tok_s: list[float]) -> dict[str, Any]:
+    """Median output tok/s of each side, their ratio, and each side's spread (max/min - 1)."""
+    free, constrained = statistics.median(free_tok_s), statistics.median(constrained_tok_s)
+    return {"unconstrained_tok_s": free_tok_s, "constrained_tok_s": constrained_tok_s,
+            "median_unconstrained_tok_s": free, "median_constrained_tok_s": constrained,
+            "ratio": constrained / free if free > 0 else float("nan"),
+            "spread_unconstrained": max(free_tok_s) / min(free_tok_s) - 1 if min(free_tok_s) > 0 else float("nan"),
+            "spread_constrained": (max(constrained_tok_s) / min(constrained_tok_s) - 1
+                                   if min(constrained_tok_s) > 0 else float("nan"))}
+
+
+def format_overhead(summary: dict[str, Any]) -> str:
+    rounds = ", ".join(f"{a:,.1f} / {b:,.1f}" for a, b in zip(summary["unconstrained_tok_s"],
+                                                              summary["constrained_tok_s"]))
+    return "\n".join([
+        "=== structured outputs overhead (output tok/s, unconstrained / constrained per round) ===",
+        f"rounds: {rounds}",
+        f"median unconstrained: {summary['median_unconstrained_tok_s']:,.1f} tok/s "
+        f"(spread {summary['spread_unconstrained']:.0%})",
+        f"median constrained:   {summary['median_constrained_tok_s']:,.1f} tok/s "
+        f"(spread {summary['spread_constrained']:.0%})",
+        f"ratio constrained / unconstrained: {summary['ratio']:.3f}",
+    ])
