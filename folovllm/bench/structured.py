@@ -8,16 +8,18 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-# Open-ended enough that a request keeps generating (strings in an array), so rounds stay comparable.
+# A long first string keeps every request generating to its max_tokens, as unconstrained ones do with
+# ignore_eos, so both sides run the same batch sizes and the ratio is the constraint's cost alone.
 BUILTIN_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {
+        "summary": {"type": "string", "minLength": 400},
         "title": {"type": "string"},
         "year": {"type": "integer"},
         "tags": {"type": "array", "items": {"type": "string"}},
         "notes": {"type": "array", "items": {"type": "string"}},
     },
-    "required": ["title", "year", "tags", "notes"],
+    "required": ["summary", "title", "year", "tags", "notes"],
 }
 
 

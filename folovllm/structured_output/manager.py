@@ -51,6 +51,7 @@ class StructuredOutputManager:
         """Starts (or reuses) the compilation of the request's constraint; no-op when it has none."""
         spec = request.params.structured_outputs
         if spec is not None:
+            self.cache.load()  # on the caller's thread: it reads the tokenizer the caller also uses
             request.grammar = RequestGrammar(self.cache.get(spec))
             self._compiling.append(request)
 

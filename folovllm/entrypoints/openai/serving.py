@@ -74,8 +74,8 @@ class ServingContext:
         try:
             await asyncio.wrap_future(self.grammars.get(params.structured_outputs))
         except ValueError as err:
-            _, field = structured_outputs_from_body(body)
-            raise compile_error(err, field) from err
+            found = structured_outputs_from_body(body)  # None: set by other code (e.g. forced tool calls)
+            raise compile_error(err, found[1] if found else "structured_outputs") from err
 
     async def off_loop(self, fn: Callable[..., _T], *args) -> _T:
         """Runs ``fn(*args)`` on the tokenizer thread: the event loop keeps serving meanwhile."""
