@@ -43,11 +43,14 @@ def schema_body(schema: dict[str, Any]) -> dict[str, Any]:
 
 
 def overhead_summary(free_tok_s: list[float], constrained_tok_s: list[float]) -> dict[str, Any]:
-    """Median output tok/s of each side, their ratio, and each side's spread (max/min - 1)."""
+    """Median output tok/s of each side, their ratio, the median of the per-round ratios (robust to
+    a machine whose speed drifts between rounds), and each side's spread (max/min - 1)."""
     free, constrained = statistics.median(free_tok_s), statistics.median(constrained_tok_s)
+    paired = [c / f if f > 0 else float("nan") for f, c in zip(free_tok_s, constrained_tok_s)]
     return {"unconstrained_tok_s": free_tok_s, "constrained_tok_s": constrained_tok_s,
             "median_unconstrained_tok_s": free, "median_constrained_tok_s": constrained,
             "ratio": constrained / free if free > 0 else float("nan"),
+            "round_ratios": paired, "median_round_ratio": statistics.median(paired),
             "spread_unconstrained": max(free_tok_s) / min(free_tok_s) - 1 if min(free_tok_s) > 0 else float("nan"),
             "spread_constrained": (max(constrained_tok_s) / min(constrained_tok_s) - 1
                                    if min(constrained_tok_s) > 0 else float("nan"))}
@@ -63,5 +66,7 @@ def format_overhead(summary: dict[str, Any]) -> str:
         f"(spread {summary['spread_unconstrained']:.0%})",
         f"median constrained:   {summary['median_constrained_tok_s']:,.1f} tok/s "
         f"(spread {summary['spread_constrained']:.0%})",
-        f"ratio constrained / unconstrained: {summary['ratio']:.3f}",
+        f"ratio of the medians, constrained / unconstrained: {summary['ratio']:.3f}",
+        f"per-round ratios: {', '.join(f'{r:.3f}' for r in summary['round_ratios'])} "
+        f"(median {summary['median_round_ratio']:.3f})",
     ])

@@ -36,4 +36,5 @@ def test_overhead_summary_medians_and_ratio() -> None:
     summary = overhead_summary([100.0, 90.0, 110.0], [95.0, 80.0, 85.0])
     assert summary["median_unconstrained_tok_s"] == 100.0 and summary["median_constrained_tok_s"] == 85.0
     assert summary["ratio"] == pytest.approx(0.85)
+    assert summary["median_round_ratio"] == pytest.approx(80 / 90)  # rounds: 0.95, 0.889, 0.773
     assert summary["spread_unconstrained"] == pytest.approx(110 / 90 - 1)
