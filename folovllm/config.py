@@ -51,7 +51,8 @@ def usable_cores() -> int:
 # The option groups of `folovllm serve --help`, in vLLM's order (vLLM's config class names); the
 # last holds the knobs only FoloVLLM has.
 CONFIG_GROUPS = ("ModelConfig", "LoadConfig", "DeviceConfig", "CacheConfig", "ParallelConfig",
-                 "SchedulerConfig", "CompilationConfig", "ObservabilityConfig", "FoloVLLM")
+                 "SchedulerConfig", "StructuredOutputsConfig", "CompilationConfig", "ObservabilityConfig",
+                 "FoloVLLM")
 NO_EFFECT = "accepted for compatibility, has no effect"
 
 
@@ -187,6 +188,9 @@ class EngineConfig:
     kv_layout: str = knob("paged", "contiguous: each request reserves max_model_len up front (ablation)",
                           choices=["paged", "contiguous"])
     num_threads: int | None = knob(None, "CPU threads for torch (default: the cores this process may run on)")
+    structured_outputs_backend: str = knob(
+        "auto", "the library that compiles structured-output constraints (auto = xgrammar)",
+        choices=["auto", "xgrammar"], group="StructuredOutputsConfig")
     cpu_prepack: bool = knob(True, "CPU: keep linear weights plain instead of prepacked for oneDNN (ablation)",
                              flag="--no-cpu-prepack")
 
@@ -224,6 +228,9 @@ class EngineConfig:
             raise ValueError(f"tensor_parallel_size must be >= 1; got {self.tensor_parallel_size}")
         if self.cuda_graph_max_batch < 1:
             raise ValueError(f"cuda_graph_max_batch must be >= 1; got {self.cuda_graph_max_batch}")
+        if self.structured_outputs_backend not in ("auto", "xgrammar"):
+            raise ValueError("structured_outputs_backend must be auto or xgrammar; "
+                             f"got {self.structured_outputs_backend!r}")
         if self.kv_cache_memory is not None:
             object.__setattr__(self, "kv_cache_memory", parse_size(self.kv_cache_memory))
 
@@ -263,8 +270,8 @@ class EngineConfig:
 
         device: cuda if available, else cpu. dtype: bfloat16. attention_backend: triton on CUDA when
         triton is installed; on CPU the cpu kernel when it is built and loads, else torch.
-        overlap_scheduling: on CUDA only; on CPU the forward runs synchronously, so overlapping would
-        only hand each token out one step later. num_threads: the cores this process may run on (its
+        structured_outputs_backend: xgrammar. overlap_scheduling: on CUDA only; on CPU the forward runs
+        synchronously, so overlapping would only hand each token out one step later. num_threads: the cores this process may run on (its
         CPU affinity, which a container or taskset narrows).
         Names of registered pieces (attention backend, policy, admission) are checked where they
         are looked up, when the engine builds them.
@@ -286,9 +293,11 @@ class EngineConfig:
         enforce_eager = self.enforce_eager
         if self.tensor_parallel_size > 1:
             overlap, enforce_eager = self._tensor_parallel_settings(device, overlap)
+        structured = "xgrammar" if self.structured_outputs_backend == "auto" else self.structured_outputs_backend
         return dataclasses.replace(self, device=device, dtype=dtype, attention_backend=backend,
                                    overlap_scheduling=overlap, enforce_eager=enforce_eager,
-                                   num_threads=self.num_threads or usable_cores())
+                                   num_threads=self.num_threads or usable_cores(),
+                                   structured_outputs_backend=structured)
 
     def _tensor_parallel_settings(self, device: str, overlap: bool) -> tuple[bool, bool]:
         """(overlap_scheduling, enforce_eager) under tensor parallelism: both off.

@@ -25,7 +25,8 @@ class CompletionOutput:
     cumulative_logprob: float | None = None
     logprobs: SampleLogprobs | None = None
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error" (engine fault)
-    stop_reason: int | str | None = None  # the stop token id or stop string that ended it
+    # the stop token id or stop string that ended it; with "error", why (when known)
+    stop_reason: int | str | None = None
 
     def finished(self) -> bool:
         return self.finish_reason is not None

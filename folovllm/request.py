@@ -95,6 +95,8 @@ class Request:
         self.num_prompt_logprobs = 0  # prompt positions 1.. that have their entry (filled in order)
         self.stop_reason: int | str | None = None
         self.detokenizer: Any = None  # set by the engine's output processor
+        # Structured outputs: its grammar and matcher (structured_output.RequestGrammar), set by the engine.
+        self.grammar: Any = None
         self.text = ""
 
     @property
@@ -106,6 +108,11 @@ class Request:
         """Some prompt token still lacks its logprob: the request must compute its whole prompt
         (no prefix-cache hits, whose tokens are never run through the model)."""
         return self.prompt_logprobs is not None and self.num_prompt_logprobs < self.num_prompt_tokens - 1
+
+    @property
+    def is_ready(self) -> bool:
+        """Everything it needs before it can run is there (its grammar has compiled)."""
+        return self.grammar is None or self.grammar.ready
 
     @property
     def num_tokens(self) -> int:

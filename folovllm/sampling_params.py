@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 from folovllm.beam_search import BeamSearchParams  # re-exported: vLLM's users import it from here
@@ -10,6 +10,7 @@ from folovllm.beam_search import BeamSearchParams  # re-exported: vLLM's users i
 __all__ = ["BeamSearchParams", "SamplingParams", "StructuredOutputsParams"]
 
 _INT64 = (-(2**63), 2**63 - 1)  # seeds and token ids are 64-bit integers (OpenAI's seed is int64)
+STRUCTURED_OUTPUT_KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 
 
 @dataclass
@@ -18,7 +19,9 @@ class StructuredOutputsParams:
 
     ``json`` is a JSON schema (a dict or its text); ``json_object`` any JSON object; ``regex`` a
     regular expression; ``choice`` one of the given strings; ``grammar`` an EBNF (GBNF) grammar;
-    ``structural_tag`` a structural-tag description in JSON text.
+    ``structural_tag`` a structural-tag description in JSON text. ``disable_any_whitespace``: JSON
+    is generated compactly (no free whitespace between tokens), which keeps small models from
+    filling their budget with blank lines.
     """
 
     json: str | dict[str, Any] | None = None
@@ -27,19 +30,25 @@ class StructuredOutputsParams:
     grammar: str | None = None
     json_object: bool | None = None
     structural_tag: str | None = None
+    disable_any_whitespace: bool = False
 
     def __post_init__(self) -> None:
-        chosen = [f.name for f in fields(self) if getattr(self, f.name) not in (None, False)]
+        chosen = [k for k in STRUCTURED_OUTPUT_KINDS if getattr(self, k) not in (None, False)]
         if len(chosen) != 1:
             raise ValueError("structured outputs take exactly one of json, regex, choice, grammar, "
                              f"json_object or structural_tag; got {chosen or 'none'}.")
         if self.choice is not None and (not self.choice or any(not isinstance(c, str) for c in self.choice)):
             raise ValueError("structured outputs' choice must be a non-empty list of strings.")
+        if self.json is not None and not isinstance(self.json, (str, dict)):
+            raise ValueError("structured outputs' json must be a JSON schema: a dict or its JSON text.")
+        for name in ("regex", "grammar", "structural_tag"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
+                raise ValueError(f"structured outputs' {name} must be a string.")
 
     @property
     def kind(self) -> str:
         """The name of the one field that is set."""
-        return next(f.name for f in fields(self) if getattr(self, f.name) not in (None, False))
+        return next(k for k in STRUCTURED_OUTPUT_KINDS if getattr(self, k) not in (None, False))
 
 
 @dataclass

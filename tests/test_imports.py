@@ -1,5 +1,5 @@
 """The package's imports run one way: CLI -> bench/server -> engine -> core/worker ->
-model/attention/sample, and CLI -> quantize -> model; the config and the small shared modules
+model/attention/sample, engine/server -> structured_output, and CLI -> quantize -> model; the config and the small shared modules
 depend on nothing in the package."""
 from __future__ import annotations
 
@@ -21,18 +21,25 @@ FORBIDDEN = {
                     "folovllm.worker", "folovllm.model", "folovllm.quantize"],
     "bench": ["folovllm.entrypoints"],
     "engine": ["folovllm.entrypoints", "folovllm.bench", "folovllm.quantize"],
-    "core": ["folovllm.entrypoints", "folovllm.bench", "folovllm.engine", "folovllm.quantize"],
-    "worker": ["folovllm.entrypoints", "folovllm.bench", "folovllm.engine", "folovllm.quantize"],
+    "core": ["folovllm.entrypoints", "folovllm.bench", "folovllm.engine", "folovllm.quantize",
+             "folovllm.structured_output"],
+    "worker": ["folovllm.entrypoints", "folovllm.bench", "folovllm.engine", "folovllm.quantize",
+               "folovllm.structured_output"],
     "model": ["folovllm.entrypoints", "folovllm.bench", "folovllm.engine", "folovllm.core",
-              "folovllm.worker", "folovllm.quantize"],
+              "folovllm.worker", "folovllm.quantize", "folovllm.structured_output"],
     "attention": ["folovllm.entrypoints", "folovllm.bench", "folovllm.engine", "folovllm.core",
-                  "folovllm.worker", "folovllm.model", "folovllm.quantize"],
+                  "folovllm.worker", "folovllm.model", "folovllm.quantize", "folovllm.structured_output"],
     "sample": ["folovllm.entrypoints", "folovllm.bench", "folovllm.engine", "folovllm.core",
-               "folovllm.worker", "folovllm.model", "folovllm.quantize"],
+               "folovllm.worker", "folovllm.model", "folovllm.quantize", "folovllm.structured_output"],
     # process groups, collectives, rank processes: model layers call it; it knows no layer, worker or engine
     "distributed": ["folovllm.entrypoints", "folovllm.bench", "folovllm.engine", "folovllm.core",
                     "folovllm.worker", "folovllm.model", "folovllm.attention", "folovllm.sample",
-                    "folovllm.quantize"],
+                    "folovllm.quantize", "folovllm.structured_output"],
+    # grammars for constrained decoding: used by the engine (and the server, to check a constraint
+    # early); takes the tokenizer it is given, so it reads no model, scheduler or worker
+    "structured_output": ["folovllm.entrypoints", "folovllm.bench", "folovllm.engine", "folovllm.core",
+                          "folovllm.worker", "folovllm.model", "folovllm.attention", "folovllm.sample",
+                          "folovllm.quantize", "folovllm.distributed"],
     # the offline quantizer: run by the CLI, reads models through folovllm.model
     "quantize": ["folovllm.entrypoints", "folovllm.bench", "folovllm.engine", "folovllm.core",
                  "folovllm.worker"],

@@ -30,6 +30,7 @@ from folovllm.bench.serve_client import (ENDPOINT_PATHS, RequestOutcome, ServedM
 from folovllm.bench.serve_results import (build_serve_result, format_serve_result, latency_samples_ms,
                                           parse_goodput, parse_metric_percentiles, parse_percentile_metrics,
                                           vllm_result_fields, vllm_run_fields)
+from folovllm.bench.structured import format_overhead, load_schema, overhead_summary, schema_body
 
 REQUEST_TIMEOUT_S = 6 * 3600.0  # a request under heavy load may queue long: only a hung server times out
 CHECK_MAX_TOKENS = 4
@@ -115,6 +116,12 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     a.add_argument("--seed", type=int, default=0, help="seeds the dataset and the arrivals")
     a.add_argument("--ignore-eos", action="store_true",
                    help="every request ignores EOS (synthetic datasets always do: it fixes their lengths)")
+    a.add_argument("--structured-json-schema", default=None, metavar="FILE|builtin",
+                   help="every request generates under this JSON schema (response_format json_schema); "
+                        "builtin: a small open-ended object schema")
+    a.add_argument("--structured-rounds", type=int, default=None, metavar="N",
+                   help="with --structured-json-schema: N alternating rounds without and with the schema, "
+                        "then the ratio of median output tok/s")
     o = parser.add_argument_group("output")
     o.add_argument("--goodput", nargs="+", default=None, metavar="KEY:MS",
                    help="SLOs for goodput, e.g. ttft:200 tpot:50 e2el:5000")
@@ -207,9 +214,10 @@ def build_requests(args: argparse.Namespace, served: ServedModel | None) -> list
 
 async def run_benchmark(requests: list[ds.ServeRequest], arrivals: list[float], *, base_url: str,
                         endpoint: str, model: str, api_key: str | None = None,
-                        max_concurrency: int | None = None, progress: bool = True) -> list[RequestOutcome]:
-    """Sends each request at its offset (s from the start), at most ``max_concurrency`` in flight;
-    returns the outcomes in send order."""
+                        max_concurrency: int | None = None, progress: bool = True,
+                        extra_body: dict[str, Any] | None = None) -> list[RequestOutcome]:
+    """Sends each request at its offset (s from the start), at most ``max_concurrency`` in flight,
+    each with the fields of ``extra_body``; returns the outcomes in send order."""
     if max_concurrency is not None and max_concurrency < 1:
         raise ValueError(f"--max-concurrency must be at least 1, got {max_concurrency}.")
     limit = asyncio.Semaphore(max_concurrency) if max_concurrency else None
@@ -221,10 +229,10 @@ async def run_benchmark(requests: list[ds.ServeRequest], arrivals: list[float], 
         with tqdm(total=len(requests), disable=not progress, desc="requests") as bar:
             async def one(req: ds.ServeRequest) -> RequestOutcome:
                 if limit is None:
-                    outcome = await send_request(http, endpoint, model, req)
+                    outcome = await send_request(http, endpoint, model, req, extra_body)
                 else:
                     async with limit:
-                        outcome = await send_request(http, endpoint, model, req)
+                        outcome = await send_request(http, endpoint, model, req, extra_body)
                 bar.update(1)
                 return outcome
 
@@ -238,13 +246,15 @@ async def run_benchmark(requests: list[ds.ServeRequest], arrivals: list[float], 
             return list(await asyncio.gather(*tasks))
 
 
-def _check_endpoint(args: argparse.Namespace, model: str, req: ds.ServeRequest) -> None:
+def _check_endpoint(args: argparse.Namespace, model: str, req: ds.ServeRequest,
+                    extra_body: dict[str, Any] | None = None) -> None:
     """One short request before timing anything: a wrong URL, model or prompt fails fast, with the reason."""
     probe = ds.ServeRequest(req.prompt, min(req.max_tokens, CHECK_MAX_TOKENS), req.prompt_len,
                             messages=req.messages, ignore_eos=req.ignore_eos)
     base_url = base_url_of(args)
     outcome = asyncio.run(run_benchmark([probe], [0.0], base_url=base_url, endpoint=endpoint_of(args),
-                                        model=model, api_key=args.api_key, progress=False))[0]
+                                        model=model, api_key=args.api_key, progress=False,
+                                        extra_body=extra_body))[0]
     if not outcome.success:
         raise ValueError(f"the check request to {base_url} failed: {outcome.error}")
 
@@ -272,7 +282,13 @@ def run_serve(args: argparse.Namespace) -> list[dict[str, Any]]:
     else:
         rate = ds.default_request_rate(args.dataset) if args.request_rate is None else args.request_rate
         rates = [None if fixed_arrivals else rate]
-    _check_endpoint(args, model, requests[0])
+    structured = schema_body(load_schema(args.structured_json_schema)) if args.structured_json_schema else None
+    if args.structured_rounds is not None:
+        if structured is None or args.structured_rounds < 1 or len(rates) != 1:
+            raise ValueError("--structured-rounds needs --structured-json-schema, N >= 1 and one rate.")
+        _check_endpoint(args, model, requests[0], structured)
+        return _run_structured_rounds(args, model, engine, requests, rates[0], structured)
+    _check_endpoint(args, model, requests[0], structured)
 
     results, samples = [], []
     for rate in rates:
@@ -281,9 +297,10 @@ def run_serve(args: argparse.Namespace) -> list[dict[str, Any]]:
         outcomes = asyncio.run(run_benchmark(requests, arrivals, base_url=base_url, endpoint=endpoint,
                                              model=model, api_key=args.api_key,
                                              max_concurrency=args.max_concurrency,
-                                             progress=not args.no_progress))
+                                             progress=not args.no_progress, extra_body=structured))
         label = "trace" if rate is None else f"{rate:g}"
-        config = {"base_url": base_url, "endpoint": endpoint, "dataset": args.dataset,
+        config = {"structured_json_schema": args.structured_json_schema, "base_url": base_url,
+                  "endpoint": endpoint, "dataset": args.dataset,
                   "dataset_path": args.dataset_path, "num_prompts": len(requests), "request_rate": label,
                   "burstiness": args.burstiness, "max_concurrency": args.max_concurrency, "seed": args.seed,
                   "input_len": args.input_len, "output_len": args.output_len,
@@ -323,6 +340,38 @@ def _save_result(args: argparse.Namespace, result: dict[str, Any], rate_label: s
     path.write_text(json.dumps(result, indent=2, allow_nan=True))
     print(f"wrote {path}")
     return path
+def _run_structured_rounds(args: argparse.Namespace, model: str, engine: str, requests: list[ds.ServeRequest],
+                           rate: float | None, structured: dict[str, Any]) -> list[dict[str, Any]]:
+    """Alternates unconstrained and constrained runs of the same requests (the order flips each
+    round, so a drifting machine weighs on both sides alike); prints each report and the ratio."""
+    arrivals = ([r.arrival_s for r in requests] if rate is None else
+                arrival_offsets(len(requests), rate, args.burstiness, args.seed))
+    results: list[dict[str, Any]] = []
+    tok_s: dict[bool, list[float]] = {False: [], True: []}
+    base_url, endpoint = base_url_of(args), endpoint_of(args)
+    for round_index in range(args.structured_rounds):
+        for constrained in ((False, True) if round_index % 2 == 0 else (True, False)):
+            outcomes = asyncio.run(run_benchmark(requests, arrivals, base_url=base_url, endpoint=endpoint,
+                                                 model=model, api_key=args.api_key,
+                                                 max_concurrency=args.max_concurrency,
+                                                 progress=not args.no_progress,
+                                                 extra_body=structured if constrained else None))
+            side = "json-schema" if constrained else "free"
+            config = {"base_url": base_url, "endpoint": endpoint, "dataset": args.dataset,
+                      "num_prompts": len(requests), "max_concurrency": args.max_concurrency, "seed": args.seed,
+                      "structured_json_schema": args.structured_json_schema if constrained else None,
+                      "round": round_index}
+            result = build_serve_result(outcomes, name=f"serve-{args.dataset}-{side}-round{round_index}",
+                                        engine=engine, model=model, config=config)
+            print(format_serve_result(result))
+            results.append(result)
+            tok_s[constrained].append(result["output_tok_s"])
+    summary = overhead_summary(tok_s[False], tok_s[True])
+    print(format_overhead(summary))
+    results.append({"name": "structured-overhead", **summary})
+    if args.output_json:
+        write_results(results, args.output_json)
+    return results
 
 
 def _write_plots(folder: Path, results: list[dict[str, Any]], samples: list[dict[str, list[float]]]) -> None:

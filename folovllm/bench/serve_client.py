@@ -49,8 +49,10 @@ def auth_headers(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
-def request_body(endpoint: str, model: str, req: ServeRequest) -> dict[str, Any]:
-    """Streamed, greedy (as vLLM's benchmark), with usage at the end; ignore_eos fixes the length."""
+def request_body(endpoint: str, model: str, req: ServeRequest,
+                 extra_body: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Streamed, greedy (as vLLM's benchmark), with usage at the end; ignore_eos fixes the length.
+    ``extra_body``: more fields for every request (e.g. a structured-outputs constraint)."""
     body: dict[str, Any] = {"model": model, "max_tokens": req.max_tokens, "temperature": 0.0,
                             "stream": True, "stream_options": {"include_usage": True}}
     if req.ignore_eos:
@@ -61,7 +63,7 @@ def request_body(endpoint: str, model: str, req: ServeRequest) -> dict[str, Any]
         body["prompt"] = req.prompt
     else:
         raise ValueError(f"endpoint must be one of {sorted(ENDPOINT_PATHS)}, got {endpoint!r}.")
-    return body
+    return {**body, **(extra_body or {})}
 
 
 def error_message(status: int, text: str) -> str:
@@ -87,10 +89,11 @@ def chunk_text(payload: dict[str, Any]) -> str:
     return choice.get("text") or ""
 
 
-async def send_request(http: httpx.AsyncClient, endpoint: str, model: str, req: ServeRequest) -> RequestOutcome:
+async def send_request(http: httpx.AsyncClient, endpoint: str, model: str, req: ServeRequest,
+                       extra_body: dict[str, Any] | None = None) -> RequestOutcome:
     """POSTs ``req`` streamed and records when each chunk carrying tokens arrives; never raises for
     a failed request: the outcome's ``error`` says why (HTTP status, server error, connection)."""
-    body = request_body(endpoint, model, req)
+    body = request_body(endpoint, model, req, extra_body)
     outcome = RequestOutcome(req, send_time=time.perf_counter(), end_time=0.0, prompt_tokens=req.prompt_len)
     usage: dict[str, Any] | None = None
     done = False

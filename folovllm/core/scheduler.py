@@ -135,9 +135,13 @@ class Scheduler:
 
         # Admitting right after a shortage would thrash: the freed blocks go to running requests.
         prefill_left = plan.max_prefill_tokens
-        while plan.admit and self.waiting and not shortage and budget > 0 \
+        index = 0  # the first waiting request not passed over (a grammar still compiling)
+        while plan.admit and index < len(self.waiting) and not shortage and budget > 0 \
                 and len(self.running) < self.limits.max_num_seqs:
-            request = self.waiting[0]
+            request = self.waiting[index]
+            if not request.is_ready:  # waits in the queue; those behind it may go
+                index += 1
+                continue
             if not self.admission.fits(request, self.running):
                 break
             # Cached tokens are never run through the model, so they would have no prompt logprobs.
@@ -207,7 +211,7 @@ class Scheduler:
     def _preempt_for_better_arrivals(self, out: SchedulerOutput) -> None:
         """Priority: waiting requests that outrank running ones take their places when needed."""
         free_blocks, free_seqs = self.kv_cache.num_free_blocks, self.limits.max_num_seqs - len(self.running)
-        for candidate in list(self.waiting):
+        for candidate in [r for r in self.waiting if r.is_ready]:
             needed = self.kv_cache.blocks_for_tokens(candidate.num_tokens)
             while (free_seqs < 1 or needed > free_blocks) and self.running \
                     and self._running_key(self.running[-1]) > self._running_key(candidate):

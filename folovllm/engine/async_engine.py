@@ -176,8 +176,9 @@ class AsyncLLMEngine:
         for output in outputs:
             stream = self._streams.get(output.request_id)
             if stream is not None:
-                failed = output.finished and any(o.finish_reason == "error" for o in output.outputs)
-                stream.put(RequestFailedError() if failed else output)
+                failed = [o for o in output.outputs if o.finish_reason == "error"] if output.finished else []
+                reason = failed[0].stop_reason if failed and isinstance(failed[0].stop_reason, str) else None
+                stream.put((RequestFailedError(reason) if reason else RequestFailedError()) if failed else output)
                 if output.finished:
                     del self._streams[output.request_id]
         for request_id in message.failed:

@@ -34,6 +34,7 @@ from folovllm.outputs import RequestOutput
 from folovllm.request import Request, RequestStatus, bad_words_token_ids
 from folovllm.sample.prompt_logprobs import PromptLogprobsChunk
 from folovllm.sampling_params import SamplingParams
+from folovllm.structured_output import GrammarCache, StructuredOutputManager
 from folovllm.worker.model_runner import LaunchedStep
 from folovllm.worker.tp_worker import TensorParallelWorker
 from folovllm.worker.worker import Worker
@@ -125,6 +126,8 @@ class LLMEngine:
             make_policy(config.scheduling_policy, config.max_queue_delay, config.tenant_weights),
             make_admission(config, num_blocks, max_batched))
         self.output_processor = OutputProcessor(self.tokenizer, self.max_model_len)
+        self.structured = StructuredOutputManager(GrammarCache(
+            config.structured_outputs_backend, self.tokenizer, self.vocab_size, self.eos_token_ids))
         self.overlap = config.overlap_scheduling
         self._in_flight: InFlight | None = None
         self._finished_ids: list[str] = []  # ended since the last launch: the worker frees their state
@@ -217,6 +220,7 @@ class LLMEngine:
         now = time.perf_counter()
         for sample in group.samples:
             sample.metrics.queued_time = now
+            self.structured.add_request(sample)  # its grammar compiles while it waits
             self.scheduler.add_request(sample)
 
     def tokenize(self, prompt: PromptInput) -> tuple[str | None, list[int]]:
@@ -260,7 +264,10 @@ class LLMEngine:
         if previous is not None and previous.launched.needs_sync:
             wait_s += self._resolve(previous, touched)  # a logits processor reads every earlier token
             previous = None
+        self._update_grammars(touched)
         sched = self.scheduler.schedule()
+        if sched.is_empty and previous is None and self.structured.has_compiling:
+            self.structured.wait(0.02)  # only grammars are pending: do not spin
         if not sched.is_empty:
             try:
                 self._in_flight = self._launch(sched)
@@ -298,12 +305,21 @@ class LLMEngine:
         self._record_step(time.perf_counter(), sched, num_decode)
         return wait_s
 
-    def _fail_group(self, request_id: str, touched: dict[str, RequestGroup]) -> None:
-        """Ends every sample of a user request with FINISHED_ERROR; its output says "error"."""
+    def _update_grammars(self, touched: dict[str, RequestGroup]) -> None:
+        """Requests whose grammar compiled may be scheduled; one whose grammar failed ends alone."""
+        for request, reason in self.structured.update():
+            logger.warning("request %s: %s", request.parent_id, reason)
+            self._fail_group(request.parent_id, touched, reason)
+
+    def _fail_group(self, request_id: str, touched: dict[str, RequestGroup], reason: str | None = None) -> None:
+        """Ends every sample of a user request with FINISHED_ERROR; its output says "error"
+        (and ``reason``, when given, as its stop_reason)."""
         group = self.groups.get(request_id)
         if group is None:
             return
         for sample in group.samples:
+            if reason is not None and not sample.status.finished:
+                sample.stop_reason = reason
             self._finish(sample, RequestStatus.FINISHED_ERROR)
         touched[request_id] = group
 
@@ -322,7 +338,7 @@ class LLMEngine:
         """Hands a scheduled batch to the worker; its tokens count as pending until ``_resolve``.
         Nothing changes if the worker raises, so a failed batch can be launched again in parts."""
         num_decode = sched.num_decode_tokens()  # before num_computed_tokens moves
-        step_input, sampled = build_step_input(sched, self._finished_ids)
+        step_input, sampled = build_step_input(sched, self._finished_ids, self.structured)
         launched = self.worker.launch(step_input)
         self._finished_ids = []
         for request, num_new in zip(sched.requests, sched.num_new_tokens):
@@ -360,12 +376,20 @@ class LLMEngine:
             if request.status.finished:  # ended meanwhile (stopped one step earlier, or aborted)
                 continue
             logprobs = out.logprobs[row] if out.logprobs else None
+            token_id = out.sampled_token_ids[row]
+            refused = self.structured.accept(request, token_id) if request.grammar is not None else None
+            if refused is not None:
+                logger.warning("request %s: %s", request.request_id, refused)
+                self._fail_group(request.parent_id, touched, refused)
+                continue
             try:
-                status = self.output_processor.append_token(request, out.sampled_token_ids[row], logprobs)
+                status = self.output_processor.append_token(request, token_id, logprobs)
             except Exception:
                 logger.exception("output processing failed for request %s; ending it", request.request_id)
                 self._fail_group(request.parent_id, touched)
                 continue
+            if status is None and request.grammar is not None and request.grammar.is_terminated:
+                status = RequestStatus.FINISHED_STOPPED  # a stop token ended the grammar (ignore_eos)
             if request.metrics.first_token_time is None:
                 request.metrics.first_token_time = now
             request.metrics.last_token_time = now

@@ -5,14 +5,17 @@ from folovllm.core.scheduler import SchedulerOutput
 from folovllm.request import Request
 from folovllm.sample.prompt_logprobs import PromptLogprobsRequest
 from folovllm.sample.rows import SamplingRow
+from folovllm.structured_output import StructuredOutputManager
 from folovllm.worker.step_input import ScheduledRequest, StepInput
 
 
-def build_step_input(sched: SchedulerOutput, finished_request_ids: list[str]
-                     ) -> tuple[StepInput, list[Request]]:
-    """The step's input, and the requests that sample a token in it, in row order."""
+def build_step_input(sched: SchedulerOutput, finished_request_ids: list[str],
+                     structured: StructuredOutputManager | None = None) -> tuple[StepInput, list[Request]]:
+    """The step's input, and the requests that sample a token in it, in row order. ``structured``
+    fills the token bitmask of the rows whose request has a structured-outputs constraint."""
     scheduled: list[ScheduledRequest] = []
     sampled: list[Request] = []
+    rows: list[SamplingRow] = []
     for request, num_new, table in zip(sched.requests, sched.num_new_tokens, sched.block_tables):
         start = request.num_computed_tokens
         end = start + num_new
@@ -21,8 +24,12 @@ def build_step_input(sched: SchedulerOutput, finished_request_ids: list[str]
         if end == request.num_tokens:  # caught up: this step's last logits give the next token
             sampling = sampling_row(request)
             sampled.append(request)
+            rows.append(sampling)
         scheduled.append(ScheduledRequest(request.request_id, known, num_new - len(known), start, table,
                                           sampling, prompt_logprobs_request(request, start, end)))
+    if structured is not None and any(r.grammar is not None for r in sampled):
+        for row, bitmask in zip(rows, structured.fill_bitmasks(sampled)):
+            row.allowed_token_bitmask = bitmask
     return StepInput(scheduled, finished_request_ids), sampled
 
 

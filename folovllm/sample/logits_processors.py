@@ -11,6 +11,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import ClassVar
 
+import numpy as np
 import torch
 
 from folovllm.sample.rows import SamplingRow
@@ -20,6 +21,7 @@ __all__ = [
     "LOGITS_PROCESSORS",
     "AllowedTokenIdsProcessor",
     "BadWordsProcessor",
+    "GrammarBitmaskProcessor",
     "LogitBiasProcessor",
     "LogitsProcessor",
     "MinTokensProcessor",
@@ -122,6 +124,39 @@ class MinTokensProcessor(LogitsProcessor):
         logits[self.banned_rows, self.banned_cols] = float("-inf")
 
 
+class GrammarBitmaskProcessor(LogitsProcessor):
+    """Structured outputs: a constrained row keeps only the tokens its grammar allows next.
+
+    The bitmask is filled from the row's previous tokens, so overlap scheduling must wait for them.
+    """
+
+    needs_sync = True
+
+    def __init__(self, rows: list[int], bitmask: torch.Tensor) -> None:
+        self.rows = rows  # the constrained rows
+        self.bitmask = bitmask  # [N, ceil(V / 32)] int32, bit t % 32 of word t // 32 = token t allowed
+
+    @classmethod
+    def build(cls, rows: Sequence[SamplingRow], vocab_size: int,
+              device: torch.device | str) -> GrammarBitmaskProcessor | None:
+        constrained = [i for i, r in enumerate(rows) if r.allowed_token_bitmask is not None]
+        if not constrained:
+            return None
+        width = rows[constrained[0]].allowed_token_bitmask.shape[0]
+        bitmask = np.full((len(rows), width), -1, dtype=np.int32)  # -1: every token allowed
+        for i in constrained:
+            bitmask[i] = rows[i].allowed_token_bitmask
+        return cls(constrained, torch.from_numpy(bitmask).to(device, non_blocking=True))
+
+    def apply(self, logits: torch.Tensor) -> None:
+        # Imported here: xgrammar loads only once some request is constrained. Its kernels (C++ on
+        # CPU, Triton/CUDA on GPU) unpack the bits where the logits are.
+        from xgrammar import apply_token_bitmask_inplace
+
+        apply_token_bitmask_inplace(logits, self.bitmask, vocab_size=logits.shape[1], indices=self.rows)
+
+
+
 class AllowedTokenIdsProcessor(LogitsProcessor):
     """A row with ``allowed_token_ids`` can sample only those tokens: every other logit is -inf."""
 
@@ -191,9 +226,11 @@ class LogitBiasProcessor(LogitsProcessor):
         logits.view(-1).index_add_(0, self.index, self.bias)
 
 
-# The order they apply in. Token constraints and the bias act on the raw logits, before the penalties;
-# a new processor goes here (after these, unless it must see raw logits).
+
+# The order they apply in: the grammar's mask first, then the token constraints and the bias on the raw
+# logits, then the penalties; a new processor goes here (after these, unless it must see raw logits).
 LOGITS_PROCESSORS: tuple[type[LogitsProcessor], ...] = (
+    GrammarBitmaskProcessor,
     AllowedTokenIdsProcessor,
     BadWordsProcessor,
     LogitBiasProcessor,

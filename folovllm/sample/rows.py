@@ -4,6 +4,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from folovllm.sampling_params import SamplingParams
 
 
@@ -19,3 +21,5 @@ class SamplingRow:
     prompt_token_ids: Sequence[int] = ()
     output_token_ids: Sequence[int] = ()
     bad_words_token_ids: Sequence[Sequence[int]] = ()  # token sequences it must not complete
+    # Structured outputs: int32 words, bit t set = token t allowed next (None: unconstrained).
+    allowed_token_bitmask: np.ndarray | None = None

@@ -146,3 +146,22 @@ def test_long_prefill_threshold_leaves_room_for_short_requests():
     scheduler.add_request(short)
     out = scheduler.schedule()
     assert out.num_new_tokens == [16, 5]  # without the cap the long prompt would take all 64
+
+
+class _Grammar:
+    """Stands in for a structured-outputs grammar: not ready until the test says so."""
+
+    ready = False
+
+
+def test_a_request_waits_for_its_grammar_while_later_ones_run():
+    limits = SchedulerLimits(max_num_batched_tokens=64, max_num_seqs=4, max_model_len=60)
+    scheduler = Scheduler(limits, KVCacheManager(32, 4))
+    compiling = make_request("compiling", 5, 2)
+    compiling.grammar = _Grammar()
+    scheduler.add_request(compiling)
+    scheduler.add_request(make_request("plain", 5, 2))
+    assert [r.request_id for r in scheduler.schedule().requests] == ["plain"]
+    assert scheduler.waiting == [compiling] and compiling.status == RequestStatus.WAITING
+    compiling.grammar.ready = True
+    assert [r.request_id for r in scheduler.schedule().requests] == ["plain", "compiling"]

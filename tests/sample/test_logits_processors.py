@@ -2,13 +2,14 @@
 the one ordered list."""
 from __future__ import annotations
 
+import numpy as np
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from folovllm.sample.logits_processors import (LOGITS_PROCESSORS, AllowedTokenIdsProcessor, BadWordsProcessor,
-                                               LogitBiasProcessor, MinTokensProcessor, PenaltiesProcessor,
-                                               build_logits_processors)
+                                               GrammarBitmaskProcessor, LogitBiasProcessor, MinTokensProcessor,
+                                               PenaltiesProcessor, build_logits_processors)
 from folovllm.sample.metadata import SamplingRow, build_sampling_batch
 from folovllm.sample.sampler import Sampler
 from folovllm.sampling_params import SamplingParams
@@ -54,11 +55,12 @@ def test_processors_built_in_list_order_and_only_when_used() -> None:
     assert [p.needs_sync for p in built] == [True, False]
     every = SamplingRow(SamplingParams(min_tokens=2, presence_penalty=1.0, logit_bias={1: 1.0},
                                        allowed_token_ids=[1, 2]), stop_token_ids=(3,), output_token_ids=[1],
-                        bad_words_token_ids=[(5,)])
+                        bad_words_token_ids=[(5,)], allowed_token_bitmask=np.array([0b1010], dtype=np.int32))
     built = build_logits_processors([plain, every], 8, "cpu")
     assert [type(p) for p in built] == list(LOGITS_PROCESSORS) == [
-        AllowedTokenIdsProcessor, BadWordsProcessor, LogitBiasProcessor, PenaltiesProcessor, MinTokensProcessor]
-    assert [p.needs_sync for p in built] == [False, True, False, True, False]
+        GrammarBitmaskProcessor, AllowedTokenIdsProcessor, BadWordsProcessor, LogitBiasProcessor,
+        PenaltiesProcessor, MinTokensProcessor]
+    assert [p.needs_sync for p in built] == [True, False, True, False, True, False]
 
 
 def _greedy(rows: list[SamplingRow], logits: torch.Tensor) -> list[int]:
@@ -131,3 +133,20 @@ def test_constraints_apply_before_penalties() -> None:
     row = SamplingRow(SamplingParams(temperature=0, logit_bias={0: 2.0}, repetition_penalty=2.0),
                       prompt_token_ids=[0], output_token_ids=[])
     assert _greedy([row], logits) == [1]
+
+
+def test_grammar_bitmask_keeps_the_allowed_tokens_of_constrained_rows_only() -> None:
+    plain = SamplingRow(SamplingParams(temperature=0.0))
+    assert GrammarBitmaskProcessor.build([plain, plain], 40, "cpu") is None  # nothing to pay
+    # Tokens 1, 3 and 33 (word 1, bit 1): a bitmask wider than the logits is cut to their width.
+    mask = np.array([0b1010, 0b10], dtype=np.int32)
+    rows = [plain, SamplingRow(SamplingParams(temperature=0.0), allowed_token_bitmask=mask), plain]
+    batch = build_sampling_batch(rows, [None] * 3, 40, "cpu")
+    assert batch.needs_sync and not batch.is_plain_greedy
+    logits = torch.arange(40, dtype=torch.float32).repeat(3, 1)
+    assert Sampler()(logits, batch).sampled_token_ids == [39, 33, 39]
+    [grammar] = batch.processors
+    masked = torch.arange(40, dtype=torch.float32).repeat(3, 1)
+    grammar.apply(masked)
+    assert torch.isfinite(masked[1]).nonzero().flatten().tolist() == [1, 3, 33]
+    assert torch.isfinite(masked[[0, 2]]).all()

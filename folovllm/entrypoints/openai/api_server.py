@@ -77,6 +77,7 @@ class ServerConfig:
     log_requests: bool = False
     root_path: str = ""
     cors: CORSConfig = field(default_factory=CORSConfig)
+    structured_outputs_backend: str = "auto"  # the engine's, for checking constraints here
 
     @property
     def model_name(self) -> str:
@@ -100,7 +101,8 @@ def build_app(core: ProcessCore | ThreadCore, tokenizer, config: ServerConfig,
     engine = AsyncLLMEngine(core, on_iteration=metrics.on_iteration, on_death=on_engine_death)
     ctx = ServingContext(engine, config.model_names, tokenizer, config.max_waiting_requests, config.limits,
                          chat_settings=config.chat, on_admitted=metrics.observe_params,
-                         prompt_tokens_details=config.prompt_tokens_details, log_requests=config.log_requests)
+                         prompt_tokens_details=config.prompt_tokens_details, log_requests=config.log_requests,
+                         structured_outputs_backend=config.structured_outputs_backend)
     completions, chat, responses = CompletionServing(ctx), ChatServing(ctx), ResponsesServing(ctx)
     load = InFlight()
 
@@ -370,7 +372,7 @@ def run_server(args: argparse.Namespace, engine_config: EngineConfig) -> int:
         api_key=args.api_key or None, max_waiting_requests=args.max_waiting_requests,
         drain_timeout_s=args.drain_timeout, limits=limits, chat=chat, metrics_prefix=args.metrics_prefix,
         prompt_tokens_details=args.enable_prompt_tokens_details, log_requests=args.enable_log_requests,
-        root_path=args.root_path, cors=cors)
+        root_path=args.root_path, cors=cors, structured_outputs_backend=engine_config.structured_outputs_backend)
     state = ServerState()
     app = build_app(core, tokenizer, config, state)
     # uvicorn cancels what is left only after our own drain timeout aborted it and streams had time to end

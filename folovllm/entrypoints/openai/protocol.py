@@ -30,13 +30,6 @@ _NOOP: dict[str, Callable[[Any], bool]] = {
     "suffix": lambda v: v in (None, ""),
     "use_beam_search": lambda v: v in (None, False),
     "length_penalty": lambda v: v in (None, 1, 1.0),
-    "response_format": lambda v: v is None or v == {"type": "text"},
-    "structured_outputs": lambda v: v is None,
-    "guided_json": lambda v: v is None,
-    "guided_regex": lambda v: v is None,
-    "guided_choice": lambda v: v is None,
-    "guided_grammar": lambda v: v is None,
-    "guided_decoding_backend": lambda v: v is None,
     "guided_whitespace_pattern": lambda v: v is None,
     "logits_processors": lambda v: v is None,
     "spaces_between_special_tokens": lambda v: v in (None, True),
@@ -139,6 +132,41 @@ class StreamOptions(BaseModel):
     continuous_usage_stats: Bool = False  # vLLM's: with include_usage, usage so far on every chunk
 
 
+class JsonSchemaFormat(BaseModel):
+    """``response_format.json_schema``: OpenAI's named schema (``strict`` is always honoured)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    name: str = Field(default="response", max_length=256)
+    description: str | None = None
+    json_schema: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: Bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """``response_format``: text, any JSON object, a JSON schema, or (vLLM) a structural tag whose
+    ``structures`` and ``triggers`` sit beside ``type``."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputsRequest(BaseModel):
+    """vLLM's ``structured_outputs`` object: exactly one constraint (checked by StructuredOutputsParams)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    json_: dict[str, Any] | str | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: Bool | None = None
+    structural_tag: str | dict[str, Any] | None = None
+    disable_any_whitespace: Bool = False
+
+
 class SamplingRequest(_Body):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
@@ -171,6 +199,14 @@ class SamplingRequest(_Body):
     truncate_prompt_tokens: Int | None = None  # keep the prompt's last k tokens (-1: max_model_len)
     return_tokens_as_token_ids: Bool = False  # logprobs name tokens "token_id:123", not by their text
     return_token_ids: Bool = False  # the prompt's and each choice's token ids in the response
+    # Structured outputs, in OpenAI's and vLLM's spellings (entrypoints/openai/structured.py)
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsRequest | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_decoding_backend: str | None = None
 
     @property
     def include_usage(self) -> bool:

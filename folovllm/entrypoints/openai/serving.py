@@ -14,9 +14,12 @@ from fastapi import Request
 
 from folovllm.engine.async_engine import AsyncLLMEngine, EngineError, RequestStream
 from folovllm.entrypoints.openai.errors import APIError, bad_request, server_busy
+from folovllm.entrypoints.openai.protocol import SamplingRequest
+from folovllm.entrypoints.openai.structured import compile_error, structured_outputs_from_body
 from folovllm.entrypoints.openai.validation import ChatSettings, RequestLimits, Validator
 from folovllm.outputs import CompletionOutput, RequestOutput
 from folovllm.sampling_params import SamplingParams
+from folovllm.structured_output import GrammarCache
 
 
 _T = TypeVar("_T")
@@ -62,7 +65,8 @@ class ServingContext:
     def __init__(self, engine: AsyncLLMEngine, model_names: str | list[str], tokenizer,
                  max_waiting_requests: int | None, limits: RequestLimits | None = None,
                  chat_settings: ChatSettings | None = None, on_admitted: AdmittedHook | None = None,
-                 prompt_tokens_details: bool = True, log_requests: bool = False) -> None:
+                 prompt_tokens_details: bool = True, log_requests: bool = False,
+                 structured_outputs_backend: str = "auto") -> None:
         self.engine = engine
         self.model_names = [model_names] if isinstance(model_names, str) else list(model_names)
         self.model_name = self.model_names[0]  # the name responses report
@@ -79,6 +83,20 @@ class ServingContext:
         # object is not safe to call from two threads at once.
         self._tokenizer_thread = ThreadPoolExecutor(1, thread_name_prefix="folovllm-tokenizer")
         self._token_text: dict[int, str] = {}
+        # This process compiles each constraint too (cached, on its own threads), so a bad one is a
+        # 400 before the engine sees it. Built now: it reads the vocabulary before any tokenizing.
+        self.grammars = GrammarCache(structured_outputs_backend, tokenizer, None, [])
+        self.grammars.load()
+
+    async def check_structured_outputs(self, body: SamplingRequest, params: SamplingParams) -> None:
+        """Compiles the request's constraint (or finds it cached); a 400 naming its field if it fails."""
+        if params.structured_outputs is None:
+            return
+        try:
+            await asyncio.wrap_future(self.grammars.get(params.structured_outputs))
+        except ValueError as err:
+            found = structured_outputs_from_body(body)  # None: set by other code (e.g. forced tool calls)
+            raise compile_error(err, found[1] if found else "structured_outputs") from err
 
     async def off_loop(self, fn: Callable[..., _T], *args) -> _T:
         """Runs ``fn(*args)`` on the tokenizer thread: the event loop keeps serving meanwhile."""
@@ -86,6 +104,7 @@ class ServingContext:
 
     def close(self) -> None:
         self._tokenizer_thread.shutdown(wait=False, cancel_futures=True)
+        self.grammars.close()
 
     def check_model(self, name: str | None) -> None:
         """Any served name is accepted; so is none (omitted or ""), meaning the served model."""

@@ -23,6 +23,7 @@ class ChatServing:
         ctx = self.ctx
         ctx.check_model(body.model)
         prompt, params, renames = await ctx.off_loop(ctx.validator.chat, body)
+        await ctx.check_structured_outputs(body, params)
         reader = ReplyReader.for_request(body, ctx.validator.chat_settings)
         request_id = request_id_of(raw, "chatcmpl-")
         streams = await ctx.start([prompt], params, request_id, arrival, renames, prompt_param="messages",

@@ -23,6 +23,7 @@ class CompletionServing:
         ctx = self.ctx
         ctx.check_model(body.model)
         prompts, params = await ctx.off_loop(ctx.validator.completion, body)
+        await ctx.check_structured_outputs(body, params)
         request_id = request_id_of(raw, "cmpl-")
         streams = await ctx.start(prompts, params, request_id, arrival, priority=body.priority,
                                   user=body.user)

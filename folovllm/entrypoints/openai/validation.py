@@ -16,6 +16,7 @@ from folovllm.entrypoints.openai.errors import bad_request
 from folovllm.entrypoints.openai.protocol import (ChatCompletionRequest, ChatMessage, CompletionRequest,
                                                   ResponsesRequest, SamplingRequest, UnsupportedField)
 from folovllm.entrypoints.openai.reasoning import get_reasoning_parser
+from folovllm.entrypoints.openai.structured import structured_outputs_from_body
 from folovllm.entrypoints.openai.tool_parsers import get_tool_parser
 from folovllm.entrypoints.openai.tool_parsers.forced import named_tool_schema, required_tools_schema
 from folovllm.sampling_params import SamplingParams, StructuredOutputsParams
@@ -295,6 +296,7 @@ class Validator:
             logit_bias = body.logit_bias_by_id()
         except ValueError as err:
             raise bad_request(err, "logit_bias") from err
+        structured = structured_outputs_from_body(body)
         try:
             return SamplingParams(
                 n=body.n, seed=body.seed, stop=body.stop_list, stop_token_ids=body.stop_token_ids,
@@ -303,7 +305,8 @@ class Validator:
                 frequency_penalty=body.frequency_penalty, skip_special_tokens=body.skip_special_tokens,
                 include_stop_str_in_output=body.include_stop_str_in_output, logit_bias=logit_bias,
                 allowed_token_ids=body.allowed_token_ids, bad_words=body.bad_words,
-                truncate_prompt_tokens=body.truncate_prompt_tokens, **sampling)
+                truncate_prompt_tokens=body.truncate_prompt_tokens,
+                structured_outputs=structured[0] if structured is not None else None, **sampling)
         except ValueError as err:
             raise bad_request(err, renames=renames) from err
 

@@ -134,15 +134,13 @@ for where, body in [
 # -- fields this server does not implement ------------------------------------------------------
 for field, value in [
     ("best_of", 2), ("suffix", "x"), ("use_beam_search", True),
-    ("length_penalty", 0.5), ("response_format", {"type": "json_object"}),
-    ("guided_json", {}), ("guided_regex", "a+"), ("guided_choice", ["a"]), ("structured_outputs", {"regex": "a"}),
+    ("length_penalty", 0.5), ("guided_whitespace_pattern", "[ ]*"),
     ("logits_processors", ["x"]), ("spaces_between_special_tokens", False),
     ("prompt_embeds", "AAAA"),
 ]:
     case(f"unsupported-completion-{field}", CMPL, _completion(**{field: value}))
 for field, value in [
     ("functions", [{"name": "f"}]), ("function_call", "auto"),
-    ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}),
     ("audio", {"voice": "alloy"}), ("modalities", ["text", "audio"]), ("prediction", {"type": "content", "content": "x"}),
     ("reasoning_effort", "high"),
     ("echo", True), ("store", True), ("web_search_options", {}),
@@ -160,6 +158,29 @@ for name, fields in [
     ("untrusted-template", {"chat_template": "{{ messages }}"}),
 ]:
     case(f"refused-chat-{name}", CHAT, _chat(**fields))
+# -- structured outputs that are malformed, ambiguous or do not compile ------------------------
+for name, fields in [
+    ("format-type", {"response_format": {"type": "xml"}}),
+    ("format-schema-missing", {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}),
+    ("format-schema-not-object", {"response_format": {"type": "json_schema", "json_schema": {"schema": 5}}}),
+    ("format-schema-bad", {"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": 5}}}}),
+    ("format-tag-empty", {"response_format": {"type": "structural_tag"}}),
+    ("guided-json-bad", {"guided_json": '{"type": 5}'}),
+    ("guided-json-not-json", {"guided_json": "{oops"}),
+    ("guided-regex-bad", {"guided_regex": "("}),
+    ("guided-choice-empty", {"guided_choice": []}),
+    ("guided-choice-not-strings", {"guided_choice": [1, 2]}),
+    ("guided-grammar-bad", {"guided_grammar": 'root ::= "a" |'}),
+    ("guided-backend", {"guided_regex": "a", "guided_decoding_backend": "outlines"}),
+    ("two-constraints", {"guided_regex": "a", "guided_choice": ["a"]}),
+    ("so-two-kinds", {"structured_outputs": {"regex": "a", "choice": ["a"]}}),
+    ("so-none", {"structured_outputs": {}}),
+    ("so-unknown-key", {"structured_outputs": {"regex": "a", "backend": "outlines"}}),
+    ("so-regex-bad", {"structured_outputs": {"regex": "[z-a]"}}),
+    ("so-tag-bad", {"structured_outputs": {"structural_tag": "{"}}),
+]:
+    case(f"structured-completion-{name}", CMPL, _completion(**fields))
+    case(f"structured-chat-{name}", CHAT, _chat(**fields))
 case("unsupported-chat-image", CHAT, {"messages": [{"role": "user", "content": [
     {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]})
 case("unsupported-chat-audio-part", CHAT, {"messages": [{"role": "user", "content": [
