@@ -190,7 +190,7 @@ class EngineConfig:
     num_threads: int | None = knob(None, "CPU threads for torch (default: the cores this process may run on)")
     structured_outputs_backend: str = knob(
         "auto", "the library that compiles structured-output constraints (auto = xgrammar)",
-        choices=["auto", "xgrammar"], group="StructuredOutputsConfig")
+        choices=["auto", "xgrammar"], group="StructuredOutputsConfig", aliases=("--guided-decoding-backend",))
     cpu_prepack: bool = knob(True, "CPU: keep linear weights plain instead of prepacked for oneDNN (ablation)",
                              flag="--no-cpu-prepack")
 

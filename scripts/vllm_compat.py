@@ -82,19 +82,6 @@ def _flag_rows(parser: argparse.ArgumentParser, names: list[str]) -> list[tuple[
 
 # -- endpoints, request fields, metrics -------------------------------------------------------------
 
-class _StubTokenizer:
-    """Enough of a tokenizer to build the app (its routes are all we read)."""
-
-    chat_template = None
-    eos_token_id = 0
-
-    def get_vocab(self) -> dict[str, int]:
-        return {"a": 0}
-
-    def __len__(self) -> int:
-        return 1
-
-
 class _StubCore:
     def __init__(self) -> None:
         from folovllm.engine.core_loop import EngineInfo
@@ -105,8 +92,11 @@ class _StubCore:
 def _routes() -> set[str]:
     """``METHOD /path`` of every route the app documents (its OpenAPI schema sees included routers too)."""
     from folovllm.entrypoints.openai.api_server import ServerConfig, build_app
+    from folovllm.model.loader import default_model_path
+    from folovllm.model.tokenizer import load_tokenizer
 
-    app = build_app(_StubCore(), _StubTokenizer(), ServerConfig(model_name="stub"))
+    # the default model's tokenizer: the app reads its vocabulary (structured outputs) when built
+    app = build_app(_StubCore(), load_tokenizer(default_model_path()), ServerConfig(model_names=["stub"]))
     return {f"{method.upper()} {path}" for path, methods in app.openapi()["paths"].items() for method in methods}
 
 

@@ -168,7 +168,8 @@ def build_app(core: ProcessCore | ThreadCore, tokenizer, config: ServerConfig,
                            type="service_unavailable")
         return Response(status_code=200)
 
-    app.add_api_route("/ping", health, methods=["GET", "POST"])  # SageMaker's health check
+    for method in ("GET", "POST"):  # SageMaker's health check; one route per method keeps operation ids unique
+        app.add_api_route("/ping", health, methods=[method], name=f"ping_{method.lower()}")
 
     @app.get("/version")
     async def version():
