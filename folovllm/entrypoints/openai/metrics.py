@@ -84,6 +84,9 @@ class ServerMetrics:
         self.num_running = gauge("num_requests_running", "Number of requests in model execution batches.")
         self.num_waiting = gauge("num_requests_waiting", "Number of requests waiting to be processed.")
         self.kv_usage = gauge("kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
+        # vLLM's older name for the same value, which its example Grafana dashboard still reads
+        self.kv_usage_old_name = gauge("gpu_cache_usage_perc", "KV-cache usage (vLLM's older name of "
+                                                               "kv_cache_usage_perc). 1 means 100 percent usage.")
         self.counters = {field: counter(name, f"{name.replace('_', ' ').capitalize()} (engine total).")
                          for field, name in _COUNTERS.items()}
         self.prompt_tokens_cached = counter("prompt_tokens_cached", "Prompt tokens served from the prefix cache.")
@@ -160,6 +163,7 @@ class ServerMetrics:
         self.num_running.set(snap.num_running)
         self.num_waiting.set(snap.num_waiting)
         self.kv_usage.set(snap.kv_usage)
+        self.kv_usage_old_name.set(snap.kv_usage)
         step = stats.last_step
         if step is not None and step.time != self._last_step_time:
             self._last_step_time = step.time
@@ -182,7 +186,7 @@ class ServerMetrics:
 
     def reset_gauges(self) -> None:
         """The engine is gone: nothing runs, waits or holds KV blocks any more."""
-        for gauge in (self.num_running, self.num_waiting, self.kv_usage):
+        for gauge in (self.num_running, self.num_waiting, self.kv_usage, self.kv_usage_old_name):
             gauge.set(0)
 
     def _inc(self, key: str, counter, total: float) -> None:

@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 from tests.entrypoints.openai.conftest import parse_metrics
-from tests.entrypoints.openai.vllm_metrics import EMITTED, NOT_EMITTED, OWN
+from tests.entrypoints.openai.vllm_metrics import EMITTED, GRAFANA_SERIES, NOT_EMITTED, OWN
 
 PROMPT = "Metrics are counted for this unique prompt number 4711:"
 
@@ -72,6 +72,9 @@ def test_metric_names_and_types_match_vllms(http):
     assert info["block_size"] == "16" and info["enable_prefix_caching"] == "True"
     reasons = {s.labels["finished_reason"] for s in families["vllm:request_success"].samples}
     assert reasons == {"stop", "length", "abort", "error"}
+    # vLLM's example Grafana dashboards find every series their queries name
+    samples = {s.name for family in families.values() for s in family.samples}
+    assert GRAFANA_SERIES - samples == set()
 
 
 def test_disconnect_mid_stream_frees_blocks(server, scrape):

@@ -11,6 +11,7 @@ EMITTED: dict[str, str] = {
     "num_requests_running": "gauge",
     "num_requests_waiting": "gauge",
     "kv_cache_usage_perc": "gauge",
+    "gpu_cache_usage_perc": "gauge",  # kv_cache_usage_perc's older name: vLLM's example dashboard reads it
     "cache_config_info": "gauge",
     "prefix_cache_queries": "counter",
     "prefix_cache_hits": "counter",
@@ -55,7 +56,6 @@ NOT_EMITTED: dict[str, str] = {
     "kv_block_lifetime_seconds": "KV block residency sampling is not implemented (opt-in in vLLM)",
     "kv_block_idle_before_evict_seconds": "KV block residency sampling is not implemented",
     "kv_block_reuse_gap_seconds": "KV block residency sampling is not implemented",
-    "gpu_cache_usage_perc": "renamed kv_cache_usage_perc in vLLM 0.9 and since removed",
     "gpu_prefix_cache_queries": "renamed prefix_cache_queries in vLLM 0.9 and since removed",
     "gpu_prefix_cache_hits": "renamed prefix_cache_hits in vLLM 0.9 and since removed",
     "num_requests_swapped": "vLLM's V0 CPU swapping; preemption here recomputes",
@@ -64,3 +64,26 @@ NOT_EMITTED: dict[str, str] = {
 
 # Ours alone (kept under the chosen prefix): error responses given before reaching the engine.
 OWN: dict[str, str] = {"request_rejected": "counter"}
+
+# Every series the queries of vLLM's example Grafana dashboards name (vllm-project/vllm,
+# examples/online_serving/prometheus_grafana/grafana.json at 004f771f and
+# k8s-monitoring/grafana-dashboard.json at cf6f12c2), as sample names. Left out: the k8s dashboard's
+# bare `vllm:prefix_cache_hits` / `vllm:prefix_cache_queries`, counter families whose samples
+# prometheus_client (vLLM's exporter as ours) names `..._total`; and the dashboards under
+# examples/online_serving/dashboards/, whose queries read `vllm_*` names that vLLM does not export.
+GRAFANA_SERIES: frozenset[str] = frozenset({
+    "vllm:e2e_request_latency_seconds_bucket", "vllm:e2e_request_latency_seconds_count",
+    "vllm:e2e_request_latency_seconds_sum", "vllm:generation_tokens_total", "vllm:gpu_cache_usage_perc",
+    "vllm:kv_cache_usage_perc", "vllm:num_requests_running", "vllm:num_requests_waiting",
+    "vllm:prompt_tokens_total", "vllm:request_decode_time_seconds_sum", "vllm:request_decode_time_seconds_bucket",
+    "vllm:request_generation_tokens_bucket", "vllm:request_max_num_generation_tokens_sum",
+    "vllm:request_prefill_time_seconds_sum", "vllm:request_prefill_time_seconds_bucket",
+    "vllm:request_prompt_tokens_bucket", "vllm:request_queue_time_seconds_sum",
+    "vllm:request_queue_time_seconds_bucket", "vllm:request_success_total",
+    "vllm:time_per_output_token_seconds_bucket", "vllm:time_per_output_token_seconds_count",
+    "vllm:time_per_output_token_seconds_sum", "vllm:time_to_first_token_seconds_bucket",
+    "vllm:time_to_first_token_seconds_count", "vllm:time_to_first_token_seconds_sum",
+    "vllm:inter_token_latency_seconds_bucket", "vllm:inter_token_latency_seconds_count",
+    "vllm:inter_token_latency_seconds_sum", "vllm:iteration_tokens_total_bucket",
+    "vllm:num_preemptions_total",
+})
