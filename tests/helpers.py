@@ -1,6 +1,9 @@
 """Small shared test utilities."""
 from __future__ import annotations
 
+import os
+import sys
+
 import torch
 
 from folovllm.attention.metadata import AttentionMetadata
@@ -55,8 +58,6 @@ def use_triton_interpreter_without_cuda() -> None:
     as it decorates (tests/conftest.py sets it). Also works around triton-lang/triton#9171 (Triton
     3.6's interpreter cannot use a loaded scalar as a ``range`` bound under numpy >= 2.4).
     """
-    import os
-
     if torch.cuda.is_available():
         return
     os.environ["TRITON_INTERPRET"] = "1"
@@ -85,6 +86,12 @@ def _rank_entry(rank: int, fn, port: int, size: int, args: tuple) -> None:
     torch.set_num_threads(1)
     group = init_tp_group(connect_store(LOOPBACK, port, size), rank, size, "gloo")
     fn(rank, group, *args)
+    group.all_reduce(torch.zeros(1))  # every rank is done with the group before any leaves
+    # Leave without running C++ destructors: gloo's threads, torn down while a peer is closing its
+    # sockets, can abort the process ("terminate called without an active exception").
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def run_ranks(fn, size: int, *args) -> None:
