@@ -202,7 +202,30 @@ def check_langchain_structured(base: str, model: str, method: str) -> str:
     return result.model_dump_json()
 
 
-def check_langchain_tools(base: str, model: str) -> str:
+def check_openai_tool_round_trip(base: str, model: str) -> str:
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{base}/v1", api_key="none")
+    tools = [{"type": "function", "function": {
+        "name": "get_weather", "description": "The current weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    first = client.chat.completions.create(model=model, messages=messages, tools=tools, tool_choice="required",
+                                           max_tokens=100, temperature=0)
+    calls = first.choices[0].message.tool_calls
+    if not calls:
+        raise AssertionError(f"no tool call in {first!r}")
+    messages.append({"role": "assistant", "content": None, "tool_calls": [c.model_dump() for c in calls]})
+    messages.append({"role": "tool", "tool_call_id": calls[0].id, "content": "sunny, 21 C"})
+    second = client.chat.completions.create(model=model, messages=messages, tools=tools, tool_choice="none",
+                                            max_tokens=40, temperature=0)
+    answer = second.choices[0].message.content
+    if not isinstance(answer, str) or not answer:
+        raise AssertionError(f"no answer after the tool's reply: {second!r}")
+    return f"{calls[0].function.name}({calls[0].function.arguments}) -> {answer[:60]!r}"
+
+
+def check_langchain_tools(base: str, model: str, tool_choice: str = "get_weather") -> str:
     from langchain_core.tools import tool
     from langchain_openai import ChatOpenAI
 
@@ -212,7 +235,7 @@ def check_langchain_tools(base: str, model: str) -> str:
         return f"sunny in {city}"
 
     llm = ChatOpenAI(model=model, base_url=f"{base}/v1", api_key="none", temperature=0, max_tokens=100)
-    message = llm.bind_tools([get_weather], tool_choice="get_weather").invoke("What is the weather in Paris?")
+    message = llm.bind_tools([get_weather], tool_choice=tool_choice).invoke("What is the weather in Paris?")
     if not message.tool_calls or message.tool_calls[0]["name"] != "get_weather":
         raise AssertionError(f"no get_weather call in {message!r}")
     return json.dumps(message.tool_calls[0]["args"])
@@ -231,6 +254,10 @@ def run_checks(base: str, model: str, work: Path) -> list[dict]:
         ("langchain with_structured_output (function_calling)",
          lambda: check_langchain_structured(base, model, "function_calling")),
         ("langchain bind_tools (named tool)", lambda: check_langchain_tools(base, model)),
+        ('langchain bind_tools (tool_choice "any", i.e. required)',
+         lambda: check_langchain_tools(base, model, "any")),
+        ("openai tool round trip (required call, tool reply, answer)",
+         lambda: check_openai_tool_round_trip(base, model)),
     ]
     results = []
     for name, check in checks:
