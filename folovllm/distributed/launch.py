@@ -39,9 +39,10 @@ def connect_store(host: str, port: int, world_size: int) -> dist.TCPStore:
 
 
 def describe_exit(exitcode: int | None) -> str:
-    """A process's end in words: 'killed by SIGKILL', 'exit code 1', 'still running'."""
+    """A process's end in words: 'killed by SIGKILL', 'exit code 1' ('exit status unknown' while it
+    is not reaped)."""
     if exitcode is None:
-        return "still running"
+        return "exit status unknown"
     if exitcode < 0:
         try:
             return f"killed by {signal.Signals(-exitcode).name}"

@@ -11,7 +11,6 @@ import dataclasses
 import logging
 import multiprocessing
 import queue
-import signal
 import threading
 from collections import Counter
 from collections.abc import Callable
@@ -19,7 +18,7 @@ from collections.abc import Callable
 import torch
 
 from folovllm.config import EngineConfig
-from folovllm.distributed.launch import RankFailedError
+from folovllm.distributed.launch import RankFailedError, describe_exit
 from folovllm.engine.core_loop import EngineInfo, IterationMessage, Op, engine_info, run_core_loop
 from folovllm.engine.errors import EngineDeadError
 from folovllm.engine.llm_engine import LLMEngine
@@ -49,18 +48,6 @@ def _died(cause: str) -> IterationMessage:
     """The last message of a core that nobody stopped: logged loudly, its requests fail."""
     logger.error("the engine %s; failing its requests", cause)
     return IterationMessage(stopped=True, error=EngineDeadError(f"the engine {cause}"))
-
-
-def describe_exit(exitcode: int | None) -> str:
-    """A process's end in words: 'killed by SIGKILL', 'exit code 1'."""
-    if exitcode is None:
-        return "exit status unknown"
-    if exitcode < 0:
-        try:
-            return f"killed by {signal.Signals(-exitcode).name}"
-        except ValueError:
-            return f"killed by signal {-exitcode}"
-    return f"exit code {exitcode}"
 
 
 def _detached(message: IterationMessage) -> IterationMessage:

@@ -100,13 +100,6 @@ class Gemma3Model(nn.Module):
 
 @register_model("Gemma3ForCausalLM")
 class Gemma3ForCausalLM(CausalLM):
-    stacked_params = {
-        "q_proj": ("qkv_proj", "q"),
-        "k_proj": ("qkv_proj", "k"),
-        "v_proj": ("qkv_proj", "v"),
-        "gate_proj": ("gate_up_proj", 0),
-        "up_proj": ("gate_up_proj", 1),
-    }
     gguf_architecture = "gemma3"
     gguf_block_tensors = {
         "attn_norm": "input_layernorm",

@@ -271,8 +271,15 @@ class CausalLM(nn.Module):
     and states its checkpoint facts in the class attributes below.
     """
 
-    # checkpoint name piece -> (our parameter piece, shard id), e.g. "q_proj" -> ("qkv_proj", "q")
-    stacked_params: dict[str, tuple[str, ShardId]] = {}
+    # checkpoint name piece -> (our parameter piece, shard id): the merged QKV and gate/up projections
+    # that Attention and GatedMLP hold; a model whose checkpoint splits otherwise overrides it
+    stacked_params: dict[str, tuple[str, ShardId]] = {
+        "q_proj": ("qkv_proj", "q"),
+        "k_proj": ("qkv_proj", "k"),
+        "v_proj": ("qkv_proj", "v"),
+        "gate_proj": ("gate_up_proj", 0),
+        "up_proj": ("gate_up_proj", 1),
+    }
     # llama.cpp's name for the architecture in GGUF metadata, if it reads GGUF files
     gguf_architecture: str | None = None
     # llama.cpp's converter permuted the q/k rows of this architecture; the GGUF reader undoes it

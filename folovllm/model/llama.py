@@ -83,13 +83,6 @@ class LlamaModel(nn.Module):
 @register_model("LlamaForCausalLM")
 class LlamaForCausalLM(CausalLM):
     decoder_layer: type[LlamaDecoderLayer] = LlamaDecoderLayer
-    stacked_params = {
-        "q_proj": ("qkv_proj", "q"),
-        "k_proj": ("qkv_proj", "k"),
-        "v_proj": ("qkv_proj", "v"),
-        "gate_proj": ("gate_up_proj", 0),
-        "up_proj": ("gate_up_proj", 1),
-    }
     gguf_architecture = "llama"
     gguf_qk_permuted = True
 

@@ -35,4 +35,4 @@ def test_each_rendezvous_gets_its_own_free_port() -> None:
 def test_exit_codes_in_words() -> None:
     assert describe_exit(-9) == "killed by SIGKILL"
     assert describe_exit(1) == "exit code 1"
-    assert describe_exit(None) == "still running"
+    assert describe_exit(None) == "exit status unknown"
