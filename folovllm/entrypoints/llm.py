@@ -83,20 +83,26 @@ class LLM:
     def chat(self, messages: list[dict] | list[list[dict]],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
              use_tqdm: bool = True, add_generation_prompt: bool = True,
-             chat_template: str | None = None) -> list[RequestOutput]:
-        """Applies the model's chat template to one conversation (or a list of them) and generates."""
+             chat_template: str | None = None, chat_template_kwargs: dict | None = None,
+             continue_final_message: bool = False, tools: list[dict] | None = None) -> list[RequestOutput]:
+        """Applies the model's chat template to one conversation (or a list of them) and generates.
+
+        As vLLM's: ``tools`` and ``chat_template_kwargs`` (e.g. ``enable_thinking``) reach the template;
+        ``continue_final_message`` (with ``add_generation_prompt=False``) extends the last message."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         if not getattr(self.tokenizer, "chat_template", None) and chat_template is None:
             raise ValueError("this model has no chat template; pass chat_template= or use generate()")
-        prompts = [self._apply_template(c, add_generation_prompt, chat_template) for c in conversations]
+        if continue_final_message and add_generation_prompt:
+            raise ValueError("continue_final_message and add_generation_prompt cannot both be true: "
+                             "pass add_generation_prompt=False to continue the last message")
+        render = dict(add_generation_prompt=add_generation_prompt, chat_template=chat_template, tools=tools,
+                      continue_final_message=continue_final_message, **(chat_template_kwargs or {}))
+        prompts = [self._apply_template(c, render) for c in conversations]
         return self.generate(prompts, sampling_params, use_tqdm)
 
-    def _apply_template(self, conversation: list[dict], add_generation_prompt: bool,
-                        chat_template: str | None) -> dict:
+    def _apply_template(self, conversation: list[dict], render: dict) -> dict:
         """The rendered conversation as a prompt: its token ids, and its text as the output's ``prompt``."""
-        text = self.tokenizer.apply_chat_template(
-            conversation, tokenize=False, add_generation_prompt=add_generation_prompt,
-            chat_template=chat_template)
+        text = self.tokenizer.apply_chat_template(conversation, tokenize=False, **render)
         return {"prompt_token_ids": self.tokenizer.encode(text, add_special_tokens=False), "prompt": text}
 
     def get_default_sampling_params(self) -> SamplingParams:

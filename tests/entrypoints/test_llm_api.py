@@ -144,3 +144,19 @@ def test_chat_output_carries_the_rendered_prompt_and_logprobs_decoded_text(smol_
                               use_tqdm=False)[0].outputs[0]
     token_id = paris.token_ids[0]
     assert paris.logprobs[0][token_id].decoded_token == " Paris"  # text, not the vocabulary's "ĠParis"
+
+
+def test_chat_passes_tools_and_template_kwargs_and_continues_the_last_message(smol_llm):
+    template = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                "{% if tools %}tools: {{ tools | map(attribute='function.name') | join(',') }}\n{% endif %}"
+                "{% if shout %}SHOUT\n{% endif %}{% if add_generation_prompt %}assistant:{% endif %}")
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    params = SamplingParams(temperature=0, max_tokens=1)
+    out = smol_llm.chat([{"role": "user", "content": "Hi"}], params, use_tqdm=False, chat_template=template,
+                        tools=[tool], chat_template_kwargs={"shout": True})[0]
+    assert out.prompt == "user: Hi\ntools: get_weather\nSHOUT\nassistant:"
+    partial = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello the"}]
+    out = smol_llm.chat(partial, params, use_tqdm=False, add_generation_prompt=False, continue_final_message=True)[0]
+    assert out.prompt.endswith("Hello the")  # no end-of-turn: the reply goes on from there
+    with pytest.raises(ValueError, match="continue_final_message"):
+        smol_llm.chat(partial, params, use_tqdm=False, continue_final_message=True)
