@@ -19,16 +19,20 @@ def busy_cpu_s() -> float:
     return c.user + c.nice + c.system + c.irq + c.softirq + c.steal
 
 
+def _tree(root: psutil.Process) -> list[psutil.Process]:
+    """A process and its live descendants (none if it is gone)."""
+    try:
+        return [root] + root.children(recursive=True)
+    except psutil.Error:
+        return []
+
+
 def tree_cpu_s(root: psutil.Process | None) -> float:
     """CPU seconds of a live process and its descendants: live ones, and those a member has reaped."""
     if root is None:
         return 0.0
     total = 0.0
-    try:
-        procs = [root] + root.children(recursive=True)
-    except psutil.Error:
-        return 0.0
-    for proc in procs:
+    for proc in _tree(root):
         try:
             t = proc.cpu_times()
             total += t.user + t.system + t.children_user + t.children_system
@@ -83,11 +87,7 @@ def wait_quiet(threshold: float, max_wait_s: float, probe_s: float = 3.0) -> tup
 def tree_rss_bytes(root: psutil.Process) -> int:
     """Resident memory of a process and its descendants, summed (shared pages count in each)."""
     total = 0
-    try:
-        procs = [root] + root.children(recursive=True)
-    except psutil.Error:
-        return 0
-    for proc in procs:
+    for proc in _tree(root):
         try:
             total += proc.memory_info().rss
         except psutil.Error:

@@ -22,16 +22,16 @@ __all__ = ["RequestGrammar", "StructuredOutputManager"]
 
 
 class RequestGrammar:
-    """One sequence's constraint: its grammar while compiling, then its matcher.
-
-    ``ready`` turns True once the manager has built the matcher; the scheduler admits the request
-    only then.
-    """
+    """One sequence's constraint: its grammar while compiling, then its matcher."""
 
     def __init__(self, future: Future) -> None:
         self.future = future
         self.matcher: GrammarMatcher | None = None
-        self.ready = False
+
+    @property
+    def ready(self) -> bool:
+        """The manager has built the matcher: the scheduler may admit the request."""
+        return self.matcher is not None
 
     @property
     def is_terminated(self) -> bool:
@@ -75,7 +75,6 @@ class StructuredOutputManager:
                 failed.append((request, str(error)))
                 continue
             grammar.matcher = self.cache.backend.new_matcher(grammar.future.result(), request.stop_token_ids)
-            grammar.ready = True
         self._compiling = still
         return failed
 
