@@ -249,19 +249,23 @@ class EngineConfig:
         if self.hf_overrides is not None and not isinstance(self.hf_overrides, dict):
             raise ValueError(f"hf_overrides must be a dict (JSON object); got {type(self.hf_overrides).__name__}")
 
-    def ignored_settings(self) -> list[str]:
-        """One warning line per vLLM setting given here that cannot change anything (never silent)."""
+    def ignored_settings(self, device: str | None = None) -> list[str]:
+        """One warning line per vLLM setting given here that cannot change anything (never silent).
+
+        ``device``: the device the engine resolved to (default: this config's own), so that the
+        settings the user gave are judged, not those ``resolve`` derived (e.g. eager mode under TP)."""
+        device = device or self.device
         lines = []
         for f in dataclasses.fields(self):
             reason = f.metadata.get("no_effect")
             if reason and getattr(self, f.name) not in (f.default, None, False):
                 flag = "--" + f.name.replace("_", "-")
                 lines.append(f"{NO_EFFECT}: {flag}={getattr(self, f.name)} ({reason})")
-        if not self.device.startswith("cuda"):  # a resolved config knows its device
+        if not device.startswith("cuda"):
             if self.enforce_eager:
-                lines.append(f"{NO_EFFECT}: --enforce-eager on {self.device} (CUDA graphs are CUDA-only)")
+                lines.append(f"{NO_EFFECT}: --enforce-eager on {device} (CUDA graphs are CUDA-only)")
             if self.gpu_memory_utilization != _default("gpu_memory_utilization"):
-                lines.append(f"{NO_EFFECT}: --gpu-memory-utilization on {self.device} (--kv-cache-memory "
+                lines.append(f"{NO_EFFECT}: --gpu-memory-utilization on {device} (--kv-cache-memory "
                              "sizes the KV cache there)")
         return lines
 

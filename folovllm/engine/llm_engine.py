@@ -88,9 +88,10 @@ def check_token_ids_in_vocab(params: SamplingParams, vocab_size: int) -> None:
 
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
-        config = resolve_model_files(config).resolve()  # hub ids to paths; every "auto" decided here, once
+        given = resolve_model_files(config)  # hub ids to paths
+        config = given.resolve()  # every "auto" decided here, once
         self.config = config
-        for line in config.ignored_settings():
+        for line in given.ignored_settings(config.device):  # what the user set, not what resolve derived
             logger.warning(line)
         self.device = config.torch_device
         self.model_path = config.model or default_model_path()

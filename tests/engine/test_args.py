@@ -87,6 +87,13 @@ def test_settings_that_cannot_matter_warn_in_one_line_each() -> None:
     assert any("--enforce-eager" in line for line in lines)
 
 
+def test_settings_resolve_derives_are_not_warned_about() -> None:
+    given = EngineConfig(device="cpu", tensor_parallel_size=2)
+    resolved = given.resolve()
+    assert resolved.enforce_eager  # tensor parallelism turns CUDA graphs off itself
+    assert given.ignored_settings(resolved.device) == []  # the user never asked for eager mode
+
+
 def test_serve_help_groups_flags_as_vllm_does() -> None:
     from folovllm.entrypoints.cli import build_parser
 
