@@ -141,6 +141,14 @@ class EngineConfig:
     tensor_parallel_size: int = knob(
         1, "split every layer across N ranks (processes spawned by the engine; gloo on CPU, NCCL on CUDA)",
         group="ParallelConfig", aliases=("-tp",))
+    nnodes: int = knob(1, "machines the tensor-parallel ranks span, tensor_parallel_size / nnodes ranks on each "
+                          "(docs/distributed.md)", group="ParallelConfig")
+    node_rank: int = knob(0, "this machine's index among the nnodes: 0 runs the engine (and the server) and "
+                             "its ranks; R >= 1 runs only ranks R*T/N .. (R+1)*T/N-1", group="ParallelConfig")
+    master_addr: str | None = knob(None, "node 0's address, reachable from every node: node 0 listens there "
+                                         "(default: 127.0.0.1; required with --nnodes > 1)", group="ParallelConfig")
+    master_port: int | None = knob(None, "the rendezvous port on --master-addr (default: a free one, picked by "
+                                         "the OS; required with --nnodes > 1)", group="ParallelConfig")
     data_parallel_size: int = knob(1, "data-parallel engine replicas (1 only: data parallelism is not "
                                       "implemented yet)", group="ParallelConfig", aliases=("-dp",),
                                    only=(1, "data parallelism"))
@@ -226,6 +234,7 @@ class EngineConfig:
             raise ValueError(f"num_threads must be >= 1; got {self.num_threads}")
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be >= 1; got {self.tensor_parallel_size}")
+        self._check_nodes()
         if self.cuda_graph_max_batch < 1:
             raise ValueError(f"cuda_graph_max_batch must be >= 1; got {self.cuda_graph_max_batch}")
         if self.structured_outputs_backend not in ("auto", "xgrammar"):
@@ -233,6 +242,24 @@ class EngineConfig:
                              f"got {self.structured_outputs_backend!r}")
         if self.kv_cache_memory is not None:
             object.__setattr__(self, "kv_cache_memory", parse_size(self.kv_cache_memory))
+
+    def _check_nodes(self) -> None:
+        """Tensor parallelism across machines: the ranks split evenly, and every node can find node 0."""
+        if self.nnodes < 1:
+            raise ValueError(f"nnodes must be >= 1; got {self.nnodes}")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(f"node_rank={self.node_rank} must lie in [0, nnodes={self.nnodes}); "
+                             "node 0 runs the engine, nodes 1..nnodes-1 only their ranks")
+        if self.tensor_parallel_size % self.nnodes:
+            raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size} does not split evenly over "
+                             f"nnodes={self.nnodes}: give a multiple of {self.nnodes} (the ranks per node are "
+                             "tensor_parallel_size / nnodes)")
+        if self.master_port is not None and not 0 <= self.master_port <= 65535:
+            raise ValueError(f"master_port must be a TCP port in [0, 65535]; got {self.master_port}")
+        if self.nnodes > 1 and (not self.master_addr or not self.master_port):
+            raise ValueError(f"nnodes={self.nnodes} needs --master-addr and --master-port (node 0's address "
+                             "and a port every node can reach, the same on every node); got "
+                             f"master_addr={self.master_addr!r}, master_port={self.master_port!r}")
 
     def _check_vllm_settings(self) -> None:
         """vLLM's settings: a value whose absence here would change results is an error naming what is
@@ -312,8 +339,9 @@ class EngineConfig:
         if device.startswith("cuda:"):
             raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size} places rank r on cuda:r; "
                              f"pass device='cuda' instead of {device!r}")
-        if device == "cuda" and torch.cuda.device_count() < self.tensor_parallel_size:
-            raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size} needs that many CUDA devices; "
+        if device == "cuda" and torch.cuda.device_count() < self.ranks_per_node:
+            raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size} over nnodes={self.nnodes} needs "
+                             f"{self.ranks_per_node} CUDA devices on each node; "
                              f"{torch.cuda.device_count()} are visible")
         if self.overlap_scheduling is True:
             raise ValueError("overlap scheduling does not work with tensor_parallel_size > 1; "
@@ -323,9 +351,14 @@ class EngineConfig:
         return False, True
 
     @property
+    def ranks_per_node(self) -> int:
+        """Tensor-parallel ranks on each machine; global rank = node_rank * ranks_per_node + local rank."""
+        return self.tensor_parallel_size // self.nnodes
+
+    @property
     def threads_per_rank(self) -> int:
-        """CPU threads for torch in each rank's process: the cores shared evenly between the ranks."""
-        return max(1, (self.num_threads or usable_cores()) // self.tensor_parallel_size)
+        """CPU threads for torch in each rank's process: the cores shared evenly between this machine's ranks."""
+        return max(1, (self.num_threads or usable_cores()) // self.ranks_per_node)
 
     @property
     def torch_device(self) -> torch.device:

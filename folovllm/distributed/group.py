@@ -73,13 +73,22 @@ class TPGroup:
         self.num_collectives += 1
 
 
-def init_tp_group(store: dist.Store, rank: int, size: int, backend: str) -> TPGroup:
-    """Joins the group (blocks until all ``size`` ranks have joined through ``store``)."""
+def init_tp_group(store: dist.Store, rank: int, size: int, backend: str,
+                  gloo_address: str | None = None) -> TPGroup:
+    """Joins the group (blocks until all ``size`` ranks have joined through ``store``).
+
+    ``gloo_address``: the local address gloo listens on and tells its peers (across machines, one they
+    can reach); None: gloo's own choice (this machine's hostname, or ``GLOO_SOCKET_IFNAME``)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}; got {backend!r}")
     if not 0 <= rank < size:
         raise ValueError(f"rank={rank} must lie in [0, {size})")
-    if backend == "gloo":
+    if backend == "gloo" and gloo_address is not None:
+        gloo_options = dist.ProcessGroupGloo._Options()
+        gloo_options._devices = [dist.ProcessGroupGloo.create_device(hostname=gloo_address)]
+        gloo_options._timeout = COLLECTIVE_TIMEOUT
+        pg = dist.ProcessGroupGloo(store, rank, size, gloo_options)
+    elif backend == "gloo":
         pg = dist.ProcessGroupGloo(store, rank, size, COLLECTIVE_TIMEOUT)
     else:
         options = dist.ProcessGroupNCCL.Options()

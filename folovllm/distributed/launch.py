@@ -1,6 +1,7 @@
-"""Rank processes on one machine: a rendezvous store on a free loopback port, spawned ranks, their ends.
+"""Rank processes: a rendezvous store bound to one address, spawned ranks, their ends.
 
-The store's port is picked by the OS (port 0), so two engines on one machine never collide. A rank is
+On one machine the store's port is picked by the OS (port 0) on loopback, so two engines on one
+machine never collide; across machines it listens on the address and port every node is given. A rank is
 a fresh interpreter (``python -m <module> <fd>``; CUDA and OpenMP do not survive fork) started with
 ``subprocess``, which works from the server's engine-core process too (multiprocessing forbids a
 daemon process children). It talks to rank 0 over one socket pair, so it reads EOF as soon as rank 0's
@@ -28,9 +29,22 @@ class RankFailedError(RuntimeError):
     """A rank of the tensor-parallel group died or failed: the group cannot run another step."""
 
 
-def rendezvous_store(world_size: int) -> dist.TCPStore:
-    """The store rank 0 hosts, on a port the OS picks (read it from ``store.port``)."""
-    return dist.TCPStore(LOOPBACK, 0, world_size, True, timeout=RENDEZVOUS_TIMEOUT, wait_for_workers=False)
+def listen_on(host: str, port: int) -> socket.socket:
+    """A TCP socket listening on ``host:port`` only, not on every interface (port 0: the OS picks)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return socket.create_server((host, port), family=family)
+
+
+def rendezvous_store(world_size: int, host: str = LOOPBACK, port: int = 0) -> dist.TCPStore:
+    """The store rank 0 hosts, listening on ``host:port`` only (port 0: the OS picks one; read it from
+    ``store.port``)."""
+    listener = listen_on(host, port)
+    try:
+        return dist.TCPStore(host, listener.getsockname()[1], world_size, True, timeout=RENDEZVOUS_TIMEOUT,
+                             wait_for_workers=False, master_listen_fd=listener.detach())
+    except BaseException:
+        listener.close()
+        raise
 
 
 def connect_store(host: str, port: int, world_size: int) -> dist.TCPStore:
@@ -85,21 +99,31 @@ class RankProcess:
             self.process.wait()
 
 
-def spawn_rank(module: str, rank: int) -> RankProcess:
-    """Starts ``python -m module <fd>``: ``fd`` is the rank's end of a socket pair to this process.
+def start_rank_process(module: str, sock: socket.socket, args: tuple[str, ...] = ()) -> subprocess.Popen:
+    """Starts ``python -m module <fd> *args`` where ``fd`` is ``sock``, then closes this process's copy of
+    it (the rank holds the only end here, so its death closes the connection).
 
     The child sees this interpreter's ``sys.path``, so it imports the same ``folovllm``.
     """
-    ours, theirs = socket.socketpair()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    process = subprocess.Popen([sys.executable, "-m", module, str(theirs.fileno())],
-                               pass_fds=(theirs.fileno(),), env=env)
-    theirs.close()  # the rank holds the only other end: EOF here means it is gone
+    try:
+        return subprocess.Popen([sys.executable, "-m", module, str(sock.fileno()), *args],
+                                pass_fds=(sock.fileno(),), env=env)
+    finally:
+        sock.close()
+
+
+def spawn_rank(module: str, rank: int) -> RankProcess:
+    """Starts a rank on this machine, on one end of a socket pair whose other end this process keeps."""
+    ours, theirs = socket.socketpair()
+    process = start_rank_process(module, theirs)
     return RankProcess(rank, process, Connection(ours.detach()))
 
 
 def rank_connection(argv: list[str]) -> Connection:
-    """In a spawned rank: its connection to rank 0, from the fd ``spawn_rank`` put on its command line."""
-    if len(argv) != 2 or not argv[1].isdigit():
-        raise SystemExit(f"usage: python -m {argv[0]} <fd>  (started by rank 0, not by hand)")
+    """In a spawned rank: its connection to rank 0, from the fd ``start_rank_process`` put first on its
+    command line."""
+    if len(argv) < 2 or not argv[1].isdigit():
+        raise SystemExit(f"usage: python -m {argv[0]} <fd> ...  (started by rank 0 or a node's launcher, "
+                         "not by hand)")
     return Connection(int(argv[1]))

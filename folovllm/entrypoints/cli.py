@@ -6,7 +6,15 @@ import logging
 import sys
 import time
 
+from folovllm.config import EngineConfig
 from folovllm.engine.args import add_engine_args, add_model_positional, engine_config_from_args
+
+
+def _worker_node(config: EngineConfig) -> int:
+    """``--node-rank R >= 1``: this machine runs only its tensor-parallel ranks, for node 0's engine."""
+    from folovllm.worker.worker_node import run_worker_node
+
+    return run_worker_node(config)
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -14,6 +22,8 @@ def _generate(args: argparse.Namespace) -> int:
     from folovllm.sampling_params import SamplingParams
 
     config = engine_config_from_args(args)
+    if config.node_rank > 0:
+        return _worker_node(config)
     llm = LLM(**vars(config))
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                             max_tokens=args.max_tokens, seed=args.sampling_seed, n=args.n,
@@ -38,7 +48,13 @@ def _generate(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from folovllm.entrypoints.openai.api_server import run_server
 
-    return run_server(args, engine_config_from_args(args))
+    config = engine_config_from_args(args)
+    if args.headless and config.node_rank == 0:
+        raise ValueError("--headless runs a node without the engine and server: give it --node-rank R >= 1 "
+                         "(with --nnodes, --master-addr, --master-port); node 0 runs the engine")
+    if config.node_rank > 0:
+        return _worker_node(config)
+    return run_server(args, config)
 
 
 def _plot_timeline(args: argparse.Namespace) -> int:
@@ -93,6 +109,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_server_args(serve)
     add_engine_args(serve)
+    frontend = next(g for g in serve._action_groups if g.title == "Frontend")
+    frontend.add_argument("--headless", action="store_true",
+                       help="no API server: this node runs only its tensor-parallel ranks (implied by "
+                            "--node-rank >= 1, which it needs)")
     serve.set_defaults(func=_serve)
 
     bench = sub.add_parser("bench", help="benchmarks")

@@ -1,9 +1,10 @@
 """Tensor parallelism seen from the engine: one worker object, N ranks behind it.
 
-Rank 0 runs in the engine's process (it samples and hands tokens back); ranks 1..N-1 are spawned
-processes (worker/rank_main.py). Every call the engine makes is sent to the other ranks first (one
-pickled message each, distributed/channel.py), then run on rank 0; the ranks meet in the model's
-collectives. A rank that dies makes the next call raise ``RankFailedError``.
+Rank 0 runs in the engine's process (it samples and hands tokens back); the other ranks of this
+machine are processes it spawns (worker/rank_main.py), those of other machines connect to it
+(distributed/nodes.py; each node starts its own, worker/worker_node.py). Every call the engine makes is
+sent to the other ranks first (one pickled message each, distributed/channel.py), then run on rank 0;
+the ranks meet in the model's collectives. A rank that dies makes the next call raise ``RankFailedError``.
 """
 from __future__ import annotations
 
@@ -14,11 +15,14 @@ from collections.abc import Callable
 from typing import TypeVar
 
 import torch
+import torch.distributed as dist
 
 from folovllm.config import EngineConfig
 from folovllm.distributed.channel import send_to_ranks
 from folovllm.distributed.group import TPGroup, backend_for, init_tp_group
-from folovllm.distributed.launch import LOOPBACK, RankFailedError, RankProcess, rendezvous_store, spawn_rank
+from folovllm.distributed.launch import (LOOPBACK, RENDEZVOUS_TIMEOUT, RankFailedError, RankProcess,
+                                         rendezvous_store, spawn_rank)
+from folovllm.distributed.nodes import RemoteRank, StepListener, gloo_address
 from folovllm.model.arch import ArchConfig
 from folovllm.sample.rows import SamplingRow
 from folovllm.sampling_params import SamplingParams
@@ -44,7 +48,7 @@ def follower_step(step: StepInput) -> StepInput:
                       for r in step.requests], step.finished_request_ids)
 
 
-def _stop_ranks(ranks: list[RankProcess]) -> None:
+def _stop_ranks(ranks: list[RankProcess | RemoteRank]) -> None:
     for rank in ranks:  # a closed pipe is the stop signal: each rank reads EOF and returns
         rank.conn.close()
     for rank in ranks:
@@ -56,21 +60,46 @@ class TensorParallelWorker:
 
     def __init__(self, config: EngineConfig, model_path: str) -> None:
         size = config.tensor_parallel_size
-        store = self._store = rendezvous_store(size)  # hosts the rendezvous: kept for the group's life
+        if config.node_rank != 0:
+            raise ValueError(f"node_rank={config.node_rank} runs no engine: start that node with `folovllm serve "
+                             f"MODEL -tp {size} --nnodes {config.nnodes} --node-rank {config.node_rank} "
+                             "--master-addr A --master-port P` (it runs only its ranks)")
+        host = config.master_addr or LOOPBACK
+        # hosts the rendezvous: kept for the group's life
+        store = self._store = rendezvous_store(size, host, config.master_port or 0)
         log_level = logging.getLogger().getEffectiveLevel()
         self.send_s = 0.0  # host time spent handing messages to the other ranks (the step breakdown reads it)
-        self.ranks = [spawn_rank(RANK_MAIN, rank) for rank in range(1, size)]
+        self.ranks: list[RankProcess | RemoteRank] = [spawn_rank(RANK_MAIN, rank)
+                                                      for rank in range(1, config.ranks_per_node)]
         self._finalizer = weakref.finalize(self, _stop_ranks, self.ranks)
         try:
+            if config.nnodes > 1:
+                self.ranks.extend(self._accept_other_nodes(config, store, host))
             for rank in self.ranks:
-                send_to_ranks([rank.conn], (config, model_path, rank.rank, LOOPBACK, store.port, log_level))
-            self.group: TPGroup = init_tp_group(store, 0, size, backend_for(config.torch_device))
+                send_to_ranks([rank.conn], (config, model_path, rank.rank, host, store.port, log_level))
+            self.group: TPGroup = init_tp_group(store, 0, size, backend_for(config.torch_device),
+                                                gloo_address(host, config.nnodes))
             self.local = Worker(config, model_path, self.group)
             self._wait_ready()
         except BaseException:
             self.close()
             raise
-        logger.info("tensor parallelism: %d ranks over %s; rank 0 in this process", size, self.group.backend)
+        logger.info("tensor parallelism: %d ranks over %s on %d node(s); rank 0 in this process", size,
+                    self.group.backend, config.nnodes)
+
+    @staticmethod
+    def _accept_other_nodes(config: EngineConfig, store: dist.Store, host: str) -> list[RemoteRank]:
+        """The ranks of nodes 1..nnodes-1, connected to rank 0's step listener."""
+        listener = StepListener(host)
+        listener.publish(store)
+        logger.info("tensor parallelism: rendezvous at %s:%d; waiting for ranks %d..%d of nodes 1..%d",
+                    host, store.port, config.ranks_per_node, config.tensor_parallel_size - 1, config.nnodes - 1)
+        hint = (f": start each node R in 1..{config.nnodes - 1} with `folovllm serve MODEL "
+                f"-tp {config.tensor_parallel_size} --nnodes {config.nnodes} --node-rank R --master-addr {host} "
+                f"--master-port {store.port}` (node R runs ranks R*{config.ranks_per_node} .. "
+                f"R*{config.ranks_per_node}+{config.ranks_per_node - 1}), and check that it can reach this address")
+        return listener.accept_ranks(range(config.ranks_per_node, config.tensor_parallel_size),
+                                     RENDEZVOUS_TIMEOUT.total_seconds(), hint)
 
     def _wait_ready(self) -> None:
         for rank in self.ranks:

@@ -35,13 +35,13 @@ class Worker:
 
     def __init__(self, config: EngineConfig, model_path: str, tp_group: TPGroup | None = None) -> None:
         """``config`` is resolved (``EngineConfig.resolve``): no setting is "auto". ``tp_group``: this
-        worker's tensor-parallel rank (rank r runs on cuda:r on CUDA); None for a single process."""
+        worker's tensor-parallel rank (rank r runs on cuda:(r mod ranks per node) on CUDA); None for a
+        single process."""
         self.config = config
         self.tp_group = tp_group
-        self.tp_size = tp_group.size if tp_group is not None else 1
         self.device = config.torch_device
         if tp_group is not None and self.device.type == "cuda":
-            self.device = torch.device("cuda", tp_group.rank)
+            self.device = torch.device("cuda", tp_group.rank % config.ranks_per_node)
             torch.cuda.set_device(self.device)
         self.dtype = config.torch_dtype
         torch.manual_seed(config.seed)  # unseeded sampling draws from the global RNG
@@ -76,8 +76,8 @@ class Worker:
         if self.device.type == "cuda":
             budget = cache_sizing.cuda_kv_budget(self.model, cfg.max_num_batched_tokens, cfg.block_size,
                                                  cfg.gpu_memory_utilization, self.device)
-        else:  # the ranks share this machine's RAM: the budget is split between them
-            budget = cache_sizing.cpu_kv_budget(cfg.kv_cache_memory) // self.tp_size
+        else:  # the ranks of one machine share its RAM: the budget is split between them
+            budget = cache_sizing.cpu_kv_budget(cfg.kv_cache_memory) // cfg.ranks_per_node
         num_blocks = budget // self._block_bytes()
         if self.tp_group is not None:
             num_blocks = self.tp_group.all_reduce_min(num_blocks, self.device)
