@@ -67,3 +67,22 @@ def test_tensor_parallelism_turns_overlap_and_cuda_graphs_off_and_shares_the_thr
         EngineConfig(device="cpu", tensor_parallel_size=2, overlap_scheduling=True).resolve()
     with pytest.raises(ValueError, match="pass device='cuda'"):
         EngineConfig(device="cuda:1", tensor_parallel_size=2).resolve()
+
+
+def test_nodes_split_the_ranks_evenly_and_need_node_zeros_address() -> None:
+    nodes = dict(master_addr="10.0.0.1", master_port=29500)
+    config = EngineConfig(device="cpu", tensor_parallel_size=4, nnodes=2, node_rank=1, num_threads=4, **nodes)
+    assert (config.ranks_per_node, config.threads_per_rank) == (2, 2)  # a node's cores go to its own ranks
+    assert EngineConfig(tensor_parallel_size=3).ranks_per_node == 3
+    with pytest.raises(ValueError, match=r"node_rank=2 must lie in \[0, nnodes=2\)"):
+        EngineConfig(tensor_parallel_size=2, nnodes=2, node_rank=2, **nodes)
+    with pytest.raises(ValueError, match="tensor_parallel_size=3 does not split evenly over nnodes=2"):
+        EngineConfig(tensor_parallel_size=3, nnodes=2, **nodes)
+    with pytest.raises(ValueError, match="nnodes=2 needs --master-addr and --master-port"):
+        EngineConfig(tensor_parallel_size=2, nnodes=2, master_port=29500)
+    with pytest.raises(ValueError, match="nnodes=2 needs --master-addr and --master-port"):
+        EngineConfig(tensor_parallel_size=2, nnodes=2, master_addr="10.0.0.1")
+    with pytest.raises(ValueError, match="nnodes must be >= 1"):
+        EngineConfig(nnodes=0)
+    with pytest.raises(ValueError, match="master_port must be a TCP port"):
+        EngineConfig(master_port=70000)
