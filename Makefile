@@ -22,19 +22,25 @@ CPU_ATTENTION := build/cpu_attention/libfolovllm_cpu_attention.so
 $(CPU_ATTENTION): csrc/cpu_attention.cpp csrc/build.py $(STAMP)
 	$(PY) csrc/build.py $@
 
-kernels: $(CPU_ATTENTION)
+# The fused element-wise ops (cpu_fused_ops auto-enables them on CPU once built).
+CPU_FUSED_OPS := build/cpu_fused_ops/libfolovllm_cpu_fused_ops.so
+
+$(CPU_FUSED_OPS): csrc/cpu_fused_ops.cpp csrc/build.py $(STAMP)
+	$(PY) csrc/build.py $@ csrc/cpu_fused_ops.cpp
+
+kernels: $(CPU_ATTENTION) $(CPU_FUSED_OPS)
 
 PORT ?= 8000
 
-run: $(STAMP) $(CPU_ATTENTION)
+run: $(STAMP) $(CPU_ATTENTION) $(CPU_FUSED_OPS)
 	@echo "Starting the OpenAI-compatible server on http://127.0.0.1:$(PORT) (ready when 'Uvicorn running' shows). Try:"
 	@echo "  curl http://127.0.0.1:$(PORT)/v1/chat/completions -H 'Content-Type: application/json' -d '{\"messages\": [{\"role\": \"user\", \"content\": \"Write a haiku about the sea.\"}], \"max_tokens\": 64}'"
 	$(VENV)/bin/folovllm serve --port $(PORT)
 
-test: $(STAMP) $(CPU_ATTENTION)
+test: $(STAMP) $(CPU_ATTENTION) $(CPU_FUSED_OPS)
 	$(PY) -m pytest -q
 
-bench: $(STAMP) $(CPU_ATTENTION)
+bench: $(STAMP) $(CPU_ATTENTION) $(CPU_FUSED_OPS)
 	$(VENV)/bin/folovllm bench throughput --workload decode-heavy --baseline hf
 
 # vLLM's CPU backend in its own virtualenv, for the side-by-side benchmark (benchmarks/vs_vllm/); never in CI.

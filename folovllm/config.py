@@ -27,6 +27,9 @@ FP8_KV_CACHE_DTYPES = ("fp8", "fp8_e4m3", "fp8_e5m2")
 # The CPU attention kernel's torch op library, built by `make kernels` (csrc/build.py) in a source checkout.
 CPU_ATTENTION_LIBRARY = (Path(__file__).resolve().parent.parent / "build" / "cpu_attention"
                          / "libfolovllm_cpu_attention.so")
+# The fused element-wise ops of a decoder layer (csrc/cpu_fused_ops.cpp), built beside it.
+CPU_FUSED_OPS_LIBRARY = (Path(__file__).resolve().parent.parent / "build" / "cpu_fused_ops"
+                         / "libfolovllm_cpu_fused_ops.so")
 
 logger = logging.getLogger(__name__)
 
@@ -201,6 +204,9 @@ class EngineConfig:
         choices=["auto", "xgrammar"], group="StructuredOutputsConfig", aliases=("--guided-decoding-backend",))
     cpu_prepack: bool = knob(True, "CPU: keep linear weights plain instead of prepacked for oneDNN (ablation)",
                              flag="--no-cpu-prepack")
+    cpu_fused_ops: bool = knob(
+        True, "CPU: run residual add + RMSNorm, rotary + KV-cache store and SiLU-mul as fused C++ ops "
+        "(built by `make kernels`; on when the library loads, else off with one log line)")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", DTYPE_ALIASES.get(self.dtype, self.dtype))
@@ -325,7 +331,9 @@ class EngineConfig:
         if self.tensor_parallel_size > 1:
             overlap, enforce_eager = self._tensor_parallel_settings(device, overlap)
         structured = "xgrammar" if self.structured_outputs_backend == "auto" else self.structured_outputs_backend
+        fused_ops = self.cpu_fused_ops and not on_cuda and cpu_fused_ops_available(CPU_FUSED_OPS_LIBRARY)
         return dataclasses.replace(self, device=device, dtype=dtype, attention_backend=backend,
+                                   cpu_fused_ops=fused_ops,
                                    overlap_scheduling=overlap, enforce_eager=enforce_eager,
                                    num_threads=self.num_threads or usable_cores(),
                                    structured_outputs_backend=structured)
@@ -376,15 +384,33 @@ def _default(name: str) -> Any:
 
 
 @functools.cache
-def load_cpu_attention_library(path: Path) -> str | None:
-    """Loads the CPU attention kernel's torch ops (once per process); returns why it cannot, else None."""
+def _load_op_library(path: Path, what: str) -> str | None:
     if not path.is_file():
-        return f"the CPU attention kernel is not built ({path} is missing): run `make kernels` in the source tree"
+        return f"{what} is not built ({path} is missing): run `make kernels` in the source tree"
     try:
         torch.ops.load_library(str(path))
     except (OSError, RuntimeError) as exc:
-        return f"the CPU attention kernel {path} does not load ({exc}): rebuild it with `make kernels`"
+        return f"{what} {path} does not load ({exc}): rebuild it with `make kernels`"
     return None
+
+
+def load_cpu_attention_library(path: Path) -> str | None:
+    """Loads the CPU attention kernel's torch ops (once per process); returns why it cannot, else None."""
+    return _load_op_library(path, "the CPU attention kernel")
+
+
+def load_cpu_fused_ops_library(path: Path) -> str | None:
+    """Loads the fused CPU ops (``torch.ops.folovllm_cpu_fused``, once per process); why it cannot, else None."""
+    return _load_op_library(path, "the fused CPU ops library")
+
+
+@functools.cache
+def cpu_fused_ops_available(path: Path) -> bool:
+    """Whether the fused CPU ops load; the reason they do not is logged once per process."""
+    reason = load_cpu_fused_ops_library(path)
+    if reason is not None:
+        logger.info("cpu_fused_ops: off, since %s", reason)
+    return reason is None
 
 
 @functools.cache

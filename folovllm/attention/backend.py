@@ -22,12 +22,14 @@ class AttentionBackend(Protocol):
         meta: AttentionMetadata,
         scale: float,
         sliding_window: int | None = None,
+        kv_stored: bool = False,
     ) -> torch.Tensor:  # [T, num_heads * head_dim]
         """Store key/value at ``meta.slot_mapping``, then return causal attention of every query token
         over its own sequence's whole context (cached earlier tokens + this step's tokens).
 
         ``sliding_window`` (the calling layer's own): a query at position p sees only the keys at
-        positions p - sliding_window + 1 .. p; None sees the whole context."""
+        positions p - sliding_window + 1 .. p; None sees the whole context. ``kv_stored``: the caller
+        has stored this step's key/value at their slots already (the fused CPU rotary op)."""
         ...
 
 

@@ -44,13 +44,15 @@ class CpuAttentionBackend:
         meta: AttentionMetadata,
         scale: float,
         sliding_window: int | None = None,
+        kv_stored: bool = False,
     ) -> torch.Tensor:
         num_tokens, num_heads, head_dim = query.shape
         if query.device.type != "cpu":
             raise ValueError(f"the cpu attention backend runs on CPU tensors; got {query.device}: use "
                              "attention_backend 'triton' or 'torch'")
         check_sliding_window(sliding_window)
-        write_kv_cache(key, value, k_cache, v_cache, meta.slot_mapping)
+        if not kv_stored:  # the fused rotary op stored them already
+            write_kv_cache(key, value, k_cache, v_cache, meta.slot_mapping)
         query = query.contiguous()  # q is often a slice of a fused qkv projection
         out = torch.empty_like(query)
         self._op(out, query, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, scale,

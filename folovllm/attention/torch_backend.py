@@ -62,9 +62,11 @@ class TorchAttentionBackend:
         meta: AttentionMetadata,
         scale: float,
         sliding_window: int | None = None,
+        kv_stored: bool = False,
     ) -> torch.Tensor:
         num_tokens, num_heads, head_dim = query.shape
-        write_kv_cache(key, value, k_cache, v_cache, meta.slot_mapping)
+        if not kv_stored:  # the fused rotary op stored them already
+            write_kv_cache(key, value, k_cache, v_cache, meta.slot_mapping)
         plan = self._get_plan(meta, num_tokens, k_cache.shape[2], query.dtype, sliding_window)
         if plan.decode is not None and plan.decode.rows is None:
             return _decode(query, k_cache, v_cache, plan.decode, scale).view(num_tokens, -1)

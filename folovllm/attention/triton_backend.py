@@ -30,11 +30,13 @@ class TritonAttentionBackend:
         meta: AttentionMetadata,
         scale: float,
         sliding_window: int | None = None,
+        kv_stored: bool = False,
     ) -> torch.Tensor:
         num_tokens, num_heads, head_dim = query.shape
         self._check(query, k_cache, v_cache)
         check_sliding_window(sliding_window)
-        self._kernels.store_kv(key, value, k_cache, v_cache, meta.slot_mapping)
+        if not kv_stored:
+            self._kernels.store_kv(key, value, k_cache, v_cache, meta.slot_mapping)
         out = self._kernels.paged_attention(query, k_cache, v_cache, meta.block_tables, meta.seq_lens,
                                             meta.query_start_loc, scale, sliding_window=sliding_window)
         return out.view(num_tokens, num_heads * head_dim)

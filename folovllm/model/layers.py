@@ -30,8 +30,16 @@ KVCache = tuple[torch.Tensor, torch.Tensor]
 Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, -sin | sin) per token, full head width
 
 
+def fused_ops() -> Any:
+    """The fused CPU ops' namespace (``torch.ops.folovllm_cpu_fused``); its library is loaded by then."""
+    return torch.ops.folovllm_cpu_fused
+
+
 class RMSNorm(nn.Module):
-    """RMSNorm computed in fp32 like HF; with ``residual`` it first adds it (fused-add variant)."""
+    """RMSNorm computed in fp32 like HF; with ``residual`` it first adds it (fused-add variant).
+
+    With ``weights.cpu_fused_ops`` one C++ call does both (the sum written into ``residual`` in place).
+    """
 
     def __init__(self, hidden_size: int, eps: float, weights: WeightConfig) -> None:
         super().__init__()
@@ -39,10 +47,15 @@ class RMSNorm(nn.Module):
             torch.ones(hidden_size, dtype=weights.dtype, device=weights.device), requires_grad=False
         )
         self.eps = eps
+        self.fused = fused_ops() if weights.cpu_fused_ops else None
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if self.fused is not None and x.is_contiguous():  # q/k norms get strided heads: the torch path
+            if residual is None:
+                return self.fused.rms_norm(x, self.weight, self.eps)
+            return self.fused.add_rms_norm(residual, x, self.weight, self.eps), residual
         if residual is not None:
             x = x + residual
             residual = x
@@ -195,8 +208,11 @@ class GatedMLP(nn.Module):
             hidden_size, [intermediate_size, intermediate_size], bias=False, weights=weights
         )
         self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=False, weights=weights)
+        self.silu_and_mul = fused_ops().silu_and_mul if weights.cpu_fused_ops and activation == "silu" else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.silu_and_mul is not None:
+            return self.down_proj(self.silu_and_mul(self.gate_up_proj(x)))
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         return self.down_proj(self.act(gate).mul_(up))
 
@@ -230,6 +246,7 @@ class Attention(nn.Module):
         self.head_dim = arch.head_dim
         self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.scale = self.head_dim**-0.5 if scale is None else scale
+        self.eps = arch.rms_norm_eps  # of the q/k norms
         self.sliding_window = sliding_window
         self.o_proj = RowParallelLinear(
             arch.num_attention_heads * arch.head_dim, arch.hidden_size, o_bias, weights
@@ -237,10 +254,22 @@ class Attention(nn.Module):
         self.q_norm = norm_class(self.head_dim, arch.rms_norm_eps, weights) if qk_norm else None
         self.k_norm = norm_class(self.head_dim, arch.rms_norm_eps, weights) if qk_norm else None
         self.backend = backend
+        # one C++ call for q/k norms (plain RMSNorm only), rotary and the K/V store
+        fuse = weights.cpu_fused_ops and (not qk_norm or norm_class is RMSNorm)
+        self.rotary_store_kv = fused_ops().rotary_store_kv if fuse else None
 
     def forward(
         self, rope: Rope, x: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata
     ) -> torch.Tensor:
+        if self.rotary_store_kv is not None:
+            q_norm, k_norm = self.q_norm, self.k_norm
+            q, k, v = self.rotary_store_kv(
+                self.qkv_proj(x), self.num_heads, self.num_kv_heads, rope[0], rope[1],
+                None if q_norm is None else q_norm.weight, None if k_norm is None else k_norm.weight,
+                self.eps, kv_cache[0], kv_cache[1], meta.slot_mapping)
+            out = self.backend.forward(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale, self.sliding_window,
+                                       kv_stored=True)
+            return self.o_proj(out)
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)

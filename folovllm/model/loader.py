@@ -13,6 +13,7 @@ import torch
 from safetensors import safe_open
 
 from folovllm.attention.backend import AttentionBackend, get_attention_backend
+from folovllm.config import CPU_FUSED_OPS_LIBRARY, cpu_fused_ops_available
 from folovllm.distributed.group import TPGroup
 from folovllm.model.arch import ArchConfig
 from folovllm.model.gguf_loader import gguf_arch_config, iter_gguf_weights, open_gguf
@@ -106,6 +107,7 @@ def load_model(
     attn_backend: AttentionBackend | str = "torch",
     seed: int = 0,
     cpu_prepack: bool = False,
+    cpu_fused_ops: bool = False,
     hf_overrides: dict[str, Any] | None = None,
     tp_group: TPGroup | None = None,
 ) -> CausalLM:
@@ -117,7 +119,8 @@ def load_model(
     quantization: "auto" (as the checkpoint's quantization_config says), the checkpoint's own method
     name to insist on it, or "int8" to quantize a float checkpoint's linear weights once loaded.
     cpu_prepack: hold unquantized CPU weights in oneDNN's layout (the engine's default; off here so
-    that tools reading weights back get plain tensors). hf_overrides: merged into config.json.
+    that tools reading weights back get plain tensors). cpu_fused_ops: run norms, rotary + KV store and
+    SiLU-mul as the fused C++ ops on CPU (off, with one log line, when their library is not built). hf_overrides: merged into config.json.
     tp_group: this process's tensor-parallel rank: it builds and loads only its slice of every weight.
     """
     if load_format not in LOAD_FORMATS:
@@ -133,7 +136,8 @@ def load_model(
     quant_method = resolve_quantization(quantization, arch)
     prepack = cpu_prepack and cpu_prepack_supported(dtype, device)
     method = select_linear_method(quant_method, arch.quantization_config, dtype, device, prepack)
-    module = cls(arch, backend, WeightConfig.for_group(dtype, device, method, prepack, tp_group))
+    fused = cpu_fused_ops and device.type == "cpu" and cpu_fused_ops_available(CPU_FUSED_OPS_LIBRARY)
+    module = cls(arch, backend, WeightConfig.for_group(dtype, device, method, prepack, tp_group, fused))
 
     with torch.no_grad():
         if load_format == "dummy":
