@@ -1,4 +1,4 @@
-"""The ``folovllm`` command: ``generate``, ``serve`` and ``bench throughput``."""
+"""The ``folovllm`` command: ``generate``, ``serve``, ``proxy``, ``bench ...`` and ``quantize``."""
 from __future__ import annotations
 
 import argparse
@@ -94,6 +94,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_server_args(serve)
     add_engine_args(serve)
     serve.set_defaults(func=_serve)
+
+    proxy = sub.add_parser("proxy", help="one endpoint in front of prefill and decode servers (PD disaggregation)")
+    from folovllm.proxy.server import add_proxy_args, run_proxy
+
+    add_proxy_args(proxy)
+    proxy.set_defaults(func=run_proxy)
 
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
