@@ -1,6 +1,6 @@
 """The package's imports run one way: CLI -> bench/server -> engine -> core/worker ->
-model/attention/sample, engine/server -> structured_output, and CLI -> quantize -> model; the config and the small shared modules
-depend on nothing in the package."""
+model/attention/sample, engine/server -> structured_output, CLI -> quantize -> model, and CLI -> proxy;
+the config and the small shared modules depend on nothing in the package."""
 from __future__ import annotations
 
 import ast
@@ -40,6 +40,10 @@ FORBIDDEN = {
     "structured_output": ["folovllm.entrypoints", "folovllm.bench", "folovllm.engine", "folovllm.core",
                           "folovllm.worker", "folovllm.model", "folovllm.attention", "folovllm.sample",
                           "folovllm.quantize", "folovllm.distributed"],
+    # the prefill/decode proxy: relays HTTP between servers, so it reads nothing of the engine or server
+    "proxy": ["folovllm.entrypoints", "folovllm.bench", "folovllm.engine", "folovllm.core",
+              "folovllm.worker", "folovllm.model", "folovllm.attention", "folovllm.sample",
+              "folovllm.quantize", "folovllm.structured_output", "folovllm.distributed"],
     # the offline quantizer: run by the CLI, reads models through folovllm.model
     "quantize": ["folovllm.entrypoints", "folovllm.bench", "folovllm.engine", "folovllm.core",
                  "folovllm.worker"],

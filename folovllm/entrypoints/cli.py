@@ -1,4 +1,4 @@
-"""The ``folovllm`` command: ``generate``, ``serve`` and ``bench throughput``."""
+"""The ``folovllm`` command: ``generate``, ``serve``, ``proxy``, ``bench ...`` and ``quantize``."""
 from __future__ import annotations
 
 import argparse
@@ -114,6 +114,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="no API server: this node runs only its tensor-parallel ranks (implied by "
                             "--node-rank >= 1, which it needs)")
     serve.set_defaults(func=_serve)
+
+    proxy = sub.add_parser("proxy", help="one endpoint in front of prefill and decode servers (PD disaggregation)")
+    from folovllm.proxy.server import add_proxy_args, run_proxy
+
+    add_proxy_args(proxy)
+    proxy.set_defaults(func=run_proxy)
 
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)

@@ -1,0 +1,36 @@
+"""benchmarks/pd_burst.py's options (the runs themselves launch servers: see docs/distributed.md)."""
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "pd_burst.py"
+
+
+@pytest.fixture(scope="module")
+def pd_burst():
+    spec = importlib.util.spec_from_file_location("pd_burst", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["pd_burst"] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_configs_and_a_sweep_of_burst_intervals_parse(pd_burst):
+    args = pd_burst.parse_args(["--configs", "a,b", "--duration", "5", "--burst-intervals", "2,3.5"])
+    assert args.intervals == [2.0, 3.5] and args.configs == "a,b" and args.model is None
+
+
+@pytest.mark.parametrize("argv,match", [(["--configs", "a,x"], "--configs takes letters"),
+                                        (["--burst-intervals", "0"], "must be positive"),
+                                        (["--burst-intervals", "two"], "comma-separated seconds")])
+def test_bad_options_say_what_to_give(pd_burst, argv, match):
+    with pytest.raises(ValueError, match=match):
+        pd_burst.parse_args(argv)
+
+
+def test_each_server_gets_the_shared_flags_and_its_own(pd_burst):
+    args = pd_burst.parse_args(["tiny.gguf", "--serve-args", "--dtype float32"])
+    cmd = pd_burst.serve_cmd(args, 8100, "--num-threads", "1")
+    assert cmd[3:5] == ["serve", "tiny.gguf"] and cmd[-4:] == ["--dtype", "float32", "--num-threads", "1"]
