@@ -51,7 +51,8 @@ class Worker:
                                 dtype=self.dtype, device=self.device,
                                 attn_backend=get_attention_backend(config.attention_backend), seed=config.seed,
                                 hf_overrides=config.hf_overrides,
-                                cpu_prepack=config.cpu_prepack, tp_group=tp_group)
+                                cpu_prepack=config.cpu_prepack, tp_group=tp_group,
+                                load_quantized=config.load_quantized == "on")
         self.runner: ModelRunner | None = None  # built by initialize_cache
         self._generators: dict[str, torch.Generator] = {}  # request id -> its RNG (seeded requests)
         self._previous: LaunchedStep | None = None  # the last step launched: pending inputs come from it
