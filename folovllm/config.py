@@ -22,6 +22,7 @@ _SIZE_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20,
                "mib": 2**20, "g": 2**30, "gb": 2**30, "gib": 2**30}
 DEFAULT_CPU_KV_CACHE_MEMORY = 2 * 2**30
 QUANTIZATIONS = ("auto", "gptq", "int8")
+LOAD_QUANTIZED = ("auto", "on", "off")
 DTYPE_ALIASES = {"half": "float16", "float": "float32"}  # vLLM's other spellings
 FP8_KV_CACHE_DTYPES = ("fp8", "fp8_e4m3", "fp8_e5m2")
 # The CPU attention kernel's torch op library, built by `make kernels` (csrc/build.py) in a source checkout.
@@ -121,6 +122,11 @@ class EngineConfig:
                             choices=["auto", "dummy"], group="LoadConfig")
     download_dir: str | None = knob(None, "hub ids: the Hugging Face cache folder (default: $HF_HOME/hub)",
                                     group="LoadConfig")
+    load_quantized: str = knob(
+        "auto", "GGUF on CPU: keep Q4_0/Q4_1/Q4_K linear weights 4-bit for torch's int4 kernel (on) or "
+                "dequantize them to the model dtype (off); other types are always dequantized. auto = off: "
+                "4-bit wins one-stream decode but loses at batch 64 and in prefill (docs/benchmarks.md)",
+        choices=list(LOAD_QUANTIZED), group="LoadConfig")
     # -- DeviceConfig -----------------------------------------------------------------------------
     device: str = knob("auto", "auto = cuda if available, else cpu; or cpu, cuda, cuda:N", group="DeviceConfig")
     # -- CacheConfig ------------------------------------------------------------------------------
@@ -219,6 +225,8 @@ class EngineConfig:
             raise ValueError(f"device must be auto, cpu or cuda[:N]; got {self.device!r}")
         if self.load_format not in ("auto", "dummy"):
             raise ValueError(f"load_format must be auto or dummy; got {self.load_format!r}")
+        if self.load_quantized not in LOAD_QUANTIZED:
+            raise ValueError(f"load_quantized must be one of {', '.join(LOAD_QUANTIZED)}; got {self.load_quantized!r}")
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}; got {self.quantization!r}")
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
@@ -307,9 +315,10 @@ class EngineConfig:
 
         device: cuda if available, else cpu. dtype: bfloat16. attention_backend: triton on CUDA when
         triton is installed; on CPU the cpu kernel when it is built and loads, else torch.
-        structured_outputs_backend: xgrammar. overlap_scheduling: on CUDA only; on CPU the forward runs
-        synchronously, so overlapping would only hand each token out one step later. num_threads: the cores this process may run on (its
-        CPU affinity, which a container or taskset narrows).
+        structured_outputs_backend: xgrammar. load_quantized: off (see its help). overlap_scheduling: on
+        CUDA only; on CPU the forward runs synchronously, so overlapping would only hand each token out
+        one step later. num_threads: the cores this process may run on (its CPU affinity, which a
+        container or taskset narrows).
         Names of registered pieces (attention backend, policy, admission) are checked where they
         are looked up, when the engine builds them.
         """
@@ -332,9 +341,12 @@ class EngineConfig:
             overlap, enforce_eager = self._tensor_parallel_settings(device, overlap)
         structured = "xgrammar" if self.structured_outputs_backend == "auto" else self.structured_outputs_backend
         fused_ops = self.cpu_fused_ops and not on_cuda and cpu_fused_ops_available(CPU_FUSED_OPS_LIBRARY)
+        # 4-bit GGUF weights win one-stream decode on CPU but lose batched decode and prefill to bf16
+        load_quantized = "off" if self.load_quantized == "auto" else self.load_quantized
         return dataclasses.replace(self, device=device, dtype=dtype, attention_backend=backend,
                                    cpu_fused_ops=fused_ops,
                                    overlap_scheduling=overlap, enforce_eager=enforce_eager,
+                                   load_quantized=load_quantized,
                                    num_threads=self.num_threads or usable_cores(),
                                    structured_outputs_backend=structured)
 

@@ -3,7 +3,8 @@
     .venv/bin/python scripts/quant_bench.py --rounds 5 --out docs/results/quant-cpu.json
 
 Writes a GPTQ checkpoint of the default model (its GGUF weights, dequantized, then round-to-nearest
-4-bit, groups of 128, symmetric, v1 format; and 8-bit the same way), then times every variant in
+4-bit, groups of 128, symmetric, v1 format; and 8-bit the same way), loads the GGUF file itself with
+its Q4_1 weights kept 4-bit (``--load-quantized on``), then times every variant in
 alternating rounds in this one process: a decode step (forward + logits) of one stream and of a batch
 of 64 streams, each at a 64-token context, and a 256-token prefill. Reported: median tok/s per variant,
 its ratio to bf16, and weight MiB (all and linear layers).
@@ -89,8 +90,10 @@ def main() -> None:
         "gptq-4bit-g128": (write_gptq_folder(tmp / "gptq4", 4, 128), "auto"),
         "gptq-8bit-g128": (write_gptq_folder(tmp / "gptq8", 8, 128), "auto"),
         "int8": (default_model_path(), "int8"),
+        "gguf-q4-packed": (default_model_path(), "auto"),  # --load-quantized on: the file's Q4_1 kept 4-bit
     }
-    models = {name: load_model(path, quantization=q, dtype=torch.bfloat16, device="cpu", cpu_prepack=True)
+    models = {name: load_model(path, quantization=q, dtype=torch.bfloat16, device="cpu", cpu_prepack=True,
+                               load_quantized=name == "gguf-q4-packed")
               for name, (path, q) in variants.items()}
     max_tokens = max(args.context, args.prefill)
     timers = {name: (StepTimer(m, max_tokens, 1), StepTimer(m, max_tokens, args.batch)) for name, m in models.items()}

@@ -1,4 +1,5 @@
-"""Read a llama.cpp GGUF file: ArchConfig from its metadata, dequantized weights under HF names."""
+"""Read a llama.cpp GGUF file: ArchConfig from its metadata, weights under HF names (dequantized, or
+4-bit types kept as int4 parts for the layers ``gguf_int4_layers`` picks)."""
 from __future__ import annotations
 
 import re
@@ -10,7 +11,10 @@ import numpy as np
 import torch
 
 from folovllm.model.arch import FULL, SLIDING, ArchConfig
+from folovllm.model.linear import LinearBase
+from folovllm.model.quant.gguf_int4 import GGUF_INT4_TENSORS, GGUF_INT4_TYPES, gguf_int4_fits, gguf_int4_parts
 from folovllm.model.registry import architecture_for_gguf, get_model_class
+from folovllm.model.weights import checkpoint_target
 
 if TYPE_CHECKING:
     from folovllm.model.layers import CausalLM
@@ -104,10 +108,12 @@ def gguf_arch_config(reader: gguf.GGUFReader, name: str = "") -> ArchConfig:
 
 
 def iter_gguf_weights(
-    reader: gguf.GGUFReader, arch: ArchConfig, model_class: type[CausalLM]
+    reader: gguf.GGUFReader, arch: ArchConfig, model_class: type[CausalLM], packed: frozenset[str] = frozenset()
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (HF parameter name, float32 tensor) one at a time, so only one is dequantized at once.
+    """Yield (HF parameter name, tensor) one at a time, so only one is dequantized at once.
 
+    The GGUF tensors named in ``packed`` come as their int4 parts instead: ``<name>.qcodes``,
+    ``.qscales``, ``.qzeros`` (``gguf_int4_parts``), the rows permuted as the dequantized weight's are.
     The model class states llama.cpp's conventions for its architecture: q/k rows permuted for its
     rope layout (``gguf_qk_permuted``), norms stored with an offset (``gguf_norm_offset``), block
     tensor names that mean something else there (``gguf_block_tensors``); all undone here.
@@ -115,16 +121,48 @@ def iter_gguf_weights(
     block_tensors = {**_BLOCK_TENSORS, **model_class.gguf_block_tensors}
     for tensor in reader.tensors:
         name = _hf_name(tensor.name, block_tensors)
+        if tensor.name in packed:
+            rows, cols = int(tensor.shape[1]), int(tensor.shape[0])  # GGUF lists the fastest dimension first
+            parts = gguf_int4_parts(tensor.data, tensor.tensor_type, rows, cols)
+            base = name.removesuffix(".weight")
+            for part_name, part in zip(GGUF_INT4_TENSORS, parts):
+                yield f"{base}.{part_name}", _undo_qk_permutation(name, part, arch, model_class)
+            continue
         # np.array copies: F32 tensors come back as views of the read-only mmap
         weights = torch.from_numpy(np.array(gguf.quants.dequantize(tensor.data, tensor.tensor_type)))
         if model_class.gguf_norm_offset and name.endswith("norm.weight"):
             weights = weights - model_class.gguf_norm_offset
-        if model_class.gguf_qk_permuted:
-            if ".q_proj." in name:
-                weights = unpermute_qk(weights, arch.num_attention_heads)
-            elif ".k_proj." in name:
-                weights = unpermute_qk(weights, arch.num_key_value_heads)
-        yield name, weights.float()
+        yield name, _undo_qk_permutation(name, weights, arch, model_class).float()
+
+
+def gguf_int4_layers(reader: gguf.GGUFReader, model: CausalLM) -> dict[str, list[str]]:
+    """The decoder linears of ``model`` whose every checkpoint piece is a GGUF 4-bit type the CPU int4
+    kernel takes (``GGUF_INT4_TYPES``), each with the GGUF tensors that fill it. The LM head is left out
+    (it stays unquantized, as for every quantized checkpoint); so is a merged linear with any piece in
+    another type (Q5_*, Q6_K, Q8_0: dequantized), since one layer holds one format."""
+    block_tensors = {**_BLOCK_TENSORS, **model.gguf_block_tensors}
+    pieces: dict[str, list[gguf.ReaderTensor]] = {}
+    for tensor in reader.tensors:
+        if tensor.name.startswith("blk.") and tensor.name.endswith(".weight"):
+            target, _ = checkpoint_target(model, _hf_name(tensor.name, block_tensors))
+            pieces.setdefault(target.removesuffix(".weight"), []).append(tensor)
+    layers = {}
+    for module_name, tensors in pieces.items():
+        layer = model.get_submodule(module_name)
+        if (isinstance(layer, LinearBase) and all(t.tensor_type in GGUF_INT4_TYPES for t in tensors)
+                and gguf_int4_fits(layer.input_size, layer.output_size, layer.params_device)):
+            layers[module_name] = [t.name for t in tensors]
+    return layers
+
+
+def _undo_qk_permutation(name: str, rows: torch.Tensor, arch: ArchConfig, model_class: type[CausalLM]) -> torch.Tensor:
+    """A q/k projection's rows (weights, or int4 codes, scales and zeros) in HF's order."""
+    if model_class.gguf_qk_permuted:
+        if ".q_proj." in name:
+            return unpermute_qk(rows, arch.num_attention_heads)
+        if ".k_proj." in name:
+            return unpermute_qk(rows, arch.num_key_value_heads)
+    return rows
 
 
 def unpermute_qk(weights: torch.Tensor, num_heads: int) -> torch.Tensor:

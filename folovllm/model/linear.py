@@ -123,10 +123,25 @@ class LinearBase(nn.Module):
         super().__init__()
         self.input_size, self.output_size = input_size, output_size  # this rank's part
         self.tp_rank, self.tp_size, self.tp_group = weights.tp_rank, weights.tp_size, weights.tp_group
-        self.method = method or weights.linear_method
-        self.method.create_weights(self, input_size, output_size, bias, weights.dtype, weights.device)
+        self.has_bias, self.params_dtype, self.params_device = bias, weights.dtype, weights.device
+        self.use_method(method or weights.linear_method)
+
+    def use_method(self, method: LinearMethod) -> None:
+        """Hold the weight through ``method``: its parameters are created anew (before loading only).
+
+        A checkpoint that stores layers in different formats (a GGUF file) picks a method per layer.
+        """
+        for name, _ in list(self.named_parameters(recurse=False)):
+            delattr(self, name)
+        self.method = method
+        method.create_weights(self, self.input_size, self.output_size, self.has_bias, self.params_dtype,
+                              self.params_device)
         for param in self.parameters(recurse=False):
             param.weight_loader = self.weight_loader
+            self.tag_param(param)
+
+    def tag_param(self, param: nn.Parameter) -> None:
+        """Mark a new parameter with what this layer's loader needs beyond its method's tags."""
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
         """Copy a whole checkpoint tensor into ``param``; ValueError on a shape mismatch."""
@@ -167,8 +182,9 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
             rank_output_sizes = [_split(size, weights.tp_size, "output_size") for size in output_sizes]
         self.output_sizes = rank_output_sizes
         LinearBase.__init__(self, input_size, sum(rank_output_sizes), bias, weights)
-        for param in self.parameters(recurse=False):
-            param.shard_ids = self.shard_ids()
+
+    def tag_param(self, param: nn.Parameter) -> None:
+        param.shard_ids = self.shard_ids()
 
     def shard_ids(self) -> tuple[ShardId, ...]:
         """The checkpoint pieces that together fill each parameter."""

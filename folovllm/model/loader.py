@@ -9,6 +9,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
+import gguf
 import torch
 from safetensors import safe_open
 
@@ -16,10 +17,11 @@ from folovllm.attention.backend import AttentionBackend, get_attention_backend
 from folovllm.config import CPU_FUSED_OPS_LIBRARY, cpu_fused_ops_available
 from folovllm.distributed.group import TPGroup
 from folovllm.model.arch import ArchConfig
-from folovllm.model.gguf_loader import gguf_arch_config, iter_gguf_weights, open_gguf
+from folovllm.model.gguf_loader import gguf_arch_config, gguf_int4_layers, iter_gguf_weights, open_gguf
 from folovllm.model.layers import CausalLM
-from folovllm.model.linear import WeightConfig
+from folovllm.model.linear import LinearBase, WeightConfig
 from folovllm.model.cpu_packed import cpu_prepack_supported, select_linear_method
+from folovllm.model.quant.gguf_int4 import GGUFInt4LinearMethod
 from folovllm.model.registry import get_model_class
 
 logger = logging.getLogger(__name__)
@@ -110,6 +112,7 @@ def load_model(
     cpu_fused_ops: bool = False,
     hf_overrides: dict[str, Any] | None = None,
     tp_group: TPGroup | None = None,
+    load_quantized: bool = False,
 ) -> CausalLM:
     """Build the model for ``model`` and fill its weights.
 
@@ -122,6 +125,8 @@ def load_model(
     that tools reading weights back get plain tensors). cpu_fused_ops: run norms, rotary + KV store and
     SiLU-mul as the fused C++ ops on CPU (off, with one log line, when their library is not built). hf_overrides: merged into config.json.
     tp_group: this process's tensor-parallel rank: it builds and loads only its slice of every weight.
+    load_quantized: a GGUF file's decoder linears stored in a 4-bit type (Q4_0, Q4_1, Q4_K) stay 4-bit,
+    held for torch's CPU int4 kernel; the other types are dequantized as without it.
     """
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"unknown load_format {load_format!r}; choose one of {LOAD_FORMATS}")
@@ -134,22 +139,52 @@ def load_model(
     arch = gguf_arch_config(reader, os.path.basename(model)) if reader else load_arch_config(model, hf_overrides)
     cls = get_model_class(arch.architecture)
     quant_method = resolve_quantization(quantization, arch)
+    if load_quantized:
+        _check_load_quantized(model, load_format, quant_method, device)
     prepack = cpu_prepack and cpu_prepack_supported(dtype, device)
     method = select_linear_method(quant_method, arch.quantization_config, dtype, device, prepack)
     fused = cpu_fused_ops and device.type == "cpu" and cpu_fused_ops_available(CPU_FUSED_OPS_LIBRARY)
     module = cls(arch, backend, WeightConfig.for_group(dtype, device, method, prepack, tp_group, fused))
+    packed: frozenset[str] = frozenset()
+    if load_quantized and reader is not None:
+        packed = _use_gguf_int4(reader, module)
 
     with torch.no_grad():
         if load_format == "dummy":
             _init_dummy(module, seed)
         elif reader is not None:
-            module.load_weights(iter_gguf_weights(reader, arch, cls))
+            module.load_weights(iter_gguf_weights(reader, arch, cls, packed))
         else:
             module.load_weights(_iter_safetensors(model))
         module.process_weights_after_loading()
     logger.info("%s: %.1f MiB of weights (%s%s)", arch.architecture, module.weight_bytes() / 2**20,
                 quant_method, ", CPU-prepacked" if prepack else "")
     return module.eval()
+
+
+def _check_load_quantized(model: str, load_format: str, quant_method: str, device: torch.device) -> None:
+    """load_quantized keeps a GGUF file's 4-bit blocks for the CPU int4 kernel: say why it cannot here."""
+    if not model.endswith(".gguf") or load_format == "dummy":
+        raise ValueError(f"load_quantized keeps a GGUF file's 4-bit weights packed, but {model!r} is "
+                         f"{'loaded with dummy weights' if load_format == 'dummy' else 'not a .gguf file'}; "
+                         "turn load_quantized off")
+    if quant_method != "unquantized":
+        raise ValueError(f"load_quantized keeps the GGUF file's own 4-bit weights; quantization={quant_method!r} "
+                         "would quantize dequantized weights instead: use one or the other")
+    if device.type != "cpu":
+        raise ValueError(f"load_quantized runs torch's CPU int4 kernel; device {device} is not the CPU: "
+                         "turn load_quantized off")
+
+
+def _use_gguf_int4(reader: gguf.GGUFReader, module: CausalLM) -> frozenset[str]:
+    """Switch the linears whose GGUF pieces are all 4-bit to the int4 method; the GGUF tensors to keep packed."""
+    layers = gguf_int4_layers(reader, module)
+    for name in layers:
+        module.get_submodule(name).use_method(GGUFInt4LinearMethod())
+    total = sum(1 for m in module.modules() if isinstance(m, LinearBase))
+    logger.info("load_quantized: %d of %d linear layers keep their GGUF 4-bit weights (the rest dequantized)",
+                len(layers), total)
+    return frozenset(t for tensors in layers.values() for t in tensors)
 
 
 def _init_dummy(module: CausalLM, seed: int) -> None:

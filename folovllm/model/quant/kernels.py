@@ -133,6 +133,15 @@ def _int4_part(codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor,
     return packed, torch.stack([scales, offsets], dim=-1).to(dtype).contiguous()
 
 
+def int4_group_kernel(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int,
+                      dtype: torch.dtype) -> Int4Kernel:
+    """codes [out, in] in [0, 16), scale and zero [out, in / group_size] -> the int4 kernel computing
+    w = (q - 8) * scale + zero (scale and zero rounded to the activation dtype)."""
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32).contiguous(), 1)
+    scales_zeros = torch.stack([scales.t(), zeros.t()], dim=-1).to(dtype).contiguous()
+    return Int4Kernel([packed], [scales_zeros], group_size, None)
+
+
 def _int4_kernel(codes: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, g_idx: torch.Tensor,
                  bits: int, dtype: torch.dtype) -> Int4Kernel | None:
     if codes.shape[1] % INT4_N_MULTIPLE:

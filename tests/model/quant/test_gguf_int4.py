@@ -1,0 +1,169 @@
+"""GGUF 4-bit types kept packed (load_quantized): the repack, the packed linear, a tiny GGUF model, errors."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from folovllm import LLM, SamplingParams
+from folovllm.config import EngineConfig
+from folovllm.model.linear import ColumnParallelLinear, RowParallelLinear, WeightConfig
+from folovllm.model.loader import default_model_path, load_model
+from folovllm.model.quant.gguf_int4 import GGUFInt4LinearMethod, dequantize_int4_parts, gguf_int4_parts
+from tests.model.test_loader import prefill_logits
+from tests.tolerance import BF16_TOP2_TOLERANCE, TOP2_TOLERANCE, assert_greedy_match, top2_gaps
+
+Q = gguf.GGMLQuantizationType
+INT4_TYPES = [Q.Q4_0, Q.Q4_1, Q.Q4_K]
+
+
+def random_blocks(qtype: gguf.GGMLQuantizationType, rows: int, cols: int, seed: int = 0) -> np.ndarray:
+    """[rows, bytes per row] of ``qtype`` blocks: numpy-quantized random weights (Q4_0, Q4_1, Q8_0), or
+    random Q4_K super-blocks (fp16 d and dmin, random six-bit scales and mins, random codes)."""
+    rng = np.random.default_rng(seed)
+    if qtype != Q.Q4_K:
+        return gguf.quants.quantize(rng.normal(0, 0.05, (rows, cols)).astype(np.float32), qtype)
+    block_size, type_size = gguf.GGML_QUANT_SIZES[qtype]
+    blocks = rng.integers(0, 256, (rows * cols // block_size, type_size), dtype=np.uint8)
+    blocks[:, 0:2] = rng.uniform(1e-4, 2e-3, (len(blocks), 1)).astype(np.float16).view(np.uint8)
+    blocks[:, 2:4] = rng.uniform(1e-4, 2e-3, (len(blocks), 1)).astype(np.float16).view(np.uint8)
+    return blocks.reshape(rows, -1)
+
+
+@pytest.mark.parametrize("qtype", INT4_TYPES, ids=lambda t: t.name)
+def test_repack_is_exact(qtype: gguf.GGMLQuantizationType) -> None:
+    data = random_blocks(qtype, 48, 512)
+    parts = gguf_int4_parts(data, qtype, 48, 512)
+    assert parts[0].dtype == torch.uint8 and int(parts[0].max()) < 16 and parts[1].shape == (48, 16)
+    expected = torch.from_numpy(gguf.quants.dequantize(data, qtype))
+    assert torch.equal(dequantize_int4_parts(*parts), expected)
+
+
+@pytest.mark.parametrize("qtype", INT4_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("layer_class", [ColumnParallelLinear, RowParallelLinear])
+def test_packed_linear_matches_dequantized_linear(qtype, dtype: torch.dtype, layer_class) -> None:
+    rows, cols = 96, 512
+    data = random_blocks(qtype, rows, cols, seed=1)
+    weight = torch.from_numpy(gguf.quants.dequantize(data, qtype))
+    layer = layer_class(cols, rows, False, WeightConfig(dtype, torch.device("cpu"), GGUFInt4LinearMethod()))
+    for name, part in zip(("qcodes", "qscales", "qzeros"), gguf_int4_parts(data, qtype, rows, cols)):
+        getattr(layer, name).weight_loader(getattr(layer, name), part)
+    layer.method.process_weights_after_loading(layer)
+    x = torch.randn(7, cols, generator=torch.Generator().manual_seed(2))
+    got = layer(x.to(dtype)).float()
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, F.linear(x, weight), atol=1e-4, rtol=1e-4)
+    else:  # bf16 activations, scale and zero: the dequantized weight in bf16 is the same kind of rounding
+        expected = F.linear(x.to(dtype), weight.to(dtype)).float()
+        torch.testing.assert_close(got, expected, atol=0.05 * float(expected.abs().max()), rtol=0.02)
+
+
+def write_tiny_llama_gguf(path: Path, layer_types: list[dict[str, gguf.GGMLQuantizationType]]) -> None:
+    """A 2-layer Llama GGUF whose linears are stored in the given types (random blocks, llama.cpp names)."""
+    hidden, inter, heads, kv_heads, vocab = 256, 512, 4, 2, 320
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_context_length(256)
+    writer.add_embedding_length(hidden)
+    writer.add_block_count(len(layer_types))
+    writer.add_feed_forward_length(inter)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_vocab_size(vocab)
+    rng = np.random.default_rng(3)
+    writer.add_tensor("token_embd.weight", rng.normal(0, 0.5, (vocab, hidden)).astype(np.float32))
+    writer.add_tensor("output_norm.weight", np.ones(hidden, dtype=np.float32))
+    head_dim = hidden // heads
+    shapes = {"attn_q": (hidden, hidden), "attn_k": (kv_heads * head_dim, hidden),
+              "attn_v": (kv_heads * head_dim, hidden), "attn_output": (hidden, hidden),
+              "ffn_gate": (inter, hidden), "ffn_up": (inter, hidden), "ffn_down": (hidden, inter)}
+    for i, types in enumerate(layer_types):
+        writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(hidden, dtype=np.float32))
+        writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(hidden, dtype=np.float32))
+        for j, (piece, (rows, cols)) in enumerate(shapes.items()):
+            qtype = types.get(piece, Q.Q4_1)
+            writer.add_tensor(f"blk.{i}.{piece}.weight", random_blocks(qtype, rows, cols, seed=10 * i + j),
+                              raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp("gguf") / "tiny-llama.gguf"
+    # layer 0: q/k/v Q4_1, o Q4_0, gate/up Q4_K, down Q8_0 (stays dequantized);
+    # layer 1: v in Q8_0, so the merged q/k/v is dequantized while the others are packed
+    write_tiny_llama_gguf(path, [{"attn_output": Q.Q4_0, "ffn_gate": Q.Q4_K, "ffn_up": Q.Q4_K, "ffn_down": Q.Q8_0},
+                                 {"attn_v": Q.Q8_0}])
+    return str(path)
+
+
+def _packed_layers(model: torch.nn.Module) -> set[str]:
+    return {name for name, m in model.named_modules() if isinstance(getattr(m, "method", None), GGUFInt4LinearMethod)}
+
+
+def test_tiny_gguf_packed_matches_dequantized(tiny_gguf: str) -> None:
+    packed = load_model(tiny_gguf, dtype=torch.float32, device="cpu", load_quantized=True)
+    dense = load_model(tiny_gguf, dtype=torch.float32, device="cpu")
+    assert _packed_layers(packed) == {"model.layers.0.self_attn.qkv_proj", "model.layers.0.self_attn.o_proj",
+                                      "model.layers.0.mlp.gate_up_proj", "model.layers.1.self_attn.o_proj",
+                                      "model.layers.1.mlp.gate_up_proj", "model.layers.1.mlp.down_proj"}
+    assert not _packed_layers(dense)
+    assert packed.weight_bytes() < dense.weight_bytes()
+    ids = [5, 17, 3, 99, 42, 7, 250, 11, 64, 1, 300, 2]
+    # the q/k rows of packed layers are un-permuted like the dequantized ones, or the logits would differ
+    torch.testing.assert_close(prefill_logits(packed, ids), prefill_logits(dense, ids), atol=2e-4, rtol=1e-4)
+
+
+def test_tiny_gguf_packed_bf16_close(tiny_gguf: str) -> None:
+    packed = load_model(tiny_gguf, dtype=torch.bfloat16, device="cpu", load_quantized=True, cpu_prepack=True)
+    dense = load_model(tiny_gguf, dtype=torch.float32, device="cpu")
+    ids = [5, 17, 3, 99, 42, 7]
+    got, expected = prefill_logits(packed, ids, torch.bfloat16), prefill_logits(dense, ids)
+    torch.testing.assert_close(got, expected, atol=0.05 * float(expected.abs().max()), rtol=0.05)
+
+
+def test_load_quantized_errors(tiny_gguf: str, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="not a .gguf file"):
+        load_model(str(tmp_path), dtype=torch.float32, device="cpu", load_quantized=True)
+    with pytest.raises(ValueError, match="dummy weights"):
+        load_model(tiny_gguf, load_format="dummy", dtype=torch.float32, device="cpu", load_quantized=True)
+    with pytest.raises(ValueError, match="use one or the other"):
+        load_model(tiny_gguf, quantization="int8", dtype=torch.float32, device="cpu", load_quantized=True)
+    with pytest.raises(ValueError, match="not the CPU"):
+        load_model(tiny_gguf, dtype=torch.float32, device="cuda", load_quantized=True)
+    with pytest.raises(ValueError, match="load_quantized must be one of auto, on, off"):
+        EngineConfig(load_quantized="yes")
+    with pytest.raises(ValueError, match="Q8_0 has no 4-bit repack"):
+        gguf_int4_parts(random_blocks(Q.Q8_0, 16, 64), Q.Q8_0, 16, 64)
+
+
+def test_load_quantized_auto_resolves_off() -> None:
+    assert EngineConfig(device="cpu").resolve().load_quantized == "off"
+    assert EngineConfig(device="cpu", load_quantized="on").resolve().load_quantized == "on"
+
+
+def _default_model_greedy(prompts: list[list[int]], dtype: str, load_quantized: str) -> list[list[int]]:
+    llm = LLM(dtype=dtype, load_quantized=load_quantized, max_model_len=256, num_gpu_blocks_override=64)
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outputs]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("dtype", "tolerance"), [("float32", TOP2_TOLERANCE), ("bfloat16", BF16_TOP2_TOLERANCE)])
+def test_default_model_greedy_packed_vs_dequantized(dtype: str, tolerance: float) -> None:
+    prompts = [[1, 4093, 314, 253, 3575, 30], [504, 3458, 282, 4649, 314], [2, 11, 12, 13, 14, 15, 16]]
+    packed, dense = (_default_model_greedy(prompts, dtype, mode) for mode in ("on", "off"))
+    reference = load_model(default_model_path(), dtype=getattr(torch, dtype), device="cpu", cpu_prepack=True)
+    for prompt, got, expected in zip(prompts, packed, dense):
+        logits = prefill_logits(reference, prompt + expected, reference.dtype)[len(prompt) - 1:-1]
+        assert_greedy_match(got, expected, top2_gaps(list(logits)), tolerance)
