@@ -40,7 +40,7 @@ def _pd(text: str) -> tuple[int, int]:
 def add_deployment_args(parser: argparse.ArgumentParser) -> None:
     """The cost profile and the cluster's shape (run and sweep)."""
     c = parser.add_argument_group("cost model")
-    c.add_argument("--profile", default="cpu-smollm2-135m",
+    c.add_argument("--profile", required=True,
                    help=f"roofline:DEVICE ({', '.join(DEVICES)}), a shipped profile's name, or a profile JSON "
                         "from `simulate calibrate`")
     c.add_argument("--model-config", default=None,
