@@ -1,4 +1,4 @@
-"""The package's imports run one way: CLI -> bench/server -> engine -> core/worker ->
+"""The package's imports run one way: CLI -> bench/server/simulator -> engine -> core/worker ->
 model/attention/sample, engine/server -> structured_output, CLI -> quantize -> model, and CLI -> proxy;
 the config and the small shared modules depend on nothing in the package."""
 from __future__ import annotations
@@ -19,10 +19,10 @@ FORBIDDEN = {
     # beam search's data and step: plain values over outputs.Logprob; LLM runs it on the engine
     "beam_search": ["folovllm.entrypoints", "folovllm.bench", "folovllm.engine", "folovllm.core",
                     "folovllm.worker", "folovllm.model", "folovllm.quantize"],
-    "bench": ["folovllm.entrypoints"],
-    "engine": ["folovllm.entrypoints", "folovllm.bench", "folovllm.quantize"],
+    "bench": ["folovllm.entrypoints", "folovllm.simulator"],
+    "engine": ["folovllm.entrypoints", "folovllm.bench", "folovllm.quantize", "folovllm.simulator"],
     "core": ["folovllm.entrypoints", "folovllm.bench", "folovllm.engine", "folovllm.quantize",
-             "folovllm.structured_output"],
+             "folovllm.structured_output", "folovllm.simulator"],
     "worker": ["folovllm.entrypoints", "folovllm.bench", "folovllm.engine", "folovllm.quantize",
                "folovllm.structured_output"],
     "model": ["folovllm.entrypoints", "folovllm.bench", "folovllm.engine", "folovllm.core",
@@ -44,6 +44,12 @@ FORBIDDEN = {
     "proxy": ["folovllm.entrypoints", "folovllm.bench", "folovllm.engine", "folovllm.core",
               "folovllm.worker", "folovllm.model", "folovllm.attention", "folovllm.sample",
               "folovllm.quantize", "folovllm.structured_output", "folovllm.distributed"],
+    # the simulator: the real scheduler and KV cache on a virtual clock, fed by bench serve's request and
+    # arrival generators; run by the CLI; never the engine, worker or model (no forward is run)
+    "simulator": ["folovllm.entrypoints", "folovllm.engine", "folovllm.worker", "folovllm.model",
+                  "folovllm.attention", "folovllm.sample", "folovllm.structured_output", "folovllm.quantize",
+                  "folovllm.distributed", "folovllm.bench.serve", "folovllm.bench.driver",
+                  "folovllm.bench.throughput", "folovllm.bench.policies", "folovllm.bench.prefix"],
     # the offline quantizer: run by the CLI, reads models through folovllm.model
     "quantize": ["folovllm.entrypoints", "folovllm.bench", "folovllm.engine", "folovllm.core",
                  "folovllm.worker"],

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from folovllm.bench.arrivals import poisson_arrivals  # noqa: F401  (re-exported for the drivers' callers)
 from folovllm.engine.run_loop import run_until_finished
 from folovllm.outputs import RequestOutput
 from folovllm.sampling_params import SamplingParams
@@ -43,14 +44,6 @@ class RequestRecord:
     @property
     def e2el(self) -> float:
         return self.finished - self.arrival
-
-
-def poisson_arrivals(num: int, rate: float, seed: int) -> list[float]:
-    """Arrival offsets (s) of a Poisson process of ``rate`` requests/s; all at 0 if rate is inf."""
-    if rate == float("inf"):
-        return [0.0] * num
-    gaps = np.random.default_rng(seed).exponential(1.0 / rate, size=num)
-    return list(np.cumsum(gaps) - gaps[0])
 
 
 @dataclass

@@ -9,57 +9,31 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import json
 import logging
-import math
 import os
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
-import numpy as np
 from tqdm import tqdm
 
 from folovllm.bench import datasets as ds
-from folovllm.bench.driver import poisson_arrivals
+from folovllm.bench.arrivals import arrival_offsets, parse_rates
 from folovllm.bench.results import write_results
 from folovllm.bench.serve_client import (ENDPOINT_PATHS, RequestOutcome, ServedModel, auth_headers,
                                          fetch_models, send_request)
 from folovllm.bench.serve_results import (build_serve_result, format_serve_result, latency_samples_ms,
                                           parse_goodput, parse_metric_percentiles, parse_percentile_metrics,
                                           vllm_result_fields, vllm_run_fields)
+from folovllm.bench.serve_workload import add_workload_args, build_workload_requests
 from folovllm.bench.structured import format_overhead, load_schema, overhead_summary, schema_body
 
 REQUEST_TIMEOUT_S = 6 * 3600.0  # a request under heavy load may queue long: only a hung server times out
 CHECK_MAX_TOKENS = 4
 
 logger = logging.getLogger(__name__)
-
-
-def arrival_offsets(num: int, rate: float, burstiness: float = 1.0, seed: int = 0) -> list[float]:
-    """Send offsets (s, the first at 0): all 0 for an infinite rate; else gaps with mean 1/rate drawn
-    from a gamma with shape ``burstiness`` (1.0: exponential, i.e. Poisson; < 1 burstier; > 1 steadier)."""
-    if not rate > 0:
-        raise ValueError(f"request rate must be positive (or inf), got {rate}.")
-    if not burstiness > 0:
-        raise ValueError(f"burstiness must be positive, got {burstiness}.")
-    if burstiness == 1.0 or math.isinf(rate):
-        return [float(t) for t in poisson_arrivals(num, rate, seed)]
-    gaps = np.random.default_rng(seed).gamma(burstiness, 1.0 / (rate * burstiness), size=num)
-    return [float(t) for t in np.cumsum(gaps) - gaps[0]]
-
-
-def parse_rates(text: str) -> list[float]:
-    """``"1,2,4,inf"`` → [1.0, 2.0, 4.0, inf]."""
-    try:
-        rates = [float(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise ValueError(f"--sweep-rates takes comma-separated numbers (or inf), got {text!r}.") from None
-    if not rates or any(not r > 0 for r in rates):
-        raise ValueError(f"--sweep-rates needs positive rates, got {text!r}.")
-    return rates
 
 
 def _endpoint(text: str) -> str:
@@ -83,39 +57,10 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="accepted for compatibility, has no effect: prompts are token ids or words, and "
                         "token counts come from the server's usage")
     g.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"), help="default: $OPENAI_API_KEY")
-    d = parser.add_argument_group("dataset")
-    d.add_argument("--dataset", "--dataset-name", dest="dataset", choices=ds.DATASETS, default="random",
-                   help="random, shared-prefix, sharegpt-like, a reference workload "
-                        "(its count, lengths and arrivals; e.g. mixed = 50%% 1024-token prompts, Poisson 64/s), "
-                        "or jsonl (--dataset-path)")
-    d.add_argument("--dataset-path", default=None,
-                   help='jsonl: one {"prompt"|"messages", "max_tokens", "arrival_s"?, "class"?} per line')
-    d.add_argument("--num-prompts", type=int, default=None,
-                   help="requests (default: 64 for random/shared-prefix, 500 sharegpt-like, the table's "
-                        "count for seed workloads, the whole file for jsonl)")
-    d.add_argument("--input-len", "--random-input-len", dest="input_len", type=int, default=None,
-                   help="prompt tokens (random: 128; shared-prefix: the suffix; mixed: the long class)")
-    d.add_argument("--output-len", "--random-output-len", dest="output_len", type=int, default=None,
-                   help="max_tokens (random/shared-prefix: 64)")
-    d.add_argument("--random-range-ratio", type=float, default=None,
-                   help="lengths uniform in [L*(1-R), L*(1+R)] around --input-len and --output-len")
-    d.add_argument("--input-len-range", default=None, metavar="A:B", help="prompt tokens uniform in [A, B]")
-    d.add_argument("--output-len-range", default=None, metavar="A:B", help="max_tokens uniform in [A, B]")
-    d.add_argument("--prefix-len", type=int, default=256, help="shared-prefix: tokens of the common prefix")
-    d.add_argument("--token-id-range", default="%d:%d" % ds.DEFAULT_TOKEN_ID_RANGE, metavar="A:B",
-                   help="token ids of synthetic completions prompts are drawn from [A, B)")
-    a = parser.add_argument_group("load")
-    a.add_argument("--request-rate", type=float, default=None,
-                   help="requests/s; inf = all at once (default: the dataset's, e.g. 64 for mixed, else inf; "
-                        "jsonl with arrival_s replays them)")
-    a.add_argument("--burstiness", type=float, default=1.0,
-                   help="gamma shape of the inter-arrival times: 1 = Poisson, < 1 burstier, > 1 steadier")
+    a = add_workload_args(parser)
     a.add_argument("--sweep-rates", default=None, metavar="R1,R2,...",
                    help="run once per rate (inf allowed) for a throughput-latency curve")
     a.add_argument("--max-concurrency", type=int, default=None, help="requests in flight at most")
-    a.add_argument("--seed", type=int, default=0, help="seeds the dataset and the arrivals")
-    a.add_argument("--ignore-eos", action="store_true",
-                   help="every request ignores EOS (synthetic datasets always do: it fixes their lengths)")
     a.add_argument("--structured-json-schema", default=None, metavar="FILE|builtin",
                    help="every request generates under this JSON schema (response_format json_schema); "
                         "builtin: a small open-ended object schema")
@@ -156,60 +101,9 @@ def base_url_of(args: argparse.Namespace) -> str:
     return args.base_url or f"http://{args.host}:{args.port}"
 
 
-def _ranged(value: int | None, ratio: float | None, name: str) -> str | None:
-    """``--random-range-ratio`` as an A:B range around a fixed length."""
-    if ratio is None or value is None:
-        return None
-    if not 0 <= ratio < 1:
-        raise ValueError(f"--random-range-ratio must be in [0, 1), got {ratio}.")
-    return f"{max(1, int(value * (1 - ratio)))}:{max(1, int(value * (1 + ratio)))}"
-
-
-def _len_bounds(fixed: int | None, text: str | None, default: int | None, name: str) -> tuple[int, int] | None:
-    if fixed is not None and text is not None:
-        raise ValueError(f"give --{name} or --{name}-range, not both.")
-    if text is not None:
-        return ds.parse_len_range(text, f"--{name}-range")
-    value = default if fixed is None else fixed
-    if value is not None and value < 1:
-        raise ValueError(f"--{name} must be at least 1, got {value}.")
-    return None if value is None else (value, value)
-
-
 def build_requests(args: argparse.Namespace, served: ServedModel | None) -> list[ds.ServeRequest]:
-    """The dataset ``args`` name, shaped for ``args.endpoint``."""
-    if args.num_prompts is not None and args.num_prompts < 1:
-        raise ValueError(f"--num-prompts must be at least 1, got {args.num_prompts}.")
-    endpoint = endpoint_of(args)
-    fmt = "ids" if endpoint == "completions" else "text"
-    maker = ds.PromptMaker(fmt, np.random.default_rng(args.seed),
-                           ds.parse_len_range(args.token_id_range, "--token-id-range"))
-    name, n = args.dataset, args.num_prompts
-    if name == "jsonl":
-        if not args.dataset_path:
-            raise ValueError("--dataset jsonl needs --dataset-path.")
-        requests = ds.load_jsonl(args.dataset_path, n)
-    elif name in ds.SEED_WORKLOADS:
-        ins = _len_bounds(args.input_len, args.input_len_range, None, "input-len")
-        outs = _len_bounds(args.output_len, args.output_len_range, None, "output-len")
-        requests = ds.seed_workload(name, n, maker, ins, outs)
-    elif name == "sharegpt-like":
-        requests = ds.sharegpt_like_dataset(n or 500, maker, served.max_model_len if served else None)
-    else:
-        ratio = args.random_range_ratio
-        if ratio is not None and (args.input_len_range or args.output_len_range):
-            raise ValueError("give --random-range-ratio or --input-len-range/--output-len-range, not both.")
-        in_len = 128 if args.input_len is None else args.input_len
-        out_len = 64 if args.output_len is None else args.output_len
-        ins = _len_bounds(None if ratio is not None else args.input_len,
-                          _ranged(in_len, ratio, "input-len") or args.input_len_range, 128, "input-len")
-        outs = _len_bounds(None if ratio is not None else args.output_len,
-                           _ranged(out_len, ratio, "output-len") or args.output_len_range, 64, "output-len")
-        requests = (ds.random_dataset(n or 64, ins, outs, maker) if name == "random" else
-                    ds.shared_prefix_dataset(n or 64, args.prefix_len, ins, outs, maker))
-    if args.ignore_eos:
-        requests = [dataclasses.replace(r, ignore_eos=True) for r in requests]
-    return ds.adapt_to_endpoint(requests, endpoint)
+    """The dataset ``args`` name, shaped for ``args.endpoint`` and the served model's length."""
+    return build_workload_requests(args, served.max_model_len if served else None, endpoint_of(args))
 
 
 async def run_benchmark(requests: list[ds.ServeRequest], arrivals: list[float], *, base_url: str,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from folovllm.attention.backend import attention_backend_names
@@ -54,12 +54,13 @@ def engine_option_groups(parser: argparse.ArgumentParser) -> dict[str, argparse.
     return {name: existing.get(name) or parser.add_argument_group(name) for name in CONFIG_GROUPS}
 
 
-def add_engine_args(parser: argparse.ArgumentParser) -> None:
-    """One option per EngineConfig field that has a flag, with the field's default, help and aliases."""
+def add_engine_args(parser: argparse.ArgumentParser, only: Collection[str] | None = None) -> None:
+    """One option per EngineConfig field that has a flag, with the field's default, help and aliases
+    (``only``: just these fields, e.g. the scheduler's for ``simulate``)."""
     groups = engine_option_groups(parser)
     for f in dataclasses.fields(EngineConfig):
         meta = f.metadata
-        if not meta.get("cli", False):
+        if not meta.get("cli", False) or (only is not None and f.name not in only):
             continue
         group = groups[meta["group"]]
         flag = meta["flag"] or "--" + f.name.replace("_", "-")

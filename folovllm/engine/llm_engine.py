@@ -52,6 +52,8 @@ class InFlight:
     sampled: list[Request]  # the requests it samples a token for, in row order
     launched: LaunchedStep
     num_decode: int  # its decode tokens, counted before num_computed_tokens moved
+    context_tokens: int  # tokens its attention reads, summed over the batch (the step trace's cost term)
+    started: float  # when the engine step that scheduled it began
 
 
 def check_prompt_length(num_tokens: int, max_model_len: int, what: str = "prompt") -> None:
@@ -84,6 +86,11 @@ def check_token_ids_in_vocab(params: SamplingParams, vocab_size: int) -> None:
         if outside:
             raise ValueError(f"{name} must be in [0, {vocab_size}) for this model; "
                              f"out of vocabulary: {outside[:10]}")
+
+
+def context_tokens(sched: SchedulerOutput) -> int:
+    """Tokens the step's attention reads, summed over its requests (computed + new), before it runs."""
+    return sum(r.num_computed_tokens + n for r, n in zip(sched.requests, sched.num_new_tokens))
 
 
 class LLMEngine:
@@ -134,6 +141,7 @@ class LLMEngine:
         self._finished_ids: list[str] = []  # ended since the last launch: the worker frees their state
         self.groups: dict[str, RequestGroup] = {}
         self._ids = itertools.count()
+        self._step_started = 0.0
         self.stats = EngineStats()
         # Line-buffered so a trace is complete up to the last step even if the process is killed.
         self._trace = open(config.trace_path, "w", buffering=1) if config.trace_path else None
@@ -257,7 +265,7 @@ class LLMEngine:
         With overlap, the step launched here is resolved by the next call (its outputs come then).
         A request the step fails on ends with finish_reason "error"; the others go on unchanged.
         """
-        started = time.perf_counter()
+        started = self._step_started = time.perf_counter()
         touched: dict[str, RequestGroup] = {}
         wait_s = 0.0
         previous = self._in_flight
@@ -295,6 +303,7 @@ class LLMEngine:
         logger.error("a step of %d requests failed; looking for the request(s) it fails on",
                      len(sched.requests), exc_info=error)
         num_decode = sched.num_decode_tokens()
+        context = context_tokens(sched)
         live = subset(sched, [i for i, r in enumerate(sched.requests) if not r.status.finished])
         parts, culprits = isolate_faults(live, self._launch)
         wait_s = sum(self._take_tokens(step, touched) for _, step in parts)
@@ -303,7 +312,7 @@ class LLMEngine:
                          ", ".join(r.request_id for r in culprits))
         for request in culprits:
             self._fail_group(request.parent_id, touched)
-        self._record_step(time.perf_counter(), sched, num_decode)
+        self._record_step(time.perf_counter(), sched, num_decode, context, self._step_started)
         return wait_s
 
     def _update_grammars(self, touched: dict[str, RequestGroup]) -> None:
@@ -339,6 +348,7 @@ class LLMEngine:
         """Hands a scheduled batch to the worker; its tokens count as pending until ``_resolve``.
         Nothing changes if the worker raises, so a failed batch can be launched again in parts."""
         num_decode = sched.num_decode_tokens()  # before num_computed_tokens moves
+        context = context_tokens(sched)
         step_input, sampled = build_step_input(sched, self._finished_ids, self.structured)
         launched = self.worker.launch(step_input)
         self._finished_ids = []
@@ -346,13 +356,13 @@ class LLMEngine:
             request.num_computed_tokens += num_new
         for request in sampled:
             request.num_pending_tokens += 1
-        return InFlight(sched, sampled, launched, num_decode)
+        return InFlight(sched, sampled, launched, num_decode, context, self._step_started)
 
     def _resolve(self, step: InFlight, touched: dict[str, RequestGroup]) -> float:
         """Takes a launched step's sampled tokens and records the step. Returns the time spent
         waiting for the device."""
         wait_s = self._take_tokens(step, touched)
-        self._record_step(time.perf_counter(), step.sched, step.num_decode)
+        self._record_step(time.perf_counter(), step.sched, step.num_decode, step.context_tokens, step.started)
         return wait_s
 
     def _take_tokens(self, step: InFlight, touched: dict[str, RequestGroup]) -> float:
@@ -415,7 +425,8 @@ class LLMEngine:
                 logger.exception("prompt logprobs failed for request %s; ending it", request.request_id)
                 self._fail_group(request.parent_id, touched)
 
-    def _record_step(self, now: float, sched: SchedulerOutput, num_decode: int) -> None:
+    def _record_step(self, now: float, sched: SchedulerOutput, num_decode: int, context: int,
+                     started: float) -> None:
         stats = self.stats
         stats.num_steps += 1
         num_prefill = sched.total_num_tokens - num_decode
@@ -427,7 +438,8 @@ class LLMEngine:
             time=now, num_prefill_tokens=num_prefill, num_decode_tokens=num_decode,
             num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
             num_preempted=len(sched.preempted), kv_blocks_used=self.kv_cache.num_used_blocks,
-            kv_usage=self.kv_cache.usage)
+            kv_usage=self.kv_cache.usage, num_scheduled=len(sched.requests), context_tokens=context,
+            duration_s=now - started)
         stats.peak_num_running = max(stats.peak_num_running, stats.last_step.num_running)
         if self._trace is not None:
             self._trace.write(json.dumps(dataclasses.asdict(stats.last_step)) + "\n")

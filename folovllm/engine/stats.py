@@ -17,6 +17,10 @@ class StepStats:
     num_preempted: int
     kv_blocks_used: int
     kv_usage: float
+    # The step's shape for cost models (folovllm simulate calibrate); absent from older traces.
+    num_scheduled: int = 0  # requests in the batch
+    context_tokens: int = 0  # summed over the batch: tokens each request's attention reads (cached + new)
+    duration_s: float = 0.0  # from the start of the engine step that scheduled it to its tokens being taken
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The ``folovllm`` command: ``generate``, ``serve``, ``proxy``, ``bench ...`` and ``quantize``."""
+"""The ``folovllm`` command: ``generate``, ``serve``, ``proxy``, ``bench ...``, ``simulate ...`` and ``quantize``."""
 from __future__ import annotations
 
 import argparse
@@ -84,6 +84,39 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _simulate(args: argparse.Namespace) -> int:
+    from folovllm.simulator.cli import run_simulate
+
+    run_simulate(args, engine_config_from_args(args))
+    return 0
+
+
+def _simulate_sweep(args: argparse.Namespace) -> int:
+    from folovllm.simulator.sweep import run_sweep
+
+    run_sweep(args, engine_config_from_args(args))
+    return 0
+
+
+def _add_simulate(sub: argparse._SubParsersAction) -> None:
+    from folovllm.simulator.cli import SCHEDULER_FIELDS, add_calibrate_args, add_run_args, run_calibrate
+    from folovllm.simulator.sweep import add_sweep_args
+
+    simulate = sub.add_parser("simulate", help="the scheduler on a virtual clock with a step cost model (what-ifs)")
+    sim_sub = simulate.add_subparsers(dest="simulate_command", required=True)
+    run = sim_sub.add_parser("run", help="one simulated bench serve run (replicas, router, PD, TP)")
+    add_run_args(run)
+    add_engine_args(run, only=SCHEDULER_FIELDS)
+    run.set_defaults(func=_simulate)
+    calibrate = sim_sub.add_parser("calibrate", help="fit a linear step-cost profile to an engine --trace")
+    add_calibrate_args(calibrate)
+    calibrate.set_defaults(func=run_calibrate)
+    sweep = sim_sub.add_parser("sweep", help="fewest replicas meeting SLOs at a rate, per policy and admission")
+    add_sweep_args(sweep)
+    add_engine_args(sweep, only=SCHEDULER_FIELDS)
+    sweep.set_defaults(func=_simulate_sweep)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="folovllm", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -149,6 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_perplexity_args(perplexity)
     perplexity.set_defaults(func=lambda args: _run_bench(run_perplexity, args))
 
+    _add_simulate(sub)
     quantize = sub.add_parser("quantize", help="write a GPTQ checkpoint folder (GPTQ or round-to-nearest)")
     from folovllm.quantize.run import add_quantize_args
 

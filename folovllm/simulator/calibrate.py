@@ -1,0 +1,82 @@
+"""Fits a linear cost model to an engine's step trace (``--trace`` JSONL) by least squares, and says
+how well it fits: R², median and p90 relative error of the predicted step time."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from folovllm.simulator.cost_model import LINEAR_TERMS, LinearCostModel, StepShape
+
+NEEDED = ("num_prefill_tokens", "num_decode_tokens", "num_scheduled", "context_tokens", "duration_s")
+
+
+def read_trace_shapes(path: str | Path) -> tuple[list[StepShape], np.ndarray]:
+    """Each traced step's shape and duration (s). ValueError for a trace without the cost fields
+    (written before they were recorded: trace again with this version)."""
+    shapes, durations = [], []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}:{lineno}: not valid JSON ({err.msg})") from None
+            missing = [k for k in NEEDED if k not in record]
+            if missing:
+                raise ValueError(f"{path}:{lineno}: the step lacks {', '.join(missing)}; this trace predates "
+                                 "the cost fields, record it again with --trace")
+            if record["num_scheduled"] == 0:
+                continue
+            shapes.append(StepShape(int(record["num_prefill_tokens"]), int(record["num_decode_tokens"]),
+                                    int(record["context_tokens"]), int(record["num_scheduled"])))
+            durations.append(float(record["duration_s"]))
+    if len(shapes) < len(LINEAR_TERMS):
+        raise ValueError(f"{path}: {len(shapes)} steps; a fit needs at least {len(LINEAR_TERMS)}")
+    return shapes, np.asarray(durations)
+
+
+def fit_errors(predicted: np.ndarray, measured: np.ndarray) -> dict[str, float]:
+    """R², median and p90 of |predicted - measured| / measured."""
+    residual = measured - predicted
+    total = float(((measured - measured.mean()) ** 2).sum())
+    relative = np.abs(residual) / np.maximum(measured, 1e-12)
+    return {"r2": 1.0 - float((residual ** 2).sum()) / total if total > 0 else 1.0,
+            "median_rel_error": float(np.median(relative)), "p90_rel_error": float(np.percentile(relative, 90))}
+
+
+def fit_linear(shapes: list[StepShape], durations: np.ndarray, name: str,
+               defaults: dict[str, Any] | None = None, source: str = "") -> LinearCostModel:
+    """Least squares over ``LINEAR_TERMS``; a term the trace never varies (e.g. no prefill) gets 0."""
+    features = np.asarray([s.features() for s in shapes])
+    varies = np.ones(features.shape[1], dtype=bool)
+    varies[1:] = features[:, 1:].std(axis=0) > 0
+    weights = np.zeros(features.shape[1])
+    weights[varies], *_ = np.linalg.lstsq(features[:, varies], durations, rcond=None)
+    model = LinearCostModel(name, dict(zip(LINEAR_TERMS, map(float, weights))), defaults=defaults or {})
+    predicted = np.asarray([model.step_time(s) for s in shapes])
+    model.fit = {"source": source, "num_steps": len(shapes), **fit_errors(predicted, durations),
+                 "unfitted_terms": [t for t, v in zip(LINEAR_TERMS, varies) if not v]}
+    return model
+
+
+def calibrate(trace: str | Path, out: str | Path, name: str, defaults: dict[str, Any] | None = None) -> LinearCostModel:
+    """Fits ``trace``, writes the profile to ``out`` and returns it."""
+    shapes, durations = read_trace_shapes(trace)
+    model = fit_linear(shapes, durations, name, defaults, source=str(trace))
+    model.save(out)
+    return model
+
+
+def format_fit(model: LinearCostModel) -> str:
+    fit = model.fit
+    lines = [f"profile {model.name}: {fit['num_steps']} steps",
+             *(f"  {term:<22}{value * 1e3:>12.5f} ms" for term, value in model.coefficients.items()),
+             f"  R² {fit['r2']:.3f}; relative error median {fit['median_rel_error']:.1%}, "
+             f"p90 {fit['p90_rel_error']:.1%}"]
+    if fit["unfitted_terms"]:
+        lines.append(f"  not in the trace (set to 0): {', '.join(fit['unfitted_terms'])}")
+    return "\n".join(lines)

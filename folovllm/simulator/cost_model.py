@@ -1,0 +1,88 @@
+"""How long one engine step takes, from the step's shape: the cost model's interface, the linear model
+(fitted by ``calibrate.py``) and device profiles as JSON files."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
+LINEAR_TERMS = ("fixed_s", "per_prefill_token_s", "per_decode_row_s", "per_context_token_s", "per_request_s")
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """What one step computes, as the cost models see it."""
+
+    num_prefill_tokens: int  # tokens of prompts (or recomputed after preemption)
+    num_decode_rows: int  # requests generating one token from a full cache
+    context_tokens: int  # summed over the batch: cached + new tokens each request's attention reads
+    num_requests: int  # batch size
+    attention_pairs: int = 0  # (query, key) pairs the attention computes; the roofline's FLOPs term
+    num_sampled: int = 0  # rows whose logits are computed (the LM head)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prefill_tokens + self.num_decode_rows
+
+    def features(self) -> list[float]:
+        """The linear model's regressors, in ``LINEAR_TERMS`` order."""
+        return [1.0, float(self.num_prefill_tokens), float(self.num_decode_rows), float(self.context_tokens),
+                float(self.num_requests)]
+
+
+class CostModel(Protocol):
+    """Seconds one step of ``shape`` takes on one replica."""
+
+    name: str
+
+    def step_time(self, shape: StepShape) -> float: ...
+
+
+@dataclass
+class LinearCostModel:
+    """fixed + a·prefill tokens + b·decode rows + c·context tokens + d·requests (seconds).
+
+    ``min_step_s`` floors a prediction, since a fit may give a term a small negative weight."""
+
+    name: str
+    coefficients: dict[str, float]
+    min_step_s: float = 1e-5
+    fit: dict[str, Any] = field(default_factory=dict)  # how the profile was made and how well it fits
+    defaults: dict[str, Any] = field(default_factory=dict)  # engine settings it was measured with
+
+    def __post_init__(self) -> None:
+        missing = [t for t in LINEAR_TERMS if t not in self.coefficients]
+        if missing:
+            raise ValueError(f"a linear profile needs coefficients {', '.join(LINEAR_TERMS)}; missing {missing}")
+        self._weights = [float(self.coefficients[t]) for t in LINEAR_TERMS]
+
+    def step_time(self, shape: StepShape) -> float:
+        w = self._weights
+        t = (w[0] + w[1] * shape.num_prefill_tokens + w[2] * shape.num_decode_rows
+             + w[3] * shape.context_tokens + w[4] * shape.num_requests)
+        return t if t > self.min_step_s else self.min_step_s
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": "linear", **asdict(self)}
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_json(), indent=2) + "\n")
+
+
+def load_linear_profile(path: str | Path) -> LinearCostModel:
+    """A profile written by ``folovllm simulate calibrate`` (ValueError naming what is wrong)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(f"cannot read the cost profile {path}: {err}") from None
+    if not isinstance(data, dict) or data.get("kind") != "linear":
+        raise ValueError(f"{path} is not a linear cost profile (expected {{\"kind\": \"linear\", ...}})")
+    data.pop("kind")
+    return LinearCostModel(**data)
+
+
+def builtin_profiles() -> list[str]:
+    """Names of the profiles shipped in ``folovllm/simulator/profiles/``."""
+    return sorted(p.stem for p in PROFILES_DIR.glob("*.json"))

@@ -1,0 +1,121 @@
+"""The simulator against the real server on three workloads the CPU profile was not fitted on.
+
+    .venv/bin/python scripts/sim_fidelity.py            # full: 3 workloads, minutes on a quiet machine
+    .venv/bin/python scripts/sim_fidelity.py --smoke    # a few requests each, to check the plumbing
+
+Starts `folovllm serve` (the CPU profile's model and max_model_len), runs `folovllm bench serve` for
+each workload, runs `folovllm simulate run` with the same options and the CPU profile, and writes
+throughput, median TTFT and median TPOT, simulated vs real, with their relative error, to
+docs/results/sim-fidelity.json. Workloads: a Poisson stream of mixed lengths, a burst, and a
+shared-prefix multi-turn stream (JSONL with arrival times, so both sides replay the same trace).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+PROFILE = ROOT / "folovllm" / "simulator" / "profiles" / "cpu-smollm2-135m.json"
+CLI = [sys.executable, "-m", "folovllm.entrypoints.cli"]
+
+
+def workloads(smoke: bool, folder: Path) -> dict[str, list[str]]:
+    n = 8 if smoke else 48
+    return {
+        "poisson-mixed": ["--dataset", "random", "--input-len-range", "16:768", "--output-len-range", "16:128",
+                          "--request-rate", "1.5", "--num-prompts", str(n), "--seed", "11"],
+        "burst": ["--dataset", "random", "--input-len", "256", "--output-len", "64", "--request-rate", "inf",
+                  "--num-prompts", str(n // 2), "--seed", "12"],
+        "multi-turn": ["--dataset", "jsonl", "--dataset-path", str(multi_turn_jsonl(folder / "mt.jsonl", n))],
+    }
+
+
+def multi_turn_jsonl(path: Path, num: int, turns: int = 4) -> Path:
+    """Conversations sharing a 384-token system prompt; each turn resends the history (fake answers)."""
+    rng = np.random.default_rng(13)
+    ids = lambda k: [int(t) for t in rng.integers(1000, 30000, size=k)]  # noqa: E731
+    system, lines = ids(384), []
+    for c in range(max(1, num // turns)):
+        history = list(system)
+        for turn in range(turns):
+            history += ids(24)
+            lines.append({"prompt": list(history), "max_tokens": 32, "arrival_s": round(c * 1.0 + turn * 6.0, 3),
+                          "ignore_eos": True})
+            history += ids(32)
+    lines.sort(key=lambda r: r["arrival_s"])
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    return path
+
+
+def start_server(max_model_len: int) -> tuple[subprocess.Popen, int]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([*CLI, "serve", "--port", str(port), "--max-model-len", str(max_model_len),
+                             "--log-level", "warning"], cwd=ROOT, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                return proc, port
+        except httpx.TransportError:
+            pass
+        time.sleep(0.5)
+    proc.kill()
+    raise RuntimeError("folovllm serve did not start")
+
+
+def figures(result: dict) -> dict[str, float]:
+    return {"output_tok_s": result["output_tok_s"], "median_ttft_ms": result["ttft_ms"]["p50"],
+            "median_tpot_ms": result["tpot_ms"]["p50"] if result["tpot_ms"] else float("nan")}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--smoke", action="store_true", help="a few requests per workload")
+    parser.add_argument("--out", default=str(ROOT / "docs" / "results" / "sim-fidelity.json"))
+    parser.add_argument("--profile", default=str(PROFILE), help="the CPU profile (simulate calibrate's output)")
+    args = parser.parse_args()
+    if not Path(args.profile).is_file():
+        raise SystemExit(f"{args.profile} is missing: fit it first (docs/simulator.md, 'Cost models')")
+    profile_path = Path(args.profile)
+    profile = json.loads(profile_path.read_text())
+    folder = Path(tempfile.mkdtemp(prefix="sim-fidelity-"))
+    proc, port = start_server(int(profile["defaults"]["max_model_len"]))
+    rows = []
+    try:
+        for name, argv in workloads(args.smoke, folder).items():
+            real_json, sim_json = folder / f"{name}-real.json", folder / f"{name}-sim.json"
+            subprocess.run([*CLI, "bench", "serve", "--port", str(port), "--no-progress", "--output-json",
+                            str(real_json), *argv], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+            subprocess.run([*CLI, "simulate", "run", "--profile", str(profile_path), "--output-json", str(sim_json),
+                            *argv], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+            real, sim = (figures(json.loads(p.read_text())[0]) for p in (real_json, sim_json))
+            rows.append({"workload": name, "args": argv, "real": real, "sim": sim,
+                         "rel_error": {k: (sim[k] - real[k]) / real[k] if real[k] else None for k in real}})
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    print(f"{'workload':<15}{'metric':<17}{'real':>10}{'sim':>10}{'error':>9}")
+    for row in rows:
+        for key in row["real"]:
+            err = row["rel_error"][key]
+            print(f"{row['workload']:<15}{key:<17}{row['real'][key]:>10.1f}{row['sim'][key]:>10.1f}"
+                  f"{'n/a' if err is None else f'{err:+.0%}':>9}")
+    Path(args.out).write_text(json.dumps([{"name": "sim-fidelity", "smoke": args.smoke, "profile": profile_path.name,
+                                           "rows": rows}], indent=2) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""The least-squares fit recovers known coefficients and reads engine traces (old ones get a clear error)."""
+import json
+
+import numpy as np
+import pytest
+
+from folovllm.simulator.calibrate import calibrate, fit_linear, read_trace_shapes
+from folovllm.simulator.cost_model import LINEAR_TERMS, StepShape, load_linear_profile
+
+TRUE = {"fixed_s": 0.004, "per_prefill_token_s": 2e-5, "per_decode_row_s": 3e-4, "per_context_token_s": 1e-7,
+        "per_request_s": 5e-5}
+
+
+def synthetic_trace(path, num_steps=400, noise=0.0, seed=0):
+    rng = np.random.default_rng(seed)
+    with open(path, "w") as f:
+        for _ in range(num_steps):
+            prefill, decode = int(rng.integers(0, 2048)), int(rng.integers(0, 200))
+            requests = decode + int(rng.integers(0, 8)) + (1 if prefill else 0)
+            context = int(rng.integers(0, 100_000))
+            shape = StepShape(prefill, decode, context, requests)
+            duration = float(np.dot(shape.features(), [TRUE[t] for t in LINEAR_TERMS]))
+            duration *= 1 + noise * rng.standard_normal()
+            f.write(json.dumps({"time": 0.0, "num_prefill_tokens": prefill, "num_decode_tokens": decode,
+                                "num_running": requests, "num_waiting": 0, "num_preempted": 0,
+                                "kv_blocks_used": 0, "kv_usage": 0.0, "num_scheduled": requests,
+                                "context_tokens": context, "duration_s": duration}) + "\n")
+
+
+def test_fit_recovers_known_coefficients(tmp_path):
+    synthetic_trace(tmp_path / "t.jsonl")
+    model = calibrate(tmp_path / "t.jsonl", tmp_path / "p.json", "synthetic", {"num_kv_blocks": 100})
+    for term, value in TRUE.items():
+        assert model.coefficients[term] == pytest.approx(value, rel=1e-6)
+    assert model.fit["r2"] == pytest.approx(1.0) and model.fit["median_rel_error"] < 1e-6
+    loaded = load_linear_profile(tmp_path / "p.json")
+    assert loaded.coefficients == model.coefficients and loaded.defaults == {"num_kv_blocks": 100}
+
+
+def test_noisy_fit_reports_its_error(tmp_path):
+    synthetic_trace(tmp_path / "t.jsonl", noise=0.1)
+    shapes, durations = read_trace_shapes(tmp_path / "t.jsonl")
+    model = fit_linear(shapes, durations, "noisy")
+    assert model.coefficients["per_prefill_token_s"] == pytest.approx(TRUE["per_prefill_token_s"], rel=0.15)
+    assert 0.8 < model.fit["r2"] < 1.0 and 0.03 < model.fit["median_rel_error"] < 0.15
+
+
+def test_a_term_the_trace_never_varies_is_zero():
+    shapes = [StepShape(0, d, 10 * d, d) for d in range(1, 30)]
+    durations = np.asarray([0.01 + 0.001 * s.num_decode_rows for s in shapes])
+    model = fit_linear(shapes, durations, "decode-only")
+    assert model.coefficients["per_prefill_token_s"] == 0.0
+    assert "per_prefill_token_s" in model.fit["unfitted_terms"]
+    assert model.step_time(StepShape(0, 10, 100, 10)) == pytest.approx(0.02)
+
+
+def test_an_old_trace_is_an_error_that_says_so(tmp_path):
+    (tmp_path / "old.jsonl").write_text(json.dumps({"time": 1.0, "num_prefill_tokens": 3, "num_decode_tokens": 0,
+                                                    "num_running": 1, "num_waiting": 0, "num_preempted": 0,
+                                                    "kv_blocks_used": 1, "kv_usage": 0.1}) + "\n")
+    with pytest.raises(ValueError, match="predates the cost fields"):
+        read_trace_shapes(tmp_path / "old.jsonl")
