@@ -1,7 +1,7 @@
 """Data parallelism: N engine-core processes behind one server, offered as one core.
 
-    AsyncLLMEngine ── send(op) ──► DataParallelCore ── AddOp: the router's choice ──► replica r (ProcessCore)
-                                                    ── AbortOp: the replica holding it
+    AsyncLLMEngine ── send(op) ──► DataParallelCore ── AddOp: the router's choice ──► replica r
+                                                    ── AbortOp: the replica holding it   (ProcessCore)
                                                     ── StopOp: every replica
                    ◄── messages ── each replica's IterationMessage, its snapshot tagged ``engine=r``
 
@@ -76,21 +76,31 @@ class DataParallelCore:
     """N ``ProcessCore`` replicas behind ProcessCore's interface: ``info``, ``send``, ``attach``,
     ``is_alive``, ``close`` (and ``wait_ready``)."""
 
-    def __init__(self, config: EngineConfig, log_level: int = logging.INFO) -> None:
-        configs = replica_configs(config)  # bad settings fail before any process starts
-        self.replicas: list[ProcessCore] = []
-        try:
-            for r, replica_config in enumerate(configs):
-                self.replicas.append(ProcessCore(replica_config, log_level, name=f"folovllm-engine-{r}"))
-        except BaseException:
-            self.close(0)
-            raise
-        self._config = config
-        self.router: DataParallelRouter | None = None
+    def __init__(self, replicas: list[ProcessCore], routing: str = "prefix_aware", block_size: int = 16) -> None:
+        if not replicas:
+            raise ValueError("data parallelism needs at least one replica")
+        self.replicas = replicas
+        self.router: DataParallelRouter | None = None  # sized once the replicas report their KV caches
         self.info: EngineInfo | None = None
+        self._routing = routing
+        self._block_size = block_size
         self._stop_sent = False
         self._num_stopped = 0
         self._ended = False  # the merged stream has said ``stopped``: nothing more goes out
+
+    @classmethod
+    def start(cls, config: EngineConfig, log_level: int = logging.INFO) -> DataParallelCore:
+        """Spawns one engine process per replica (they load the model at once); ``wait_ready`` next."""
+        configs = replica_configs(config)  # bad settings fail before any process starts
+        replicas: list[ProcessCore] = []
+        try:
+            for r, replica_config in enumerate(configs):
+                replicas.append(ProcessCore(replica_config, log_level, name=f"folovllm-engine-{r}"))
+        except BaseException:
+            for replica in replicas:
+                replica.close(0)
+            raise
+        return cls(replicas, config.dp_routing, config.block_size)
 
     def wait_ready(self, timeout_s: float = 600.0) -> EngineInfo:
         """Blocks until every replica has loaded the model (they load at once); raises the first
@@ -99,9 +109,8 @@ class DataParallelCore:
         first = infos[0]
         capacity = min(int(info.cache_config.get("num_gpu_blocks", 65536)) for info in infos)
         self.router = DataParallelRouter(len(self.replicas), RouterSettings(
-            policy=self._config.dp_routing, block_size=self._config.block_size,
-            max_model_len=first.max_model_len, min_match_tokens=self._config.block_size,
-            index_capacity_blocks=max(capacity, 1)))
+            policy=self._routing, block_size=self._block_size, max_model_len=first.max_model_len,
+            min_match_tokens=self._block_size, index_capacity_blocks=max(capacity, 1)))
         self.info = dataclasses.replace(first, data_parallel_size=len(self.replicas))
         return self.info
 
@@ -135,7 +144,8 @@ class DataParallelCore:
                 message = dataclasses.replace(message, stopped=self._num_stopped == len(self.replicas))
             else:
                 cause = message.error or EngineDeadError("it stopped")
-                message = dataclasses.replace(message, error=EngineDeadError(f"data-parallel engine {replica}: {cause}"))
+                error = EngineDeadError(f"data-parallel engine {replica}: {cause}")
+                message = dataclasses.replace(message, error=error)
                 logger.error("data-parallel engine %d died; stopping the others", replica)
                 self.send(StopOp())
             self._ended = message.stopped

@@ -354,7 +354,7 @@ def start_engine_core(engine_config: EngineConfig, own_process: bool, log_level:
 
     engine_config = resolve_model_files(engine_config)  # once, here: the child gets local paths
     level = getattr(logging, log_level.upper())
-    core = (DataParallelCore(engine_config, level) if engine_config.data_parallel_size > 1
+    core = (DataParallelCore.start(engine_config, level) if engine_config.data_parallel_size > 1
             else ProcessCore(engine_config, level))
     try:
         tokenizer = load_tokenizer(engine_config.tokenizer or engine_config.model or default_model_path())

@@ -2,7 +2,7 @@
 
 Dashboards, autoscaler rules and alerts written for vLLM read this server unchanged: the prefix is
 ``vllm:`` by default (``--metrics-prefix folovllm`` for ours), engine series carry ``model_name`` and
-``engine`` labels, counters end in ``_total``, and no ``_created`` series are exported.
+``engine`` labels (one series per data-parallel replica, ``engine="0"``, ``"1"``, ...), counters end in ``_total``, and no ``_created`` series are exported.
 
 Fed on the event loop after every engine iteration: counters from EngineStats deltas, gauges from the
 engine's snapshot (scheduler queues, KV cache), histograms from the RequestOutputs of that step.
@@ -111,8 +111,9 @@ class ServerMetrics:
         families["num_waiting"] = gauge("num_requests_waiting", "Number of requests waiting to be processed.")
         families["kv_usage"] = gauge("kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
         # vLLM's older name for the same value, which its example Grafana dashboard still reads
-        families["kv_usage_old_name"] = gauge("gpu_cache_usage_perc", "KV-cache usage (vLLM's older name of "
-                                                                      "kv_cache_usage_perc). 1 means 100 percent usage.")
+        families["kv_usage_old_name"] = gauge(
+            "gpu_cache_usage_perc", "KV-cache usage (vLLM's older name of kv_cache_usage_perc). 1 means 100 "
+                                    "percent usage.")
         families["counters"] = {field: counter(name, f"{name.replace('_', ' ').capitalize()} (engine total).")
                                 for field, name in _COUNTERS.items()}
         families["prompt_tokens_cached"] = counter("prompt_tokens_cached",
