@@ -6,8 +6,8 @@
 
 Requests from all clients are batched at step granularity because they all land in the one scheduler
 inside the core (under data parallelism the core is N replicas, engine/dp_core.py, each with its own
-scheduler; its replies arrive here interleaved and name their replica). This class keeps only what the event loop needs: streams, pending adds, the latest
-queue length for backpressure.
+scheduler; their replies arrive here interleaved and name their replica). This class keeps only what
+the event loop needs: streams, pending adds, the latest queue lengths for backpressure.
 """
 from __future__ import annotations
 

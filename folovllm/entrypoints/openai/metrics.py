@@ -2,7 +2,8 @@
 
 Dashboards, autoscaler rules and alerts written for vLLM read this server unchanged: the prefix is
 ``vllm:`` by default (``--metrics-prefix folovllm`` for ours), engine series carry ``model_name`` and
-``engine`` labels (one series per data-parallel replica, ``engine="0"``, ``"1"``, ...), counters end in ``_total``, and no ``_created`` series are exported.
+``engine`` labels (one series per data-parallel replica, ``engine="0"``, ``"1"``, ...; a sum over
+``engine`` is the server's total), counters end in ``_total``, and no ``_created`` series are exported.
 
 Fed on the event loop after every engine iteration: counters from EngineStats deltas, gauges from the
 engine's snapshot (scheduler queues, KV cache), histograms from the RequestOutputs of that step.
