@@ -25,6 +25,7 @@ QUANTIZATIONS = ("auto", "gptq", "int8")
 LOAD_QUANTIZED = ("auto", "on", "off")
 DTYPE_ALIASES = {"half": "float16", "float": "float32"}  # vLLM's other spellings
 FP8_KV_CACHE_DTYPES = ("fp8", "fp8_e4m3", "fp8_e5m2")
+DP_ROUTING_POLICIES = ("prefix_aware", "least_loaded", "round_robin")
 # The CPU attention kernel's torch op library, built by `make kernels` (csrc/build.py) in a source checkout.
 CPU_ATTENTION_LIBRARY = (Path(__file__).resolve().parent.parent / "build" / "cpu_attention"
                          / "libfolovllm_cpu_attention.so")
@@ -158,9 +159,13 @@ class EngineConfig:
                                          "(default: 127.0.0.1; required with --nnodes > 1)", group="ParallelConfig")
     master_port: int | None = knob(None, "the rendezvous port on --master-addr (default: a free one, picked by "
                                          "the OS; required with --nnodes > 1)", group="ParallelConfig")
-    data_parallel_size: int = knob(1, "data-parallel engine replicas (1 only: data parallelism is not "
-                                      "implemented yet)", group="ParallelConfig", aliases=("-dp",),
-                                   only=(1, "data parallelism"))
+    data_parallel_size: int = knob(
+        1, "serve: N engine replicas (processes, each with its own scheduler and KV cache) behind one "
+           "server; CPU threads are split between them", group="ParallelConfig", aliases=("-dp",))
+    dp_routing: str = knob(
+        "prefix_aware", "data parallelism: which replica a new request goes to: prefix_aware (the one that "
+                        "holds its prompt's prefix, unless much busier), least_loaded (fewest outstanding "
+                        "tokens), round_robin", choices=list(DP_ROUTING_POLICIES), group="ParallelConfig")
     # -- SchedulerConfig --------------------------------------------------------------------------
     max_num_seqs: int = knob(256, "most requests running at once", group="SchedulerConfig")
     max_num_batched_tokens: int = knob(2048, "most tokens one step computes", group="SchedulerConfig")
@@ -249,6 +254,13 @@ class EngineConfig:
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be >= 1; got {self.tensor_parallel_size}")
         self._check_nodes()
+        if self.data_parallel_size < 1:
+            raise ValueError(f"data_parallel_size must be >= 1; got {self.data_parallel_size}")
+        if self.dp_routing not in DP_ROUTING_POLICIES:
+            raise ValueError(f"dp_routing must be one of {', '.join(DP_ROUTING_POLICIES)}; got {self.dp_routing!r}")
+        if self.data_parallel_size > 1 and self.nnodes > 1:
+            raise ValueError("data parallelism runs on one machine: --data-parallel-size > 1 with --nnodes > 1 "
+                             "is not supported")
         if self.cuda_graph_max_batch < 1:
             raise ValueError(f"cuda_graph_max_batch must be >= 1; got {self.cuda_graph_max_batch}")
         if self.structured_outputs_backend not in ("auto", "xgrammar"):
@@ -379,6 +391,11 @@ class EngineConfig:
     def threads_per_rank(self) -> int:
         """CPU threads for torch in each rank's process: the cores shared evenly between this machine's ranks."""
         return max(1, (self.num_threads or usable_cores()) // self.ranks_per_node)
+
+    @property
+    def threads_per_replica(self) -> int:
+        """CPU threads for each data-parallel replica (its TP ranks share them): the cores split evenly."""
+        return max(1, (self.num_threads or usable_cores()) // self.data_parallel_size)
 
     @property
     def torch_device(self) -> torch.device:

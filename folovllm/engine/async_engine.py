@@ -5,8 +5,9 @@
     async for out in stream  ◄──    route by request id  ◄── message ── one IterationMessage per step
 
 Requests from all clients are batched at step granularity because they all land in the one scheduler
-inside the core. This class keeps only what the event loop needs: streams, pending adds, the latest
-queue length for backpressure.
+inside the core (under data parallelism the core is N replicas, engine/dp_core.py, each with its own
+scheduler; their replies arrive here interleaved and name their replica). This class keeps only what
+the event loop needs: streams, pending adds, the latest queue lengths for backpressure.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 
 from folovllm.engine.core_client import ProcessCore, ThreadCore
+from folovllm.engine.dp_core import DataParallelCore
 from folovllm.engine.core_loop import AbortOp, AddOp, EngineInfo, EngineSnapshot, IterationMessage, StopOp
 from folovllm.engine.errors import (EngineDeadError, EngineError, EngineShutdownError,
                                     RequestFailedError)
@@ -41,6 +43,7 @@ class RequestStream:
     def __init__(self, request_id: str, engine: AsyncLLMEngine) -> None:
         self.request_id = request_id
         self.finished = False
+        self.engine = 0  # the data-parallel replica serving it, known once it is accepted
         self._queue: asyncio.Queue[RequestOutput | Exception] = asyncio.Queue()
         self._engine = engine
 
@@ -65,7 +68,7 @@ class RequestStream:
 class AsyncLLMEngine:
     """Routes the core's messages to per-request streams on the event loop that called ``start``."""
 
-    def __init__(self, core: ProcessCore | ThreadCore, on_iteration: IterationHook | None = None,
+    def __init__(self, core: ProcessCore | ThreadCore | DataParallelCore, on_iteration: IterationHook | None = None,
                  on_death: DeathHook | None = None) -> None:
         self.core = core
         self.info: EngineInfo = core.info
@@ -75,7 +78,7 @@ class AsyncLLMEngine:
         self._streams: dict[str, RequestStream] = {}
         self._pending: dict[str, tuple[asyncio.Future, RequestStream]] = {}  # sent, not yet accepted
         self._deltas = DeltaDecoder()  # the core sends what is new; streams get cumulative outputs
-        self._num_waiting = 0  # the scheduler's waiting queue after the latest step
+        self._num_waiting: dict[int, int] = {}  # per replica: its scheduler's waiting queue after its latest step
         self._stopping = False
         self._stopped: asyncio.Event | None = None
 
@@ -157,7 +160,7 @@ class AsyncLLMEngine:
     @property
     def num_pending(self) -> int:
         """Requests sent but not yet scheduled (the admission queue, for backpressure)."""
-        return len(self._pending) + self._num_waiting
+        return len(self._pending) + sum(self._num_waiting.values())
 
     # -- messages from the core (on the event loop) -------------------------------------------
 
@@ -167,6 +170,7 @@ class AsyncLLMEngine:
             if future is None:  # its caller went away meanwhile (its abort follows the add)
                 continue
             if error is None:
+                stream.engine = message.snapshot.engine if message.snapshot is not None else 0
                 self._streams[request_id] = stream
                 if not future.done():
                     future.set_result(None)
@@ -188,7 +192,7 @@ class AsyncLLMEngine:
         for request_id in message.aborted + message.failed:
             self._deltas.forget(request_id)
         if message.snapshot is not None:
-            self._num_waiting = message.snapshot.num_waiting
+            self._num_waiting[message.snapshot.engine] = message.snapshot.num_waiting
             self._call_hook(message, outputs)
         if message.stopped:
             error = message.error or EngineShutdownError("the engine stopped")

@@ -98,11 +98,11 @@ class ProcessCore:
     """The loop in a child process (spawned: CUDA and OpenMP do not survive fork). Ops go down a
     multiprocessing queue; messages come back on a pipe that the event loop watches (no reader thread)."""
 
-    def __init__(self, config: EngineConfig, log_level: int = logging.INFO) -> None:
+    def __init__(self, config: EngineConfig, log_level: int = logging.INFO, name: str = "folovllm-engine") -> None:
         ctx = multiprocessing.get_context("spawn")
         self._ops = ctx.Queue()
         self._conn, child_conn = ctx.Pipe(duplex=False)
-        self._proc = ctx.Process(target=_core_process_main, name="folovllm-engine",
+        self._proc = ctx.Process(target=_core_process_main, name=name,
                                  args=(config, self._ops, child_conn, log_level), daemon=True)
         self._proc.start()
         child_conn.close()  # the child holds the only write end: EOF here means it died

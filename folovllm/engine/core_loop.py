@@ -63,6 +63,7 @@ class EngineInfo:
     # SamplingParams fields the model's generation config sets: a request that omits one gets these
     default_sampling: dict = field(default_factory=dict)
     cache_config: dict[str, str] = field(default_factory=dict)  # LLMEngine.cache_config_info()
+    data_parallel_size: int = 1  # engine replicas behind the server (their snapshots say which is which)
 
 
 def engine_info(engine: LLMEngine) -> EngineInfo:
@@ -77,6 +78,7 @@ class EngineSnapshot:
     num_running: int
     num_waiting: int
     kv_usage: float
+    engine: int = 0  # which data-parallel replica it describes
 
 
 @dataclass

@@ -95,6 +95,10 @@ def context_tokens(sched: SchedulerOutput) -> int:
 
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
+        if config.data_parallel_size > 1:  # one LLMEngine is one replica; the server runs N of them
+            raise ValueError(f"data_parallel_size={config.data_parallel_size}: data parallelism is a server "
+                             "feature (`folovllm serve --data-parallel-size N` runs N engine replicas behind "
+                             "one API server); offline, use data_parallel_size=1")
         given = resolve_model_files(config)  # hub ids to paths
         config = given.resolve()  # every "auto" decided here, once
         self.config = config

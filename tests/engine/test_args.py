@@ -68,12 +68,20 @@ def test_vllm_spellings_of_our_switches() -> None:
 
 
 @pytest.mark.parametrize("argv, missing", [
-    (("--data-parallel-size", "2"), "data parallelism is not implemented"),
     (("--kv-cache-dtype", "fp8"), "an fp8 KV cache is not implemented"),
+    (("--data-parallel-size", "0"), "data_parallel_size must be >= 1"),
 ])
 def test_settings_that_would_change_results_are_errors(argv, missing) -> None:
     with pytest.raises(ValueError, match=missing):
         engine_config_from_args(parse(*argv))
+
+
+def test_data_parallel_flags_parse() -> None:
+    config = engine_config_from_args(parse("-dp", "2", "--num-threads", "5"))
+    assert (config.data_parallel_size, config.dp_routing, config.threads_per_replica) == (2, "prefix_aware", 2)
+    assert engine_config_from_args(parse("--dp-routing", "round_robin")).dp_routing == "round_robin"
+    with pytest.raises(SystemExit):
+        parse("--dp-routing", "random")
 
 
 def test_settings_that_cannot_matter_warn_in_one_line_each() -> None:

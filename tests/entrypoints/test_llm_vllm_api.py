@@ -58,7 +58,7 @@ def test_get_metrics_has_vllms_shape(tiny_llm) -> None:
 def test_unknown_or_unimplemented_engine_arguments_are_errors(tiny_hub) -> None:
     with pytest.raises(ValueError, match="unknown engine argument"):
         LLM(TINY_REPO_ID, tokenizer_mode="slow")
-    with pytest.raises(ValueError, match="data parallelism is not implemented"):
+    with pytest.raises(ValueError, match="data parallelism is a server feature"):
         LLM(TINY_REPO_ID, data_parallel_size=2)
 
 

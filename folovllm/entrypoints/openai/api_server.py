@@ -31,6 +31,7 @@ import folovllm
 from folovllm.config import EngineConfig
 from folovllm.engine.async_engine import AsyncLLMEngine, EngineDeadError
 from folovllm.engine.core_client import ProcessCore, ThreadCore
+from folovllm.engine.dp_core import DataParallelCore
 from folovllm.engine.llm_engine import LLMEngine
 from folovllm.entrypoints.openai.body_limit import BodySizeLimit
 from folovllm.entrypoints.openai.draining import DrainGate, DrainingServer, ServerState
@@ -84,13 +85,13 @@ class ServerConfig:
         return self.model_names[0]
 
 
-def build_app(core: ProcessCore | ThreadCore, tokenizer, config: ServerConfig,
+def build_app(core: ProcessCore | ThreadCore | DataParallelCore, tokenizer, config: ServerConfig,
               state: ServerState | None = None) -> FastAPI:
     """The app over one started engine core; its messages are routed between lifespan start-up and
     shutdown. ``tokenizer`` is the server's own (chat templates, /tokenize, logprob text)."""
     state = state or ServerState()
     metrics = ServerMetrics(config.model_name, config.metrics_prefix, core.info.max_model_len,
-                            core.info.cache_config)
+                            core.info.cache_config, num_engines=core.info.data_parallel_size)
 
     def on_engine_death(error: EngineDeadError) -> None:
         metrics.reset_gauges()
@@ -338,9 +339,12 @@ def _json_list(value: str) -> list[str]:
 
 
 def start_engine_core(engine_config: EngineConfig, own_process: bool, log_level: str
-                      ) -> tuple[ProcessCore | ThreadCore, object]:
-    """Starts the engine core and returns it with a tokenizer for the server; the child process
-    loads the model while this process loads the tokenizer."""
+                      ) -> tuple[ProcessCore | ThreadCore | DataParallelCore, object]:
+    """Starts the engine core (N replicas under data parallelism) and returns it with a tokenizer
+    for the server; the child processes load the model while this process loads the tokenizer."""
+    if engine_config.data_parallel_size > 1 and not own_process:
+        raise ValueError("--data-parallel-size runs each replica in its own engine process; "
+                         "drop --no-engine-process")
     if not own_process:
         engine = LLMEngine(engine_config)
         return ThreadCore(engine), copy.deepcopy(engine.tokenizer)
@@ -349,7 +353,9 @@ def start_engine_core(engine_config: EngineConfig, own_process: bool, log_level:
     from folovllm.model.tokenizer import load_tokenizer
 
     engine_config = resolve_model_files(engine_config)  # once, here: the child gets local paths
-    core = ProcessCore(engine_config, getattr(logging, log_level.upper()))
+    level = getattr(logging, log_level.upper())
+    core = (DataParallelCore.start(engine_config, level) if engine_config.data_parallel_size > 1
+            else ProcessCore(engine_config, level))
     try:
         tokenizer = load_tokenizer(engine_config.tokenizer or engine_config.model or default_model_path())
         core.wait_ready()

@@ -2,7 +2,8 @@
 
 Dashboards, autoscaler rules and alerts written for vLLM read this server unchanged: the prefix is
 ``vllm:`` by default (``--metrics-prefix folovllm`` for ours), engine series carry ``model_name`` and
-``engine`` labels, counters end in ``_total``, and no ``_created`` series are exported.
+``engine`` labels (one series per data-parallel replica, ``engine="0"``, ``"1"``, ...; a sum over
+``engine`` is the server's total), counters end in ``_total``, and no ``_created`` series are exported.
 
 Fed on the event loop after every engine iteration: counters from EngineStats deltas, gauges from the
 engine's snapshot (scheduler queues, KV cache), histograms from the RequestOutputs of that step.
@@ -32,7 +33,6 @@ from folovllm.outputs import RequestOutput
 from folovllm.sampling_params import SamplingParams
 
 METRICS_PREFIXES = ("vllm", "folovllm")
-_ENGINE = "0"  # one engine core per server: vLLM's label for data-parallel rank 0
 FINISH_REASONS = ("stop", "length", "abort", "error")
 _TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
                  7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
@@ -60,176 +60,210 @@ def token_buckets(max_value: int) -> list[int]:
         scale *= 10
 
 
+class EngineSeries:
+    """One engine replica's children of the metric families (``engine="r"``) and what it last reported."""
+
+    def __init__(self, families: dict, model_name: str, engine: str) -> None:
+        values = (model_name, engine)
+        for name, family in families.items():
+            if name == "by_source":
+                self.prompt_computed = family.labels(*values, "local_compute")
+                self.prompt_cache_hit = family.labels(*values, "local_cache_hit")
+                family.labels(*values, "external_kv_transfer")  # no KV transfer here: stays 0
+            elif name == "success":
+                self.success = {reason: family.labels(*values, reason) for reason in FINISH_REASONS}
+            elif name == "counters":
+                self.counters = {field: counter.labels(*values) for field, counter in family.items()}
+            else:
+                setattr(self, name, family.labels(*values))
+        self.seen: dict[str, int] = {}  # counter snapshots (EngineStats fields, finish reasons)
+        self.last_step_time: float | None = None
+
+    def gauges(self) -> tuple:
+        return self.num_running, self.num_waiting, self.kv_usage, self.kv_usage_old_name
+
+
 class ServerMetrics:
-    """The /metrics registry of one server; ``on_iteration`` is the AsyncLLMEngine hook."""
+    """The /metrics registry of one server; ``on_iteration`` is the AsyncLLMEngine hook.
+
+    Engine series are per data-parallel replica (label ``engine``), so a sum over that label is the
+    server's total; ``request_rejected_total`` happens before any replica and has no such label."""
 
     def __init__(self, model_name: str, prefix: str = "vllm", max_model_len: int = 2048,
-                 cache_config: dict[str, str] | None = None) -> None:
+                 cache_config: dict[str, str] | None = None, num_engines: int = 1) -> None:
         if prefix not in METRICS_PREFIXES:
             raise ValueError(f"--metrics-prefix must be one of {', '.join(METRICS_PREFIXES)}; got {prefix!r}")
         disable_created_metrics()  # prometheus_client's switch is process-wide; every server wants it off
         self.registry = r = CollectorRegistry()
         self.prefix = prefix
-        labels, values = ["model_name", "engine"], [model_name, _ENGINE]
+        labels = ["model_name", "engine"]
 
         def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(f"{prefix}:{name}", doc, labels, registry=r).labels(*values)
+            return Gauge(f"{prefix}:{name}", doc, labels, registry=r)
 
         def counter(name: str, doc: str) -> Counter:
-            return Counter(f"{prefix}:{name}", doc, labels, registry=r).labels(*values)
+            return Counter(f"{prefix}:{name}", doc, labels, registry=r)
 
         def histogram(name: str, doc: str, buckets) -> Histogram:
-            return Histogram(f"{prefix}:{name}", doc, labels, buckets=buckets, registry=r).labels(*values)
+            return Histogram(f"{prefix}:{name}", doc, labels, buckets=buckets, registry=r)
 
-        self.num_running = gauge("num_requests_running", "Number of requests in model execution batches.")
-        self.num_waiting = gauge("num_requests_waiting", "Number of requests waiting to be processed.")
-        self.kv_usage = gauge("kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
+        families: dict = {}
+        families["num_running"] = gauge("num_requests_running", "Number of requests in model execution batches.")
+        families["num_waiting"] = gauge("num_requests_waiting", "Number of requests waiting to be processed.")
+        families["kv_usage"] = gauge("kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
         # vLLM's older name for the same value, which its example Grafana dashboard still reads
-        self.kv_usage_old_name = gauge("gpu_cache_usage_perc", "KV-cache usage (vLLM's older name of "
-                                                               "kv_cache_usage_perc). 1 means 100 percent usage.")
-        self.counters = {field: counter(name, f"{name.replace('_', ' ').capitalize()} (engine total).")
-                         for field, name in _COUNTERS.items()}
-        self.prompt_tokens_cached = counter("prompt_tokens_cached", "Prompt tokens served from the prefix cache.")
-        self.prompt_tokens_recomputed = counter(
+        families["kv_usage_old_name"] = gauge(
+            "gpu_cache_usage_perc", "KV-cache usage (vLLM's older name of kv_cache_usage_perc). 1 means 100 "
+                                    "percent usage.")
+        families["counters"] = {field: counter(name, f"{name.replace('_', ' ').capitalize()} (engine total).")
+                                for field, name in _COUNTERS.items()}
+        families["prompt_tokens_cached"] = counter("prompt_tokens_cached",
+                                                   "Prompt tokens served from the prefix cache.")
+        families["prompt_tokens_recomputed"] = counter(
             "prompt_tokens_recomputed", "Cached prompt tokens computed again (none here: a prefix-cache hit "
                                         "never covers a prompt's last token).")
-        by_source = Counter(f"{prefix}:prompt_tokens_by_source", "Prompt tokens by source.",
-                            labels + ["source"], registry=r)
-        self.prompt_computed = by_source.labels(*values, "local_compute")
-        self.prompt_cache_hit = by_source.labels(*values, "local_cache_hit")
-        by_source.labels(*values, "external_kv_transfer")  # no KV transfer here: stays 0
-        success = Counter(f"{prefix}:request_success", "Count of successfully processed requests.",
-                          labels + ["finished_reason"], registry=r)
-        self._success = {reason: success.labels(*values, reason) for reason in FINISH_REASONS}
+        families["by_source"] = Counter(f"{prefix}:prompt_tokens_by_source", "Prompt tokens by source.",
+                                        labels + ["source"], registry=r)
+        families["success"] = Counter(f"{prefix}:request_success", "Count of successfully processed requests.",
+                                      labels + ["finished_reason"], registry=r)
         self._rejected = Counter(f"{prefix}:request_rejected",
                                  "Requests answered with an error status before reaching the engine.",
                                  ["model_name", "status"], registry=r)
-        if cache_config is not None:
-            info = {**cache_config, "engine": _ENGINE}
-            Gauge(f"{prefix}:cache_config_info", "Information of the LLMEngine CacheConfig",
-                  list(info), registry=r).labels(**info).set(1)
 
         sizes = token_buckets(max_model_len)
-        self.prompt_tokens_hist = histogram("request_prompt_tokens", "Number of prefill tokens processed.", sizes)
-        self.generation_tokens_hist = histogram("request_generation_tokens",
-                                                "Number of generation tokens processed.", sizes)
-        self.max_generation_tokens_hist = histogram(
+        families["prompt_tokens_hist"] = histogram("request_prompt_tokens", "Number of prefill tokens processed.",
+                                                   sizes)
+        families["generation_tokens_hist"] = histogram("request_generation_tokens",
+                                                       "Number of generation tokens processed.", sizes)
+        families["max_generation_tokens_hist"] = histogram(
             "request_max_num_generation_tokens", "Histogram of maximum number of requested generation tokens.",
             sizes)
-        self.kv_computed_hist = histogram(
+        families["kv_computed_hist"] = histogram(
             "request_prefill_kv_computed_tokens",
             "Histogram of new KV tokens computed during prefill (excluding cached tokens).", sizes)
-        self.params_n = histogram("request_params_n", "Histogram of the n request parameter.", _N_BUCKETS)
-        self.params_max_tokens = histogram("request_params_max_tokens",
-                                           "Histogram of the max_tokens request parameter.", sizes)
-        self.iteration_tokens = histogram("iteration_tokens_total",
-                                          "Histogram of number of tokens per engine_step.", _ITERATION_BUCKETS)
-        self.ttft = histogram("time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-                              _TTFT_BUCKETS)
-        self.itl = histogram("inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
-                             _TOKEN_LATENCY_BUCKETS)
-        self.tpot = histogram("time_per_output_token_seconds",
-                              "Histogram of time per output token in seconds. DEPRECATED: use "
-                              "inter_token_latency_seconds (kept for dashboards of vLLM < 0.11).",
-                              _TOKEN_LATENCY_BUCKETS)
-        self.request_tpot = histogram("request_time_per_output_token_seconds",
-                                      "Histogram of time_per_output_token_seconds per request.",
-                                      _TOKEN_LATENCY_BUCKETS)
+        families["params_n"] = histogram("request_params_n", "Histogram of the n request parameter.", _N_BUCKETS)
+        families["params_max_tokens"] = histogram("request_params_max_tokens",
+                                                  "Histogram of the max_tokens request parameter.", sizes)
+        families["iteration_tokens"] = histogram("iteration_tokens_total",
+                                                 "Histogram of number of tokens per engine_step.", _ITERATION_BUCKETS)
+        families["ttft"] = histogram("time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+                                     _TTFT_BUCKETS)
+        families["itl"] = histogram("inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+                                    _TOKEN_LATENCY_BUCKETS)
+        families["tpot"] = histogram("time_per_output_token_seconds",
+                                     "Histogram of time per output token in seconds. DEPRECATED: use "
+                                     "inter_token_latency_seconds (kept for dashboards of vLLM < 0.11).",
+                                     _TOKEN_LATENCY_BUCKETS)
+        families["request_tpot"] = histogram("request_time_per_output_token_seconds",
+                                             "Histogram of time_per_output_token_seconds per request.",
+                                             _TOKEN_LATENCY_BUCKETS)
         latency = _REQUEST_LATENCY_BUCKETS
-        self.e2e = histogram("e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
-                             latency)
-        self.queue_time = histogram("request_queue_time_seconds",
-                                    "Histogram of time spent in WAITING phase for request.", latency)
-        self.inference_time = histogram("request_inference_time_seconds",
-                                        "Histogram of time spent in RUNNING phase for request.", latency)
-        self.prefill_time = histogram("request_prefill_time_seconds",
-                                      "Histogram of time spent in PREFILL phase for request.", latency)
-        self.decode_time = histogram("request_decode_time_seconds",
-                                     "Histogram of time spent in DECODE phase for request.", latency)
+        families["e2e"] = histogram("e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
+                                    latency)
+        families["queue_time"] = histogram("request_queue_time_seconds",
+                                           "Histogram of time spent in WAITING phase for request.", latency)
+        families["inference_time"] = histogram("request_inference_time_seconds",
+                                               "Histogram of time spent in RUNNING phase for request.", latency)
+        families["prefill_time"] = histogram("request_prefill_time_seconds",
+                                             "Histogram of time spent in PREFILL phase for request.", latency)
+        families["decode_time"] = histogram("request_decode_time_seconds",
+                                            "Histogram of time spent in DECODE phase for request.", latency)
+        if num_engines < 1:
+            raise ValueError(f"num_engines must be >= 1; got {num_engines}")
+        self.engines = [EngineSeries(families, model_name, str(e)) for e in range(num_engines)]
+        if cache_config is not None:  # the replicas share one config
+            info_gauge = Gauge(f"{prefix}:cache_config_info", "Information of the LLMEngine CacheConfig",
+                               [*cache_config, "engine"], registry=r)
+            for e in range(num_engines):
+                info_gauge.labels(**cache_config, engine=str(e)).set(1)
         self._model_name = model_name
-        self._seen: dict[str, int] = {}  # counter snapshots (EngineStats fields, finish reasons)
-        self._last_step_time: float | None = None
         self._last_token_time: dict[str, float] = {}  # request id -> when its latest token came
 
     def on_iteration(self, snap: EngineSnapshot, outputs: list[RequestOutput], ended: list[str]) -> None:
-        """The AsyncLLMEngine hook: one engine iteration's snapshot, outputs and aborted request ids."""
+        """The AsyncLLMEngine hook: one engine iteration's snapshot, outputs and aborted request ids
+        (``snap.engine`` says which replica's)."""
+        series = self.engines[snap.engine]
         stats = snap.stats
-        for field, counter in self.counters.items():
-            self._inc(field, counter, getattr(stats, field))
+        for field, counter in series.counters.items():
+            self._inc(series, field, counter, getattr(stats, field))
         for reason, total in list(stats.finished_by_reason.items()):
-            success = self._success.get(reason)
+            success = series.success.get(reason)
             if success is not None:
-                self._inc(f"finished:{reason}", success, total)
-        self.num_running.set(snap.num_running)
-        self.num_waiting.set(snap.num_waiting)
-        self.kv_usage.set(snap.kv_usage)
-        self.kv_usage_old_name.set(snap.kv_usage)
+                self._inc(series, f"finished:{reason}", success, total)
+        series.num_running.set(snap.num_running)
+        series.num_waiting.set(snap.num_waiting)
+        series.kv_usage.set(snap.kv_usage)
+        series.kv_usage_old_name.set(snap.kv_usage)
         step = stats.last_step
-        if step is not None and step.time != self._last_step_time:
-            self._last_step_time = step.time
-            self.iteration_tokens.observe(step.num_prefill_tokens + step.num_decode_tokens)
+        if step is not None and step.time != series.last_step_time:
+            series.last_step_time = step.time
+            series.iteration_tokens.observe(step.num_prefill_tokens + step.num_decode_tokens)
         now = time.perf_counter()
         for output in outputs:
-            self._observe_request(output, now)
+            self._observe_request(series, output, now)
         for request_id in ended:  # aborted requests end without a finished output
             self._last_token_time.pop(request_id, None)
 
-    def observe_params(self, params: SamplingParams, num_prompts: int) -> None:
-        """A request reached the engine: its ``n`` and ``max_tokens`` (when the client set one)."""
+    def observe_params(self, params: SamplingParams, num_prompts: int, engine: int = 0) -> None:
+        """A request reached engine replica ``engine``: its ``n`` and ``max_tokens`` (when the client
+        set one)."""
+        series = self.engines[engine]
         for _ in range(num_prompts):
-            self.params_n.observe(params.n)
+            series.params_n.observe(params.n)
             if params.max_tokens is not None:
-                self.params_max_tokens.observe(params.max_tokens)
+                series.params_max_tokens.observe(params.max_tokens)
 
     def count_rejected(self, status: int) -> None:
         self._rejected.labels(self._model_name, str(status)).inc()
 
     def reset_gauges(self) -> None:
         """The engine is gone: nothing runs, waits or holds KV blocks any more."""
-        for gauge in (self.num_running, self.num_waiting, self.kv_usage, self.kv_usage_old_name):
-            gauge.set(0)
+        for series in self.engines:
+            for gauge in series.gauges():
+                gauge.set(0)
 
-    def _inc(self, key: str, counter, total: float) -> None:
-        delta = total - self._seen.get(key, 0)
+    @staticmethod
+    def _inc(series: EngineSeries, key: str, counter, total: float) -> None:
+        delta = total - series.seen.get(key, 0)
         if delta > 0:
             counter.inc(delta)
-        self._seen[key] = total
+        series.seen[key] = total
 
-    def _observe_request(self, output: RequestOutput, now: float) -> None:
+    def _observe_request(self, series: EngineSeries, output: RequestOutput, now: float) -> None:
         m = output.metrics
         latest = m.last_token_time or now
         previous = self._last_token_time.get(output.request_id)
         if previous is None:  # the request's first output: its prefill is done
             if m.first_token_time is not None:
-                self.ttft.observe(m.first_token_time - m.arrival_time)
+                series.ttft.observe(m.first_token_time - m.arrival_time)
             cached = output.num_cached_tokens
-            self.prompt_tokens_cached.inc(cached)
-            self.prompt_cache_hit.inc(cached)
-            self.prompt_computed.inc(len(output.prompt_token_ids) - cached)
+            series.prompt_tokens_cached.inc(cached)
+            series.prompt_cache_hit.inc(cached)
+            series.prompt_computed.inc(len(output.prompt_token_ids) - cached)
         elif latest > previous:
-            self.itl.observe(latest - previous)
-            self.tpot.observe(latest - previous)
+            series.itl.observe(latest - previous)
+            series.tpot.observe(latest - previous)
         if not output.finished:
             self._last_token_time[output.request_id] = latest
             return
         self._last_token_time.pop(output.request_id, None)
-        self.e2e.observe(now - m.arrival_time)
+        series.e2e.observe(now - m.arrival_time)
         num_prompt = len(output.prompt_token_ids)
         lengths = [len(o.token_ids) for o in output.outputs]
-        self.prompt_tokens_hist.observe(num_prompt)
-        self.kv_computed_hist.observe(num_prompt - output.num_cached_tokens)
-        self.generation_tokens_hist.observe(sum(lengths))
-        self.max_generation_tokens_hist.observe(max(lengths, default=0))
+        series.prompt_tokens_hist.observe(num_prompt)
+        series.kv_computed_hist.observe(num_prompt - output.num_cached_tokens)
+        series.generation_tokens_hist.observe(sum(lengths))
+        series.max_generation_tokens_hist.observe(max(lengths, default=0))
         scheduled, first, last = m.first_scheduled_time, m.first_token_time, m.finished_time
         if scheduled is not None and m.queued_time is not None:
-            self.queue_time.observe(max(scheduled - m.queued_time, 0.0))
+            series.queue_time.observe(max(scheduled - m.queued_time, 0.0))
         if scheduled is None or first is None or last is None:
             return  # ended before its first token (aborted, failed): no phase timings
-        self.prefill_time.observe(first - scheduled)
-        self.decode_time.observe(last - first)
-        self.inference_time.observe(last - scheduled)
+        series.prefill_time.observe(first - scheduled)
+        series.decode_time.observe(last - first)
+        series.inference_time.observe(last - scheduled)
         if max(lengths) > 1:
-            self.request_tpot.observe((last - first) / (max(lengths) - 1))
+            series.request_tpot.observe((last - first) / (max(lengths) - 1))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -29,7 +29,7 @@ REACHED_ENGINE = "folovllm.reached_engine"
 # ASGI scope key: the request's id (its X-Request-Id header, else a fresh one), echoed in the response.
 REQUEST_ID = "folovllm.request_id"
 # Called once per request that reached the engine: (its sampling params, its number of prompts).
-AdmittedHook = Callable[[SamplingParams, int], None]
+AdmittedHook = Callable[[SamplingParams, int, int], None]  # (params, number of prompts, engine replica)
 
 
 def request_id_of(raw: Request, prefix: str) -> str:
@@ -136,7 +136,7 @@ class ServingContext:
         except EngineError as err:
             raise engine_error(err) from err
         if self.on_admitted is not None:
-            self.on_admitted(params, len(prompts))
+            self.on_admitted(params, len(prompts), streams[0].engine)
         return streams
 
     def usage(self, finals: list[RequestOutput], completion_tokens: int) -> dict:

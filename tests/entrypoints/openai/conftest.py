@@ -103,7 +103,8 @@ def scrape(http):
 
 
 def parse_metrics(response: httpx.Response) -> dict[str, float]:
-    """/metrics as {sample name{sorted labels, model_name and engine dropped}: value}; must parse."""
+    """/metrics as {sample name{sorted labels, model_name and engine dropped}: value summed over those};
+    must parse."""
     from prometheus_client.parser import text_string_to_metric_families
 
     assert response.status_code == 200
@@ -111,5 +112,6 @@ def parse_metrics(response: httpx.Response) -> dict[str, float]:
     for family in text_string_to_metric_families(response.text):
         for sample in family.samples:
             labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()) if k not in ("model_name", "engine"))
-            values[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+            key = f"{sample.name}{{{labels}}}" if labels else sample.name
+            values[key] = values.get(key, 0.0) + sample.value  # summed over engine replicas, as Prometheus sums
     return values
