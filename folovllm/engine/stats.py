@@ -30,6 +30,11 @@ class EngineStats:
     prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache
     prefix_cache_hits: int = 0  # of those, tokens found cached
     finished_by_reason: Counter = field(default_factory=Counter)
+    # PD disaggregation (kv_transfer/): prompt tokens whose KV arrived, pulls done / failed, sends ended
+    external_prompt_tokens: int = 0
+    kv_transfer_loads: int = 0
+    kv_transfer_load_failures: int = 0
+    kv_transfer_sends: int = 0
     peak_num_running: int = 0
     host_time_s: float = 0.0  # CPU time in step() not spent waiting for the device (schedule, prepare, update)
     last_step: StepStats | None = None
