@@ -63,10 +63,12 @@ class EngineInfo:
     # SamplingParams fields the model's generation config sets: a request that omits one gets these
     default_sampling: dict = field(default_factory=dict)
     cache_config: dict[str, str] = field(default_factory=dict)  # LLMEngine.cache_config_info()
+    kv_role: str | None = None  # PD disaggregation: the engine's --kv-role
 
 
 def engine_info(engine: LLMEngine) -> EngineInfo:
-    return EngineInfo(engine.model_path, engine.max_model_len, engine.default_sampling, engine.cache_config_info())
+    return EngineInfo(engine.model_path, engine.max_model_len, engine.default_sampling, engine.cache_config_info(),
+                      engine.config.kv_role)
 
 
 @dataclass

@@ -318,8 +318,10 @@ class LLMEngine:
                 logger.warning("request %s: its KV could not be pulled; computing its prefill locally",
                                request_id)
         stats = self.stats
-        stats.external_prompt_tokens += sum(waiting[i].num_external_computed_tokens
-                                            for i in result.finished_recving if i in waiting)
+        ended = [waiting[i] for i in result.finished_recving | result.failed_recving if i in waiting]
+        stats.external_prefix_cache_queries += sum(r.num_prompt_tokens for r in ended)
+        stats.external_prompt_tokens += sum(r.num_external_computed_tokens for r in ended
+                                            if r.request_id in result.finished_recving)
         stats.kv_transfer_loads += len(result.finished_recving)
         stats.kv_transfer_load_failures += len(result.failed_recving)
         stats.kv_transfer_sends += len(result.finished_sending)

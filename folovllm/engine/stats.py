@@ -30,7 +30,9 @@ class EngineStats:
     prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache
     prefix_cache_hits: int = 0  # of those, tokens found cached
     finished_by_reason: Counter = field(default_factory=Counter)
-    # PD disaggregation (kv_transfer/): prompt tokens whose KV arrived, pulls done / failed, sends ended
+    # PD disaggregation (kv_transfer/): prompt tokens of pulls ended, those whose KV arrived, pulls
+    # done / failed, held KV handed out (or timed out)
+    external_prefix_cache_queries: int = 0
     external_prompt_tokens: int = 0
     kv_transfer_loads: int = 0
     kv_transfer_load_failures: int = 0

@@ -107,6 +107,7 @@ class KVConnectorBase:
         self.settings = settings
         self.side = side
         self._pending = KVConnectorMetadata()  # scheduler side: orders for the next step
+        self._handshake: dict[str, Any] = {}  # scheduler side: the worker side's handshake metadata
 
     @property
     def is_producer(self) -> bool:
@@ -180,7 +181,7 @@ class KVConnectorBase:
     def advertised_params(self) -> dict[str, Any]:
         """What a consumer needs to reach this producer (the worker side's handshake metadata),
         added to every params handed out."""
-        return dict(getattr(self, "_handshake", {}))
+        return dict(self._handshake)
 
     def request_aborted_while_loading(self, request_id: str) -> None:
         """The request ended while its KV was on the way: its blocks must never be written."""
@@ -234,4 +235,4 @@ def make_kv_connector(name: str, settings: KVTransferSettings, side: ConnectorSi
 
 
 def _import_builtin_connectors() -> None:
-    from folovllm.kv_transfer import shared_storage  # noqa: F401  (registers itself)
+    from folovllm.kv_transfer import shared_storage, torch_distributed  # noqa: F401  (they register)
