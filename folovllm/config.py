@@ -21,6 +21,10 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 _SIZE_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20, "mb": 2**20,
                "mib": 2**20, "g": 2**30, "gb": 2**30, "gib": 2**30}
 DEFAULT_CPU_KV_CACHE_MEMORY = 2 * 2**30
+KV_ROLES = ("producer", "consumer", "both")
+# vLLM's --kv-transfer-config: its kv_role values, and the keys read here
+_VLLM_KV_ROLES = {"kv_producer": "producer", "kv_consumer": "consumer", "kv_both": "both"}
+KV_TRANSFER_CONFIG_KEYS = ("kv_connector", "kv_role", "kv_ip", "kv_port", "engine_id", "kv_connector_extra_config")
 QUANTIZATIONS = ("auto", "gptq", "int8")
 LOAD_QUANTIZED = ("auto", "on", "off")
 DTYPE_ALIASES = {"half": "float16", "float": "float32"}  # vLLM's other spellings
@@ -57,7 +61,7 @@ def usable_cores() -> int:
 # last holds the knobs only FoloVLLM has.
 CONFIG_GROUPS = ("ModelConfig", "LoadConfig", "DeviceConfig", "CacheConfig", "ParallelConfig",
                  "SchedulerConfig", "StructuredOutputsConfig", "CompilationConfig", "ObservabilityConfig",
-                 "FoloVLLM")
+                 "KVTransferConfig", "FoloVLLM")
 NO_EFFECT = "accepted for compatibility, has no effect"
 
 
@@ -186,6 +190,19 @@ class EngineConfig:
     trace_path: str | None = knob(
         None, "write the step trace (JSONL: tokens by kind, running, waiting, KV) here", flag="--trace",
         group="ObservabilityConfig")
+    # -- KVTransferConfig (PD disaggregation, docs/distributed.md) ---------------------------------
+    kv_transfer_config: dict[str, Any] | None = knob(
+        None, "vLLM's JSON, e.g. '{\"kv_connector\": \"SharedStorageConnector\", \"kv_role\": \"kv_both\", "
+              "\"kv_connector_extra_config\": {\"shared_storage_path\": \"/tmp/kv\"}}'; kv_role and "
+              "kv_connector set --kv-role and --kv-connector; also kv_ip, kv_port, engine_id",
+        group="KVTransferConfig")
+    kv_role: str | None = knob(None, "PD disaggregation: producer (prefills, holds the KV for a consumer), "
+                                     "consumer (pulls the KV, decodes) or both",
+                               choices=list(KV_ROLES), group="KVTransferConfig")
+    kv_connector: str | None = knob(None, "how KV moves between instances (default with --kv-role: "
+                                          "torch_distributed)", group="KVTransferConfig")
+    kv_transfer_timeout: float = knob(120.0, "seconds a producer holds a finished request's KV for its "
+                                             "consumer, and a consumer waits for a pull", group="KVTransferConfig")
     # -- FoloVLLM's own knobs ---------------------------------------------------------------------
     attention_backend: str = knob("auto", "auto: triton on CUDA; on CPU cpu when its kernel is built "
                                           "(make kernels), else torch")
@@ -268,6 +285,41 @@ class EngineConfig:
                              f"got {self.structured_outputs_backend!r}")
         if self.kv_cache_memory is not None:
             object.__setattr__(self, "kv_cache_memory", parse_size(self.kv_cache_memory))
+        self._check_kv_transfer()
+
+    def _check_kv_transfer(self) -> None:
+        """--kv-transfer-config's kv_role and kv_connector become --kv-role and --kv-connector (the
+        two must agree when both are given)."""
+        given = self.kv_transfer_config
+        if given is not None:
+            if not isinstance(given, dict):
+                raise ValueError(f"kv_transfer_config must be a dict (JSON object); got {type(given).__name__}")
+            unknown = sorted(set(given) - set(KV_TRANSFER_CONFIG_KEYS))
+            if unknown:
+                raise ValueError(f"kv_transfer_config keys {unknown} are not implemented; "
+                                 f"use {', '.join(KV_TRANSFER_CONFIG_KEYS)}")
+            for key, name in (("kv_role", "kv_role"), ("kv_connector", "kv_connector")):
+                value = given.get(key)
+                if key == "kv_role" and value is not None:
+                    if value not in _VLLM_KV_ROLES:
+                        raise ValueError(f"kv_transfer_config kv_role must be one of {list(_VLLM_KV_ROLES)}; "
+                                         f"got {value!r}")
+                    value = _VLLM_KV_ROLES[value]
+                if value is None:
+                    continue
+                if getattr(self, name) not in (None, value):
+                    raise ValueError(f"--{name.replace('_', '-')}={getattr(self, name)!r} disagrees with "
+                                     f"kv_transfer_config's {key}={given[key]!r}; give one")
+                object.__setattr__(self, name, value)
+        if self.kv_role is not None and self.kv_role not in KV_ROLES:
+            raise ValueError(f"kv_role must be one of {', '.join(KV_ROLES)}; got {self.kv_role!r}")
+        if self.kv_role is None and self.kv_connector is not None:
+            raise ValueError(f"kv_connector={self.kv_connector!r} needs a kv_role (producer, consumer or both)")
+        if self.kv_role is not None and (self.tensor_parallel_size > 1 or self.data_parallel_size > 1):
+            raise ValueError("PD disaggregation (kv_role) works with tensor_parallel_size=1 and "
+                             "data_parallel_size=1 only: run more producers or consumers behind the proxy")
+        if self.kv_transfer_timeout <= 0:
+            raise ValueError(f"kv_transfer_timeout must be > 0 seconds; got {self.kv_transfer_timeout}")
 
     def _check_nodes(self) -> None:
         """Tensor parallelism across machines: the ranks split evenly, and every node can find node 0."""

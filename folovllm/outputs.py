@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -55,3 +56,6 @@ class RequestOutput:
     num_cached_tokens: int = 0
     # SamplingParams.prompt_logprobs set: aligned with prompt_token_ids, in every output of the request.
     prompt_logprobs: PromptLogprobs | None = field(default=None)
+    # PD disaggregation: a producer's params for the consumer (set once the request finished)
+    kv_transfer_params: dict[str, Any] | None = None
+    num_external_computed_tokens: int = 0  # prompt tokens whose KV came from another instance

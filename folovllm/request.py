@@ -12,6 +12,8 @@ class RequestStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
     PREEMPTED = "preempted"  # back in the waiting queue, its KV cache dropped (recompute)
+    # blocks allocated, its prompt's KV on the way from another instance (kv_transfer); others run meanwhile
+    WAITING_FOR_REMOTE_KV = "waiting_for_remote_kv"
     FINISHED_STOPPED = "stop"
     FINISHED_LENGTH = "length"
     FINISHED_ABORTED = "abort"
@@ -98,6 +100,12 @@ class Request:
         # Structured outputs: its grammar and matcher (structured_output.RequestGrammar), set by the engine.
         self.grammar: Any = None
         self.text = ""
+        # PD disaggregation: the request's kv_transfer_params (SamplingParams.extra_args), a copy the
+        # connector may mark as used; and the params its finish hands out (a producer's, for a consumer)
+        extra = (params.extra_args or {}).get("kv_transfer_params")
+        self.kv_transfer_params: dict[str, Any] | None = dict(extra) if extra else None
+        self.kv_transfer_params_out: dict[str, Any] | None = None
+        self.num_external_computed_tokens = 0  # prompt tokens whose KV came from another instance
 
     @property
     def num_prompt_tokens(self) -> int:

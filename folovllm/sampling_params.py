@@ -86,6 +86,8 @@ class SamplingParams:
     bad_words: list[str] | None = None
     # Keep only the prompt's last k tokens; -1 means the model's max_model_len.
     truncate_prompt_tokens: int | None = None
+    # Settings for parts other than sampling, by name (vLLM's): "kv_transfer_params" (PD disaggregation)
+    extra_args: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -146,6 +148,13 @@ class SamplingParams:
             raise ValueError(f"stop_token_ids must be non-negative token ids, got {bad_ids[0]!r}.")
         if self.output_kind not in ("cumulative", "final_only"):
             raise bad("output_kind", "'cumulative' or 'final_only'")
+        if self.extra_args is not None and not isinstance(self.extra_args, dict):
+            raise bad("extra_args", "a dict or None")
+        kv_params = (self.extra_args or {}).get("kv_transfer_params")
+        if kv_params is not None and not isinstance(kv_params, dict):
+            raise ValueError(f"kv_transfer_params must be a JSON object, got {type(kv_params).__name__}.")
+        if kv_params and self.n != 1:
+            raise ValueError(f"kv_transfer_params (PD disaggregation) needs n=1, got n={self.n}.")
         if self.stop and not self.detokenize:
             raise ValueError("stop strings need detokenize=True (they match text); "
                              "use stop_token_ids with detokenize=False.")

@@ -86,3 +86,23 @@ def test_nodes_split_the_ranks_evenly_and_need_node_zeros_address() -> None:
         EngineConfig(nnodes=0)
     with pytest.raises(ValueError, match="master_port must be a TCP port"):
         EngineConfig(master_port=70000)
+
+
+def test_kv_transfer_config_sets_the_kv_role_and_connector() -> None:
+    config = EngineConfig(kv_transfer_config={"kv_connector": "SharedStorageConnector", "kv_role": "kv_both"})
+    assert (config.kv_role, config.kv_connector) == ("both", "SharedStorageConnector")
+    assert EngineConfig(kv_role="consumer").kv_connector is None  # the engine picks torch_distributed
+    with pytest.raises(ValueError, match="disagrees"):
+        EngineConfig(kv_role="producer", kv_transfer_config={"kv_role": "kv_consumer"})
+    with pytest.raises(ValueError, match="kv_role must be one of"):
+        EngineConfig(kv_transfer_config={"kv_role": "decoder"})
+    with pytest.raises(ValueError, match="not implemented"):
+        EngineConfig(kv_transfer_config={"kv_role": "kv_both", "kv_buffer_size": 1})
+    with pytest.raises(ValueError, match="needs a kv_role"):
+        EngineConfig(kv_connector="shared_storage")
+    with pytest.raises(ValueError, match="tensor_parallel_size=1"):
+        EngineConfig(kv_role="both", tensor_parallel_size=2)
+    with pytest.raises(ValueError, match="data_parallel_size=1"):
+        EngineConfig(kv_role="producer", data_parallel_size=2)
+    with pytest.raises(ValueError, match="kv_transfer_timeout"):
+        EngineConfig(kv_role="both", kv_transfer_timeout=0)

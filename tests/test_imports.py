@@ -50,6 +50,11 @@ FORBIDDEN = {
                   "folovllm.attention", "folovllm.sample", "folovllm.structured_output", "folovllm.quantize",
                   "folovllm.distributed", "folovllm.bench.serve", "folovllm.bench.driver",
                   "folovllm.bench.throughput", "folovllm.bench.policies", "folovllm.bench.prefix"],
+    # KV transfer between instances (PD disaggregation): the scheduler and worker call it; it sees
+    # requests, the config and KV tensors, never the engine, the server or the model
+    "kv_transfer": ["folovllm.entrypoints", "folovllm.bench", "folovllm.engine", "folovllm.core",
+                    "folovllm.worker", "folovllm.model", "folovllm.attention", "folovllm.sample",
+                    "folovllm.quantize", "folovllm.structured_output"],
     # the offline quantizer: run by the CLI, reads models through folovllm.model
     "quantize": ["folovllm.entrypoints", "folovllm.bench", "folovllm.engine", "folovllm.core",
                  "folovllm.worker"],

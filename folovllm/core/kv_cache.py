@@ -118,6 +118,8 @@ class KVCacheManager:
         self.enable_prefix_caching = enable_prefix_caching
         self.model_key = model_key.encode()
         self.block_tables: dict[str, list[int]] = {}
+        # finished requests' blocks kept for a KV transfer to another instance, by transfer id
+        self.held: dict[str, list[int]] = {}
         self._num_slots_used: dict[str, int] = {}  # tokens each request has slots for
         self._num_cached_blocks: dict[str, int] = {}  # leading blocks of a request already named
         self.total_slots_used = 0
@@ -240,6 +242,20 @@ class KVCacheManager:
             self.pool.release(table)
         self.total_slots_used -= self._num_slots_used.pop(request.request_id, 0)
         self._num_cached_blocks.pop(request.request_id, None)
+
+    def hold(self, request: Request, transfer_id: str) -> None:
+        """Keeps a finished request's blocks, under ``transfer_id``, until ``release_held``: another
+        instance reads them (KV transfer). Named blocks stay named."""
+        table = self.block_tables.pop(request.request_id, [])
+        self.total_slots_used -= self._num_slots_used.pop(request.request_id, 0)
+        self._num_cached_blocks.pop(request.request_id, None)
+        self.held[transfer_id] = table
+
+    def release_held(self, transfer_id: str) -> None:
+        """The transfer ended (or timed out): the held blocks go back to the pool."""
+        table = self.held.pop(transfer_id, None)
+        if table:
+            self.pool.release(table)
 
     def stats(self) -> dict:
         return {"num_blocks": self.num_blocks, "block_size": self.block_size,

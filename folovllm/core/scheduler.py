@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from folovllm.core.admission import OnDemandAdmission
 from folovllm.core.kv_cache import KVCacheManager
 from folovllm.core.policy import SchedulingPolicy
+from folovllm.kv_transfer.base import KVConnectorBase, KVTransferResult
 from folovllm.request import Request, RequestStatus
 
 
@@ -62,8 +63,12 @@ class SchedulerLimits:
 class Scheduler:
     def __init__(self, limits: SchedulerLimits, kv_cache: KVCacheManager,
                  policy: SchedulingPolicy | None = None, admission: OnDemandAdmission | None = None,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.perf_counter,
+                 connector: KVConnectorBase | None = None) -> None:
         self.limits = limits
+        self.connector = connector
+        # blocks allocated, prompt KV on the way from another instance; out of `waiting` so others go on
+        self.waiting_for_kv: dict[str, Request] = {}
         self.kv_cache = kv_cache
         self.policy = policy or SchedulingPolicy()
         self.admission = admission or OnDemandAdmission()
@@ -86,18 +91,29 @@ class Scheduler:
         self.policy.on_arrival(request)
 
     def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.waiting_for_kv)
 
     def finish_request(self, request: Request, status: RequestStatus) -> None:
-        """Marks a request finished and returns its blocks to the pool."""
+        """Marks a request finished and returns its blocks to the pool (or, when the KV connector
+        says so, holds them for another instance)."""
         if request.status.finished:
             return
         if request.status == RequestStatus.RUNNING:
             self.running.remove(request)
+        elif request.status == RequestStatus.WAITING_FOR_REMOTE_KV:
+            del self.waiting_for_kv[request.request_id]
+            self.connector.request_aborted_while_loading(request.request_id)
         else:
             self.waiting.remove(request)
         request.status = status
-        self.kv_cache.free(request)
+        hold, request.kv_transfer_params_out = False, None
+        if self.connector is not None:
+            hold, request.kv_transfer_params_out = self.connector.request_finished(
+                request, self.kv_cache.block_table(request.request_id))
+        if hold:
+            self.kv_cache.hold(request, request.kv_transfer_params_out["remote_request_id"])
+        else:
+            self.kv_cache.free(request)
         self.policy.on_finished(request)
         self.admission.on_finished(request)
 
@@ -145,8 +161,16 @@ class Scheduler:
             if not self.admission.fits(request, self.running):
                 break
             # Cached tokens are never run through the model, so they would have no prompt logprobs.
-            cached_blocks = [] if request.needs_prompt_logprobs else self.kv_cache.find_cached_prefix(request)
+            # A request whose KV arrived from another instance already holds its blocks.
+            cached_blocks = [] if request.needs_prompt_logprobs or request.num_computed_tokens > 0 \
+                else self.kv_cache.find_cached_prefix(request)
             num_cached = len(cached_blocks) * self.kv_cache.block_size
+            if self.connector is not None and request.num_computed_tokens == 0:
+                num_external, load_async = self.connector.get_num_new_matched_tokens(request, num_cached)
+                if num_external > 0 and load_async:
+                    if not self._start_remote_load(request, cached_blocks, num_cached, num_external):
+                        break
+                    continue  # it waits off the queue; the next waiting request is at `index` now
             num_new = self._num_new_tokens(request, budget, num_cached,
                                            chunked=self.admission.chunked_admission)
             if prefill_left is not None and num_new > prefill_left:
@@ -163,15 +187,53 @@ class Scheduler:
 
     def _admit(self, request: Request, num_cached: int) -> None:
         self.waiting.remove(request)
-        self.kv_cache.record_prefix_query(request.num_tokens, num_cached)
-        request.num_computed_tokens = num_cached
-        if request.num_preemptions == 0:
-            request.num_cached_tokens = num_cached
+        if request.num_computed_tokens == 0:  # else its KV came from another instance (counted then)
+            self.kv_cache.record_prefix_query(request.num_tokens, num_cached)
+            request.num_computed_tokens = num_cached
+            if request.num_preemptions == 0:
+                request.num_cached_tokens = num_cached
         request.status = RequestStatus.RUNNING
         request.admission_seq = next(self._admissions)
         self.running.append(request)
         if request.metrics.first_scheduled_time is None:
             request.metrics.first_scheduled_time = self.clock()
+
+    # -- KV from another instance (kv_transfer/) ------------------------------------------------
+
+    def _start_remote_load(self, request: Request, cached_blocks: list[int], num_cached: int,
+                           num_external: int) -> bool:
+        """Allocates blocks for the request's local hits and its external tokens, and parks it in
+        WAITING_FOR_REMOTE_KV while they arrive. False, with nothing changed, if blocks run out."""
+        if not self.kv_cache.allocate_slots(request, num_external, cached_blocks):
+            return False
+        self.waiting.remove(request)
+        self.kv_cache.record_prefix_query(request.num_tokens, num_cached)
+        request.num_cached_tokens = num_cached
+        request.num_external_computed_tokens = num_external
+        request.status = RequestStatus.WAITING_FOR_REMOTE_KV
+        self.waiting_for_kv[request.request_id] = request
+        self.connector.update_state_after_alloc(request, self.kv_cache.block_table(request.request_id),
+                                                num_cached, num_external)
+        return True
+
+    def update_from_kv_transfers(self, result: KVTransferResult) -> None:
+        """Applies the transfers the worker reports ended: arrived KV makes its request schedulable
+        (its blocks are named for the prefix cache only now); a failed pull recomputes locally;
+        a finished send frees the held blocks."""
+        for request_id in result.finished_recving | result.failed_recving:
+            request = self.waiting_for_kv.pop(request_id, None)
+            if request is None:
+                continue  # aborted meanwhile: its blocks are already free
+            if request_id in result.failed_recving:
+                self.kv_cache.free(request)
+                request.num_external_computed_tokens = 0
+            else:
+                request.num_computed_tokens = request.num_cached_tokens + request.num_external_computed_tokens
+                self.kv_cache.cache_computed_blocks(request)
+            request.status = RequestStatus.WAITING
+            self.waiting.insert(0, request)
+        for transfer_id in result.finished_sending:
+            self.kv_cache.release_held(transfer_id)
 
     def _running_key(self, request: Request) -> tuple:
         key = self.admission.victim_key(request)

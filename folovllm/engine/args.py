@@ -15,12 +15,14 @@ from folovllm.attention.backend import attention_backend_names
 from folovllm.config import CONFIG_GROUPS, DTYPE_ALIASES, NO_EFFECT, EngineConfig
 from folovllm.core.admission import admission_mode_names
 from folovllm.core.policy import policy_names
+from folovllm.kv_transfer.base import kv_connector_names
 
 # Fields whose choices are whatever is registered (see folovllm/registry.py).
 _REGISTERED_CHOICES: dict[str, Callable[[], list[str]]] = {
     "attention_backend": lambda: ["auto", *attention_backend_names()],
     "scheduling_policy": policy_names,
     "admission": admission_mode_names,
+    "kv_connector": kv_connector_names,
 }
 
 

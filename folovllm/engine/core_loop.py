@@ -64,10 +64,12 @@ class EngineInfo:
     default_sampling: dict = field(default_factory=dict)
     cache_config: dict[str, str] = field(default_factory=dict)  # LLMEngine.cache_config_info()
     data_parallel_size: int = 1  # engine replicas behind the server (their snapshots say which is which)
+    kv_role: str | None = None  # PD disaggregation: the engine's --kv-role
 
 
 def engine_info(engine: LLMEngine) -> EngineInfo:
-    return EngineInfo(engine.model_path, engine.max_model_len, engine.default_sampling, engine.cache_config_info())
+    return EngineInfo(engine.model_path, engine.max_model_len, engine.default_sampling, engine.cache_config_info(),
+                      engine.config.kv_role)
 
 
 @dataclass

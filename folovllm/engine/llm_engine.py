@@ -26,6 +26,8 @@ from folovllm.engine.fault_isolation import isolate_faults, subset
 from folovllm.engine.output_processor import OutputProcessor, RequestGroup
 from folovllm.engine.stats import EngineStats, StepStats
 from folovllm.engine.worker_input import build_step_input
+from folovllm.kv_transfer.base import ConnectorSide, KVConnectorBase
+from folovllm.kv_transfer.setup import kv_transfer_settings, make_connector
 from folovllm.model.generation_config import default_sampling_overrides
 from folovllm.model.hub import resolve_model_files
 from folovllm.model.loader import default_model_path
@@ -42,6 +44,7 @@ from folovllm.worker.worker import Worker
 logger = logging.getLogger(__name__)
 
 PromptInput = str | list[int] | dict
+KV_TRANSFER_POLL_S = 0.005  # an engine with only KV transfers under way sleeps this long per step
 
 
 @dataclasses.dataclass
@@ -126,6 +129,7 @@ class LLMEngine:
         self.kv_cache = KVCacheManager(num_blocks, config.block_size,
                                        config.enable_prefix_caching, model_key, reserve)
         self.worker.initialize_cache(num_blocks, self.max_model_len)
+        self.kv_connector = self._start_kv_connector(config)
         max_batched = config.max_num_batched_tokens
         if not config.enable_chunked_prefill and max_batched < self.max_model_len:
             logger.info("chunked prefill is off: max_num_batched_tokens raised to max_model_len=%d",
@@ -136,7 +140,7 @@ class LLMEngine:
                             config.enable_chunked_prefill, config.long_prefill_token_threshold),
             self.kv_cache,
             make_policy(config.scheduling_policy, config.max_queue_delay, config.tenant_weights),
-            make_admission(config, num_blocks, max_batched))
+            make_admission(config, num_blocks, max_batched), connector=self.kv_connector)
         self.output_processor = OutputProcessor(self.tokenizer, self.max_model_len)
         self.structured = StructuredOutputManager(GrammarCache(
             config.structured_outputs_backend, self.tokenizer, self.vocab_size, self.eos_token_ids))
@@ -151,6 +155,18 @@ class LLMEngine:
         self._trace = open(config.trace_path, "w", buffering=1) if config.trace_path else None
 
     # -- start-up -----------------------------------------------------------------------------
+
+    def _start_kv_connector(self, config: EngineConfig) -> KVConnectorBase | None:
+        """PD disaggregation: the connector's scheduler side here, its worker side on the worker."""
+        if config.kv_role is None:
+            return None
+        settings = kv_transfer_settings(config)
+        connector = make_connector(config, ConnectorSide.SCHEDULER, settings)
+        worker_side = make_connector(config, ConnectorSide.WORKER, settings)
+        connector.set_handshake_metadata(self.worker.attach_kv_connector(worker_side))
+        logger.info("KV transfer: role %s, connector %s, engine id %s", config.kv_role, connector.name,
+                    settings.engine_id)
+        return connector
 
     def _resolve_max_model_len(self, model_max: int) -> int:
         wanted = self.config.max_model_len
@@ -259,7 +275,8 @@ class LLMEngine:
             self._finish(sample, RequestStatus.FINISHED_ABORTED)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished() or self._in_flight is not None
+        """Requests to step, a step in flight, or KV held for another instance (it is freed by a step)."""
+        return self.scheduler.has_unfinished() or self._in_flight is not None or bool(self.kv_cache.held)
 
     # -- the step -----------------------------------------------------------------------------
 
@@ -281,6 +298,8 @@ class LLMEngine:
         sched = self.scheduler.schedule()
         if sched.is_empty and previous is None and self.structured.has_compiling:
             self.structured.wait(0.02)  # only grammars are pending: do not spin
+        elif sched.is_empty and previous is None and self.kv_connector is not None:
+            time.sleep(KV_TRANSFER_POLL_S)  # only KV transfers are under way: do not spin
         if not sched.is_empty:
             try:
                 self._in_flight = self._launch(sched)
@@ -296,9 +315,29 @@ class LLMEngine:
         if self._in_flight is not None and not self.overlap:
             wait_s += self._resolve(self._in_flight, touched)
             self._in_flight = None
+        if self.kv_connector is not None:  # after the finishes: a producer's KV is out before its output
+            self._transfer_kv()
         outputs = self._collect_outputs(touched)
         self.stats.host_time_s += time.perf_counter() - started - wait_s
         return outputs
+
+    def _transfer_kv(self) -> None:
+        """Hands this step's KV orders to the worker and applies the transfers that ended."""
+        result = self.worker.kv_transfer(self.kv_connector.build_connector_meta())
+        waiting = self.scheduler.waiting_for_kv
+        for request_id in result.failed_recving:
+            if request_id in waiting:
+                logger.warning("request %s: its KV could not be pulled; computing its prefill locally",
+                               request_id)
+        stats = self.stats
+        ended = [waiting[i] for i in result.finished_recving | result.failed_recving if i in waiting]
+        stats.external_prefix_cache_queries += sum(r.num_prompt_tokens for r in ended)
+        stats.external_prompt_tokens += sum(r.num_external_computed_tokens for r in ended
+                                            if r.request_id in result.finished_recving)
+        stats.kv_transfer_loads += len(result.finished_recving)
+        stats.kv_transfer_load_failures += len(result.failed_recving)
+        stats.kv_transfer_sends += len(result.finished_sending)
+        self.scheduler.update_from_kv_transfers(result)
 
     def _run_isolating_faults(self, sched: SchedulerOutput, error: Exception,
                               touched: dict[str, RequestGroup]) -> float:

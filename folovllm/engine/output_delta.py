@@ -35,6 +35,8 @@ class OutputDelta:
     prompt: str | None = None
     prompt_token_ids: list[int] | None = None  # the first delta of a request only
     prompt_logprobs: PromptLogprobs | None = None  # likewise (complete by a request's first output)
+    kv_transfer_params: dict | None = None  # set on the finished delta of a producer's request
+    num_external_computed_tokens: int = 0
 
 
 class DeltaEncoder:
@@ -60,7 +62,8 @@ class DeltaEncoder:
         return OutputDelta(output.request_id, samples, output.finished, output.metrics,
                            output.num_cached_tokens, output.prompt if first else None,
                            output.prompt_token_ids if first else None,
-                           output.prompt_logprobs if first else None)
+                           output.prompt_logprobs if first else None, output.kv_transfer_params,
+                           output.num_external_computed_tokens)
 
     def forget(self, request_id: str) -> None:
         """The request ended without a finished output (aborted)."""
@@ -89,7 +92,8 @@ class DeltaDecoder:
                 s.cumulative_logprob, logprobs, s.finish_reason, s.stop_reason))
         output = RequestOutput(delta.request_id, previous.prompt, previous.prompt_token_ids, outputs,
                                delta.finished, delta.metrics, delta.num_cached_tokens,
-                               previous.prompt_logprobs)
+                               previous.prompt_logprobs, delta.kv_transfer_params,
+                               delta.num_external_computed_tokens)
         if delta.finished:
             self._last.pop(delta.request_id, None)
         else:

@@ -118,4 +118,6 @@ class OutputProcessor:
             request_id=group.request_id, prompt=group.prompt,
             prompt_token_ids=group.prompt_token_ids, outputs=outputs, finished=group.finished,
             metrics=metrics, num_cached_tokens=first.num_cached_tokens,
-            prompt_logprobs=None if first.needs_prompt_logprobs else first.prompt_logprobs)
+            prompt_logprobs=None if first.needs_prompt_logprobs else first.prompt_logprobs,
+            kv_transfer_params=first.kv_transfer_params_out,
+            num_external_computed_tokens=first.num_external_computed_tokens)

@@ -34,6 +34,13 @@ class EngineStats:
     prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache
     prefix_cache_hits: int = 0  # of those, tokens found cached
     finished_by_reason: Counter = field(default_factory=Counter)
+    # PD disaggregation (kv_transfer/): prompt tokens of pulls ended, those whose KV arrived, pulls
+    # done / failed, held KV handed out (or timed out)
+    external_prefix_cache_queries: int = 0
+    external_prompt_tokens: int = 0
+    kv_transfer_loads: int = 0
+    kv_transfer_load_failures: int = 0
+    kv_transfer_sends: int = 0
     peak_num_running: int = 0
     host_time_s: float = 0.0  # CPU time in step() not spent waiting for the device (schedule, prepare, update)
     last_step: StepStats | None = None

@@ -14,6 +14,7 @@ import torch
 from folovllm.attention.backend import get_attention_backend
 from folovllm.config import EngineConfig
 from folovllm.distributed.group import TPGroup
+from folovllm.kv_transfer.base import KVConnectorBase, KVConnectorMetadata, KVTransferResult
 from folovllm.model.arch import ArchConfig
 from folovllm.model.loader import load_model
 from folovllm.worker import cache_sizing
@@ -56,6 +57,7 @@ class Worker:
         self.runner: ModelRunner | None = None  # built by initialize_cache
         self._generators: dict[str, torch.Generator] = {}  # request id -> its RNG (seeded requests)
         self._previous: LaunchedStep | None = None  # the last step launched: pending inputs come from it
+        self.kv_connector: KVConnectorBase | None = None  # worker side of PD disaggregation's connector
 
     @property
     def arch(self) -> ArchConfig:
@@ -120,7 +122,25 @@ class Worker:
         """Nothing can fail apart from this process (``TensorParallelWorker`` checks its ranks here)."""
 
     def close(self) -> None:
-        """Nothing to stop (``TensorParallelWorker`` stops its ranks here)."""
+        """Stops the KV connector's threads, if any (``TensorParallelWorker`` stops its ranks here)."""
+        if self.kv_connector is not None:
+            self.kv_connector.close()
+
+    # -- KV transfer (PD disaggregation) ------------------------------------------------------
+
+    def attach_kv_connector(self, connector: KVConnectorBase) -> dict:
+        """Gives the connector's worker side this worker's KV tensors; returns its handshake metadata."""
+        if self.runner is None:
+            raise RuntimeError("Worker.initialize_cache must run before a KV connector is attached")
+        connector.register_kv_caches(self.runner.kv_caches)
+        self.kv_connector = connector
+        return connector.handshake_metadata()
+
+    def kv_transfer(self, meta: KVConnectorMetadata) -> KVTransferResult:
+        """Carries out one step's KV orders (loads, then saves) and reports the transfers that ended."""
+        self.kv_connector.start_load_kv(meta)
+        self.kv_connector.save_kv(meta)
+        return self.kv_connector.get_finished()
 
     def _generator(self, request_id: str, seed: int | None) -> torch.Generator | None:
         """The request's own RNG, created from its seed on first sight and kept until it finishes."""

@@ -137,7 +137,8 @@ def test_a_failing_engine_thread_is_reported_as_dead(caplog):
         raise RuntimeError("injected loop failure")
 
     stub = SimpleNamespace(model_path="stub", max_model_len=8, default_sampling={}, device=torch.device("meta"),
-                           has_unfinished_requests=broken, cache_config_info=dict)
+                           has_unfinished_requests=broken, cache_config_info=dict,
+                           config=SimpleNamespace(kv_role=None))
     died = threading.Event()
 
     async def scenario():

@@ -45,7 +45,13 @@ _N_BUCKETS = (1, 2, 5, 10, 20)
 # EngineStats counter field -> metric name (without prefix and _total)
 _COUNTERS = {"prompt_tokens": "prompt_tokens", "generation_tokens": "generation_tokens",
              "num_preemptions": "num_preemptions", "prefix_cache_queries": "prefix_cache_queries",
-             "prefix_cache_hits": "prefix_cache_hits"}
+             "prefix_cache_hits": "prefix_cache_hits",
+             # PD disaggregation (a server with --kv-role): prompt tokens asked of / found at the producer
+             "external_prefix_cache_queries": "external_prefix_cache_queries",
+             "external_prompt_tokens": "external_prefix_cache_hits",
+             # FoloVLLM's own: KV pulls done and failed (recomputed locally), held KV handed out or timed out
+             "kv_transfer_loads": "kv_transfer_loads", "kv_transfer_load_failures": "kv_transfer_load_failures",
+             "kv_transfer_sends": "kv_transfer_sends"}
 PROBE_PATHS = ("/health", "/ping", "/metrics", "/load", "/version")  # their statuses describe the server
 
 
@@ -69,7 +75,7 @@ class EngineSeries:
             if name == "by_source":
                 self.prompt_computed = family.labels(*values, "local_compute")
                 self.prompt_cache_hit = family.labels(*values, "local_cache_hit")
-                family.labels(*values, "external_kv_transfer")  # no KV transfer here: stays 0
+                self.prompt_external = family.labels(*values, "external_kv_transfer")  # PD disaggregation
             elif name == "success":
                 self.success = {reason: family.labels(*values, reason) for reason in FINISH_REASONS}
             elif name == "counters":
@@ -236,10 +242,11 @@ class ServerMetrics:
         if previous is None:  # the request's first output: its prefill is done
             if m.first_token_time is not None:
                 series.ttft.observe(m.first_token_time - m.arrival_time)
-            cached = output.num_cached_tokens
+            cached, external = output.num_cached_tokens, output.num_external_computed_tokens
             series.prompt_tokens_cached.inc(cached)
             series.prompt_cache_hit.inc(cached)
-            series.prompt_computed.inc(len(output.prompt_token_ids) - cached)
+            series.prompt_external.inc(external)
+            series.prompt_computed.inc(len(output.prompt_token_ids) - cached - external)
         elif latest > previous:
             series.itl.observe(latest - previous)
             series.tpot.observe(latest - previous)

@@ -34,7 +34,6 @@ _NOOP: dict[str, Callable[[Any], bool]] = {
     "logits_processors": lambda v: v is None,
     "spaces_between_special_tokens": lambda v: v in (None, True),
     "prompt_embeds": lambda v: v is None,
-    "kv_transfer_params": lambda v: v is None,
     "mm_processor_kwargs": lambda v: v in (None, {}),
     "tools": lambda v: v in (None, []),  # chat implements these: on completions they are no-ops
     "tool_choice": lambda v: v in (None, "none"),
@@ -207,6 +206,9 @@ class SamplingRequest(_Body):
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
     guided_decoding_backend: str | None = None
+    # PD disaggregation (a server with --kv-role): {"do_remote_decode": true} asks a producer to hold
+    # the prompt's KV; a producer's returned params make a consumer pull it
+    kv_transfer_params: dict[str, Any] | None = None
 
     @property
     def include_usage(self) -> bool:

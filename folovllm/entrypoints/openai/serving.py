@@ -78,7 +78,8 @@ class ServingContext:
         self.max_waiting_requests = max_waiting_requests
         self.validator = Validator(tokenizer, self.max_model_len, limits or RequestLimits(),
                                    chat_settings=chat_settings or ChatSettings(),
-                                   default_sampling=engine.info.default_sampling)
+                                   default_sampling=engine.info.default_sampling,
+                                   kv_role=engine.info.kv_role)
         # Tokenizing and chat templates run here, off the event loop; one thread, since a tokenizer
         # object is not safe to call from two threads at once.
         self._tokenizer_thread = ThreadPoolExecutor(1, thread_name_prefix="folovllm-tokenizer")
@@ -287,6 +288,15 @@ def prompt_logprobs_json(entries: list | None, token_text: Callable[[int], str])
     return [None if entry is None else
             {str(t): {"logprob": lp.logprob, "rank": lp.rank, "decoded_token": token_text(t)}
              for t, lp in entry.items()} for entry in entries]
+
+
+def with_kv_transfer_params(payload: dict, outputs: list[RequestOutput | None]) -> dict:
+    """PD disaggregation: a producer's params for the consumer, top-level in the response (or the
+    streamed chunk that ends the request), when the engine handed some out."""
+    found = next((o.kv_transfer_params for o in outputs if o is not None and o.kv_transfer_params), None)
+    if found is not None:
+        payload["kv_transfer_params"] = found
+    return payload
 
 
 def now_s() -> int:

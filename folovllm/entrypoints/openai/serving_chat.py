@@ -10,7 +10,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from folovllm.entrypoints.openai.chat_reply import ReplyDeltas, ReplyReader
 from folovllm.entrypoints.openai.protocol import ChatCompletionRequest
 from folovllm.entrypoints.openai.serving import (ServingContext, TextDeltas, event_stream, now_s,
-                                                 prompt_logprobs_json, request_id_of, sse)
+                                                 prompt_logprobs_json, request_id_of, sse,
+                                                 with_kv_transfer_params)
 from folovllm.outputs import CompletionOutput, RequestOutput
 
 
@@ -55,7 +56,7 @@ class ChatServing:
             response["prompt_token_ids"] = final.prompt_token_ids
         if body.prompt_logprobs is not None:
             response["prompt_logprobs"] = prompt_logprobs_json(final.prompt_logprobs, ctx.token_text)
-        return response
+        return with_kv_transfer_params(response, [final])
 
     def _logprobs(self, body: ChatCompletionRequest, out: CompletionOutput, first_token: int) -> dict:
         """OpenAI chat format: {"content": [{token, logprob, bytes, top_logprobs: [...]}, ...]}."""
@@ -114,7 +115,7 @@ class ChatServing:
                     choice["token_ids"] = list(out.token_ids[first_token:])
                 choices.append(choice)
             if choices:
-                extra = {}
+                extra = with_kv_transfer_params({}, [output])
                 if body.continuous_usage:
                     extra["usage"] = self.ctx.usage([output], sum(len(o.token_ids) for o in output.outputs))
                 yield chunk(choices, **extra)

@@ -10,7 +10,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from folovllm.engine.async_engine import RequestStream
 from folovllm.entrypoints.openai.protocol import CompletionRequest
 from folovllm.entrypoints.openai.serving import (ServingContext, TextDeltas, event_stream, merge_streams,
-                                                 now_s, prompt_logprobs_json, request_id_of, sse)
+                                                 now_s, prompt_logprobs_json, request_id_of, sse,
+                                                 with_kv_transfer_params)
 from folovllm.outputs import CompletionOutput, RequestOutput
 
 
@@ -51,9 +52,9 @@ class CompletionServing:
                 if body.prompt_logprobs is not None:
                     choice["prompt_logprobs"] = prompt_logprobs_json(final.prompt_logprobs, ctx.token_text)
                 choices.append(choice)
-        return JSONResponse({"id": request_id, "object": "text_completion", "created": now_s(),
-                             "model": ctx.model_name, "choices": choices,
-                             "usage": ctx.usage(finals, completion_tokens)})
+        return JSONResponse(with_kv_transfer_params(
+            {"id": request_id, "object": "text_completion", "created": now_s(), "model": ctx.model_name,
+             "choices": choices, "usage": ctx.usage(finals, completion_tokens)}, finals))
 
     def _prompt_text(self, prompt: dict) -> str:
         text = prompt.get("prompt")
@@ -100,12 +101,12 @@ class CompletionServing:
         offsets = [[0] * n for _ in streams]
         finals: list[RequestOutput | None] = [None] * len(streams)
 
-        def chunk(choices: list[dict]) -> str:
+        def chunk(choices: list[dict], output: RequestOutput | None = None) -> str:
             payload = {"id": request_id, "object": "text_completion", "created": created,
                        "model": model, "choices": choices}
             if body.continuous_usage:
                 payload["usage"] = usage_so_far()
-            return sse(payload)
+            return sse(with_kv_transfer_params(payload, [output]))
 
         def usage_so_far() -> dict:
             done = [f for f in finals if f is not None]
@@ -155,7 +156,7 @@ class CompletionServing:
                                          "finish_reason": out.finish_reason,
                                          "stop_reason": out.stop_reason}, i, list(out.token_ids[first_token:])))
             if choices:
-                yield chunk(choices)
+                yield chunk(choices, output)
         if body.include_usage:
             completion_tokens = 0 if _scores_only(body) else sum(
                 len(o.token_ids) for f in finals for o in f.outputs)

@@ -68,6 +68,7 @@ class Validator:
     chat_settings: ChatSettings = field(default_factory=ChatSettings)
     # SamplingParams fields set by the model's generation config: used where a request omits them
     default_sampling: dict = field(default_factory=dict)
+    kv_role: str | None = None  # the engine's --kv-role: kv_transfer_params are accepted only with one
 
     def __post_init__(self) -> None:
         # No token is longer than this many characters, so a text longer than max_model_len times it
@@ -101,6 +102,9 @@ class Validator:
             raise bad_request(f"prompt holds {len(prompts)} prompts; at most "
                               f"{limits.max_prompts_per_request} are allowed per request", "prompt")
         most = max(limits.max_n, limits.max_prompts_per_request)
+        if body.kv_transfer_params is not None and len(prompts) > 1:
+            raise bad_request("kv_transfer_params works with one prompt per request; got "
+                              f"{len(prompts)}", "kv_transfer_params")
         if len(prompts) * body.n > most:
             raise bad_request(f"{len(prompts)} prompts with n={body.n} ask for {len(prompts) * body.n} "
                               f"sequences; at most {most} are allowed per request", "n")
@@ -271,6 +275,9 @@ class Validator:
                               "characters", "stop")
         if body.prompt_logprobs is not None and body.stream:
             raise bad_request("prompt_logprobs are not available when stream=true", "prompt_logprobs")
+        if body.kv_transfer_params is not None and self.kv_role is None:
+            raise bad_request("kv_transfer_params needs a server started with --kv-role (producer, consumer "
+                              "or both) for prefill/decode disaggregation; leave it out", "kv_transfer_params")
         if len(body.stop_token_ids or ()) > limits.max_stop_strings:
             raise bad_request(f"stop_token_ids holds {len(body.stop_token_ids)} ids; at most "
                               f"{limits.max_stop_strings} are allowed", "stop_token_ids")
@@ -306,7 +313,9 @@ class Validator:
                 include_stop_str_in_output=body.include_stop_str_in_output, logit_bias=logit_bias,
                 allowed_token_ids=body.allowed_token_ids, bad_words=body.bad_words,
                 truncate_prompt_tokens=body.truncate_prompt_tokens,
-                structured_outputs=structured[0] if structured is not None else None, **sampling)
+                structured_outputs=structured[0] if structured is not None else None,
+                extra_args={"kv_transfer_params": body.kv_transfer_params} if body.kv_transfer_params else None,
+                **sampling)
         except ValueError as err:
             raise bad_request(err, renames=renames) from err
 

@@ -11,6 +11,8 @@ EMITTED: dict[str, str] = {
     "num_requests_running": "gauge",
     "num_requests_waiting": "gauge",
     "kv_cache_usage_perc": "gauge",
+    "external_prefix_cache_queries": "counter",  # PD disaggregation: prompt tokens asked of a producer
+    "external_prefix_cache_hits": "counter",
     "gpu_cache_usage_perc": "gauge",  # kv_cache_usage_perc's older name: vLLM's example dashboard reads it
     "cache_config_info": "gauge",
     "prefix_cache_queries": "counter",
@@ -44,8 +46,6 @@ EMITTED: dict[str, str] = {
 NOT_EMITTED: dict[str, str] = {
     "engine_sleep_state": "no sleep mode (the engine never offloads its weights)",
     "corrupted_requests": "logits are not scanned for NaNs (vLLM too exports it only when asked to)",
-    "external_prefix_cache_queries": "no KV connector: no cache shared across instances",
-    "external_prefix_cache_hits": "no KV connector",
     "mm_cache_queries": "text-only models: no multi-modal cache",
     "mm_cache_hits": "text-only models",
     "lora_requests_info": "no LoRA adapters",
@@ -63,7 +63,8 @@ NOT_EMITTED: dict[str, str] = {
 }
 
 # Ours alone (kept under the chosen prefix): error responses given before reaching the engine.
-OWN: dict[str, str] = {"request_rejected": "counter"}
+OWN: dict[str, str] = {"request_rejected": "counter", "kv_transfer_loads": "counter",
+                       "kv_transfer_load_failures": "counter", "kv_transfer_sends": "counter"}
 
 # Every series the queries of vLLM's example Grafana dashboards name (vllm-project/vllm,
 # examples/online_serving/prometheus_grafana/grafana.json at 004f771f and
