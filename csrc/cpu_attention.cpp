@@ -164,6 +164,17 @@ FOLO_AVX512 FOLO_INLINE void store16(c10::BFloat16* x, __m512 v) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(x), _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16)));
 }
 
+// The four lane sums of part[0..3], in order.
+FOLO_AVX512 FOLO_INLINE __m128 reduce4(const __m512* part) {
+  const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(part[0], part[1]), _mm512_unpackhi_ps(part[0], part[1]));
+  const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(part[2], part[3]), _mm512_unpackhi_ps(part[2], part[3]));
+  // per 128-bit lane: [sum0, sum1, sum2, sum3] of that lane's elements
+  const __m512 lanes = _mm512_add_ps(_mm512_shuffle_ps(ab, cd, _MM_SHUFFLE(1, 0, 1, 0)),
+                                     _mm512_shuffle_ps(ab, cd, _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m256 half = _mm256_add_ps(_mm512_castps512_ps256(lanes), _mm512_extractf32x8_ps(lanes, 1));
+  return _mm_add_ps(_mm256_castps256_ps128(half), _mm256_extractf128_ps(half, 1));
+}
+
 // Decode fast path (AVX-512): one query row, R heads of a kv head's group, head_dim 16 * NV. q and
 // the R accumulators stay in registers, K/V rows are widened as they are loaded, and each loaded
 // K/V row feeds all R heads.
@@ -191,7 +202,21 @@ FOLO_AVX512 FOLO_INLINE void attend_decode_rows(const Problem<scalar_t>& p, cons
       const int64_t t = t0 + i;
       offsets[i] = (table[t / p.block_size] * p.block_size + t % p.block_size) * token_stride + kv_head * D;
     }
-    for (int i = 0; i < n; ++i) {
+    int i = 0;
+    for (; i + 4 <= n; i += 4) {  // four keys at a time share one horizontal reduction
+      __m512 kv[4][NV];
+      for (int j = 0; j < 4; ++j)
+        for (int v = 0; v < NV; ++v) kv[j][v] = load16(p.k_cache + offsets[i + j] + 16 * v);
+      for (int r = 0; r < R; ++r) {
+        __m512 part[4];
+        for (int j = 0; j < 4; ++j) {
+          part[j] = _mm512_mul_ps(q[r][0], kv[j][0]);
+          for (int v = 1; v < NV; ++v) part[j] = _mm512_fmadd_ps(q[r][v], kv[j][v], part[j]);
+        }
+        _mm_storeu_ps(scores + r * kKeyTile + i, reduce4(part));
+      }
+    }
+    for (; i < n; ++i) {
       const scalar_t* k = p.k_cache + offsets[i];
       __m512 kv[NV];
       for (int v = 0; v < NV; ++v) kv[v] = load16(k + 16 * v);
