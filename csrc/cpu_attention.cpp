@@ -10,6 +10,8 @@
 //
 // Portable build: plain C++ that the compiler auto-vectorizes, compiled once per instruction set
 // (target_clones) and picked at load time, so one binary is correct on any x86-64 and fast on AVX-512.
+// Decode rows (one query row, head_dim 64 or 128) take AVX-512 intrinsics when the CPU has them
+// (checked per call; decode_fast_path=False forces the portable path).
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
