@@ -10,11 +10,16 @@
 //
 // Portable build: plain C++ that the compiler auto-vectorizes, compiled once per instruction set
 // (target_clones) and picked at load time, so one binary is correct on any x86-64 and fast on AVX-512.
+// Decode rows (one query row, head_dim 64 or 128) take AVX-512 intrinsics when the CPU has them
+// (checked per call; decode_fast_path=False forces the portable path).
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <c10/util/BFloat16.h>
 #include <omp.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 #include <torch/library.h>
 
 #include <algorithm>
@@ -29,6 +34,7 @@ namespace {
 constexpr int kLanes = 16;        // independent partial sums: the compiler maps them onto one vector
 constexpr int kKeyTile = 128;     // keys per online-softmax update
 constexpr int kQueryTile = 16;    // query rows per prefill work item
+constexpr int kMaxDecodeRows = 4; // group heads per decode register block (4 x 128 fp32 accumulators)
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define FOLO_MULTIVERSION __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
@@ -98,6 +104,7 @@ struct Problem {
   int64_t num_heads, num_kv_heads, head_dim, block_size;
   float scale;
   int64_t sliding_window;  // keys a query sees, itself included; 0 = the whole context
+  bool decode_fast_path;  // single-row items take attend_decode_item (AVX-512, head_dim 64 or 128)
 };
 
 // First key position a query at ``pos`` sees.
@@ -109,10 +116,11 @@ FOLO_INLINE int64_t first_visible_key(int64_t pos, int64_t sliding_window) {
 struct Workspace {
   std::vector<float> q, acc, scores, keys, values, row_max, row_sum;
   std::vector<const float*> key_rows, value_rows;
+  std::vector<int64_t> offsets;
   Workspace(int64_t rows, int64_t head_dim)
-      : q(rows * head_dim), acc(rows * head_dim), scores(rows * kKeyTile),
+      : q(rows * head_dim), acc(rows * head_dim), scores(std::max<int64_t>(rows, kMaxDecodeRows) * kKeyTile),
         keys(kKeyTile * head_dim), values(kKeyTile * head_dim), row_max(rows), row_sum(rows),
-        key_rows(kKeyTile), value_rows(kKeyTile) {}
+        key_rows(kKeyTile), value_rows(kKeyTile), offsets(kKeyTile) {}
 };
 
 FOLO_INLINE float load(float x) { return x; }
@@ -139,8 +147,155 @@ FOLO_INLINE void fetch_rows(const scalar_t* cache, const int64_t* table, const P
   }
 }
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#define FOLO_HAS_AVX512_DECODE 1
+#define FOLO_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
+
+FOLO_AVX512 FOLO_INLINE __m512 load16(const float* x) { return _mm512_loadu_ps(x); }
+// bf16 -> fp32 is a 16-bit shift: widen in a register instead of through a buffer
+FOLO_AVX512 FOLO_INLINE __m512 load16(const c10::BFloat16* x) {
+  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+FOLO_AVX512 FOLO_INLINE void store16(float* x, __m512 v) { _mm512_storeu_ps(x, v); }
+// round to nearest even, as c10::BFloat16's conversion does (NaN aside: the kernel never makes one)
+FOLO_AVX512 FOLO_INLINE void store16(c10::BFloat16* x, __m512 v) {
+  const __m512i bits = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(x), _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16)));
+}
+
+// The four lane sums of part[0..3], in order.
+FOLO_AVX512 FOLO_INLINE __m128 reduce4(const __m512* part) {
+  const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(part[0], part[1]), _mm512_unpackhi_ps(part[0], part[1]));
+  const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(part[2], part[3]), _mm512_unpackhi_ps(part[2], part[3]));
+  // per 128-bit lane: [sum0, sum1, sum2, sum3] of that lane's elements
+  const __m512 lanes = _mm512_add_ps(_mm512_shuffle_ps(ab, cd, _MM_SHUFFLE(1, 0, 1, 0)),
+                                     _mm512_shuffle_ps(ab, cd, _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m256 half = _mm256_add_ps(_mm512_castps512_ps256(lanes), _mm512_extractf32x8_ps(lanes, 1));
+  return _mm_add_ps(_mm256_castps256_ps128(half), _mm256_extractf128_ps(half, 1));
+}
+
+// Decode fast path (AVX-512): one query row, R heads of a kv head's group, head_dim 16 * NV. q and
+// the R accumulators stay in registers, K/V rows are widened as they are loaded, and each loaded
+// K/V row feeds all R heads.
+template <int NV, int R, typename scalar_t>
+FOLO_AVX512 FOLO_INLINE void attend_decode_rows(const Problem<scalar_t>& p, const int64_t* table, int64_t kv_head,
+                                                int64_t first_head, int64_t token, int64_t first_key,
+                                                int64_t num_keys, float* scores, int64_t* offsets) {
+  constexpr int D = NV * 16;
+  const int64_t token_stride = p.num_kv_heads * D;
+  const __m512 scale = _mm512_set1_ps(p.scale);
+  __m512 q[R][NV], acc[R][NV];
+  float row_max[R], row_sum[R];
+  for (int r = 0; r < R; ++r) {
+    const scalar_t* src = p.query + (token * p.num_heads + first_head + r) * D;
+    for (int v = 0; v < NV; ++v) {
+      q[r][v] = _mm512_mul_ps(load16(src + 16 * v), scale);
+      acc[r][v] = _mm512_setzero_ps();
+    }
+    row_max[r] = -std::numeric_limits<float>::infinity();
+    row_sum[r] = 0.f;
+  }
+  for (int64_t t0 = first_key; t0 < num_keys; t0 += kKeyTile) {
+    const int n = static_cast<int>(std::min<int64_t>(kKeyTile, num_keys - t0));
+    for (int i = 0; i < n; ++i) {
+      const int64_t t = t0 + i;
+      offsets[i] = (table[t / p.block_size] * p.block_size + t % p.block_size) * token_stride + kv_head * D;
+    }
+    int i = 0;
+    for (; i + 4 <= n; i += 4) {  // four keys at a time share one horizontal reduction
+      __m512 kv[4][NV];
+      for (int j = 0; j < 4; ++j)
+        for (int v = 0; v < NV; ++v) kv[j][v] = load16(p.k_cache + offsets[i + j] + 16 * v);
+      for (int r = 0; r < R; ++r) {
+        __m512 part[4];
+        for (int j = 0; j < 4; ++j) {
+          part[j] = _mm512_mul_ps(q[r][0], kv[j][0]);
+          for (int v = 1; v < NV; ++v) part[j] = _mm512_fmadd_ps(q[r][v], kv[j][v], part[j]);
+        }
+        _mm_storeu_ps(scores + r * kKeyTile + i, reduce4(part));
+      }
+    }
+    for (; i < n; ++i) {
+      const scalar_t* k = p.k_cache + offsets[i];
+      __m512 kv[NV];
+      for (int v = 0; v < NV; ++v) kv[v] = load16(k + 16 * v);
+      for (int r = 0; r < R; ++r) {
+        __m512 part = _mm512_mul_ps(q[r][0], kv[0]);
+        for (int v = 1; v < NV; ++v) part = _mm512_fmadd_ps(q[r][v], kv[v], part);
+        scores[r * kKeyTile + i] = _mm512_reduce_add_ps(part);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      float* s = scores + r * kKeyTile;
+      float tile_max = -std::numeric_limits<float>::infinity();
+      for (int i = 0; i < n; ++i) tile_max = std::max(tile_max, s[i]);
+      const float new_max = std::max(row_max[r], tile_max);
+      const float correction = std::exp(row_max[r] - new_max);
+      row_max[r] = new_max;
+      for (int i = 0; i < n; ++i) s[i] -= new_max;
+      exp_inplace(s, n);
+      float tile_sum = 0.f;
+      for (int i = 0; i < n; ++i) tile_sum += s[i];
+      row_sum[r] = row_sum[r] * correction + tile_sum;
+      const __m512 c = _mm512_set1_ps(correction);
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_mul_ps(acc[r][v], c);
+    }
+    for (int i = 0; i < n; ++i) {
+      const scalar_t* val = p.v_cache + offsets[i];
+      __m512 vv[NV];
+      for (int v = 0; v < NV; ++v) vv[v] = load16(val + 16 * v);
+      for (int r = 0; r < R; ++r) {
+        const __m512 w = _mm512_set1_ps(scores[r * kKeyTile + i]);
+        for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_fmadd_ps(w, vv[v], acc[r][v]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    scalar_t* dst = p.out + (token * p.num_heads + first_head + r) * D;
+    const __m512 inv = _mm512_set1_ps(1.f / row_sum[r]);
+    for (int v = 0; v < NV; ++v) store16(dst + 16 * v, _mm512_mul_ps(acc[r][v], inv));
+  }
+}
+
+// One decode item (a single query row, every head of one kv head's group) in register blocks of at
+// most kMaxDecodeRows heads (half that at head_dim 128, so the accumulators fit the 32 registers).
+template <int NV, typename scalar_t>
+FOLO_AVX512 __attribute__((noinline)) void attend_decode_item(const Item& item, const Problem<scalar_t>& p,
+                                                              Workspace& ws) {
+  constexpr int block = NV <= 4 ? kMaxDecodeRows : kMaxDecodeRows / 2;
+  const int64_t group = p.num_heads / p.num_kv_heads;
+  const int64_t q_start = p.query_start_loc[item.seq];
+  const int64_t q_len = p.query_start_loc[item.seq + 1] - q_start;
+  const int64_t pos = p.seq_lens[item.seq] - q_len + item.q_begin;  // the row's position: context + q_begin
+  const int64_t* table = p.block_tables + item.seq * p.table_width;
+  const int64_t first_key = first_visible_key(pos, p.sliding_window);
+  for (int64_t g0 = 0; g0 < group; g0 += block) {
+    const int64_t head = item.kv_head * group + g0;
+    const int64_t token = q_start + item.q_begin;
+#define FOLO_DECODE_ROWS(R) \
+  attend_decode_rows<NV, R>(p, table, item.kv_head, head, token, first_key, pos + 1, ws.scores.data(), ws.offsets.data())
+    switch (std::min<int64_t>(block, group - g0)) {
+      case 1: FOLO_DECODE_ROWS(1); break;
+      case 2: FOLO_DECODE_ROWS(2); break;
+      case 3: if constexpr (block >= 3) FOLO_DECODE_ROWS(3); break;
+      default: if constexpr (block >= 4) FOLO_DECODE_ROWS(4); break;
+    }
+#undef FOLO_DECODE_ROWS
+  }
+}
+#endif
+
 template <typename scalar_t>
 FOLO_INLINE void attend_item(const Item& item, const Problem<scalar_t>& p, Workspace& ws) {
+#ifdef FOLO_HAS_AVX512_DECODE
+  if (p.decode_fast_path && item.q_end - item.q_begin == 1) {
+    if (p.head_dim == 64) return attend_decode_item<4>(item, p, ws);
+    if (p.head_dim == 128) return attend_decode_item<8>(item, p, ws);
+  }
+#endif
   const int64_t D = p.head_dim;
   const int64_t group = p.num_heads / p.num_kv_heads;
   const int64_t q_start = p.query_start_loc[item.seq];
@@ -266,6 +421,16 @@ void run(const Problem<scalar_t>& p, int64_t num_seqs, bool skip_fresh_prefills)
   }
 }
 
+// The decode fast path's instructions, checked on the machine that runs the kernel.
+bool cpu_has_avx512() {
+#ifdef FOLO_HAS_AVX512_DECODE
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+#else
+  return false;
+#endif
+}
+
 void check_int64(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.scalar_type() == at::kLong && t.is_contiguous() && t.device().is_cpu(), name,
               " must be a contiguous int64 CPU tensor");
@@ -274,7 +439,7 @@ void check_int64(const at::Tensor& t, const char* name) {
 void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& k_cache,
                      const at::Tensor& v_cache, const at::Tensor& block_tables, const at::Tensor& seq_lens,
                      const at::Tensor& query_start_loc, double scale, bool skip_fresh_prefills,
-                     int64_t sliding_window) {
+                     int64_t sliding_window, bool decode_fast_path) {
   TORCH_CHECK(sliding_window >= 0, "sliding_window must be >= 0 (0: no window)");
   TORCH_CHECK(query.dim() == 3 && k_cache.dim() == 4, "query must be [T, Hq, D] and the caches "
               "[num_blocks, block_size, Hkv, D]");
@@ -308,7 +473,8 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
                         block_tables.const_data_ptr<int64_t>(), seq_lens.const_data_ptr<int64_t>(),
                         query_start_loc.const_data_ptr<int64_t>(), block_tables.size(1),
                         query.size(1), k_cache.size(2), query.size(2), k_cache.size(1),
-                        static_cast<float>(scale), sliding_window};
+                        static_cast<float>(scale), sliding_window,
+                        decode_fast_path && cpu_has_avx512()};
     run(p, num_seqs, skip_fresh_prefills);
   };
   if (dtype == at::kFloat) {
@@ -323,7 +489,7 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
 TORCH_LIBRARY(folovllm_cpu, m) {
   m.def("paged_attention(Tensor(a!) out, Tensor query, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
         "Tensor seq_lens, Tensor query_start_loc, float scale, bool skip_fresh_prefills, "
-        "int sliding_window=0) -> ()");
+        "int sliding_window=0, bool decode_fast_path=True) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(folovllm_cpu, CPU, m) { m.impl("paged_attention", &paged_attention); }

@@ -5,11 +5,17 @@ backends each round, over the same KV cache and metadata, so both see the same m
 
     .venv/bin/python scripts/cpu_attention_bench.py                        # prints the table
     .venv/bin/python scripts/cpu_attention_bench.py --out docs/results/cpu-attention.json
+    .venv/bin/python scripts/cpu_attention_bench.py --kernel-only --threads 1   # the op alone, decode
+
+--kernel-only times the kernel op by itself on decode batches (9 q / 3 kv heads, head_dim 64, bf16),
+its decode fast path on vs off (the general path) alternating each round; process CPU time per call,
+so other jobs on a shared machine inflate it less than wall time.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -51,13 +57,58 @@ def step_inputs(num_seqs: int, q_len: int, cached: int, vocab: int) -> tuple[tor
     return input_ids, positions, meta
 
 
+KERNEL_CASES = [(1, 128), (1, 256), (1, 1024), (64, 128), (64, 256), (64, 1024)]  # (sequences, context)
+
+
+def kernel_only(rounds: int) -> list[dict]:
+    """Median µs per call of the kernel op, decode fast path on vs off, alternating each round."""
+    from folovllm.config import CPU_ATTENTION_LIBRARY, load_cpu_attention_library
+    reason = load_cpu_attention_library(CPU_ATTENTION_LIBRARY)
+    if reason is not None:
+        raise SystemExit(reason)
+    gen = torch.Generator().manual_seed(0)
+    heads, kv_heads, head_dim = 9, 3, 64
+    results = []
+    for num_seqs, context in KERNEL_CASES:
+        per_seq = blocks_for_tokens(context, BLOCK_SIZE)
+        k_cache = torch.randn(num_seqs * per_seq, BLOCK_SIZE, kv_heads, head_dim, generator=gen).bfloat16()
+        v_cache = torch.randn(k_cache.shape, generator=gen).bfloat16()
+        tables = torch.randperm(num_seqs * per_seq, generator=gen).view(num_seqs, per_seq)
+        query = torch.randn(num_seqs, heads, head_dim, generator=gen).bfloat16()
+        out, lens, starts = torch.empty_like(query), torch.full((num_seqs,), context), torch.arange(num_seqs + 1)
+        calls = max(1, 30_000 // (num_seqs * context // 64))
+        times: dict[bool, list[float]] = {True: [], False: []}
+        for round_ in range(rounds + 1):  # round 0 warms up
+            for fast in (False, True):
+                start = time.process_time()
+                for _ in range(calls):
+                    torch.ops.folovllm_cpu.paged_attention(out, query, k_cache, v_cache, tables, lens, starts,
+                                                           head_dim ** -0.5, True, 0, fast)
+                if round_:
+                    times[fast].append((time.process_time() - start) / calls * 1e6)
+        med = {("fast" if f else "general"): statistics.median(t) for f, t in times.items()}
+        results.append({"num_seqs": num_seqs, "context": context, "median_us": med,
+                        "speedup": med["general"] / med["fast"]})
+        print(f"decode batch {num_seqs:3d} x {context:5d}: general {med['general']:9.1f} us  "
+              f"fast {med['fast']:9.1f} us  {med['general'] / med['fast']:.2f}x", flush=True)
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds per case")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", help="write the results here (JSON)")
+    parser.add_argument("--kernel-only", action="store_true", help="time the kernel op alone (decode)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.kernel_only:
+        results = kernel_only(args.rounds)
+        if args.out:
+            info = {"threads": args.threads, "load_average": os.getloadavg(), "dtype": "bfloat16",
+                    "block_size": BLOCK_SIZE}
+            Path(args.out).write_text(json.dumps([{**r, **info} for r in results], indent=1) + "\n")
+        return
     backends = {name: get_attention_backend(name) for name in ("torch", "cpu")}
     model = load_model(default_model_path(), dtype=torch.bfloat16, device="cpu", attn_backend=backends["torch"])
     arch = model.arch

@@ -1,0 +1,76 @@
+"""The CPU kernel's decode fast path (single-row items, head_dim 64/128, AVX-512) against the fp64
+reference and against the kernel's general path (``decode_fast_path=False``): GQA groups that fill,
+split and overflow a register block, contexts crossing key-tile and block boundaries, windows."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from folovllm.config import CPU_ATTENTION_LIBRARY, load_cpu_attention_library
+from tests.attention.paged_reference import reference_attention
+
+NOT_BUILT = load_cpu_attention_library(CPU_ATTENTION_LIBRARY)
+pytestmark = pytest.mark.skipif(NOT_BUILT is not None, reason=f"{NOT_BUILT}")
+
+# contexts around the 128-key tile and odd lengths, one mixed batch holding a prefill chunk too
+DECODE_BATCHES = [([1], [1]), ([1, 1, 1], [127, 128, 129]), ([1, 1], [257, 33]), ([1, 3, 1], [300, 19, 5])]
+
+
+def run_kernel(query_lens: list[int], seq_lens: list[int], num_heads: int, num_kv_heads: int, head_dim: int,
+               block_size: int, dtype: torch.dtype, sliding_window: int, fast: bool,
+               seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(kernel output [T, Hq*D], fp64 reference) over a shuffled block table."""
+    gen = torch.Generator().manual_seed(seed)
+    per_seq = [-(-s // block_size) for s in seq_lens]
+    width = max(per_seq)
+    order = torch.randperm(sum(per_seq), generator=gen)
+    tables = torch.zeros(len(seq_lens), width, dtype=torch.long)
+    k_cache = torch.zeros(sum(per_seq), block_size, num_kv_heads, head_dim, dtype=dtype)
+    v_cache = torch.zeros_like(k_cache)
+    queries, refs, used = [], [], 0
+    scale = head_dim ** -0.5
+    for s, (q_len, s_len) in enumerate(zip(query_lens, seq_lens)):
+        blocks = order[used:used + per_seq[s]]
+        used += per_seq[s]
+        tables[s, :per_seq[s]] = blocks
+        k = torch.randn(s_len, num_kv_heads, head_dim, generator=gen).to(dtype)
+        v = torch.randn(s_len, num_kv_heads, head_dim, generator=gen).to(dtype)
+        padded = per_seq[s] * block_size
+        k_cache[blocks] = torch.cat([k, k.new_zeros(padded - s_len, num_kv_heads, head_dim)]).view(
+            per_seq[s], block_size, num_kv_heads, head_dim)
+        v_cache[blocks] = torch.cat([v, v.new_zeros(padded - s_len, num_kv_heads, head_dim)]).view(
+            per_seq[s], block_size, num_kv_heads, head_dim)
+        q = torch.randn(q_len, num_heads, head_dim, generator=gen).to(dtype)
+        queries.append(q)
+        refs.append(reference_attention(q, k, v, scale, sliding_window or None))
+    query = torch.cat(queries)
+    out = torch.full_like(query, float("nan"))
+    starts = torch.tensor([0, *query_lens]).cumsum(0)
+    torch.ops.folovllm_cpu.paged_attention(out, query, k_cache, v_cache, tables, torch.tensor(seq_lens), starts,
+                                           scale, False, sliding_window, fast)
+    return out.flatten(1), torch.cat(refs)
+
+
+@pytest.mark.parametrize("query_lens,seq_lens", DECODE_BATCHES)
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("heads", [(3, 3), (4, 2), (9, 3), (8, 2), (5, 1), (10, 2)])  # group 1, 2, 3, 4, 5
+@pytest.mark.parametrize("block_size", [16, 5])
+def test_decode_fast_path_fp32_matches_reference(query_lens: list[int], seq_lens: list[int], head_dim: int,
+                                                 heads: tuple[int, int], block_size: int) -> None:
+    ours, ref = run_kernel(query_lens, seq_lens, *heads, head_dim, block_size, torch.float32, 0, fast=True)
+    torch.testing.assert_close(ours.double(), ref, atol=1e-5, rtol=1e-5)
+    general, _ = run_kernel(query_lens, seq_lens, *heads, head_dim, block_size, torch.float32, 0, fast=False)
+    torch.testing.assert_close(ours, general, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("heads", [(9, 3), (16, 8), (10, 2)])
+@pytest.mark.parametrize("sliding_window", [0, 1, 7, 130])
+def test_decode_fast_path_bf16_matches_reference_and_general_path(head_dim: int, heads: tuple[int, int],
+                                                                  sliding_window: int) -> None:
+    query_lens, seq_lens = [1, 1, 1, 4], [300, 129, 1, 40]
+    ours, ref = run_kernel(query_lens, seq_lens, *heads, head_dim, 16, torch.bfloat16, sliding_window, fast=True)
+    torch.testing.assert_close(ours.double(), ref, atol=3e-2, rtol=3e-2)
+    general, _ = run_kernel(query_lens, seq_lens, *heads, head_dim, 16, torch.bfloat16, sliding_window, fast=False)
+    # both accumulate in fp32 in different orders; outputs differ by at most a bf16 rounding step
+    torch.testing.assert_close(ours.float(), general.float(), atol=1e-2, rtol=1e-2)
