@@ -69,7 +69,7 @@ class EngineInfo:
 
 def engine_info(engine: LLMEngine) -> EngineInfo:
     return EngineInfo(engine.model_path, engine.max_model_len, engine.default_sampling, engine.cache_config_info(),
-                      engine.config.kv_role)
+                      kv_role=engine.config.kv_role)
 
 
 @dataclass
