@@ -1,4 +1,4 @@
-"""Fits a linear cost model to an engine's step trace (``--trace`` JSONL) by least squares, and says
+"""Fits a linear cost model to an engine's step trace (``--trace`` JSONL) by non-negative least squares, and says
 how well it fits: R², median and p90 relative error of the predicted step time."""
 from __future__ import annotations
 
@@ -48,25 +48,54 @@ def fit_errors(predicted: np.ndarray, measured: np.ndarray) -> dict[str, float]:
             "median_rel_error": float(np.median(relative)), "p90_rel_error": float(np.percentile(relative, 90))}
 
 
+WEIGHTINGS = ("relative", "absolute")
+
+
+def nonnegative_lstsq(features: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """Least squares with every weight >= 0: refits without the terms that come out negative until none
+    does. A step cannot get cheaper by having more of something, and terms that move together (decode
+    rows and batch size in decode-only steps) otherwise trade large opposite weights that extrapolate
+    badly (a prefill step predicted at less than nothing)."""
+    active = np.ones(features.shape[1], dtype=bool)
+    weights = np.zeros(features.shape[1])
+    while active.any():
+        weights[:] = 0.0
+        weights[active], *_ = np.linalg.lstsq(features[:, active], targets, rcond=None)
+        negative = active & (weights < 0)
+        if not negative.any():
+            break
+        active[np.argmin(np.where(negative, weights, np.inf))] = False
+    return weights
+
+
 def fit_linear(shapes: list[StepShape], durations: np.ndarray, name: str,
-               defaults: dict[str, Any] | None = None, source: str = "") -> LinearCostModel:
-    """Least squares over ``LINEAR_TERMS``; a term the trace never varies (e.g. no prefill) gets 0."""
+               defaults: dict[str, Any] | None = None, source: str = "",
+               weighting: str = "relative") -> LinearCostModel:
+    """Non-negative least squares over ``LINEAR_TERMS``; a term the trace never varies (e.g. no prefill)
+    gets 0. ``relative`` weighting minimises each step's relative error, so that the many short decode
+    steps (which set TPOT) count as much as the few long prefill steps; ``absolute`` minimises seconds."""
+    if weighting not in WEIGHTINGS:
+        raise ValueError(f"weighting must be one of {', '.join(WEIGHTINGS)}, not {weighting!r}")
     features = np.asarray([s.features() for s in shapes])
     varies = np.ones(features.shape[1], dtype=bool)
     varies[1:] = features[:, 1:].std(axis=0) > 0
+    scale = 1.0 / np.maximum(durations, 1e-9) if weighting == "relative" else np.ones_like(durations)
     weights = np.zeros(features.shape[1])
-    weights[varies], *_ = np.linalg.lstsq(features[:, varies], durations, rcond=None)
+    weights[varies] = nonnegative_lstsq(features[:, varies] * scale[:, None], durations * scale)
     model = LinearCostModel(name, dict(zip(LINEAR_TERMS, map(float, weights))), defaults=defaults or {})
     predicted = np.asarray([model.step_time(s) for s in shapes])
-    model.fit = {"source": source, "num_steps": len(shapes), **fit_errors(predicted, durations),
-                 "unfitted_terms": [t for t, v in zip(LINEAR_TERMS, varies) if not v]}
+    model.fit = {"source": source, "num_steps": len(shapes), "weighting": weighting,
+                 **fit_errors(predicted, durations),
+                 "unfitted_terms": [t for t, v in zip(LINEAR_TERMS, varies) if not v],
+                 "zeroed_terms": [t for t, v, w in zip(LINEAR_TERMS, varies, weights) if v and w == 0.0]}
     return model
 
 
-def calibrate(trace: str | Path, out: str | Path, name: str, defaults: dict[str, Any] | None = None) -> LinearCostModel:
+def calibrate(trace: str | Path, out: str | Path, name: str, defaults: dict[str, Any] | None = None,
+              weighting: str = "relative") -> LinearCostModel:
     """Fits ``trace``, writes the profile to ``out`` and returns it."""
     shapes, durations = read_trace_shapes(trace)
-    model = fit_linear(shapes, durations, name, defaults, source=str(trace))
+    model = fit_linear(shapes, durations, name, defaults, source=str(trace), weighting=weighting)
     model.save(out)
     return model
 
@@ -79,4 +108,6 @@ def format_fit(model: LinearCostModel) -> str:
              f"p90 {fit['p90_rel_error']:.1%}"]
     if fit["unfitted_terms"]:
         lines.append(f"  not in the trace (set to 0): {', '.join(fit['unfitted_terms'])}")
+    if fit.get("zeroed_terms"):
+        lines.append(f"  would fit negative (held at 0): {', '.join(fit['zeroed_terms'])}")
     return "\n".join(lines)

@@ -134,6 +134,8 @@ def add_calibrate_args(parser: argparse.ArgumentParser) -> None:
                         help="the traced engine's KV blocks (its log says it), kept as the profile's default")
     parser.add_argument("--max-model-len", type=int, default=None, help="the traced engine's max_model_len")
     parser.add_argument("--model", default=None, help="the traced model's name, kept in the profile")
+    parser.add_argument("--weighting", choices=("relative", "absolute"), default="relative",
+                        help="minimise each step's relative error (default) or its error in seconds")
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
@@ -141,7 +143,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
 
     defaults = {k: v for k, v in (("num_kv_blocks", args.num_kv_blocks), ("max_model_len", args.max_model_len),
                                   ("model", args.model)) if v is not None}
-    model = calibrate(args.trace, args.out, args.name or Path(args.out).stem, defaults)
+    model = calibrate(args.trace, args.out, args.name or Path(args.out).stem, defaults, args.weighting)
     print(format_fit(model))
     print(f"wrote {args.out}")
     return 0

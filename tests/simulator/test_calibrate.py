@@ -60,3 +60,31 @@ def test_an_old_trace_is_an_error_that_says_so(tmp_path):
                                                     "kv_blocks_used": 1, "kv_usage": 0.1}) + "\n")
     with pytest.raises(ValueError, match="predates the cost fields"):
         read_trace_shapes(tmp_path / "old.jsonl")
+
+
+def test_no_term_fits_negative_and_prefill_steps_stay_costly():
+    """Decode rows and batch size move together in decode-only steps; an unconstrained fit can trade a large
+    positive weight on one for a large negative one on the other, which predicts a lone prefill step at
+    less than nothing. The non-negative fit holds such a term at 0."""
+    rng = np.random.default_rng(3)
+    shapes, durations = [], []
+    for _ in range(300):
+        rows = int(rng.integers(1, 40))
+        prefill_requests = int(rng.integers(0, 3))
+        prefill = int(rng.integers(16, 512)) * prefill_requests
+        shape = StepShape(prefill, rows, 200 * rows + prefill, rows + prefill_requests)
+        shapes.append(shape)
+        # requests that prefill cost less than nothing beyond their tokens: a fitted negative weight
+        durations.append(0.01 + 6e-4 * prefill + 3e-4 * rows - 2e-3 * prefill_requests
+                         + 0.002 * rng.standard_normal() ** 2)
+    model = fit_linear(shapes, np.asarray(durations), "collinear")
+    assert all(v >= 0.0 for v in model.coefficients.values())
+    assert "per_request_s" in model.fit["zeroed_terms"]
+    assert model.fit["weighting"] == "relative"
+    assert model.step_time(StepShape(24, 0, 24, 1)) > 0.01
+
+
+def test_unknown_weighting_is_an_error():
+    shapes = [StepShape(0, d, 10 * d, d) for d in range(1, 30)]
+    with pytest.raises(ValueError, match="weighting must be one of"):
+        fit_linear(shapes, np.ones(len(shapes)), "x", weighting="squared")
