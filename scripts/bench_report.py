@@ -123,9 +123,36 @@ def vs_vllm_table(path: Path) -> str:
                       vs_vllm.format_table(result["rows"]), vs_vllm.format_notes(result), ""])
 
 
+def pd_burst_table(path: Path) -> str:
+    """The PD-under-bursts table, formatted by the benchmark's own module."""
+    sys.path.insert(0, ".")
+    from folovllm.bench.burst import markdown_table
+
+    result = json.loads(path.read_text())
+    return f"`{path.as_posix()}`\n\n{markdown_table(result['runs'])}\n"
+
+
+def sim_fidelity_table(path: Path) -> str:
+    """Simulated vs live `bench serve` figures, per workload, with the relative error."""
+    result = json.loads(path.read_text())[0]
+    lines = [f"`{path.as_posix()}` — profile `{result['profile']}`, live runs {result.get('real_measured', '?')}", "",
+             "| workload | output tok/s real / sim | median TTFT ms real / sim | median TPOT ms real / sim |",
+             "|---|---|---|---|"]
+    for row in result["rows"]:
+        cells = [f"{fmt(row['real'][k])} / {fmt(row['sim'][k])} ({row['rel_error'][k]:+.0%})"
+                 for k in ("output_tok_s", "median_ttft_ms", "median_tpot_ms")]
+        lines.append(f"| {row['workload']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def render(paths: list[Path]) -> str:
     """The tables of several result files, grouped the way the page shows them."""
-    first = [json.loads(p.read_text())[0] for p in paths]
+    loaded = [json.loads(p.read_text()) for p in paths]
+    if all(isinstance(r, dict) and r.get("name") == "pd-burst" for r in loaded):
+        return "\n".join(pd_burst_table(p) for p in paths)
+    first = [r[0] for r in loaded]
+    if all(r["name"] == "sim-fidelity" for r in first):
+        return "\n".join(sim_fidelity_table(p) for p in paths)
     if all(r["name"] == "vs-vllm-cpu" for r in first):
         return "\n".join(vs_vllm_table(p) for p in paths)
     if all(r["name"] == "http-vs-offline" for r in first):

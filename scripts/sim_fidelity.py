@@ -2,6 +2,7 @@
 
     .venv/bin/python scripts/sim_fidelity.py            # full: 3 workloads, minutes on a quiet machine
     .venv/bin/python scripts/sim_fidelity.py --smoke    # a few requests each, to check the plumbing
+    .venv/bin/python scripts/sim_fidelity.py --reuse-real /tmp/sim-fidelity-XXXX   # a new profile, same live runs
 
 Starts `folovllm serve` (the CPU profile's model and max_model_len), runs `folovllm bench serve` for
 each workload, runs `folovllm simulate run` with the same options and the CPU profile, and writes
@@ -84,36 +85,45 @@ def main() -> int:
     parser.add_argument("--smoke", action="store_true", help="a few requests per workload")
     parser.add_argument("--out", default=str(ROOT / "docs" / "results" / "sim-fidelity.json"))
     parser.add_argument("--profile", default=str(PROFILE), help="the CPU profile (simulate calibrate's output)")
+    parser.add_argument("--reuse-real", metavar="DIR", default=None,
+                        help="take the live runs from an earlier run's folder (printed at its end) instead of "
+                             "starting a server: to compare another profile against the same measurements")
     args = parser.parse_args()
     if not Path(args.profile).is_file():
         raise SystemExit(f"{args.profile} is missing: fit it first (docs/simulator.md, 'Cost models')")
     profile_path = Path(args.profile)
     profile = json.loads(profile_path.read_text())
-    folder = Path(tempfile.mkdtemp(prefix="sim-fidelity-"))
-    proc, port = start_server(int(profile["defaults"]["max_model_len"]))
+    folder = Path(args.reuse_real) if args.reuse_real else Path(tempfile.mkdtemp(prefix="sim-fidelity-"))
+    proc, port = (None, 0) if args.reuse_real else start_server(int(profile["defaults"]["max_model_len"]))
     rows = []
     try:
         for name, argv in workloads(args.smoke, folder).items():
             real_json, sim_json = folder / f"{name}-real.json", folder / f"{name}-sim.json"
-            subprocess.run([*CLI, "bench", "serve", "--port", str(port), "--no-progress", "--output-json",
-                            str(real_json), *argv], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+            if proc is not None:
+                subprocess.run([*CLI, "bench", "serve", "--port", str(port), "--no-progress", "--output-json",
+                                str(real_json), *argv], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+            elif not real_json.is_file():
+                raise SystemExit(f"{real_json} is missing: --reuse-real takes the folder of an earlier full run")
             subprocess.run([*CLI, "simulate", "run", "--profile", str(profile_path), "--output-json", str(sim_json),
                             *argv], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
             real, sim = (figures(json.loads(p.read_text())[0]) for p in (real_json, sim_json))
             rows.append({"workload": name, "args": argv, "real": real, "sim": sim,
                          "rel_error": {k: (sim[k] - real[k]) / real[k] if real[k] else None for k in real}})
     finally:
-        proc.terminate()
-        proc.wait(timeout=60)
+        if proc is not None:
+            proc.terminate()
+            proc.wait(timeout=60)
     print(f"{'workload':<15}{'metric':<17}{'real':>10}{'sim':>10}{'error':>9}")
     for row in rows:
         for key in row["real"]:
             err = row["rel_error"][key]
             print(f"{row['workload']:<15}{key:<17}{row['real'][key]:>10.1f}{row['sim'][key]:>10.1f}"
                   f"{'n/a' if err is None else f'{err:+.0%}':>9}")
+    real_date = json.loads((folder / f"{rows[0]['workload']}-real.json").read_text())[0].get("date")
     Path(args.out).write_text(json.dumps([{"name": "sim-fidelity", "smoke": args.smoke, "profile": profile_path.name,
+                                           "fit": profile.get("fit", {}), "real_measured": real_date,
                                            "rows": rows}], indent=2) + "\n")
-    print(f"wrote {args.out}")
+    print(f"wrote {args.out}; the live runs are in {folder}")
     return 0
 
 

@@ -39,6 +39,24 @@ def read_trace_shapes(path: str | Path) -> tuple[list[StepShape], np.ndarray]:
     return shapes, np.asarray(durations)
 
 
+def busy_gap_s(path: str | Path) -> float:
+    """Median time from the end of one step to the start of the next while requests are running: the
+    engine loop's own work outside a step (handing outputs over, taking new requests), which the
+    simulator adds to every step. 0 for a trace without such pairs."""
+    gaps, previous = [], None
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            record = json.loads(line)
+            if record.get("num_scheduled", 0) == 0:
+                continue
+            if previous is not None and previous["num_running"] > 0:
+                gaps.append(record["time"] - record["duration_s"] - previous["time"])
+            previous = record
+    return max(0.0, float(np.median(gaps))) if gaps else 0.0
+
+
 def fit_errors(predicted: np.ndarray, measured: np.ndarray) -> dict[str, float]:
     """R², median and p90 of |predicted - measured| / measured."""
     residual = measured - predicted
@@ -48,7 +66,7 @@ def fit_errors(predicted: np.ndarray, measured: np.ndarray) -> dict[str, float]:
             "median_rel_error": float(np.median(relative)), "p90_rel_error": float(np.percentile(relative, 90))}
 
 
-WEIGHTINGS = ("relative", "absolute")
+WEIGHTINGS = ("relative", "sqrt", "absolute")
 
 
 def nonnegative_lstsq(features: np.ndarray, targets: np.ndarray) -> np.ndarray:
@@ -56,11 +74,15 @@ def nonnegative_lstsq(features: np.ndarray, targets: np.ndarray) -> np.ndarray:
     does. A step cannot get cheaper by having more of something, and terms that move together (decode
     rows and batch size in decode-only steps) otherwise trade large opposite weights that extrapolate
     badly (a prefill step predicted at less than nothing)."""
+    norms = np.linalg.norm(features, axis=0)
+    norms[norms == 0] = 1.0
+    scaled = features / norms  # columns span ~9 orders of magnitude: solve on unit columns
     active = np.ones(features.shape[1], dtype=bool)
     weights = np.zeros(features.shape[1])
     while active.any():
         weights[:] = 0.0
-        weights[active], *_ = np.linalg.lstsq(features[:, active], targets, rcond=None)
+        weights[active], *_ = np.linalg.lstsq(scaled[:, active], targets, rcond=None)
+        weights[active] /= norms[active]
         negative = active & (weights < 0)
         if not negative.any():
             break
@@ -70,16 +92,19 @@ def nonnegative_lstsq(features: np.ndarray, targets: np.ndarray) -> np.ndarray:
 
 def fit_linear(shapes: list[StepShape], durations: np.ndarray, name: str,
                defaults: dict[str, Any] | None = None, source: str = "",
-               weighting: str = "relative") -> LinearCostModel:
+               weighting: str = "absolute") -> LinearCostModel:
     """Non-negative least squares over ``LINEAR_TERMS``; a term the trace never varies (e.g. no prefill)
     gets 0. ``relative`` weighting minimises each step's relative error, so that the many short decode
-    steps (which set TPOT) count as much as the few long prefill steps; ``absolute`` minimises seconds."""
+    steps (which set TPOT) count as much as the few long prefill steps; ``absolute`` minimises seconds,
+    so the long steps (which set TTFT under load and the total time) dominate; ``sqrt`` weighs each
+    squared error by 1 / duration, between the two."""
     if weighting not in WEIGHTINGS:
         raise ValueError(f"weighting must be one of {', '.join(WEIGHTINGS)}, not {weighting!r}")
     features = np.asarray([s.features() for s in shapes])
     varies = np.ones(features.shape[1], dtype=bool)
     varies[1:] = features[:, 1:].std(axis=0) > 0
-    scale = 1.0 / np.maximum(durations, 1e-9) if weighting == "relative" else np.ones_like(durations)
+    floor = np.maximum(durations, 1e-9)
+    scale = {"relative": 1.0 / floor, "sqrt": 1.0 / np.sqrt(floor), "absolute": np.ones_like(durations)}[weighting]
     weights = np.zeros(features.shape[1])
     weights[varies] = nonnegative_lstsq(features[:, varies] * scale[:, None], durations * scale)
     model = LinearCostModel(name, dict(zip(LINEAR_TERMS, map(float, weights))), defaults=defaults or {})
@@ -92,10 +117,14 @@ def fit_linear(shapes: list[StepShape], durations: np.ndarray, name: str,
 
 
 def calibrate(trace: str | Path, out: str | Path, name: str, defaults: dict[str, Any] | None = None,
-              weighting: str = "relative") -> LinearCostModel:
+              weighting: str = "absolute") -> LinearCostModel:
     """Fits ``trace``, writes the profile to ``out`` and returns it."""
     shapes, durations = read_trace_shapes(trace)
     model = fit_linear(shapes, durations, name, defaults, source=str(trace), weighting=weighting)
+    gap = busy_gap_s(trace)
+    model.coefficients["fixed_s"] += gap
+    model.fit["between_steps_s"] = gap
+    model = LinearCostModel(model.name, model.coefficients, fit=model.fit, defaults=model.defaults)
     model.save(out)
     return model
 
@@ -103,11 +132,13 @@ def calibrate(trace: str | Path, out: str | Path, name: str, defaults: dict[str,
 def format_fit(model: LinearCostModel) -> str:
     fit = model.fit
     lines = [f"profile {model.name}: {fit['num_steps']} steps",
-             *(f"  {term:<22}{value * 1e3:>12.5f} ms" for term, value in model.coefficients.items()),
+             *(f"  {term:<28}{value * 1e3:>12.5g} ms" for term, value in model.coefficients.items()),
              f"  R² {fit['r2']:.3f}; relative error median {fit['median_rel_error']:.1%}, "
              f"p90 {fit['p90_rel_error']:.1%}"]
     if fit["unfitted_terms"]:
         lines.append(f"  not in the trace (set to 0): {', '.join(fit['unfitted_terms'])}")
+    if fit.get("between_steps_s"):
+        lines.append(f"  fixed_s includes {fit['between_steps_s'] * 1e3:.2f} ms between busy steps (the engine loop)")
     if fit.get("zeroed_terms"):
         lines.append(f"  would fit negative (held at 0): {', '.join(fit['zeroed_terms'])}")
     return "\n".join(lines)

@@ -134,8 +134,9 @@ def add_calibrate_args(parser: argparse.ArgumentParser) -> None:
                         help="the traced engine's KV blocks (its log says it), kept as the profile's default")
     parser.add_argument("--max-model-len", type=int, default=None, help="the traced engine's max_model_len")
     parser.add_argument("--model", default=None, help="the traced model's name, kept in the profile")
-    parser.add_argument("--weighting", choices=("relative", "absolute"), default="relative",
-                        help="minimise each step's relative error (default) or its error in seconds")
+    parser.add_argument("--weighting", choices=("absolute", "sqrt", "relative"), default="absolute",
+                        help="least squares of each step's error in seconds (default: the long prefill steps "
+                             "that set TTFT count most), of its relative error, or of error² / duration (sqrt)")
 
 
 def run_calibrate(args: argparse.Namespace) -> int:

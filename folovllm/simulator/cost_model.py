@@ -8,7 +8,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
-LINEAR_TERMS = ("fixed_s", "per_prefill_token_s", "per_decode_row_s", "per_context_token_s", "per_request_s")
+LINEAR_TERMS = ("fixed_s", "per_prefill_token_s", "per_decode_row_s", "per_context_token_s", "per_request_s",
+                "per_prefill_step_s", "per_prefill_token_context_s")
+# Terms added after the first profiles were written: a profile without them reads them as 0.
+OPTIONAL_TERMS = ("per_prefill_step_s", "per_prefill_token_context_s")
 
 
 @dataclass(frozen=True)
@@ -28,8 +31,9 @@ class StepShape:
 
     def features(self) -> list[float]:
         """The linear model's regressors, in ``LINEAR_TERMS`` order."""
-        return [1.0, float(self.num_prefill_tokens), float(self.num_decode_rows), float(self.context_tokens),
-                float(self.num_requests)]
+        prefill = float(self.num_prefill_tokens)
+        return [1.0, prefill, float(self.num_decode_rows), float(self.context_tokens), float(self.num_requests),
+                1.0 if prefill else 0.0, prefill * self.context_tokens]
 
 
 class CostModel(Protocol):
@@ -42,7 +46,9 @@ class CostModel(Protocol):
 
 @dataclass
 class LinearCostModel:
-    """fixed + a·prefill tokens + b·decode rows + c·context tokens + d·requests (seconds).
+    """fixed + a·prefill tokens + b·decode rows + c·context tokens + d·requests + e·[the step prefills]
+    + f·prefill tokens × context tokens (seconds). The last term stands for prefill attention, which grows
+    with the tokens each prompt token attends to; the step's summed context is the trace's proxy for that.
 
     ``min_step_s`` floors a prediction, since a fit may give a term a small negative weight."""
 
@@ -53,6 +59,8 @@ class LinearCostModel:
     defaults: dict[str, Any] = field(default_factory=dict)  # engine settings it was measured with
 
     def __post_init__(self) -> None:
+        self.coefficients = {t: self.coefficients.get(t, 0.0 if t in OPTIONAL_TERMS else None) for t in LINEAR_TERMS}
+        self.coefficients = {t: v for t, v in self.coefficients.items() if v is not None}
         missing = [t for t in LINEAR_TERMS if t not in self.coefficients]
         if missing:
             raise ValueError(f"a linear profile needs coefficients {', '.join(LINEAR_TERMS)}; missing {missing}")
@@ -60,8 +68,11 @@ class LinearCostModel:
 
     def step_time(self, shape: StepShape) -> float:
         w = self._weights
-        t = (w[0] + w[1] * shape.num_prefill_tokens + w[2] * shape.num_decode_rows
-             + w[3] * shape.context_tokens + w[4] * shape.num_requests)
+        prefill = shape.num_prefill_tokens
+        t = (w[0] + w[1] * prefill + w[2] * shape.num_decode_rows + w[3] * shape.context_tokens
+             + w[4] * shape.num_requests)
+        if prefill:
+            t += w[5] + w[6] * prefill * shape.context_tokens
         return t if t > self.min_step_s else self.min_step_s
 
     def to_json(self) -> dict[str, Any]:

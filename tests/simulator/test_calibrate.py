@@ -8,20 +8,23 @@ from folovllm.simulator.calibrate import calibrate, fit_linear, read_trace_shape
 from folovllm.simulator.cost_model import LINEAR_TERMS, StepShape, load_linear_profile
 
 TRUE = {"fixed_s": 0.004, "per_prefill_token_s": 2e-5, "per_decode_row_s": 3e-4, "per_context_token_s": 1e-7,
-        "per_request_s": 5e-5}
+        "per_request_s": 5e-5, "per_prefill_step_s": 2e-3, "per_prefill_token_context_s": 3e-10}
 
 
-def synthetic_trace(path, num_steps=400, noise=0.0, seed=0):
+def synthetic_trace(path, num_steps=400, noise=0.0, seed=0, gap=None):
     rng = np.random.default_rng(seed)
+    now = 0.0
     with open(path, "w") as f:
         for _ in range(num_steps):
-            prefill, decode = int(rng.integers(0, 2048)), int(rng.integers(0, 200))
+            prefill = int(rng.integers(1, 2048)) if rng.random() < 0.5 else 0  # decode-only steps too
+            decode = int(rng.integers(0, 200))
             requests = decode + int(rng.integers(0, 8)) + (1 if prefill else 0)
             context = int(rng.integers(0, 100_000))
             shape = StepShape(prefill, decode, context, requests)
             duration = float(np.dot(shape.features(), [TRUE[t] for t in LINEAR_TERMS]))
             duration *= 1 + noise * rng.standard_normal()
-            f.write(json.dumps({"time": 0.0, "num_prefill_tokens": prefill, "num_decode_tokens": decode,
+            now = now + gap + duration if gap is not None else 0.0
+            f.write(json.dumps({"time": now, "num_prefill_tokens": prefill, "num_decode_tokens": decode,
                                 "num_running": requests, "num_waiting": 0, "num_preempted": 0,
                                 "kv_blocks_used": 0, "kv_usage": 0.0, "num_scheduled": requests,
                                 "context_tokens": context, "duration_s": duration}) + "\n")
@@ -35,6 +38,14 @@ def test_fit_recovers_known_coefficients(tmp_path):
     assert model.fit["r2"] == pytest.approx(1.0) and model.fit["median_rel_error"] < 1e-6
     loaded = load_linear_profile(tmp_path / "p.json")
     assert loaded.coefficients == model.coefficients and loaded.defaults == {"num_kv_blocks": 100}
+
+
+def test_the_engine_loop_between_busy_steps_is_added_to_every_step(tmp_path):
+    synthetic_trace(tmp_path / "t.jsonl", gap=0.002)
+    model = calibrate(tmp_path / "t.jsonl", tmp_path / "p.json", "with-gaps")
+    assert model.fit["between_steps_s"] == pytest.approx(0.002)
+    assert model.coefficients["fixed_s"] == pytest.approx(TRUE["fixed_s"] + 0.002)
+    assert load_linear_profile(tmp_path / "p.json").coefficients["fixed_s"] == pytest.approx(0.006)
 
 
 def test_noisy_fit_reports_its_error(tmp_path):
@@ -77,7 +88,7 @@ def test_no_term_fits_negative_and_prefill_steps_stay_costly():
         # requests that prefill cost less than nothing beyond their tokens: a fitted negative weight
         durations.append(0.01 + 6e-4 * prefill + 3e-4 * rows - 2e-3 * prefill_requests
                          + 0.002 * rng.standard_normal() ** 2)
-    model = fit_linear(shapes, np.asarray(durations), "collinear")
+    model = fit_linear(shapes, np.asarray(durations), "collinear", weighting="relative")
     assert all(v >= 0.0 for v in model.coefficients.values())
     assert "per_request_s" in model.fit["zeroed_terms"]
     assert model.fit["weighting"] == "relative"
