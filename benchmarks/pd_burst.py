@@ -31,6 +31,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -105,8 +106,9 @@ def serve_cmd(args: argparse.Namespace, port: int, *extra: str) -> list[str]:
             "--served-model-name", SERVED_NAME, "--log-level", "warning", *args.serve_args.split(), *extra]
 
 
-def launch(config: str, args: argparse.Namespace, logs: Path) -> tuple[str, list[Process]]:
-    """Starts one configuration; returns the URL clients use and its processes (healthy)."""
+def launch(config: str, args: argparse.Namespace, logs: Path) -> tuple[str, list[Process], str | None]:
+    """Starts one configuration; returns the URL clients use, its processes (healthy), and for PD the
+    consumer's URL (its /metrics count the KV transfers)."""
     if config in ("a", "b", "c"):
         port = free_port()
         extra = {"a": ["--num-threads", "2"], "b": ["--num-threads", "2", "--no-chunked-prefill"],
@@ -114,7 +116,7 @@ def launch(config: str, args: argparse.Namespace, logs: Path) -> tuple[str, list
         procs = [Process(CONFIGS[config], serve_cmd(args, port, *extra), logs / f"{CONFIGS[config]}.log").start()]
         url = f"http://127.0.0.1:{port}"
         wait_healthy(url, procs, args.start_timeout)
-        return url, procs
+        return url, procs, None
     connector = ["--kv-connector", args.pd_connector]
     if args.pd_connector == "shared_storage":
         storage = tempfile.mkdtemp(prefix="pd-burst-kv-")
@@ -133,7 +135,7 @@ def launch(config: str, args: argparse.Namespace, logs: Path) -> tuple[str, list
     procs.append(proxy)
     url = f"http://127.0.0.1:{proxy_port}"
     wait_healthy(url, procs, 60.0)
-    return url, procs
+    return url, procs, f"http://127.0.0.1:{d_port}"
 
 
 def record_of(kind: str, outcome, start: float) -> StreamRecord:
@@ -188,17 +190,39 @@ def warm_up(url: str, args: argparse.Namespace) -> None:
     asyncio.run(go())
 
 
+def kv_transfer_counters(consumer_url: str) -> dict[str, float]:
+    """The consumer's KV-transfer counters (pulls that arrived, their bytes and summed seconds)."""
+    text = httpx.get(f"{consumer_url}/metrics", timeout=30.0).text
+    wanted = {"kv_transfer_loads": "loads", "kv_transfer_recv_bytes": "bytes", "kv_transfer_recv_seconds": "seconds"}
+    counters = dict.fromkeys(wanted.values(), 0.0)
+    for family in text_string_to_metric_families(text):
+        key = wanted.get(family.name.split(":", 1)[-1].removesuffix("_total"))
+        if key is not None:
+            counters[key] += sum(s.value for s in family.samples if s.name.endswith("_total"))
+    return counters
+
+
+def transfer_figures(before: dict[str, float], after: dict[str, float]) -> dict[str, float | None]:
+    loads = after["loads"] - before["loads"]
+    num_bytes, seconds = after["bytes"] - before["bytes"], after["seconds"] - before["seconds"]
+    return {"transfers": int(loads), "total_mb": num_bytes / 2**20,
+            "mean_mb": num_bytes / 2**20 / loads if loads else None,
+            "mean_ms": seconds * 1000.0 / loads if loads else None}
+
+
 def run_config(config: str, args: argparse.Namespace, logs: Path, intervals: list[float]) -> list[dict[str, Any]]:
-    url, procs = launch(config, args, logs)
+    url, procs, consumer_url = launch(config, args, logs)
     runs = []
     try:
         warm_up(url, args)
         for i, interval in enumerate([None, *intervals]):
+            before = kv_transfer_counters(consumer_url) if consumer_url else None
             records, burst_times = asyncio.run(drive(url, args, interval, seed=args.seed + i))
             run = summarize_run(records, burst_times, args.duration, ttft_slo_ms=args.ttft_slo_ms,
                                 itl_slo_ms=args.itl_slo_ms)
             run.update(config=CONFIGS[config], burst_interval_s=interval,
-                       itl_over_time=itl_over_time(records, args.itl_window, run["duration_s"]))
+                       itl_over_time=itl_over_time(records, args.itl_window, run["duration_s"]),
+                       kv_transfer=transfer_figures(before, kv_transfer_counters(consumer_url)) if before else None)
             print(f"{CONFIGS[config]}, bursts every {interval or 'never'}: {run['requests']} requests, "
                   f"{run['failed']} failed", flush=True)
             runs.append(run)

@@ -108,14 +108,18 @@ def markdown_table(runs: list[dict[str, Any]]) -> str:
     """One row per run: config, burst interval, background ITL, its p99 against the same config's
     no-burst run, burst TTFT, throughput, goodput."""
     lines = ["| config | bursts every | bg ITL p50 / p99 / max ms | p99 ÷ no-burst p99 | burst TTFT p50 / p99 ms "
-             "| output tok/s | good requests | failed |", "|---|---|---|---|---|---|---|---|"]
+             "| KV transfer mean ms / MB | output tok/s | good requests | failed |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for run in runs:
         itl, ttft = run["background_itl_ms"], run["burst_ttft_ms"]
         ratio = run.get("p99_itl_vs_no_burst")
         interval = "none" if run["burst_interval_s"] is None else f"{run['burst_interval_s']:g} s"
+        kv = run.get("kv_transfer") or {}
+        transfer = (f"{kv['mean_ms']:.0f} / {kv['mean_mb']:.1f} ({kv['transfers']})" if kv.get("transfers")
+                    else "–")
         lines.append(
             f"| {run['config']} | {interval} | {_ms(itl, 'p50')} / {_ms(itl, 'p99')} / {_ms(itl, 'max')} | "
-            f"{'–' if ratio is None else f'{ratio:.2f}×'} | {_ms(ttft, 'p50')} / {_ms(ttft, 'p99')} | "
+            f"{'–' if ratio is None else f'{ratio:.2f}×'} | {_ms(ttft, 'p50')} / {_ms(ttft, 'p99')} | {transfer} | "
             f"{run['output_tok_s']:.1f} | {run['goodput']['good_fraction']:.0%} | {run['failed']} |")
     return "\n".join(lines)
 

@@ -337,6 +337,8 @@ class LLMEngine:
         stats.kv_transfer_loads += len(result.finished_recving)
         stats.kv_transfer_load_failures += len(result.failed_recving)
         stats.kv_transfer_sends += len(result.finished_sending)
+        stats.kv_transfer_recv_bytes += result.recv_bytes
+        stats.kv_transfer_recv_seconds += result.recv_seconds
         self.scheduler.update_from_kv_transfers(result)
 
     def _run_isolating_faults(self, sched: SchedulerOutput, error: Exception,

@@ -41,6 +41,8 @@ class EngineStats:
     kv_transfer_loads: int = 0
     kv_transfer_load_failures: int = 0
     kv_transfer_sends: int = 0
+    kv_transfer_recv_bytes: int = 0  # KV received by pulls that arrived
+    kv_transfer_recv_seconds: float = 0.0  # their summed time, asked to in place
     peak_num_running: int = 0
     host_time_s: float = 0.0  # CPU time in step() not spent waiting for the device (schedule, prepare, update)
     last_step: StepStats | None = None

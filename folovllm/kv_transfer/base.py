@@ -90,6 +90,8 @@ class KVTransferResult:
     finished_sending: set[str] = field(default_factory=set)  # transfer ids: their held blocks may go
     finished_recving: set[str] = field(default_factory=set)  # request ids: their KV is in place
     failed_recving: set[str] = field(default_factory=set)  # request ids: recompute the prefill locally
+    recv_bytes: int = 0  # KV bytes of the finished receives
+    recv_seconds: float = 0.0  # their summed time, from asking for the KV to having it in place
 
 
 class KVConnectorBase:

@@ -8,6 +8,7 @@ import hashlib
 import logging
 import os
 import shutil
+import time
 from pathlib import Path
 
 import torch
@@ -52,19 +53,23 @@ class SharedStorageConnector(KVConnectorBase):
 
     def start_load_kv(self, meta: KVConnectorMetadata) -> None:
         for load in meta.loads:
+            started = time.monotonic()
             try:
-                self._load(load)
+                self._result.recv_bytes += self._load(load)
             except Exception as err:  # a missing or foreign file: the request recomputes
                 logger.warning("request %s: loading its KV from %s failed (%s)", load.request_id,
                                self.root, err)
                 self._result.failed_recving.add(load.request_id)
                 continue
+            self._result.recv_seconds += time.monotonic() - started
             self._result.finished_recving.add(load.request_id)
 
-    def _load(self, load: LoadSpec) -> None:
+    def _load(self, load: LoadSpec) -> int:
+        """Copies the request's blocks from its file into the cache; returns the bytes read."""
         folder = self.request_folder(load.params["remote_request_id"])
         device = self.kv_caches[0][0].device
         target = torch.tensor(load.block_ids, dtype=torch.long, device=device)
+        num_bytes = 0
         blocks = slice(load.first_block, load.first_block + len(load.block_ids))
         with safe_open(str(folder / "kv.safetensors"), framework="pt") as f:
             if len(f.keys()) != 2 * len(self.kv_caches):
@@ -77,7 +82,9 @@ class SharedStorageConnector(KVConnectorBase):
                         raise ValueError(f"{name} is {stored.dtype} {tuple(stored.shape)}, this cache's "
                                          f"blocks are {cache.dtype} {tuple(cache.shape[1:])}")
                     cache.index_copy_(0, target, stored.to(device))
+                    num_bytes += stored.nbytes
         shutil.rmtree(folder, ignore_errors=True)  # read once: nothing else will ask for it
+        return num_bytes
 
     def get_finished(self) -> KVTransferResult:
         result, self._result = self._result, KVTransferResult()

@@ -64,6 +64,7 @@ class _Arrival:
     load: LoadSpec
     staged: list[tuple[torch.Tensor, torch.Tensor]] | None  # None: the pull failed
     error: str = ""
+    started: float = 0.0  # time.monotonic() when the pull asked the producer
 
 
 @KV_CONNECTORS.register("torch_distributed")
@@ -206,13 +207,14 @@ class TorchDistributedConnector(KVConnectorBase):
             puller.submit(self._pull, address, load)
 
     def _pull(self, address: tuple[str, int], load: LoadSpec) -> None:
+        started = time.monotonic()
         try:
             staged = self._receive(address, load)
         except Exception as err:
             self._pairs.pop(address, None)  # a pair that failed midway cannot be trusted: pair again
             self._arrivals.put(_Arrival(load, None, f"{type(err).__name__}: {err}"))
             return
-        self._arrivals.put(_Arrival(load, staged))
+        self._arrivals.put(_Arrival(load, staged, started=started))
 
     def _pair(self, address: tuple[str, int]) -> _Pair:
         pair = self._pairs.get(address)
@@ -268,6 +270,8 @@ class TorchDistributedConnector(KVConnectorBase):
             for (k, v), (sk, sv) in zip(self.kv_caches, arrival.staged):
                 k.index_copy_(0, index, sk.to(device))
                 v.index_copy_(0, index, sv.to(device))
+                result.recv_bytes += sk.nbytes + sv.nbytes
+            result.recv_seconds += time.monotonic() - arrival.started
             result.finished_recving.add(request_id)
         now = time.monotonic()
         with self._lock:

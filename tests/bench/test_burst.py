@@ -40,7 +40,9 @@ def test_burst_runs_get_their_p99_over_the_no_burst_p99_and_a_table_row(tmp_path
         runs.append(run)
     add_no_burst_ratios(runs)
     assert runs[0]["p99_itl_vs_no_burst"] is None and runs[1]["p99_itl_vs_no_burst"] == pytest.approx(1.0)
+    runs[1]["kv_transfer"] = {"transfers": 2, "total_mb": 3.0, "mean_mb": 1.5, "mean_ms": 12.4}
     table = markdown_table(runs).splitlines()
     assert len(table) == 4 and table[2].startswith("| a | none |") and "| 1.00× |" in table[3]
+    assert "| 12 / 1.5 (2) |" in table[3] and "| – |" in table[2]
     plot_itl_timelines(runs, tmp_path / "itl.png")
     assert (tmp_path / "itl.png").stat().st_size > 0

@@ -34,3 +34,18 @@ def test_each_server_gets_the_shared_flags_and_its_own(pd_burst):
     args = pd_burst.parse_args(["tiny.gguf", "--serve-args", "--dtype float32"])
     cmd = pd_burst.serve_cmd(args, 8100, "--num-threads", "1")
     assert cmd[3:5] == ["serve", "tiny.gguf"] and cmd[-4:] == ["--dtype", "float32", "--num-threads", "1"]
+
+
+def test_transfer_figures_come_from_the_consumers_counters(pd_burst, monkeypatch):
+    text = "\n".join([
+        "# TYPE vllm:kv_transfer_loads counter", 'vllm:kv_transfer_loads_total{engine="0"} 6.0',
+        "# TYPE vllm:kv_transfer_recv_bytes counter", 'vllm:kv_transfer_recv_bytes_total{engine="0"} 6291456.0',
+        "# TYPE vllm:kv_transfer_recv_seconds counter", 'vllm:kv_transfer_recv_seconds_total{engine="0"} 0.3',
+        "# TYPE vllm:num_requests_running gauge", 'vllm:num_requests_running{engine="0"} 2.0', ""])
+    monkeypatch.setattr(pd_burst.httpx, "get", lambda url, timeout: type("R", (), {"text": text})())
+    after = pd_burst.kv_transfer_counters("http://d")
+    assert after == {"loads": 6.0, "bytes": 6291456.0, "seconds": pytest.approx(0.3)}
+    figures = pd_burst.transfer_figures({"loads": 2.0, "bytes": 2097152.0, "seconds": 0.1}, after)
+    assert figures == {"transfers": 4, "total_mb": 4.0, "mean_mb": 1.0, "mean_ms": pytest.approx(50.0)}
+    none = pd_burst.transfer_figures(after, after)
+    assert none["transfers"] == 0 and none["mean_ms"] is None

@@ -62,6 +62,13 @@ def test_disaggregated_tokens_match_colocated(tiny_llama_dir, prompts, colocated
         assert c_engine.stats.prompt_tokens == len(prompts)
         assert [o.num_external_computed_tokens for o in outputs] == [len(p) - 1 for p in prompts]
         assert c_engine.stats.kv_transfer_loads == len(prompts)
+        # every transferred block is counted once: K and V of every layer, the cache's own dtype
+        layer_k = c_engine.worker.runner.kv_caches[0][0]
+        block_bytes = 2 * len(c_engine.worker.runner.kv_caches) * layer_k[0].nbytes
+        block_size = c_engine.config.block_size
+        blocks = sum(-(-(len(p) - 1) // block_size) for p in prompts)
+        assert c_engine.stats.kv_transfer_recv_bytes == blocks * block_bytes
+        assert c_engine.stats.kv_transfer_recv_seconds > 0.0
         settle(producer)
         assert p_engine.stats.kv_transfer_sends == len(prompts)
         assert p_engine.kv_cache.num_free_blocks == p_start and not p_engine.kv_cache.held

@@ -51,7 +51,9 @@ _COUNTERS = {"prompt_tokens": "prompt_tokens", "generation_tokens": "generation_
              "external_prompt_tokens": "external_prefix_cache_hits",
              # FoloVLLM's own: KV pulls done and failed (recomputed locally), held KV handed out or timed out
              "kv_transfer_loads": "kv_transfer_loads", "kv_transfer_load_failures": "kv_transfer_load_failures",
-             "kv_transfer_sends": "kv_transfer_sends"}
+             "kv_transfer_sends": "kv_transfer_sends",
+             "kv_transfer_recv_bytes": "kv_transfer_recv_bytes",
+             "kv_transfer_recv_seconds": "kv_transfer_recv_seconds"}
 PROBE_PATHS = ("/health", "/ping", "/metrics", "/load", "/version")  # their statuses describe the server
 
 

@@ -70,6 +70,8 @@ def test_pd_matches_colocated(server, pd_servers):
     external = next(line for line in metrics.splitlines()
                     if line.startswith("vllm:prompt_tokens_by_source_total") and "external_kv_transfer" in line)
     assert float(external.split()[-1]) > 0
+    received = next(line for line in metrics.splitlines() if line.startswith("vllm:kv_transfer_recv_bytes_total{"))
+    assert float(received.split()[-1]) > 0  # both requests' KV, counted where it arrived
     deadline = time.monotonic() + 10
     while kv_usage(producer.base_url) != start and time.monotonic() < deadline:
         time.sleep(0.1)
