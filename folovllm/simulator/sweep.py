@@ -57,14 +57,14 @@ def _replica_rows(args: argparse.Namespace, trials: Trials, rates: list[float]) 
             for admission in args.admissions.split(","):
                 n, result = fewest_replicas(trials, rate, policy, admission, args.max_replicas)
                 row = {"kind": "fewest_replicas", "rate": rate, "policy": policy, "admission": admission,
-                       "replicas": n, **figures(result)}
+                       "replicas": n, **figures(result, rate)}
                 print(f"rate {rate:g}/s {policy}/{admission}: "
                       + (f"{n} replicas ({describe(row)})" if n else f"more than {args.max_replicas} replicas"))
                 rows.append(row)
                 for count in grid:
                     fixed = trials.run(rate, policy, admission, replicas=count)
                     rows.append({"kind": "fixed_replicas", "rate": rate, "policy": policy, "admission": admission,
-                                 "replicas": count, "meets_slos": trials.meets(fixed), **figures(fixed)})
+                                 "replicas": count, "meets_slos": trials.meets(fixed), **figures(fixed, rate)})
     return rows
 
 

@@ -5,14 +5,14 @@ Per rate, policy and admission mode, and per ratio P:D:
 - ``pd_fewest``: the fewest instances, at exactly that ratio (k·P prefill and k·D decode replicas), whose
   p99 TTFT and p99 TPOT meet the SLOs; a ``colocated`` row gives the same for plain replicas;
 - ``pd_fixed`` (``--pd-instances N``): the ratio scaled to N instances (prefill = N·P/(P+D) rounded, each
-  pool at least one), its goodput (requests/s whose own TTFT and TPOT are within the SLOs), and N
-  colocated replicas alongside. ``best`` marks the split of highest goodput at each N (ties: the lower
-  p99 TTFT)."""
+  pool at least one), its goodput (the share of requests whose own TTFT and TPOT are within the SLOs,
+  times the rate), and N colocated replicas alongside. ``best`` marks the split of highest goodput at
+  each N; among equals, the one furthest inside the SLOs (lowest ``slo_load``)."""
 from __future__ import annotations
 
 from typing import Any
 
-from folovllm.simulator.sweep_trials import Trials, describe, figures, smallest_passing
+from folovllm.simulator.sweep_trials import Trials, describe, figures, slo_load, smallest_passing
 
 
 def parse_ratios(text: str) -> list[tuple[int, int]]:
@@ -61,7 +61,7 @@ def _fewest(trials: Trials, key: dict[str, Any], ratios: list[tuple[int, int]], 
     rows = []
     n, result = smallest_passing(lambda k: trials.run(rate, policy, admission, replicas=k), trials.meets, limit)
     rows.append({"kind": "pd_fewest", **key, "ratio": "colocated", "prefill": None, "decode": None,
-                 "instances": n, **figures(result)})
+                 "instances": n, **figures(result, rate)})
     for ratio in ratios:
         size = ratio[0] + ratio[1]
         k, result = smallest_passing(
@@ -69,7 +69,7 @@ def _fewest(trials: Trials, key: dict[str, Any], ratios: list[tuple[int, int]], 
             limit // size)
         rows.append({"kind": "pd_fewest", **key, "ratio": _label(ratio),
                      "prefill": k * ratio[0] if k else None, "decode": k * ratio[1] if k else None,
-                     "instances": k * size if k else None, **figures(result)})
+                     "instances": k * size if k else None, **figures(result, rate)})
     for row in rows:
         print(f"rate {rate:g}/s {policy}/{admission} {row['ratio']}: "
               + (f"{row['instances']} instances ({describe(row)})" if row["instances"]
@@ -81,19 +81,19 @@ def _fixed(trials: Trials, key: dict[str, Any], ratios: list[tuple[int, int]], t
     rate, policy, admission = key["rate"], key["policy"], key["admission"]
     colocated = trials.run(rate, policy, admission, replicas=total)
     rows = [{"kind": "pd_fixed", **key, "instances": total, "ratio": "colocated", "prefill": None, "decode": None,
-             "meets_slos": trials.meets(colocated), "best": False, **figures(colocated)}]
+             "meets_slos": trials.meets(colocated), "best": False, **figures(colocated, rate)}]
     for ratio in ratios:
         pd = split_instances(total, ratio)
         result = trials.run(rate, policy, admission, pd=pd)
         rows.append({"kind": "pd_fixed", **key, "instances": total, "ratio": _label(ratio), "prefill": pd[0],
-                     "decode": pd[1], "meets_slos": trials.meets(result), "best": False, **figures(result)})
-    split = rows[1:]
-    best = max(split, key=lambda r: (r["goodput_req_s"], -(r["ttft_p99_ms"] or float("inf"))))  # type: ignore[operator]
+                     "decode": pd[1], "meets_slos": trials.meets(result), "best": False, **figures(result, rate)})
+    slos = (trials.args.slo_ttft_p99, trials.args.slo_tpot_p99)
+    best = max(rows[1:], key=lambda r: (r["good_fraction"], -slo_load(r, *slos)))
     best["best"] = True
     for row in rows:
         shape = "colocated" if row["prefill"] is None else f"{row['prefill']}P+{row['decode']}D"
-        print(f"rate {rate:g}/s {policy}/{admission} {total} instances, {row['ratio']} ({shape}): goodput "
-              f"{row['goodput_req_s']:.0f} req/s ({row['good_fraction']:.1%} good), {describe(row)}"
+        print(f"rate {rate:g}/s {policy}/{admission} {total} instances, {row['ratio']} ({shape}): "
+              f"{row['good_fraction']:.1%} good, {describe(row)}"
               + ("  <- best split" if row["best"] else ""))
     return rows
 

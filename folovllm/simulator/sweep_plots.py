@@ -67,40 +67,48 @@ def plot_latency_vs_rate(rows: list[dict[str, Any]], png_path: Path) -> None:
 
 
 def plot_pd_goodput(rows: list[dict[str, Any]], png_path: Path) -> None:
-    """Left: goodput per prefill:decode ratio at each fixed total of instances (a dotted line: the same
-    total colocated). Right: the fewest instances meeting the SLOs per ratio."""
+    """Left: goodput (offered rate x share of good requests) per prefill:decode ratio at each fixed total
+    of instances, a dotted line for the same total colocated. Right: the fewest instances meeting the
+    SLOs per ratio."""
     plt = _pyplot()
     fixed = [r for r in rows if r.get("kind") == "pd_fixed"]
     fewest = [r for r in rows if r.get("kind") == "pd_fewest"]
+    ratios = list(dict.fromkeys(r["ratio"] for r in fewest + fixed if r["prefill"] is not None))
+    where = {ratio: i for i, ratio in enumerate(ratios, start=1)}
+    where["colocated"] = 0
     groups = sorted({(r["rate"], r["policy"], r["admission"]) for r in fewest + fixed})
     many = len(groups) > 1
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     line = 0
-    for rate, policy, admission in groups:
-        tag = f" @{rate:g}/s {policy}/{admission}" if many else ""
-        for total in sorted({r["instances"] for r in fixed if (r["rate"], r["policy"], r["admission"])
-                             == (rate, policy, admission)}):
-            mine = [r for r in fixed if (r["rate"], r["policy"], r["admission"], r["instances"])
-                    == (rate, policy, admission, total)]
-            split = [r for r in mine if r["prefill"] is not None]
+    for group in groups:
+        tag = " @{:g}/s {}/{}".format(*group) if many else ""
+        mine = [r for r in fixed if (r["rate"], r["policy"], r["admission"]) == group]
+        for total in sorted({r["instances"] for r in mine}):
             colour = colours[line % len(colours)]
             line += 1
-            axes[0].plot([f"{r['ratio']}" for r in split], [r["goodput_req_s"] for r in split], "o-", color=colour,
-                         label=f"{total} instances{tag}")
-            for r in mine:
+            at_total = [r for r in mine if r["instances"] == total]
+            split = [r for r in at_total if r["prefill"] is not None]
+            axes[0].plot([where[r["ratio"]] for r in split], [_num(r["good_rate_req_s"]) for r in split], "o-",
+                         color=colour, label=f"{total} instances{tag}")
+            for r in at_total:
                 if r["prefill"] is None:
-                    axes[0].axhline(r["goodput_req_s"], color=colour, linestyle=":",
+                    axes[0].axhline(_num(r["good_rate_req_s"]), color=colour, linestyle=":",
                                     label=f"{total} colocated{tag}")
-        mine = [r for r in fewest if (r["rate"], r["policy"], r["admission"]) == (rate, policy, admission)]
-        axes[1].plot([r["ratio"] for r in mine], [r["instances"] or float("nan") for r in mine], "s-",
+        best = sorted((r for r in fewest if (r["rate"], r["policy"], r["admission"]) == group),
+                      key=lambda r: where[r["ratio"]])
+        axes[1].plot([where[r["ratio"]] for r in best], [_num(r["instances"]) for r in best], "s-",
                      label=f"fewest meeting the SLOs{tag}")
-    axes[0].set_xlabel("prefill:decode ratio")
-    axes[0].set_ylabel("goodput (requests/s within the SLOs)")
-    axes[0].legend(fontsize=8)
-    axes[1].set_xlabel("prefill:decode ratio (colocated: plain replicas)")
+    axes[0].set_xticks(range(1, len(ratios) + 1), ratios)
+    axes[0].set_ylabel("goodput (req/s within the SLOs)")
+    axes[1].set_xticks(range(len(ratios) + 1), ["colocated", *ratios])
     axes[1].set_ylabel("instances")
-    axes[1].legend(fontsize=8)
     for ax in axes:
+        ax.set_xlabel("prefill:decode ratio")
         ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
     _save(fig, plt, png_path)
+
+
+def _num(value: float | None) -> float:
+    return float("nan") if value is None else value

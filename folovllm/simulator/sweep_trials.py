@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -46,18 +47,28 @@ class Trials:
         return meets(result, self.args.slo_ttft_p99, self.args.slo_tpot_p99)
 
 
-def figures(result: dict[str, Any] | None) -> dict[str, Any]:
-    """The latency percentiles, throughput and goodput a sweep row keeps of one trial (None: no trial)."""
+def figures(result: dict[str, Any] | None, rate: float) -> dict[str, Any]:
+    """The latency percentiles, throughput and goodput a sweep row keeps of one trial at ``rate`` (None:
+    no trial). ``goodput_req_s`` is ``bench serve``'s (good requests over the run, whose end a short
+    trial's slowest request sets); ``good_rate_req_s`` is the offered rate times the share of good
+    requests: what the deployment sustains, which the ratio study compares."""
     def stat(key: str, p: str) -> float | None:
         return result[key][p] if result and result[key] else None
 
     good = result.get("goodput") if result else None
+    fraction = good["good_requests"] / result["config"]["num_prompts"] if good else None
     return {"ttft_p50_ms": stat("ttft_ms", "p50"), "ttft_p99_ms": stat("ttft_ms", "p99"),
             "tpot_p50_ms": stat("tpot_ms", "p50"), "tpot_p99_ms": stat("tpot_ms", "p99"),
             "output_tok_s": result["output_tok_s"] if result else None,
             "failed_requests": result["failed_requests"] if result else None,
-            "goodput_req_s": good["request_goodput"] if good else None,
-            "good_fraction": good["good_requests"] / result["config"]["num_prompts"] if good else None}
+            "goodput_req_s": good["request_goodput"] if good else None, "good_fraction": fraction,
+            "good_rate_req_s": fraction * rate if fraction is not None and math.isfinite(rate) else None}
+
+
+def slo_load(row: dict[str, Any], ttft_s: float, tpot_s: float) -> float:
+    """The larger of p99 TTFT / its SLO and p99 TPOT / its SLO: under 1 meets both; lower has more headroom."""
+    ttft, tpot = row["ttft_p99_ms"], row["tpot_p99_ms"]
+    return max(math.inf if ttft is None else ttft / (ttft_s * 1000), 0.0 if tpot is None else tpot / (tpot_s * 1000))
 
 
 def describe(row: dict[str, Any]) -> str:

@@ -13,7 +13,7 @@ from folovllm.simulator.cost_model import LinearCostModel
 from folovllm.simulator.roofline import QWEN3_0_6B
 from folovllm.simulator.sweep import add_sweep_args, run_sweep
 from folovllm.simulator.sweep_pd import parse_counts, parse_ratios, split_instances
-from folovllm.simulator.sweep_trials import smallest_passing
+from folovllm.simulator.sweep_trials import slo_load, smallest_passing
 
 PROFILE = {"fixed_s": 0.005, "per_prefill_token_s": 5e-5, "per_decode_row_s": 2e-4, "per_context_token_s": 1e-7,
            "per_request_s": 0.0}
@@ -48,6 +48,13 @@ def test_smallest_passing_doubles_then_bisects():
     assert smallest_passing(attempt, lambda r: r["ok"], limit=6)[0] == 5  # the cap itself is tried
     assert tried == [1, 2, 4, 6, 5]
     assert smallest_passing(attempt, lambda r: r["ok"], limit=0) == (None, None)
+
+
+def test_slo_load_is_the_tighter_of_the_two_slos():
+    row = {"ttft_p99_ms": 500.0, "tpot_p99_ms": 80.0}
+    assert slo_load(row, 1.0, 0.1) == pytest.approx(0.8)
+    assert slo_load({**row, "tpot_p99_ms": None}, 1.0, 0.1) == pytest.approx(0.5)
+    assert slo_load({**row, "ttft_p99_ms": None}, 1.0, 0.1) == float("inf")
 
 
 def test_ratio_and_count_parsing_and_splits():
@@ -113,9 +120,12 @@ def test_pd_ratio_sweep_is_deterministic_and_picks_the_best_split(tmp_path):
     split = [r for r in fixed if r["prefill"] is not None]
     assert fixed[1]["goodput_req_s"] == fixed[3]["goodput_req_s"]  # the same 2P+1D shape, run once
     best = [r for r in split if r["best"]]
-    assert len(best) == 1 and best[0]["goodput_req_s"] == max(r["goodput_req_s"] for r in split)
+    assert len(best) == 1 and best[0]["good_fraction"] == max(r["good_fraction"] for r in split)
+    ties = [r for r in split if r["good_fraction"] == best[0]["good_fraction"]]
+    assert slo_load(best[0], 1.0, 0.1) == min(slo_load(r, 1.0, 0.1) for r in ties)
     for row in fixed:
         assert 0.0 <= row["good_fraction"] <= 1.0
+        assert row["good_rate_req_s"] == pytest.approx(30.0 * row["good_fraction"])
         assert row["meets_slos"] == (row["failed_requests"] == 0 and row["ttft_p99_ms"] <= 1000
                                      and row["tpot_p99_ms"] <= 100)
 
