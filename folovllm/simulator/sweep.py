@@ -7,6 +7,7 @@ percentiles at fixed replica counts. With ``--pd-ratios``: the prefill/decode sp
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,9 @@ def add_sweep_args(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--slo-tpot-p99", type=float, required=True, help="seconds")
     s.add_argument("--policies", default="fcfs", help="comma-separated scheduling policies")
     s.add_argument("--admissions", default="on-demand", help="comma-separated admission modes")
+    s.add_argument("--trial-seconds", type=float, default=None,
+                   help="requests per trial = rate x this (the same span of traffic at every rate); "
+                        "default: --num-prompts")
     s.add_argument("--max-replicas", type=int, default=256, help="the largest cluster (instances) a search tries")
     s.add_argument("--replicas-grid", default=None, metavar="N,N,...",
                    help="also run every rate at these fixed replica counts (the latency-vs-rate plot)")
@@ -75,6 +79,8 @@ def run_sweep(args: argparse.Namespace, config: EngineConfig) -> list[dict[str, 
     if args.pd_ratios and args.replicas_grid:
         raise ValueError("--replicas-grid belongs to the replica sweep; run it without --pd-ratios")
     rates = parse_rates(args.rate)
+    if args.trial_seconds is not None and any(math.isinf(rate) for rate in rates):
+        raise ValueError("--trial-seconds needs finite rates (it draws rate x seconds requests)")
     trials = Trials(args, config)
     if args.pd_ratios:
         totals = parse_counts(args.pd_instances, "--pd-instances") if args.pd_instances else []

@@ -27,6 +27,9 @@ class Trials:
     sweep's SLOs (a request is good when its own TTFT and TPOT are within them)."""
 
     def __init__(self, args: argparse.Namespace, config: EngineConfig) -> None:
+        seconds = args.trial_seconds
+        if seconds is not None and not (seconds > 0 and math.isfinite(seconds)):
+            raise ValueError(f"--trial-seconds must be a positive number of seconds, got {seconds}")
         self.args, self.config = args, config
         self._done: dict[TrialKey, dict[str, Any]] = {}
 
@@ -36,9 +39,12 @@ class Trials:
         key: TrialKey = (rate, policy, admission, replicas if pd is None else 0, pd)
         if key not in self._done:
             slos = [f"ttft:{self.args.slo_ttft_p99 * 1000:g}", f"tpot:{self.args.slo_tpot_p99 * 1000:g}"]
-            trial = argparse.Namespace(**{**vars(self.args), "request_rate": rate, "replicas": replicas, "pd": pd,
-                                          "goodput": slos, "percentile_metrics": "ttft,tpot,e2el",
-                                          "metric_percentiles": "50,99"})
+            num = self.args.num_prompts
+            if self.args.trial_seconds is not None:
+                num = max(1, round(rate * self.args.trial_seconds))  # the same span of traffic at every rate
+            trial = argparse.Namespace(**{**vars(self.args), "request_rate": rate, "num_prompts": num,
+                                          "replicas": replicas, "pd": pd, "goodput": slos,
+                                          "percentile_metrics": "ttft,tpot,e2el", "metric_percentiles": "50,99"})
             config = dataclasses.replace(self.config, scheduling_policy=policy, admission=admission)
             self._done[key] = run_one(trial, build_setup(trial, config))
         return self._done[key]
@@ -57,7 +63,8 @@ def figures(result: dict[str, Any] | None, rate: float) -> dict[str, Any]:
 
     good = result.get("goodput") if result else None
     fraction = good["good_requests"] / result["config"]["num_prompts"] if good else None
-    return {"ttft_p50_ms": stat("ttft_ms", "p50"), "ttft_p99_ms": stat("ttft_ms", "p99"),
+    return {"num_prompts": result["config"]["num_prompts"] if result else None,
+            "ttft_p50_ms": stat("ttft_ms", "p50"), "ttft_p99_ms": stat("ttft_ms", "p99"),
             "tpot_p50_ms": stat("tpot_ms", "p50"), "tpot_p99_ms": stat("tpot_ms", "p99"),
             "output_tok_s": result["output_tok_s"] if result else None,
             "failed_requests": result["failed_requests"] if result else None,

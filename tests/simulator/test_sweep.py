@@ -130,6 +130,15 @@ def test_pd_ratio_sweep_is_deterministic_and_picks_the_best_split(tmp_path):
                                      and row["tpot_p99_ms"] <= 100)
 
 
+def test_trial_seconds_scales_the_requests_with_the_rate(tmp_path):
+    rows = sweep(sweep_args(tmp_path, "--rate", "10,20", "--trial-seconds", "3", "--replicas-grid", "1"))
+    assert [(r["rate"], r["num_prompts"]) for r in rows if r["kind"] == "fixed_replicas"] == [(10.0, 30), (20.0, 60)]
+    with pytest.raises(ValueError, match="finite rates"):
+        sweep(sweep_args(tmp_path, "--rate", "10,inf", "--trial-seconds", "3"))
+    with pytest.raises(ValueError, match="--trial-seconds"):
+        sweep(sweep_args(tmp_path, "--rate", "10", "--trial-seconds", "0"))
+
+
 def test_sweep_refuses_inconsistent_options(tmp_path):
     with pytest.raises(ValueError, match="--pd-ratios"):
         sweep(sweep_args(tmp_path, "--rate", "10", "--pd-instances", "4"))
