@@ -111,7 +111,8 @@ def _add_simulate(sub: argparse._SubParsersAction) -> None:
     calibrate = sim_sub.add_parser("calibrate", help="fit a linear step-cost profile to an engine --trace")
     add_calibrate_args(calibrate)
     calibrate.set_defaults(func=run_calibrate)
-    sweep = sim_sub.add_parser("sweep", help="fewest replicas meeting SLOs at a rate, per policy and admission")
+    sweep = sim_sub.add_parser("sweep", help="capacity what-ifs: fewest replicas meeting SLOs, latency vs rate, "
+                                             "prefill:decode ratios")
     add_sweep_args(sweep)
     add_engine_args(sweep, only=SCHEDULER_FIELDS)
     sweep.set_defaults(func=_simulate_sweep)

@@ -1,9 +1,13 @@
-"""``folovllm simulate sweep``: the fewest replicas that meet p99 TTFT and TPOT SLOs at each rate, per
-scheduling policy and admission mode (doubling, then bisection), with plots."""
+"""``folovllm simulate sweep``: capacity planning on the simulator, at each request rate given.
+
+Without ``--pd-ratios``: per scheduling policy and admission mode, the fewest replicas whose p99 TTFT
+and p99 TPOT meet the SLOs (doubling, then bisection), and with ``--replicas-grid`` the latency
+percentiles at fixed replica counts. With ``--pd-ratios``: the prefill/decode split study
+(``sweep_pd``). Rows go to ``--output-json``, plots to ``--plot``."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import math
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +15,12 @@ from folovllm.bench.arrivals import parse_rates
 from folovllm.bench.results import write_results
 from folovllm.bench.serve_workload import add_workload_args
 from folovllm.config import EngineConfig
-from folovllm.simulator.cli import add_deployment_args, build_setup, run_one
+from folovllm.simulator.cli import add_deployment_args
+from folovllm.simulator.sweep_pd import parse_counts, parse_ratios, run_pd_study
+from folovllm.simulator.sweep_plots import plot_latency_vs_rate, plot_pd_goodput, plot_replicas
+from folovllm.simulator.sweep_trials import Trials, describe, figures, meets, smallest_passing
+
+__all__ = ["add_sweep_args", "fewest_replicas", "meets", "run_sweep"]
 
 
 def add_sweep_args(parser: argparse.ArgumentParser) -> None:
@@ -23,85 +32,70 @@ def add_sweep_args(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--slo-tpot-p99", type=float, required=True, help="seconds")
     s.add_argument("--policies", default="fcfs", help="comma-separated scheduling policies")
     s.add_argument("--admissions", default="on-demand", help="comma-separated admission modes")
-    s.add_argument("--max-replicas", type=int, default=256)
+    s.add_argument("--trial-seconds", type=float, default=None,
+                   help="requests per trial = rate x this (the same span of traffic at every rate); "
+                        "default: --num-prompts")
+    s.add_argument("--max-replicas", type=int, default=256, help="the largest cluster (instances) a search tries")
+    s.add_argument("--replicas-grid", default=None, metavar="N,N,...",
+                   help="also run every rate at these fixed replica counts (the latency-vs-rate plot)")
+    s.add_argument("--pd-ratios", default=None, metavar="P:D,...",
+                   help="study prefill/decode disaggregation instead: per ratio, the fewest instances meeting "
+                        "the SLOs and (with --pd-instances) the goodput at a fixed total")
+    s.add_argument("--pd-instances", default=None, metavar="N,N,...",
+                   help="--pd-ratios: fixed totals of instances to split by each ratio (and to run colocated)")
     s.add_argument("--output-json", default=None)
-    s.add_argument("--plot", default=None, metavar="DIR", help="write the two sweep plots (PNG) here")
+    s.add_argument("--plot", default=None, metavar="DIR", help="write the sweep's plots (PNG) here")
 
 
-def meets(result: dict[str, Any], ttft_s: float, tpot_s: float) -> bool:
-    """p99 TTFT and p99 TPOT within the SLOs, and no request failed."""
-    return (result["failed_requests"] == 0 and result["ttft_ms"] is not None
-            and result["ttft_ms"]["p99"] <= ttft_s * 1000 and (result["tpot_ms"] is None
-                                                               or result["tpot_ms"]["p99"] <= tpot_s * 1000))
-
-
-def fewest_replicas(args: argparse.Namespace, config: EngineConfig, limit: int) -> tuple[int | None, dict | None]:
+def fewest_replicas(trials: Trials, rate: float, policy: str, admission: str,
+                    limit: int) -> tuple[int | None, dict | None]:
     """Smallest replica count meeting the SLOs (None if ``limit`` does not); its result."""
-    def attempt(n: int) -> dict[str, Any]:
-        trial = argparse.Namespace(**{**vars(args), "replicas": n, "pd": None})
-        return run_one(trial, build_setup(trial, config))
-
-    low, high, best = 0, 1, None
-    while high <= limit:
-        result = attempt(high)
-        if meets(result, args.slo_ttft_p99, args.slo_tpot_p99):
-            best = (high, result)
-            break
-        low, high = high, high * 2
-    if best is None:
-        return None, None
-    high = best[0]
-    while high - low > 1:
-        mid = (low + high) // 2
-        result = attempt(mid)
-        if meets(result, args.slo_ttft_p99, args.slo_tpot_p99):
-            high, best = mid, (mid, result)
-        else:
-            low = mid
-    return best
+    return smallest_passing(lambda n: trials.run(rate, policy, admission, replicas=n), trials.meets, limit)
 
 
-def run_sweep(args: argparse.Namespace, config: EngineConfig) -> list[dict[str, Any]]:
+def _replica_rows(args: argparse.Namespace, trials: Trials, rates: list[float]) -> list[dict[str, Any]]:
     rows = []
-    for rate in parse_rates(args.rate):
+    grid = parse_counts(args.replicas_grid, "--replicas-grid") if args.replicas_grid else []
+    for rate in rates:
         for policy in args.policies.split(","):
             for admission in args.admissions.split(","):
-                cfg = dataclasses.replace(config, scheduling_policy=policy, admission=admission)
-                run_args = argparse.Namespace(**{**vars(args), "request_rate": rate, "goodput": None,
-                                                 "percentile_metrics": "ttft,tpot,e2el",
-                                                 "metric_percentiles": "50,99"})
-                n, result = fewest_replicas(run_args, cfg, args.max_replicas)
-                row = {"rate": rate, "policy": policy, "admission": admission, "replicas": n,
-                       "ttft_p99_ms": result["ttft_ms"]["p99"] if result else None,
-                       "tpot_p99_ms": result["tpot_ms"]["p99"] if result and result["tpot_ms"] else None,
-                       "output_tok_s": result["output_tok_s"] if result else None}
+                n, result = fewest_replicas(trials, rate, policy, admission, args.max_replicas)
+                row = {"kind": "fewest_replicas", "rate": rate, "policy": policy, "admission": admission,
+                       "replicas": n, **figures(result, rate)}
                 print(f"rate {rate:g}/s {policy}/{admission}: "
-                      + (f"{n} replicas (p99 TTFT {row['ttft_p99_ms']:.0f} ms, TPOT {row['tpot_p99_ms']:.1f} ms)"
-                         if n else f"more than {args.max_replicas} replicas"))
+                      + (f"{n} replicas ({describe(row)})" if n else f"more than {args.max_replicas} replicas"))
                 rows.append(row)
-    if args.output_json:
-        write_results(rows, args.output_json)
-    if args.plot:
-        plot_replicas(rows, Path(args.plot))
+                for count in grid:
+                    fixed = trials.run(rate, policy, admission, replicas=count)
+                    rows.append({"kind": "fixed_replicas", "rate": rate, "policy": policy, "admission": admission,
+                                 "replicas": count, "meets_slos": trials.meets(fixed), **figures(fixed, rate)})
     return rows
 
 
-def plot_replicas(rows: list[dict[str, Any]], folder: Path) -> None:
-    """Replicas needed vs rate, one line per policy/admission."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    folder.mkdir(parents=True, exist_ok=True)
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for key in sorted({(r["policy"], r["admission"]) for r in rows}):
-        mine = [r for r in rows if (r["policy"], r["admission"]) == key and r["replicas"]]
-        ax.plot([r["rate"] for r in mine], [r["replicas"] for r in mine], "o-", label="/".join(key))
-    ax.set_xlabel("request rate (req/s)")
-    ax.set_ylabel("replicas meeting the SLOs")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(folder / "sim-replicas-vs-rate.png", dpi=100)
-    plt.close(fig)
+def run_sweep(args: argparse.Namespace, config: EngineConfig) -> list[dict[str, Any]]:
+    """Runs the study the options ask for; returns its rows (also written to ``--output-json``)."""
+    if args.pd_instances and not args.pd_ratios:
+        raise ValueError("--pd-instances splits instances by --pd-ratios; give the ratios too")
+    if args.pd_ratios and args.replicas_grid:
+        raise ValueError("--replicas-grid belongs to the replica sweep; run it without --pd-ratios")
+    rates = parse_rates(args.rate)
+    if args.trial_seconds is not None and any(math.isinf(rate) for rate in rates):
+        raise ValueError("--trial-seconds needs finite rates (it draws rate x seconds requests)")
+    trials = Trials(args, config)
+    if args.pd_ratios:
+        totals = parse_counts(args.pd_instances, "--pd-instances") if args.pd_instances else []
+        rows = run_pd_study(trials, rates, args.policies.split(","), args.admissions.split(","),
+                            parse_ratios(args.pd_ratios), totals, args.max_replicas)
+    else:
+        rows = _replica_rows(args, trials, rates)
+    if args.output_json:
+        write_results(rows, args.output_json)
+    if args.plot:
+        folder = Path(args.plot)
+        if args.pd_ratios:
+            plot_pd_goodput(rows, folder / "sim-pd-goodput.png")
+        else:
+            plot_replicas(rows, folder / "sim-replicas-vs-rate.png")
+            if args.replicas_grid:
+                plot_latency_vs_rate(rows, folder / "sim-latency-vs-rate.png")
+    return rows
