@@ -235,9 +235,6 @@ class EngineConfig:
     cpu_fused_ops: bool = knob(
         True, "CPU: run residual add + RMSNorm, rotary + KV-cache store and SiLU-mul as fused C++ ops "
         "(built by `make kernels`; on when the library loads, else off with one log line)")
-    greedy_model_dtype_logits: bool = knob(
-        True, "take the argmax of all-greedy steps over float32 copies of the logits instead of the "
-        "model-dtype logits (ablation; the tokens are the same)", flag="--no-greedy-model-dtype-logits")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", DTYPE_ALIASES.get(self.dtype, self.dtype))

@@ -116,8 +116,7 @@ class Gemma3ForCausalLM(CausalLM):
         self.model = Gemma3Model(arch, backend, weights)
         self.lm_head = lm_head(arch, weights)
 
-    def compute_logits(self, hidden: torch.Tensor, fp32: bool = True) -> torch.Tensor:
-        """Always float32, whatever ``fp32`` asks: the softcap is applied to fp32 logits."""
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = super().compute_logits(hidden)
         cap = self.arch.final_logit_softcapping
         return logits if cap is None else torch.tanh(logits / cap) * cap

@@ -342,15 +342,12 @@ class CausalLM(nn.Module):
         """Run one ragged step batch; returns final hidden states [T, hidden]."""
         return self.model(input_ids, positions, kv_caches, attn_metadata)
 
-    def compute_logits(self, hidden: torch.Tensor, fp32: bool = True) -> torch.Tensor | None:
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
         """[N, hidden] -> [N, vocab] float32 logits; under tensor parallelism only rank 0 gets them
-        (each rank computes its vocab slice; the slices are gathered to rank 0, the others get None).
-
-        ``fp32=False`` may return them in the model dtype (no [N, vocab] float32 copy): for callers
-        that only take an argmax, which is the same over the exact fp32 widening of each value."""
+        (each rank computes its vocab slice; the slices are gathered to rank 0, the others get None)."""
         local = self.model.embed_tokens.logits(hidden) if self.lm_head is None else self.lm_head(hidden)
         if self.tp_size == 1:
-            return local.float() if fp32 else local
+            return local.float()
         if self.tp_group is None:
             raise RuntimeError(f"logits with tp_size={self.tp_size} need a gather: build the model with a tp_group")
         gathered = self.tp_group.gather_to_first(local.float())  # fp32 on the wire: the sampler reads fp32

@@ -117,11 +117,9 @@ class ModelRunner:
     """Runs one step at a time on the model and its paged KV tensors, then samples."""
 
     def __init__(self, model: torch.nn.Module, kv_caches: KVCaches, block_size: int, device: torch.device,
-                 cuda_graphs: CudaGraphRunner | None = None, samples: bool = True,
-                 greedy_model_dtype_logits: bool = False) -> None:
+                 cuda_graphs: CudaGraphRunner | None = None, samples: bool = True) -> None:
         """``samples``: False on tensor-parallel ranks other than 0, which only take part in the
-        forward and the logits gather. ``greedy_model_dtype_logits``: a step whose rows are all plain
-        greedy takes its argmax over the model-dtype logits (same tokens, no float32 copy)."""
+        forward and the logits gather."""
         self.model = model
         self.samples = samples
         self.cuda_graphs = cuda_graphs  # decode-step graphs (CUDA + triton backend); None: always eager
@@ -130,7 +128,6 @@ class ModelRunner:
         self.device = device
         self.sampler = Sampler()
         self.vocab_size = model.arch.vocab_size
-        self.greedy_model_dtype_logits = greedy_model_dtype_logits
 
     @torch.inference_mode()
     def launch(self, step: StepInput, generators: list[torch.Generator | None],
@@ -149,9 +146,8 @@ class ModelRunner:
             prompt_logprobs = compute_prompt_logprobs(hidden, batch.prompt_logprobs, self.model.compute_logits)
         if not batch.sampling_rows:
             return LaunchedStep([], None, None, prompt_logprobs=prompt_logprobs)
+        logits = self.model.compute_logits(hidden[batch.logits_indices])
         sampling_batch = build_sampling_batch(batch.sampling_rows, generators, self.vocab_size, self.device)
-        fp32 = not (self.greedy_model_dtype_logits and sampling_batch.is_plain_greedy)
-        logits = self.model.compute_logits(hidden[batch.logits_indices], fp32=fp32)
         token_ids, logprobs = self.sampler.sample(logits, sampling_batch)
         launched = LaunchedStep(batch.sampling_request_ids, token_ids, logprobs, sampling_batch.needs_sync,
                                 prompt_logprobs=prompt_logprobs)

@@ -94,8 +94,7 @@ class Worker:
                                     self.model.num_kv_heads, arch.head_dim, self.dtype, self.device)
         graphs = capture_decode_graphs(self.model, caches, cfg, max_model_len)
         samples = self.tp_group is None or self.tp_group.is_first
-        self.runner = ModelRunner(self.model, caches, cfg.block_size, self.device, graphs, samples,
-                                  greedy_model_dtype_logits=cfg.greedy_model_dtype_logits)
+        self.runner = ModelRunner(self.model, caches, cfg.block_size, self.device, graphs, samples)
 
     # -- steps --------------------------------------------------------------------------------
 

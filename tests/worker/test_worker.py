@@ -59,27 +59,3 @@ def test_reused_request_id_restarts_its_rng(tiny_llama_dir) -> None:  # noqa: F8
     engine.add_request({"prompt_token_ids": prompt}, SamplingParams(max_tokens=1), request_id="next")
     engine.step()
     assert "same" not in engine.worker._generators
-
-
-@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-def test_greedy_model_dtype_logits_gives_the_same_tokens(tiny_llama_dir, dtype: str) -> None:  # noqa: F811
-    """Plain-greedy steps take argmax over model-dtype logits: the same tokens as over their fp32 copy."""
-    prompts = [{"prompt_token_ids": p} for p in random_prompts(6, seed=9)]
-    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
-    runs = {}
-    for on in (True, False):
-        llm = make_llm(tiny_llama_dir, dtype=dtype, greedy_model_dtype_logits=on)
-        assert llm.llm_engine.worker.runner.greedy_model_dtype_logits is on
-        runs[on] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
-    assert runs[True] == runs[False]
-
-
-def test_compute_logits_keeps_the_model_dtype_only_when_asked(tiny_llama_dir) -> None:  # noqa: F811
-    import torch
-
-    model = make_llm(tiny_llama_dir, dtype="bfloat16").llm_engine.worker.model
-    hidden = torch.randn(3, model.arch.hidden_size, dtype=torch.bfloat16)
-    full, native = model.compute_logits(hidden), model.compute_logits(hidden, fp32=False)
-    assert full.dtype == torch.float32 and native.dtype == torch.bfloat16
-    assert torch.equal(full, native.float())
-    assert torch.equal(full.argmax(-1), native.argmax(-1))
