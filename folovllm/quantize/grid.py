@@ -110,10 +110,12 @@ def group_grid(w: torch.Tensor, spec: QuantSpec, col_weights: torch.Tensor | Non
 def _grid_error(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, spec: QuantSpec,
                 col_weights: torch.Tensor | None) -> torch.Tensor:
     """Per row: the rounding error of ``w`` on the grid, in ``spec.clip``'s measure."""
-    err = (quantize_codes(w, scale, zero, spec.maxq) - zero[:, None]) * scale[:, None] - w
+    scale, zero = scale[:, None], zero[:, None]
+    # quantize_codes, then dequantize and subtract, in place: this runs ~80 times per group
+    err = torch.div(w, scale).round_().add_(zero).clamp_(0, spec.maxq).sub_(zero).mul_(scale).sub_(w)
     if spec.clip == "hmse":
-        return (err.square() * col_weights).sum(dim=1)
-    return err.abs().pow(_MSE_NORM).sum(dim=1)
+        return err.square_().mul_(col_weights).sum(dim=1)
+    return err.abs_().pow_(_MSE_NORM).sum(dim=1)
 
 
 def range_grid(xmin: torch.Tensor, xmax: torch.Tensor, spec: QuantSpec) -> tuple[torch.Tensor, torch.Tensor]:
