@@ -125,8 +125,7 @@ def range_grid(xmin: torch.Tensor, xmax: torch.Tensor, spec: QuantSpec) -> tuple
     else:
         scale = (xmax - xmin) / spec.maxq
     scale = torch.where(scale > 0, scale, 1.0)  # an all-zero row: any scale codes it exactly
-    # the checkpoint holds float16 scales: quantize against exactly the scale that will be read back
-    scale = scale.clamp(min=_FP16_TINY).half().float()
+    scale = _fp16_at_least(scale)
     if spec.sym:
         return scale, torch.full_like(scale, (spec.maxq + 1) // 2)
     zero = torch.round(-xmin / scale)
@@ -134,9 +133,17 @@ def range_grid(xmin: torch.Tensor, xmax: torch.Tensor, spec: QuantSpec) -> tuple
     # scale that still reaches its maximum (its minimum lies within half a step of 0, so stays covered)
     low = zero < 1
     if low.any():
-        scale = torch.where(low, (xmax / (spec.maxq - 1)).clamp(min=_FP16_TINY).half().float(), scale)
+        scale = torch.where(low, _fp16_at_least(xmax / (spec.maxq - 1)), scale)
         zero = torch.where(low, 1.0, zero)
     return scale, zero.clamp(max=spec.maxq)
+
+
+def _fp16_at_least(scale: torch.Tensor) -> torch.Tensor:
+    """The smallest float16 value >= ``scale``, as float32: the checkpoint holds float16 scales, and
+    one rounded down would push the range's ends past the last code (an error over half a step)."""
+    half = scale.clamp(min=_FP16_TINY).half()
+    up = torch.nextafter(half, torch.full_like(half, float("inf")))
+    return torch.where(half.float() < scale, up, half).float()
 
 
 def quantize_codes(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, maxq: int) -> torch.Tensor:

@@ -79,3 +79,14 @@ def test_hmse_needs_the_inputs_cost() -> None:
         rtn_quantize(heavy_tailed(4, 32), QuantSpec(4, 32, clip="hmse"))
     with pytest.raises(ValueError, match="clip must be one of"):
         QuantSpec(4, 32, clip="minmax")
+
+
+def test_float16_scales_never_push_a_group_end_past_the_last_code() -> None:
+    # seeds where rounding each scale to the nearest float16 (down) clamped a group's largest weight
+    # at code 15, more than half a step away
+    for seed in (102, 129, 231, 299):
+        w = torch.randn(8, 64, generator=torch.Generator().manual_seed(seed))
+        q = rtn_quantize(w, QuantSpec(4, 16, sym=False))
+        step = q.scales[q.g_idx.long()].T
+        assert torch.all((w - q.dequantize()).abs() <= step / 2 + 1e-6)
+        assert torch.equal(q.scales, q.scales.half().float())
