@@ -70,6 +70,8 @@ def _gptq(w: torch.Tensor, h: torch.Tensor, config: GPTQConfig) -> tuple[Quantiz
         w, h = w[:, perm], h[perm][:, perm]
     h.diagonal().add_(config.damp * h.diagonal().mean())
     u = _upper_cholesky_of_inverse(h)
+    # what an error in column j costs once later columns compensate (the weight of GPTQ's own loss)
+    cost = u.diagonal().square().reciprocal()
 
     codes = torch.empty_like(w)
     scales = torch.empty(spec.num_groups(in_features), out_features)
@@ -81,7 +83,7 @@ def _gptq(w: torch.Tensor, h: torch.Tensor, config: GPTQConfig) -> tuple[Quantiz
         errors = torch.empty(out_features, end - start)
         for j in range(start, end):
             if j % group == 0:  # a group's grid comes from its columns as they stand when it starts
-                scale, zero = group_grid(w[:, j:j + group], spec)
+                scale, zero = group_grid(w[:, j:j + group], spec, cost[j:j + group])
                 scales[j // group], zeros[j // group] = scale, zero
             col = w[:, j]
             code = quantize_codes(col, scale, zero, spec.maxq)

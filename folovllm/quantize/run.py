@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 METHODS = ("gptq", "rtn")
+CLIP_CHOICES = ("off", "mse", "hmse")  # grid.CLIP_MODES, without importing torch for --help
 
 
 @dataclass(frozen=True)
@@ -36,12 +37,20 @@ class QuantizeArgs:
     seq_len: int = 256
     seed: int = 0
     block_size: int = 128
+    clip: str | None = None  # None: default_clip(method)
 
     def __post_init__(self) -> None:
+        if self.clip is None:
+            object.__setattr__(self, "clip", default_clip(self.method))
+        if self.clip not in CLIP_CHOICES:
+            raise ValueError(f"unknown --clip {self.clip!r}; choose one of {CLIP_CHOICES}")
         if self.method not in METHODS:
             raise ValueError(f"unknown quantization method {self.method!r}; choose one of {METHODS}")
         if self.method == "rtn" and self.act_order:
             raise ValueError("--act-order orders GPTQ's columns; round-to-nearest has no order (drop it)")
+        if self.method == "rtn" and self.clip == "hmse":
+            raise ValueError("--clip hmse weighs errors by calibration inputs, which round-to-nearest has none "
+                             "of; use --clip mse or off")
         if self.num_samples <= 0 or self.seq_len <= 0:
             raise ValueError(f"--num-samples and --seq-len must be positive, got {self.num_samples} and {self.seq_len}")
         if os.path.isdir(self.out) and os.listdir(self.out):
@@ -70,6 +79,10 @@ def add_quantize_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="picks the calibration windows")
     parser.add_argument("--block-size", type=int, default=128,
                         help="GPTQ: columns per lazy update batch (1 = update after every column)")
+    parser.add_argument("--clip", choices=CLIP_CHOICES, default=None,
+                        help="each group's range: off (min/max), mse (shrunk range of least |error|^2.4), "
+                             "hmse (least error weighted by each input's cost, GPTQ only); "
+                             "default: hmse for gptq, off for rtn")
 
 
 def run_quantize(args: argparse.Namespace) -> None:
@@ -78,11 +91,18 @@ def run_quantize(args: argparse.Namespace) -> None:
         out=args.out, model=args.model, method=args.method, bits=args.bits, group_size=args.group_size,
         act_order=args.act_order, sym=args.sym, damp=args.damp, calib_file=args.calib_file,
         num_samples=args.num_samples, seq_len=args.seq_len, seed=args.seed, block_size=args.block_size,
+        clip=args.clip,
     )
     start = time.perf_counter()
     count = quantize(options)
     print(f"wrote {options.out}: {count} linears, {options.method} {options.bits}-bit "
-          f"g{options.group_size}{' act-order' if options.act_order else ''} in {time.perf_counter() - start:.1f} s")
+          f"g{options.group_size}{' act-order' if options.act_order else ''} clip {options.clip} "
+          f"in {time.perf_counter() - start:.1f} s")
+
+
+def default_clip(method: str) -> str:
+    """``--clip`` when not given: the best measured setting for ``method``."""
+    return "hmse" if method == "gptq" else "off"
 
 
 def quantize(options: QuantizeArgs) -> int:
@@ -99,7 +119,7 @@ def quantize(options: QuantizeArgs) -> int:
     from folovllm.quantize.grid import QuantSpec
     from folovllm.quantize.sequential import decoder_linears, quantize_gptq, quantize_rtn
 
-    spec = QuantSpec(options.bits, options.group_size, options.sym)
+    spec = QuantSpec(options.bits, options.group_size, options.sym, options.clip)
     gptq = GPTQConfig(spec, options.damp, options.act_order, options.block_size)
     source = options.model or default_model_path()
     arch = load_arch_config(source)
@@ -145,7 +165,7 @@ def quantization_config(options: QuantizeArgs) -> dict[str, Any]:
         "true_sequential": True,
         "static_groups": False,
         "lm_head": False,
-        "meta": {"quantizer": "folovllm", "method": options.method, **calibration},
+        "meta": {"quantizer": "folovllm", "method": options.method, "clip": options.clip, **calibration},
     }
 
 

@@ -102,6 +102,7 @@ def test_gptq_folder_config_and_tokenizer(gptq_folder: Path, tiny_llama: Path) -
         "checkpoint_format": "gptq", "damp_percent": 0.01, "true_sequential": True, "static_groups": False,
         "lm_head": False, "meta": None,
     }
+    assert config["quantization_config"]["meta"]["clip"] == "hmse"  # gptq's default range search
     assert config["torch_dtype"] == "float16"
     arch = load_arch_config(str(gptq_folder))
     source = load_arch_config(str(tiny_llama))
@@ -129,6 +130,7 @@ def test_rtn_8_bit_asymmetric(tiny_llama: Path, tmp_path: Path) -> None:
     assert tensors["model.layers.0.mlp.down_proj.scales"].shape == (160 // 32, 64)
     config = json.loads((out / "config.json").read_text())["quantization_config"]
     assert (config["bits"], config["sym"], config["desc_act"]) == (8, False, False)
+    assert config["meta"]["clip"] == "off"  # round-to-nearest's default: plain min/max
     model = load_model(str(tiny_llama), dtype=torch.float32, device="cpu")
     original = model.model.layers[0].self_attn.qkv_proj.weight.clone()
     model.load_weights(dequantize_state_dict(tensors, bits=8).items())
@@ -140,6 +142,7 @@ def test_rtn_8_bit_asymmetric(tiny_llama: Path, tmp_path: Path) -> None:
     (("--method", "awq"), "unknown quantization method 'awq'"),
     (("--group-size", "0"), "group size must be -1"),
     (("--method", "rtn", "--act-order"), "round-to-nearest has no order"),
+    (("--method", "rtn", "--clip", "hmse"), "use --clip mse or off"),
     (("--seq-len", "512"), "exceeds the model's 256 positions"),
     (("--num-samples", "0"), "must be positive"),
     (("--calib-file", "/nonexistent/calib.txt", "--seq-len", "32"), "cannot read calibration file"),
