@@ -19,13 +19,16 @@ $(STAMP): pyproject.toml Makefile
 # The CPU attention kernel (attention_backend auto picks it on CPU once built); ~15 s on 2 cores.
 CPU_ATTENTION := build/cpu_attention/libfolovllm_cpu_attention.so
 
-$(CPU_ATTENTION): csrc/cpu_attention.cpp csrc/build.py $(STAMP)
+# Helpers both kernels include: a change rebuilds both libraries.
+CPU_SIMD := csrc/cpu_simd.h
+
+$(CPU_ATTENTION): csrc/cpu_attention.cpp csrc/cpu_attention.h csrc/cpu_attention_decode.h $(CPU_SIMD) csrc/build.py $(STAMP)
 	$(PY) csrc/build.py $@
 
 # The fused element-wise ops (cpu_fused_ops auto-enables them on CPU once built).
 CPU_FUSED_OPS := build/cpu_fused_ops/libfolovllm_cpu_fused_ops.so
 
-$(CPU_FUSED_OPS): csrc/cpu_fused_ops.cpp csrc/build.py $(STAMP)
+$(CPU_FUSED_OPS): csrc/cpu_fused_ops.cpp $(CPU_SIMD) csrc/build.py $(STAMP)
 	$(PY) csrc/build.py $@ csrc/cpu_fused_ops.cpp
 
 kernels: $(CPU_ATTENTION) $(CPU_FUSED_OPS)
