@@ -11,11 +11,11 @@ import json
 import signal
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
 
+from folovllm.bench.serve_client import wait_for_health
 from folovllm.entrypoints.cli import build_parser
 from tests.entrypoints.openai.conftest import MODEL_NAME, ServerProcess
 
@@ -49,17 +49,12 @@ class ProxyProcess:
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
     def wait_ready(self, timeout_s: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the proxy exited with {self.proc.returncode}:\n{self.proc.stderr.read()}")
-            try:
-                if httpx.get(f"{self.base_url}/health", timeout=2.0).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError("the proxy did not report every backend healthy in time")
+        if not wait_for_health(self.base_url, timeout_s, self.check_running):
+            raise RuntimeError("the proxy did not report every backend healthy in time")
+
+    def check_running(self) -> None:
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"the proxy exited with {self.proc.returncode}:\n{self.proc.stderr.read()}")
 
     def stop(self) -> None:
         if self.proc.poll() is None:

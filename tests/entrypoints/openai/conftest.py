@@ -6,10 +6,11 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
+
+from folovllm.bench.serve_client import wait_for_health
 
 API_KEY = "test-key"
 MODEL_NAME = "smol"
@@ -35,18 +36,14 @@ class ServerProcess:
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
     def wait_ready(self, timeout_s: float = 120.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.proc.stderr.read()}")
-            try:
-                if httpx.get(f"{self.base_url}/health", timeout=1.0, verify=False).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        self.kill()
-        raise RuntimeError("server did not become healthy in time")
+        if not wait_for_health(self.base_url, timeout_s, self.check_running, request_timeout_s=1.0, verify=False):
+            self.kill()
+            raise RuntimeError("server did not become healthy in time")
+
+    def check_running(self) -> None:
+        """RuntimeError with the server's stderr once it has exited."""
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.proc.stderr.read()}")
 
     def stop(self, timeout_s: float = 60.0) -> int:
         if self.proc.poll() is None:
