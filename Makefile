@@ -1,10 +1,11 @@
-# Two commands on a fresh machine: `make run` (the main job) and `make test` (the whole suite).
+# Two commands on a fresh machine: `make run` (the main job) and `make test` (the suite, less its heavy
+# tests marked slow; `make test-all` runs those too).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: run test bench kernels clean
+.PHONY: run test test-all bench kernels clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +42,10 @@ run: $(STAMP) $(CPU_ATTENTION) $(CPU_FUSED_OPS)
 	$(VENV)/bin/folovllm serve --port $(PORT)
 
 test: $(STAMP) $(CPU_ATTENTION) $(CPU_FUSED_OPS)
+	$(PY) -m pytest -q -m "not slow"
+
+# Everything, the slow tests too (heavier twins of default tests: real-weight models, more servers).
+test-all: $(STAMP) $(CPU_ATTENTION) $(CPU_FUSED_OPS)
 	$(PY) -m pytest -q
 
 bench: $(STAMP) $(CPU_ATTENTION) $(CPU_FUSED_OPS)

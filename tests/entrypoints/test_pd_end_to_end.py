@@ -27,9 +27,8 @@ def serve_knows(flag: str, value: str) -> bool:
 
 
 HAS_KV_ROLE = serve_knows("--kv-role", "producer")
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(not HAS_KV_ROLE, reason="`folovllm serve` has no --kv-role here: the KV "
-                                                         "connector (PD disaggregation) is not in this build")]
+pytestmark = pytest.mark.skipif(not HAS_KV_ROLE, reason="`folovllm serve` has no --kv-role here: the KV "
+                                                         "connector (PD disaggregation) is not in this build")
 
 PROMPTS = ["The capital of France is", "Write a haiku about the sea.", [1000, 2000, 3000, 4000, 5000] * 8]
 MESSAGES = [{"role": "user", "content": "Explain continuous batching in one sentence."}]
@@ -84,7 +83,8 @@ def colocated():
         server.kill()
 
 
-@pytest.fixture(scope="module", params=["shared_storage", "torch_distributed"])
+# one connector by default; the second (three more processes) runs with the slow tests
+@pytest.fixture(scope="module", params=["shared_storage", pytest.param("torch_distributed", marks=pytest.mark.slow)])
 def pd(request, tmp_path_factory):
     """(producer, consumer, proxy) with the KV connector named by the parameter."""
     storage = str(tmp_path_factory.mktemp(f"kv-{request.param}"))

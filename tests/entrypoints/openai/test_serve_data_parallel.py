@@ -15,8 +15,6 @@ import pytest
 from folovllm import LLM, SamplingParams
 from tests.entrypoints.openai.conftest import MODEL_NAME, ServerProcess
 
-pytestmark = pytest.mark.slow
-
 PROMPTS = [f"Request number {i} asks about {topic}:" for i, topic in
            enumerate(["rivers", "mountains", "the sea", "bread", "clocks", "music", "trees", "snow"])]
 

@@ -6,7 +6,6 @@ import signal
 
 import httpx
 import psutil
-import pytest
 
 from tests.entrypoints.openai.conftest import MODEL_NAME, ServerProcess
 
@@ -18,7 +17,6 @@ def _ranks_of(server: ServerProcess) -> list[psutil.Process]:
             if RANK_MAIN in " ".join(p.cmdline())]
 
 
-@pytest.mark.slow
 def test_server_with_two_ranks_answers_then_a_killed_rank_ends_it(tiny_model: str) -> None:
     server = ServerProcess("--model", tiny_model, "--tensor-parallel-size", "2")
     try:
