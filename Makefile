@@ -1,10 +1,11 @@
-# Two commands on a fresh machine: `make run` (the main job) and `make test` (the whole suite).
+# Two commands on a fresh machine: `make run` (the main job) and `make test` (the suite, less its heavy
+# tests marked slow; `make test-all` runs those too).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: run test bench kernels clean
+.PHONY: run test test-all bench kernels clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -19,13 +20,16 @@ $(STAMP): pyproject.toml Makefile
 # The CPU attention kernel (attention_backend auto picks it on CPU once built); ~15 s on 2 cores.
 CPU_ATTENTION := build/cpu_attention/libfolovllm_cpu_attention.so
 
-$(CPU_ATTENTION): csrc/cpu_attention.cpp csrc/build.py $(STAMP)
+# Helpers both kernels include: a change rebuilds both libraries.
+CPU_SIMD := csrc/cpu_simd.h
+
+$(CPU_ATTENTION): csrc/cpu_attention.cpp csrc/cpu_attention.h csrc/cpu_attention_decode.h $(CPU_SIMD) csrc/build.py $(STAMP)
 	$(PY) csrc/build.py $@
 
 # The fused element-wise ops (cpu_fused_ops auto-enables them on CPU once built).
 CPU_FUSED_OPS := build/cpu_fused_ops/libfolovllm_cpu_fused_ops.so
 
-$(CPU_FUSED_OPS): csrc/cpu_fused_ops.cpp csrc/build.py $(STAMP)
+$(CPU_FUSED_OPS): csrc/cpu_fused_ops.cpp $(CPU_SIMD) csrc/build.py $(STAMP)
 	$(PY) csrc/build.py $@ csrc/cpu_fused_ops.cpp
 
 kernels: $(CPU_ATTENTION) $(CPU_FUSED_OPS)
@@ -38,6 +42,10 @@ run: $(STAMP) $(CPU_ATTENTION) $(CPU_FUSED_OPS)
 	$(VENV)/bin/folovllm serve --port $(PORT)
 
 test: $(STAMP) $(CPU_ATTENTION) $(CPU_FUSED_OPS)
+	$(PY) -m pytest -q -m "not slow"
+
+# Everything, the slow tests too (heavier twins of default tests: real-weight models, more servers).
+test-all: $(STAMP) $(CPU_ATTENTION) $(CPU_FUSED_OPS)
 	$(PY) -m pytest -q
 
 bench: $(STAMP) $(CPU_ATTENTION) $(CPU_FUSED_OPS)

@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 from folovllm.bench.burst import (BACKGROUND, BURST, StreamRecord, add_no_burst_ratios,  # noqa: E402
                                   itl_over_time, markdown_table, plot_itl_timelines, summarize_run)
 from folovllm.bench.datasets import PromptMaker, ServeRequest, parse_len_range  # noqa: E402
-from folovllm.bench.serve_client import send_request  # noqa: E402
+from folovllm.bench.serve_client import send_request, wait_for_health  # noqa: E402
 
 CONFIGS = {"a": "colocated-chunked", "b": "colocated-no-chunk", "c": "dp2", "d": "pd"}
 SERVED_NAME = "pdbench"
@@ -86,18 +86,13 @@ def free_port() -> int:
 
 
 def wait_healthy(url: str, procs: list[Process], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    def check() -> None:
         for p in procs:
             if p.proc.poll() is not None:
                 raise p.failure()
-        try:
-            if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"{url} was not healthy after {timeout_s:.0f} s (logs beside: {[str(p.log) for p in procs]})")
+
+    if not wait_for_health(url, timeout_s, check, poll_s=0.5):
+        raise RuntimeError(f"{url} was not healthy after {timeout_s:.0f} s (logs beside: {[str(p.log) for p in procs]})")
 
 
 def serve_cmd(args: argparse.Namespace, port: int, *extra: str) -> list[str]:

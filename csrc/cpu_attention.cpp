@@ -13,118 +13,23 @@
 // Decode rows (one query row, head_dim 64 or 128) take AVX-512 intrinsics when the CPU has them
 // (checked per call; decode_fast_path=False forces the portable path).
 
+#include "cpu_attention.h"
+#include "cpu_attention_decode.h"
+
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <c10/util/BFloat16.h>
 #include <omp.h>
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
 #include <torch/library.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 namespace {
-
-constexpr int kLanes = 16;        // independent partial sums: the compiler maps them onto one vector
-constexpr int kKeyTile = 128;     // keys per online-softmax update
-constexpr int kQueryTile = 16;    // query rows per prefill work item
-constexpr int kMaxDecodeRows = 4; // group heads per decode register block (4 x 128 fp32 accumulators)
-
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define FOLO_MULTIVERSION __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define FOLO_MULTIVERSION
-#endif
-#define FOLO_INLINE inline __attribute__((always_inline))
-
-FOLO_INLINE float bf16_to_float(uint16_t bits) {
-  uint32_t u = static_cast<uint32_t>(bits) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-
-FOLO_INLINE float dot(const float* a, const float* b, int n) {
-  float part[kLanes] = {};
-  int d = 0;
-  for (; d + kLanes <= n; d += kLanes)
-    for (int j = 0; j < kLanes; ++j) part[j] += a[d + j] * b[d + j];
-  float tail = 0.f;
-  for (; d < n; ++d) tail += a[d] * b[d];
-  for (int width = kLanes / 2; width > 0; width /= 2)
-    for (int j = 0; j < width; ++j) part[j] += part[j + width];
-  return part[0] + tail;
-}
-
-// exp(x) for x <= 0 (scores minus their running max), Cephes-style: a polynomial the compiler
-// vectorizes, unlike libm's expf; ~1 ulp, and exactly 0 below exp's float range.
-FOLO_INLINE void exp_inplace(float* x, int n) {
-  for (int i = 0; i < n; ++i) {
-    float v = std::max(x[i], -87.0f);
-    float k = (v * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest integer
-    float r = v - k * 0.693359375f + k * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    float y = p * r * r + r + 1.0f;
-    int32_t bits = (static_cast<int32_t>(k) + 127) << 23;
-    float scale;
-    std::memcpy(&scale, &bits, sizeof scale);
-    x[i] = x[i] < -87.0f ? 0.0f : y * scale;
-  }
-}
-
-struct Item {
-  int64_t seq;
-  int64_t kv_head;
-  int64_t q_begin;  // query rows [q_begin, q_end) of the sequence's chunk
-  int64_t q_end;
-  int64_t cost;     // query rows x keys they read, for heaviest-first ordering
-};
-
-template <typename scalar_t>
-struct Problem {
-  const scalar_t* query;  // [T, Hq, D]
-  const scalar_t* k_cache;  // [num_blocks, block_size, Hkv, D]
-  const scalar_t* v_cache;
-  scalar_t* out;  // [T, Hq, D]
-  const int64_t* block_tables;  // [S, table_width]
-  const int64_t* seq_lens;
-  const int64_t* query_start_loc;
-  int64_t table_width;
-  int64_t num_heads, num_kv_heads, head_dim, block_size;
-  float scale;
-  int64_t sliding_window;  // keys a query sees, itself included; 0 = the whole context
-  bool decode_fast_path;  // single-row items take attend_decode_item (AVX-512, head_dim 64 or 128)
-};
-
-// First key position a query at ``pos`` sees.
-FOLO_INLINE int64_t first_visible_key(int64_t pos, int64_t sliding_window) {
-  return sliding_window > 0 ? std::max<int64_t>(0, pos - sliding_window + 1) : 0;
-}
-
-// Per-thread scratch, sized for the largest item.
-struct Workspace {
-  std::vector<float> q, acc, scores, keys, values, row_max, row_sum;
-  std::vector<const float*> key_rows, value_rows;
-  std::vector<int64_t> offsets;
-  Workspace(int64_t rows, int64_t head_dim)
-      : q(rows * head_dim), acc(rows * head_dim), scores(std::max<int64_t>(rows, kMaxDecodeRows) * kKeyTile),
-        keys(kKeyTile * head_dim), values(kKeyTile * head_dim), row_max(rows), row_sum(rows),
-        key_rows(kKeyTile), value_rows(kKeyTile), offsets(kKeyTile) {}
-};
-
-FOLO_INLINE float load(float x) { return x; }
-FOLO_INLINE float load(c10::BFloat16 x) { return bf16_to_float(x.x); }
 
 // Row pointers for cache tokens [t0, t1) of one kv head: fp32 rows are read in place, bf16 rows are
 // widened into ``buf`` first.
@@ -147,147 +52,6 @@ FOLO_INLINE void fetch_rows(const scalar_t* cache, const int64_t* table, const P
   }
 }
 
-#if defined(__x86_64__) && defined(__GNUC__)
-#define FOLO_HAS_AVX512_DECODE 1
-#define FOLO_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
-
-FOLO_AVX512 FOLO_INLINE __m512 load16(const float* x) { return _mm512_loadu_ps(x); }
-// bf16 -> fp32 is a 16-bit shift: widen in a register instead of through a buffer
-FOLO_AVX512 FOLO_INLINE __m512 load16(const c10::BFloat16* x) {
-  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
-}
-FOLO_AVX512 FOLO_INLINE void store16(float* x, __m512 v) { _mm512_storeu_ps(x, v); }
-// round to nearest even, as c10::BFloat16's conversion does (NaN aside: the kernel never makes one)
-FOLO_AVX512 FOLO_INLINE void store16(c10::BFloat16* x, __m512 v) {
-  const __m512i bits = _mm512_castps_si512(v);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-  const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(x), _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16)));
-}
-
-// The four lane sums of part[0..3], in order.
-FOLO_AVX512 FOLO_INLINE __m128 reduce4(const __m512* part) {
-  const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(part[0], part[1]), _mm512_unpackhi_ps(part[0], part[1]));
-  const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(part[2], part[3]), _mm512_unpackhi_ps(part[2], part[3]));
-  // per 128-bit lane: [sum0, sum1, sum2, sum3] of that lane's elements
-  const __m512 lanes = _mm512_add_ps(_mm512_shuffle_ps(ab, cd, _MM_SHUFFLE(1, 0, 1, 0)),
-                                     _mm512_shuffle_ps(ab, cd, _MM_SHUFFLE(3, 2, 3, 2)));
-  const __m256 half = _mm256_add_ps(_mm512_castps512_ps256(lanes), _mm512_extractf32x8_ps(lanes, 1));
-  return _mm_add_ps(_mm256_castps256_ps128(half), _mm256_extractf128_ps(half, 1));
-}
-
-// Decode fast path (AVX-512): one query row, R heads of a kv head's group, head_dim 16 * NV. q and
-// the R accumulators stay in registers, K/V rows are widened as they are loaded, and each loaded
-// K/V row feeds all R heads.
-template <int NV, int R, typename scalar_t>
-FOLO_AVX512 FOLO_INLINE void attend_decode_rows(const Problem<scalar_t>& p, const int64_t* table, int64_t kv_head,
-                                                int64_t first_head, int64_t token, int64_t first_key,
-                                                int64_t num_keys, float* scores, int64_t* offsets) {
-  constexpr int D = NV * 16;
-  const int64_t token_stride = p.num_kv_heads * D;
-  const __m512 scale = _mm512_set1_ps(p.scale);
-  __m512 q[R][NV], acc[R][NV];
-  float row_max[R], row_sum[R];
-  for (int r = 0; r < R; ++r) {
-    const scalar_t* src = p.query + (token * p.num_heads + first_head + r) * D;
-    for (int v = 0; v < NV; ++v) {
-      q[r][v] = _mm512_mul_ps(load16(src + 16 * v), scale);
-      acc[r][v] = _mm512_setzero_ps();
-    }
-    row_max[r] = -std::numeric_limits<float>::infinity();
-    row_sum[r] = 0.f;
-  }
-  for (int64_t t0 = first_key; t0 < num_keys; t0 += kKeyTile) {
-    const int n = static_cast<int>(std::min<int64_t>(kKeyTile, num_keys - t0));
-    for (int i = 0; i < n; ++i) {
-      const int64_t t = t0 + i;
-      offsets[i] = (table[t / p.block_size] * p.block_size + t % p.block_size) * token_stride + kv_head * D;
-    }
-    int i = 0;
-    for (; i + 4 <= n; i += 4) {  // four keys at a time share one horizontal reduction
-      __m512 kv[4][NV];
-      for (int j = 0; j < 4; ++j)
-        for (int v = 0; v < NV; ++v) kv[j][v] = load16(p.k_cache + offsets[i + j] + 16 * v);
-      for (int r = 0; r < R; ++r) {
-        __m512 part[4];
-        for (int j = 0; j < 4; ++j) {
-          part[j] = _mm512_mul_ps(q[r][0], kv[j][0]);
-          for (int v = 1; v < NV; ++v) part[j] = _mm512_fmadd_ps(q[r][v], kv[j][v], part[j]);
-        }
-        _mm_storeu_ps(scores + r * kKeyTile + i, reduce4(part));
-      }
-    }
-    for (; i < n; ++i) {
-      const scalar_t* k = p.k_cache + offsets[i];
-      __m512 kv[NV];
-      for (int v = 0; v < NV; ++v) kv[v] = load16(k + 16 * v);
-      for (int r = 0; r < R; ++r) {
-        __m512 part = _mm512_mul_ps(q[r][0], kv[0]);
-        for (int v = 1; v < NV; ++v) part = _mm512_fmadd_ps(q[r][v], kv[v], part);
-        scores[r * kKeyTile + i] = _mm512_reduce_add_ps(part);
-      }
-    }
-    for (int r = 0; r < R; ++r) {
-      float* s = scores + r * kKeyTile;
-      float tile_max = -std::numeric_limits<float>::infinity();
-      for (int i = 0; i < n; ++i) tile_max = std::max(tile_max, s[i]);
-      const float new_max = std::max(row_max[r], tile_max);
-      const float correction = std::exp(row_max[r] - new_max);
-      row_max[r] = new_max;
-      for (int i = 0; i < n; ++i) s[i] -= new_max;
-      exp_inplace(s, n);
-      float tile_sum = 0.f;
-      for (int i = 0; i < n; ++i) tile_sum += s[i];
-      row_sum[r] = row_sum[r] * correction + tile_sum;
-      const __m512 c = _mm512_set1_ps(correction);
-      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_mul_ps(acc[r][v], c);
-    }
-    for (int i = 0; i < n; ++i) {
-      const scalar_t* val = p.v_cache + offsets[i];
-      __m512 vv[NV];
-      for (int v = 0; v < NV; ++v) vv[v] = load16(val + 16 * v);
-      for (int r = 0; r < R; ++r) {
-        const __m512 w = _mm512_set1_ps(scores[r * kKeyTile + i]);
-        for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_fmadd_ps(w, vv[v], acc[r][v]);
-      }
-    }
-  }
-  for (int r = 0; r < R; ++r) {
-    scalar_t* dst = p.out + (token * p.num_heads + first_head + r) * D;
-    const __m512 inv = _mm512_set1_ps(1.f / row_sum[r]);
-    for (int v = 0; v < NV; ++v) store16(dst + 16 * v, _mm512_mul_ps(acc[r][v], inv));
-  }
-}
-
-// One decode item (a single query row, every head of one kv head's group) in register blocks of at
-// most kMaxDecodeRows heads (half that at head_dim 128, so the accumulators fit the 32 registers).
-template <int NV, typename scalar_t>
-FOLO_AVX512 __attribute__((noinline)) void attend_decode_item(const Item& item, const Problem<scalar_t>& p,
-                                                              Workspace& ws) {
-  constexpr int block = NV <= 4 ? kMaxDecodeRows : kMaxDecodeRows / 2;
-  const int64_t group = p.num_heads / p.num_kv_heads;
-  const int64_t q_start = p.query_start_loc[item.seq];
-  const int64_t q_len = p.query_start_loc[item.seq + 1] - q_start;
-  const int64_t pos = p.seq_lens[item.seq] - q_len + item.q_begin;  // the row's position: context + q_begin
-  const int64_t* table = p.block_tables + item.seq * p.table_width;
-  const int64_t first_key = first_visible_key(pos, p.sliding_window);
-  for (int64_t g0 = 0; g0 < group; g0 += block) {
-    const int64_t head = item.kv_head * group + g0;
-    const int64_t token = q_start + item.q_begin;
-#define FOLO_DECODE_ROWS(R) \
-  attend_decode_rows<NV, R>(p, table, item.kv_head, head, token, first_key, pos + 1, ws.scores.data(), ws.offsets.data())
-    switch (std::min<int64_t>(block, group - g0)) {
-      case 1: FOLO_DECODE_ROWS(1); break;
-      case 2: FOLO_DECODE_ROWS(2); break;
-      case 3: if constexpr (block >= 3) FOLO_DECODE_ROWS(3); break;
-      default: if constexpr (block >= 4) FOLO_DECODE_ROWS(4); break;
-    }
-#undef FOLO_DECODE_ROWS
-  }
-}
-#endif
-
 template <typename scalar_t>
 FOLO_INLINE void attend_item(const Item& item, const Problem<scalar_t>& p, Workspace& ws) {
 #ifdef FOLO_HAS_AVX512_DECODE
@@ -309,7 +73,7 @@ FOLO_INLINE void attend_item(const Item& item, const Problem<scalar_t>& p, Works
     const int64_t token = q_start + item.q_begin + r / group;
     const int64_t head = item.kv_head * group + r % group;
     const scalar_t* src = p.query + (token * p.num_heads + head) * D;
-    for (int64_t d = 0; d < D; ++d) ws.q[r * D + d] = load(src[d]) * p.scale;
+    for (int64_t d = 0; d < D; ++d) ws.q[r * D + d] = to_float(src[d]) * p.scale;
     std::fill_n(&ws.acc[r * D], D, 0.f);
     ws.row_max[r] = -std::numeric_limits<float>::infinity();
     ws.row_sum[r] = 0.f;
@@ -336,7 +100,7 @@ FOLO_INLINE void attend_item(const Item& item, const Problem<scalar_t>& p, Works
       const float* const* value_rows = ws.value_rows.data() + lo;
       float tile_max = -std::numeric_limits<float>::infinity();
       for (int64_t t = 0; t < visible; ++t) {
-        s[t] = dot(q, key_rows[t], D);
+        s[t] = lane_dot(q, key_rows[t], D);
         tile_max = std::max(tile_max, s[t]);
       }
       const float new_max = std::max(ws.row_max[r], tile_max);

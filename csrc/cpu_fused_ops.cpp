@@ -13,6 +13,8 @@
 // Portable build: plain C++ the compiler auto-vectorizes, compiled once per instruction set
 // (target_clones) and picked at load time.
 
+#include "cpu_simd.h"
+
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -30,23 +32,7 @@
 
 namespace {
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define FOLO_MULTIVERSION __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define FOLO_MULTIVERSION
-#endif
-#define FOLO_INLINE inline __attribute__((always_inline))
-
-constexpr int kLanes = 16;              // independent partial sums of a norm: one vector register
 constexpr int64_t kGrainElements = 16384;  // elements below which a parallel region costs more than it saves
-
-FOLO_INLINE float to_float(float x) { return x; }
-FOLO_INLINE float to_float(c10::BFloat16 x) {
-  uint32_t u = static_cast<uint32_t>(x.x) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
 
 template <typename T>
 FOLO_INLINE T from_float(float x);
@@ -68,15 +54,7 @@ FOLO_INLINE float round_to(float x) { return to_float(from_float<T>(x)); }
 
 // 1 / sqrt(mean(x^2) + eps) over n floats, fp32 as torch's rms_norm.
 FOLO_INLINE float inv_rms(const float* x, int64_t n, float eps) {
-  float part[kLanes] = {};
-  int64_t d = 0;
-  for (; d + kLanes <= n; d += kLanes)
-    for (int j = 0; j < kLanes; ++j) part[j] += x[d + j] * x[d + j];
-  float tail = 0.f;
-  for (; d < n; ++d) tail += x[d] * x[d];
-  for (int width = kLanes / 2; width > 0; width /= 2)
-    for (int j = 0; j < width; ++j) part[j] += part[j + width];
-  return 1.f / std::sqrt((part[0] + tail) / static_cast<float>(n) + eps);
+  return 1.f / std::sqrt(lane_dot(x, x, n) / static_cast<float>(n) + eps);
 }
 
 // out[d] = T(T(x[d] * inv) * w[d]): HF's order (normalize in fp32, cast back, then scale).
@@ -292,24 +270,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rotary_store_kv(
 }
 
 // ---- SiLU and mul ---------------------------------------------------------------------------------
-
-// exp(x), Cephes-style polynomial the compiler vectorizes (libm's expf stays scalar); ~1 ulp.
-FOLO_INLINE float fast_exp(float x) {
-  const float v = std::min(std::max(x, -87.0f), 88.0f);
-  const float k = (v * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest integer
-  const float r = v - k * 0.693359375f + k * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  const float y = p * r * r + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(k) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  return x < -87.0f ? 0.0f : y * scale;
-}
 
 template <typename T>
 FOLO_INLINE void silu_mul_rows(const T* in, T* out, int64_t begin, int64_t end, int64_t width) {

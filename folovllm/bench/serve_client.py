@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import httpx
 
@@ -149,3 +149,23 @@ def fetch_models(base_url: str, api_key: str | None, timeout_s: float = 30.0) ->
     if resp.status_code != 200:
         raise ValueError(f"GET {base_url}/v1/models: {error_message(resp.status_code, resp.text)}")
     return [ServedModel(m["id"], m.get("owned_by"), m.get("max_model_len")) for m in resp.json().get("data", [])]
+
+
+def wait_for_health(base_url: str, timeout_s: float, check: Callable[[], None] | None = None, poll_s: float = 0.2,
+                    request_timeout_s: float = 2.0, verify: bool = True) -> bool:
+    """Polls ``GET {base_url}/health`` until it answers 200 (True) or ``timeout_s`` passes (False).
+
+    ``check`` runs before each poll and raises to give up early (the server's process exited, say);
+    ``verify=False`` accepts a self-signed certificate.
+    """
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check is not None:
+            check()
+        try:
+            if httpx.get(f"{base_url}/health", timeout=request_timeout_s, verify=verify).status_code == 200:
+                return True
+        except httpx.TransportError:
+            pass
+        time.sleep(poll_s)
+    return False

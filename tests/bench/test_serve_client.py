@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 from folovllm.bench.datasets import ServeRequest, adapt_to_endpoint
-from folovllm.bench.serve_client import request_body, send_request
+from folovllm.bench.serve_client import request_body, send_request, wait_for_health
 
 
 def sse(*payloads):
@@ -82,3 +82,27 @@ def test_connection_errors_become_failed_outcomes():
 def test_request_body_rejects_unknown_endpoint():
     with pytest.raises(ValueError, match="endpoint"):
         request_body("embeddings", "m", ServeRequest([1], 2, 1))
+
+
+def test_wait_for_health_polls_until_200_and_stops_on_check_or_timeout(monkeypatch):
+    answers = [httpx.ConnectError("refused"), 503, 200]
+    urls = []
+
+    def fake_get(url, **kwargs):
+        urls.append(url)
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return httpx.Response(answer)
+
+    monkeypatch.setattr(httpx, "get", fake_get)
+    assert wait_for_health("http://s", timeout_s=10.0, poll_s=0.0)
+    assert urls == ["http://s/health"] * 3
+
+    def exited():
+        raise RuntimeError("the server exited")
+
+    with pytest.raises(RuntimeError, match="exited"):
+        wait_for_health("http://s", timeout_s=10.0, check=exited)
+    monkeypatch.setattr(httpx, "get", lambda url, **kwargs: httpx.Response(503))
+    assert not wait_for_health("http://s", timeout_s=0.05, poll_s=0.01)

@@ -11,11 +11,11 @@ import json
 import signal
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
 
+from folovllm.bench.serve_client import wait_for_health
 from folovllm.entrypoints.cli import build_parser
 from tests.entrypoints.openai.conftest import MODEL_NAME, ServerProcess
 
@@ -27,9 +27,8 @@ def serve_knows(flag: str, value: str) -> bool:
 
 
 HAS_KV_ROLE = serve_knows("--kv-role", "producer")
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(not HAS_KV_ROLE, reason="`folovllm serve` has no --kv-role here: the KV "
-                                                         "connector (PD disaggregation) is not in this build")]
+pytestmark = pytest.mark.skipif(not HAS_KV_ROLE, reason="`folovllm serve` has no --kv-role here: the KV "
+                                                         "connector (PD disaggregation) is not in this build")
 
 PROMPTS = ["The capital of France is", "Write a haiku about the sea.", [1000, 2000, 3000, 4000, 5000] * 8]
 MESSAGES = [{"role": "user", "content": "Explain continuous batching in one sentence."}]
@@ -49,17 +48,12 @@ class ProxyProcess:
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
     def wait_ready(self, timeout_s: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the proxy exited with {self.proc.returncode}:\n{self.proc.stderr.read()}")
-            try:
-                if httpx.get(f"{self.base_url}/health", timeout=2.0).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError("the proxy did not report every backend healthy in time")
+        if not wait_for_health(self.base_url, timeout_s, self.check_running):
+            raise RuntimeError("the proxy did not report every backend healthy in time")
+
+    def check_running(self) -> None:
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"the proxy exited with {self.proc.returncode}:\n{self.proc.stderr.read()}")
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -89,7 +83,8 @@ def colocated():
         server.kill()
 
 
-@pytest.fixture(scope="module", params=["shared_storage", "torch_distributed"])
+# one connector by default; the second (three more processes) runs with the slow tests
+@pytest.fixture(scope="module", params=["shared_storage", pytest.param("torch_distributed", marks=pytest.mark.slow)])
 def pd(request, tmp_path_factory):
     """(producer, consumer, proxy) with the KV connector named by the parameter."""
     storage = str(tmp_path_factory.mktemp(f"kv-{request.param}"))

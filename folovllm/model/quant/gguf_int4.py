@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from folovllm.model.linear_method import LinearMethod, set_weight_attrs
-from folovllm.model.quant.kernels import INT4_N_MULTIPLE, int4_group_kernel
+from folovllm.model.quant.kernels import INT4_N_MULTIPLE, apply_quant_kernel, int4_group_kernel
 
 Q = gguf.GGMLQuantizationType
 GGUF_INT4_TYPES = (Q.Q4_0, Q.Q4_1, Q.Q4_K)
@@ -122,5 +122,4 @@ class GGUFInt4LinearMethod(LinearMethod):
         layer.quant_kernel = kernel
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        y = layer.quant_kernel(x)
-        return y if bias is None else y + bias
+        return apply_quant_kernel(layer, x, bias)

@@ -23,7 +23,7 @@ from torch import nn
 from folovllm.model.linear import RowParallelLinear
 from folovllm.model.linear_method import LinearMethod, register_linear_method, set_weight_attrs
 from folovllm.model.quant.gptq_config import GPTQConfig, kernel_choice
-from folovllm.model.quant.kernels import gptq_kernel
+from folovllm.model.quant.kernels import apply_quant_kernel, gptq_kernel
 
 _CHECKPOINT_TENSORS = ("qweight", "qzeros", "scales", "g_idx")
 
@@ -109,5 +109,4 @@ class GPTQLinearMethod(LinearMethod):
         layer.quant_kernel = kernel
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        y = layer.quant_kernel(x)
-        return y if bias is None else y + bias
+        return apply_quant_kernel(layer, x, bias)

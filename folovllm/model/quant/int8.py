@@ -13,7 +13,7 @@ from torch import nn
 
 from folovllm.model.linear_method import UnquantizedLinearMethod, register_linear_method
 from folovllm.model.quant.gptq_config import kernel_choice
-from folovllm.model.quant.kernels import Int8ChannelKernel
+from folovllm.model.quant.kernels import Int8ChannelKernel, apply_quant_kernel
 
 INT8_MAX = 127
 
@@ -45,5 +45,4 @@ class Int8LinearMethod(UnquantizedLinearMethod):
         layer.quant_kernel = Int8ChannelKernel(codes, scales.to(dtype), None, reference=self.kernel == "reference")
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        y = layer.quant_kernel(x)
-        return y if bias is None else y + bias
+        return apply_quant_kernel(layer, x, bias)

@@ -106,6 +106,12 @@ class Int4Kernel(nn.Module):
         return y
 
 
+def apply_quant_kernel(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """A quantized layer's forward: its ``quant_kernel`` (set after loading) on x, then the bias if any."""
+    y = layer.quant_kernel(x)
+    return y if bias is None else y + bias
+
+
 def _int4_tiling(g_idx: torch.Tensor) -> tuple[torch.Tensor | None, int, torch.Tensor] | None:
     """(row permutation or None, int4 group size, GPTQ group of each int4 group), or None if no size fits.
 

@@ -6,10 +6,11 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
+
+from folovllm.bench.serve_client import wait_for_health
 
 API_KEY = "test-key"
 MODEL_NAME = "smol"
@@ -35,18 +36,14 @@ class ServerProcess:
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
     def wait_ready(self, timeout_s: float = 120.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.proc.stderr.read()}")
-            try:
-                if httpx.get(f"{self.base_url}/health", timeout=1.0, verify=False).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        self.kill()
-        raise RuntimeError("server did not become healthy in time")
+        if not wait_for_health(self.base_url, timeout_s, self.check_running, request_timeout_s=1.0, verify=False):
+            self.kill()
+            raise RuntimeError("server did not become healthy in time")
+
+    def check_running(self) -> None:
+        """RuntimeError with the server's stderr once it has exited."""
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.proc.stderr.read()}")
 
     def stop(self, timeout_s: float = 60.0) -> int:
         if self.proc.poll() is None:
@@ -100,6 +97,25 @@ def start_server():
 def scrape(http):
     """Reads /metrics of the shared server."""
     return lambda: parse_metrics(http.get("/metrics"))
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> str:
+    """A tiny random Llama with the default model's tokenizer, for servers with several processes
+    (tensor- and data-parallel): starts fast, and a prompt's tokens all exist in its vocabulary."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from folovllm.bench.gpu_runs import save_tokenizer
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=49152, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                         tie_word_embeddings=True)
+    path = tmp_path_factory.mktemp("tiny_serve_model")
+    LlamaForCausalLM(config).eval().save_pretrained(path, safe_serialization=True)
+    save_tokenizer(path)  # the default model's tokenizer: its 49152 ids match the vocabulary above
+    return str(path)
 
 
 def parse_metrics(response: httpx.Response) -> dict[str, float]:

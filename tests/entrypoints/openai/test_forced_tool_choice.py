@@ -37,7 +37,6 @@ def _streamed_calls(chunks) -> tuple[list[tuple[str, str]], str | None]:
     return [tuple(calls[i]) for i in sorted(calls)], finish_reason
 
 
-@pytest.mark.slow
 def test_required_calls_a_tool(client):
     reply = client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, tools=[WEATHER_TOOL, TIME_TOOL],
                                            tool_choice="required", **SAMPLING)
@@ -49,7 +48,6 @@ def test_required_calls_a_tool(client):
         assert isinstance(json.loads(call.function.arguments), dict)
 
 
-@pytest.mark.slow
 def test_named_tool_is_called(client):
     reply = client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, tools=[WEATHER_TOOL, TIME_TOOL],
                                            tool_choice=NAMED, **SAMPLING)
@@ -59,7 +57,6 @@ def test_named_tool_is_called(client):
     _check_weather_call(call.function.name, call.function.arguments)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("tool_choice", ["required", NAMED], ids=["required", "named"])
 def test_streamed_calls_match_the_whole_reply(client, tool_choice):
     request = {"model": MODEL_NAME, "messages": MESSAGES, "tools": [WEATHER_TOOL], "tool_choice": tool_choice,

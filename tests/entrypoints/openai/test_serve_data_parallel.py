@@ -11,29 +11,12 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import psutil
 import pytest
-import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from folovllm import LLM, SamplingParams
-from folovllm.bench.gpu_runs import save_tokenizer
 from tests.entrypoints.openai.conftest import MODEL_NAME, ServerProcess
-
-pytestmark = pytest.mark.slow
 
 PROMPTS = [f"Request number {i} asks about {topic}:" for i, topic in
            enumerate(["rivers", "mountains", "the sea", "bread", "clocks", "music", "trees", "snow"])]
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory) -> str:
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=49152, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-                         tie_word_embeddings=True)
-    path = tmp_path_factory.mktemp("dp_serve_model")
-    LlamaForCausalLM(config).eval().save_pretrained(path, safe_serialization=True)
-    save_tokenizer(path)  # the default model's tokenizer: its 49152 ids match the vocabulary above
-    return str(path)
 
 
 @pytest.fixture(scope="module")

@@ -14,9 +14,6 @@ from tests.entrypoints.openai.conftest import API_KEY, ServerProcess
 HEADERS = {"Authorization": f"Bearer {API_KEY}"}
 
 
-pytestmark = pytest.mark.slow  # two more server starts
-
-
 @pytest.fixture(scope="module")
 def pd_servers():
     producer, consumer = ServerProcess("--kv-role", "producer"), ServerProcess("--kv-role", "consumer")
@@ -48,6 +45,7 @@ def via_pd(producer, consumer, path: str, body: dict, request_id: str) -> httpx.
                       headers=headers, timeout=60)
 
 
+@pytest.mark.slow  # two more server starts; test_pd_end_to_end.py covers PD through the proxy by default
 def test_pd_matches_colocated(server, pd_servers):
     producer, consumer = pd_servers
     start = kv_usage(producer.base_url)

@@ -6,26 +6,10 @@ import signal
 
 import httpx
 import psutil
-import pytest
-import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
-from folovllm.bench.gpu_runs import save_tokenizer
 from tests.entrypoints.openai.conftest import MODEL_NAME, ServerProcess
 
 RANK_MAIN = "folovllm.worker.rank_main"
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory) -> str:
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=49152, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-                         tie_word_embeddings=True)
-    path = tmp_path_factory.mktemp("tp_serve_model")
-    LlamaForCausalLM(config).eval().save_pretrained(path, safe_serialization=True)
-    save_tokenizer(path)  # the default model's tokenizer: its 49152 ids match the vocabulary above
-    return str(path)
 
 
 def _ranks_of(server: ServerProcess) -> list[psutil.Process]:
@@ -33,7 +17,6 @@ def _ranks_of(server: ServerProcess) -> list[psutil.Process]:
             if RANK_MAIN in " ".join(p.cmdline())]
 
 
-@pytest.mark.slow
 def test_server_with_two_ranks_answers_then_a_killed_rank_ends_it(tiny_model: str) -> None:
     server = ServerProcess("--model", tiny_model, "--tensor-parallel-size", "2")
     try:

@@ -64,7 +64,6 @@ def _streamed(chunks) -> tuple[dict, str]:
     return message, finish_reason
 
 
-@pytest.mark.slow
 def test_auto_stream_and_whole_reply_agree(tools_client):
     request = {"model": MODEL_NAME, "tools": [WEATHER_TOOL], "tool_choice": "auto", **SAMPLING,
                "messages": [{"role": "user", "content": "What is the weather in Paris? Use the tool."}]}
@@ -80,7 +79,6 @@ def test_auto_stream_and_whole_reply_agree(tools_client):
     assert (finish_reason == "tool_calls") == bool(calls)
 
 
-@pytest.mark.slow
 def test_server_template_shows_the_tools(tools_client):
     messages = [{"role": "user", "content": "Hi"}]
     without = tools_client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=1)
@@ -89,7 +87,6 @@ def test_server_template_shows_the_tools(tools_client):
     assert with_tools.usage.prompt_tokens > without.usage.prompt_tokens + 20
 
 
-@pytest.mark.slow
 def test_tokenize_renders_the_tools(tools_client):
     messages = [{"role": "user", "content": "Hi"}]
     url = str(tools_client.base_url).removesuffix("/v1/") + "/tokenize"
@@ -99,7 +96,6 @@ def test_tokenize_renders_the_tools(tools_client):
     assert with_tools["count"] > plain["count"] + 20
 
 
-@pytest.mark.slow
 def test_round_trip_and_template_kwargs(tools_client):
     reply = tools_client.chat.completions.create(
         model=MODEL_NAME, messages=ROUND_TRIP, tools=[WEATHER_TOOL],
@@ -108,7 +104,6 @@ def test_round_trip_and_template_kwargs(tools_client):
     assert reply.usage.prompt_tokens > 0
 
 
-@pytest.mark.slow
 def test_forced_choices_answer_well_formed_responses(tools_client):
     # Whether the reply obeys the schema is the engine's part (test_forced_tool_choice.py).
     for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):

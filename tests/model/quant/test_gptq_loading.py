@@ -183,7 +183,6 @@ def test_quantization_knob_conflicts(tiny_llama, tmp_path: Path) -> None:
         load_model(dense_dir, quantization="gptq", dtype=torch.float32, device="cpu")
 
 
-@pytest.mark.slow
 def test_our_gptq_checkpoint_matches_transformers(tiny_llama, tmp_path: Path) -> None:
     """transformers reads GPTQ checkpoints through optimum + gptqmodel; neither is installed here (CPU-only
     wheels need a compiler), so this runs only where they are."""

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 import torch
 
 from folovllm import LLM, SamplingParams
@@ -22,7 +21,6 @@ def _greedy(model_dir: str, **kwargs) -> list[list[int]]:
     return [list(o.outputs[0].token_ids) for o in outputs]
 
 
-@pytest.mark.slow
 def test_gptq_engine_greedy_matches_dequantized_model(tiny_llama, tmp_path: Path) -> None:  # noqa: F811
     gptq_dir, dense_dir = make_gptq_model(tiny_llama, tmp_path, bits=4, group_size=32, sym=False, desc_act=True)
     ours = _greedy(gptq_dir, quantization="gptq")
@@ -33,7 +31,6 @@ def test_gptq_engine_greedy_matches_dequantized_model(tiny_llama, tmp_path: Path
         assert_greedy_match(got, expected, top2_gaps(list(logits)))
 
 
-@pytest.mark.slow
 def test_int8_engine_greedy_kernel_matches_reference(tiny_llama, tmp_path: Path, monkeypatch) -> None:  # noqa: F811
     _, dense_dir = make_gptq_model(tiny_llama, tmp_path)
     ours = _greedy(dense_dir, quantization="int8")
