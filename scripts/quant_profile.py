@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -69,7 +70,8 @@ def main() -> None:
         "gguf-q4-packed": (gguf, True, "off"),
         "gguf-q4-packed-int8head": (gguf, True, "on"),
     }
-    result = {"threads": torch.get_num_threads(), "steps": args.steps, "context": args.context, "variants": {}}
+    result = {"threads": torch.get_num_threads(), "steps": args.steps, "context": args.context,
+              "load_average_at_start": list(os.getloadavg()), "variants": {}}
     for name, (path, packed, head) in variants.items():
         model = load_model(path, dtype=torch.bfloat16, device="cpu", cpu_prepack=True, load_quantized=packed,
                            quantize_lm_head=head)
