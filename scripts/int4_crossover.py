@@ -3,7 +3,7 @@
     .venv/bin/python scripts/int4_crossover.py --out docs/results/int4-crossover.json
 
 For each linear shape of the default model (K -> N: q/k/v, o, gate/up, down) and each M, times in
-alternating rounds in one process: the int4 kernel (groups of 128, as GPTQ g128 runs), the prepacked
+alternating rounds in one process: the int4 kernel (groups of 64, as GPTQ g128 runs at K = 576), the prepacked
 bf16 linear (the engine's unquantized path), and "dequantize then bf16": the layer's 4-bit codes
 expanded to bf16 with torch ops into a reused buffer, then a plain bf16 linear (what a dispatch on M
 would do above the crossover). Reports median microseconds per call and the crossover M per shape.
@@ -27,7 +27,7 @@ from folovllm.model.cpu_packed import pack_linear_weight, packed_linear  # noqa:
 from folovllm.model.quant.kernels import int4_group_kernel  # noqa: E402
 
 SHAPES = {"qkv": (576, 960), "o": (576, 576), "gate_up": (576, 3072), "down": (1536, 576)}
-GROUP = 128
+GROUP = 64  # what GPTQ g128 runs as for K = 576 (576 is not a multiple of 128; see kernels._int4_tiling)
 
 
 def timed(fn: Callable[[], torch.Tensor], repeat: int) -> float:
