@@ -27,6 +27,7 @@ _VLLM_KV_ROLES = {"kv_producer": "producer", "kv_consumer": "consumer", "kv_both
 KV_TRANSFER_CONFIG_KEYS = ("kv_connector", "kv_role", "kv_ip", "kv_port", "engine_id", "kv_connector_extra_config")
 QUANTIZATIONS = ("auto", "gptq", "int8")
 LOAD_QUANTIZED = ("auto", "on", "off")
+QUANTIZE_LM_HEAD = ("auto", "on", "off")
 DTYPE_ALIASES = {"half": "float16", "float": "float32"}  # vLLM's other spellings
 FP8_KV_CACHE_DTYPES = ("fp8", "fp8_e4m3", "fp8_e5m2")
 DP_ROUTING_POLICIES = ("prefix_aware", "least_loaded", "round_robin")
@@ -132,6 +133,12 @@ class EngineConfig:
                 "dequantize them to the model dtype (off); other types are always dequantized. auto = off: "
                 "4-bit wins one-stream decode but loses at batch 64 and in prefill (docs/benchmarks.md)",
         choices=list(LOAD_QUANTIZED), group="LoadConfig")
+    quantize_lm_head: str = knob(
+        "auto", "hold the LM head (a tied one: the embedding table too) as int8 with one scale per vocabulary "
+                "row (on) or in the model dtype (off); auto = on when the linear weights are quantized on the "
+                "CPU (GPTQ, --quantization int8, --load-quantized on), where the head's matmul is the largest "
+                "read of a decode step",
+        choices=list(QUANTIZE_LM_HEAD))
     # -- DeviceConfig -----------------------------------------------------------------------------
     device: str = knob("auto", "auto = cuda if available, else cpu; or cpu, cuda, cuda:N", group="DeviceConfig")
     # -- CacheConfig ------------------------------------------------------------------------------
@@ -249,6 +256,9 @@ class EngineConfig:
             raise ValueError(f"load_format must be auto or dummy; got {self.load_format!r}")
         if self.load_quantized not in LOAD_QUANTIZED:
             raise ValueError(f"load_quantized must be one of {', '.join(LOAD_QUANTIZED)}; got {self.load_quantized!r}")
+        if self.quantize_lm_head not in QUANTIZE_LM_HEAD:
+            raise ValueError(f"quantize_lm_head must be one of {', '.join(QUANTIZE_LM_HEAD)}; "
+                             f"got {self.quantize_lm_head!r}")
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}; got {self.quantization!r}")
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):

@@ -4,7 +4,9 @@
 
 Writes a GPTQ checkpoint of the default model (its GGUF weights, dequantized, then round-to-nearest
 4-bit, groups of 128, symmetric, v1 format; and 8-bit the same way), loads the GGUF file itself with
-its Q4_1 weights kept 4-bit (``--load-quantized on``), then times every variant in
+its Q4_1 weights kept 4-bit (``--load-quantized on``), each quantized variant with its LM head in
+bf16 (``--quantize-lm-head off``) and, for the 4-bit ones and INT8, also in int8 (``-int8head``:
+the engine's ``auto`` for quantized models), then times every variant in
 alternating rounds in this one process: a decode step (forward + logits) of one stream and of a batch
 of 64 streams, each at a 64-token context, and a 256-token prefill. Reported: median tok/s per variant,
 its ratio to bf16, and weight MiB (all and linear layers).
@@ -85,16 +87,20 @@ def main() -> None:
         torch.set_num_threads(args.threads)
 
     tmp = Path(tempfile.mkdtemp(prefix="quant-bench-"))
-    variants = {
-        "bf16": (default_model_path(), "auto"),  # the engine's default CPU path: prepacked bf16
-        "gptq-4bit-g128": (write_gptq_folder(tmp / "gptq4", 4, 128), "auto"),
-        "gptq-8bit-g128": (write_gptq_folder(tmp / "gptq8", 8, 128), "auto"),
-        "int8": (default_model_path(), "int8"),
-        "gguf-q4-packed": (default_model_path(), "auto"),  # --load-quantized on: the file's Q4_1 kept 4-bit
+    gguf, gptq4 = default_model_path(), write_gptq_folder(tmp / "gptq4", 4, 128)
+    variants = {  # name: (path, quantization, load_quantized, quantize_lm_head)
+        "bf16": (gguf, "auto", False, "off"),  # the engine's default CPU path: prepacked bf16
+        "gptq-4bit-g128": (gptq4, "auto", False, "off"),
+        "gptq-4bit-g128-int8head": (gptq4, "auto", False, "on"),
+        "gptq-8bit-g128": (write_gptq_folder(tmp / "gptq8", 8, 128), "auto", False, "off"),
+        "int8": (gguf, "int8", False, "off"),
+        "int8-int8head": (gguf, "int8", False, "on"),
+        "gguf-q4-packed": (gguf, "auto", True, "off"),  # --load-quantized on: the file's Q4_1 kept 4-bit
+        "gguf-q4-packed-int8head": (gguf, "auto", True, "on"),
     }
     models = {name: load_model(path, quantization=q, dtype=torch.bfloat16, device="cpu", cpu_prepack=True,
-                               load_quantized=name == "gguf-q4-packed")
-              for name, (path, q) in variants.items()}
+                               load_quantized=packed, quantize_lm_head=head)
+              for name, (path, q, packed, head) in variants.items()}
     max_tokens = max(args.context, args.prefill)
     timers = {name: (StepTimer(m, max_tokens, 1), StepTimer(m, max_tokens, args.batch)) for name, m in models.items()}
     kinds = {"one_stream": lambda one, many: 1 / median_of(args.steps, lambda: one.seconds(1, args.context)),

@@ -24,6 +24,8 @@ from folovllm.model.linear import (
 )
 from folovllm.model.cpu_packed import PackedLinearMethod, pack_linear_weight, packed_linear
 from folovllm.model.linear_method import LinearMethod, UnquantizedLinearMethod
+from folovllm.model.quant.kernels import Int8ChannelKernel
+from folovllm.model.quant.lm_head import Int8HeadMethod, int8_head_kernel, int8_rows
 from folovllm.model.weights import load_checkpoint, process_weights_after_loading, weight_bytes
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
@@ -140,28 +142,35 @@ class VocabEmbedding(nn.Module):
     """
 
     packed_head: torch.Tensor | None
+    int8_head: Int8ChannelKernel | None
 
     def __init__(self, vocab_size: int, hidden_size: int, weights: WeightConfig) -> None:
         super().__init__()
-        self.vocab_size = vocab_size
+        self.vocab_size, self.dtype = vocab_size, weights.dtype
         self.tp_size, self.tp_group = weights.tp_size, weights.tp_group
-        self.first, rows = vocab_shard(vocab_size, weights.tp_rank, weights.tp_size)
+        self.first, self.rows = vocab_shard(vocab_size, weights.tp_rank, weights.tp_size)
         self.weight = nn.Parameter(
-            torch.empty(rows, hidden_size, dtype=weights.dtype, device=weights.device), requires_grad=False
+            torch.empty(self.rows, hidden_size, dtype=weights.dtype, device=weights.device), requires_grad=False
         )
         self.weight.weight_loader = self.weight_loader
         self.register_buffer("packed_head", None, persistent=False)
+        self.int8_head = None
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
         """This rank's rows of the checkpoint's [vocab, hidden] table."""
         load_vocab_rows(param, loaded, self.first, self.vocab_size)
 
+    def _lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.int8_head is not None:
+            return int8_rows(self.int8_head, ids, self.dtype)
+        return F.embedding(ids, self.weight)
+
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
-            return F.embedding(input_ids, self.weight)
+            return self._lookup(input_ids)
         local = input_ids - self.first
-        outside = (local < 0) | (local >= self.weight.shape[0])
-        x = F.embedding(local.masked_fill(outside, 0), self.weight)
+        outside = (local < 0) | (local >= self.rows)
+        x = self._lookup(local.masked_fill(outside, 0))
         x.masked_fill_(outside.unsqueeze(-1), 0)
         return all_reduce(x, self.tp_group, self.tp_size, "a vocab-parallel embedding")
 
@@ -169,8 +178,15 @@ class VocabEmbedding(nn.Module):
         """Keep a prepacked copy of the table for the tied logits matmul (the lookup needs the plain one)."""
         self.packed_head = pack_linear_weight(self.weight)
 
+    def quantize_head(self) -> None:
+        """Hold the table as int8 rows only: the logits matmul reads them, the lookup dequantizes them."""
+        self.int8_head = int8_head_kernel(self.weight.data, self.dtype)
+        del self.weight  # the int8 copy replaces it (weight bytes)
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden_size] @ table^T: the tied LM head (this rank's vocab slice), in the model dtype."""
+        if self.int8_head is not None:
+            return self.int8_head(hidden)
         if self.packed_head is not None:
             return packed_linear(hidden, self.packed_head, None)
         return F.linear(hidden, self.weight)
@@ -284,12 +300,15 @@ class Attention(nn.Module):
 def lm_head(arch: ArchConfig, weights: WeightConfig) -> ParallelLMHead | None:
     """The output projection, or None when tied to the embedding (then ``compute_logits`` reads that).
 
-    It stays an unquantized weight in the model dtype whatever the linear method (quantized checkpoints
-    keep their head unquantized); prepacked when ``weights.cpu_prepack``.
+    Whatever the linear method, it is int8 with ``weights.quantize_lm_head`` (``quant/lm_head.py``),
+    else an unquantized weight in the model dtype, prepacked when ``weights.cpu_prepack``.
     """
     if arch.tie_word_embeddings:
         return None
-    method = PackedLinearMethod() if weights.cpu_prepack else UnquantizedLinearMethod()
+    if weights.quantize_lm_head:
+        method: LinearMethod = Int8HeadMethod()
+    else:
+        method = PackedLinearMethod() if weights.cpu_prepack else UnquantizedLinearMethod()
     return ParallelLMHead(arch.hidden_size, arch.vocab_size, weights, method)
 
 
@@ -329,6 +348,7 @@ class CausalLM(nn.Module):
         self.arch = arch
         self.dtype = weights.dtype  # activations and KV cache
         self.cpu_prepack = weights.cpu_prepack
+        self.quantize_lm_head = weights.quantize_lm_head
         self.tp_size, self.tp_group = weights.tp_size, weights.tp_group
         self.num_kv_heads = kv_heads_per_rank(arch.num_key_value_heads, weights.tp_size)  # this rank's KV cache
 
@@ -362,9 +382,12 @@ class CausalLM(nn.Module):
         load_checkpoint(self, weights)
 
     def process_weights_after_loading(self) -> None:
-        """Once every checkpoint tensor is in: each linear's method repacks or quantizes; a tied head is packed."""
+        """Once every checkpoint tensor is in: each linear's method repacks or quantizes; a tied head is
+        quantized (``quantize_lm_head``) or packed."""
         process_weights_after_loading(self)
-        if self.cpu_prepack and self.lm_head is None:
+        if self.lm_head is None and self.quantize_lm_head:
+            self.model.embed_tokens.quantize_head()
+        elif self.cpu_prepack and self.lm_head is None:
             self.model.embed_tokens.pack_head()
 
     def weight_bytes(self) -> int:

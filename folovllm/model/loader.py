@@ -22,6 +22,7 @@ from folovllm.model.layers import CausalLM
 from folovllm.model.linear import LinearBase, WeightConfig
 from folovllm.model.cpu_packed import cpu_prepack_supported, select_linear_method
 from folovllm.model.quant.gguf_int4 import GGUFInt4LinearMethod
+from folovllm.model.quant.lm_head import resolve_quantize_lm_head
 from folovllm.model.registry import get_model_class
 
 logger = logging.getLogger(__name__)
@@ -113,6 +114,7 @@ def load_model(
     hf_overrides: dict[str, Any] | None = None,
     tp_group: TPGroup | None = None,
     load_quantized: bool = False,
+    quantize_lm_head: str = "off",
 ) -> CausalLM:
     """Build the model for ``model`` and fill its weights.
 
@@ -127,6 +129,8 @@ def load_model(
     tp_group: this process's tensor-parallel rank: it builds and loads only its slice of every weight.
     load_quantized: a GGUF file's decoder linears stored in a 4-bit type (Q4_0, Q4_1, Q4_K) stay 4-bit,
     held for torch's CPU int4 kernel; the other types are dequantized as without it.
+    quantize_lm_head: "on" holds the LM head (a tied one: the embedding too) as int8 rows; "auto" does
+    so when the linears are quantized on the CPU; "off" (the default here) keeps it in ``dtype``.
     """
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"unknown load_format {load_format!r}; choose one of {LOAD_FORMATS}")
@@ -144,7 +148,8 @@ def load_model(
     prepack = cpu_prepack and cpu_prepack_supported(dtype, device)
     method = select_linear_method(quant_method, arch.quantization_config, dtype, device, prepack)
     fused = cpu_fused_ops and device.type == "cpu" and cpu_fused_ops_available(CPU_FUSED_OPS_LIBRARY)
-    module = cls(arch, backend, WeightConfig.for_group(dtype, device, method, prepack, tp_group, fused))
+    int8_head = resolve_quantize_lm_head(quantize_lm_head, quant_method != "unquantized" or load_quantized, device)
+    module = cls(arch, backend, WeightConfig.for_group(dtype, device, method, prepack, tp_group, fused, int8_head))
     packed: frozenset[str] = frozenset()
     if load_quantized and reader is not None:
         packed = _use_gguf_int4(reader, module)
@@ -157,8 +162,8 @@ def load_model(
         else:
             module.load_weights(_iter_safetensors(model))
         module.process_weights_after_loading()
-    logger.info("%s: %.1f MiB of weights (%s%s)", arch.architecture, module.weight_bytes() / 2**20,
-                quant_method, ", CPU-prepacked" if prepack else "")
+    logger.info("%s: %.1f MiB of weights (%s%s%s)", arch.architecture, module.weight_bytes() / 2**20,
+                quant_method, ", CPU-prepacked" if prepack else "", ", int8 LM head" if int8_head else "")
     return module.eval()
 
 

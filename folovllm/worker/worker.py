@@ -53,7 +53,8 @@ class Worker:
                                 attn_backend=get_attention_backend(config.attention_backend), seed=config.seed,
                                 hf_overrides=config.hf_overrides,
                                 cpu_prepack=config.cpu_prepack, cpu_fused_ops=config.cpu_fused_ops,
-                                tp_group=tp_group, load_quantized=config.load_quantized == "on")
+                                tp_group=tp_group, load_quantized=config.load_quantized == "on",
+                                quantize_lm_head=config.quantize_lm_head)
         self.runner: ModelRunner | None = None  # built by initialize_cache
         self._generators: dict[str, torch.Generator] = {}  # request id -> its RNG (seeded requests)
         self._previous: LaunchedStep | None = None  # the last step launched: pending inputs come from it

@@ -152,7 +152,9 @@ def test_load_quantized_auto_resolves_off() -> None:
 
 
 def _default_model_greedy(prompts: list[list[int]], dtype: str, load_quantized: str) -> list[list[int]]:
-    llm = LLM(dtype=dtype, load_quantized=load_quantized, max_model_len=256, num_gpu_blocks_override=64)
+    # the head stays in ``dtype``: this compares the packed linears alone (test_lm_head.py covers the int8 head)
+    llm = LLM(dtype=dtype, load_quantized=load_quantized, quantize_lm_head="off", max_model_len=256,
+              num_gpu_blocks_override=64)
     params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     return [list(o.outputs[0].token_ids) for o in outputs]

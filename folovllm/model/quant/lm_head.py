@@ -1,0 +1,67 @@
+"""A quantized LM head: an int8 copy (one scale per vocabulary row) of the output projection.
+
+At batch 1 the logits matmul reads the whole [vocab, hidden] head every step; for a small model with
+4-bit linears it is the largest single read of a decode step. Held as int8 codes q with a per-row
+scale s (w = q s, symmetric), it is read at half the bytes by torch's int8 CPU kernel. A head tied to
+the embedding keeps only the int8 copy: the embedding lookup dequantizes its rows from it.
+
+``quantize_lm_head`` (auto | on | off): auto turns it on when the model's linears are quantized on
+the CPU (a GPTQ checkpoint, ``--quantization int8``, or GGUF weights kept packed).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from folovllm.model.linear_method import UnquantizedLinearMethod
+from folovllm.model.quant.gptq_config import kernel_choice
+from folovllm.model.quant.int8 import INT8_MAX
+from folovllm.model.quant.kernels import Int8ChannelKernel
+
+QUANTIZE_LM_HEAD = ("auto", "on", "off")
+
+
+def resolve_quantize_lm_head(choice: str, quantized_linears: bool, device: torch.device) -> bool:
+    """Whether the LM head is held int8: ``on``/``off`` as asked; ``auto``: with quantized linears on the CPU."""
+    if choice not in QUANTIZE_LM_HEAD:
+        raise ValueError(f"quantize_lm_head must be one of {', '.join(QUANTIZE_LM_HEAD)}; got {choice!r}")
+    if choice == "auto":
+        return quantized_linears and device.type == "cpu"
+    return choice == "on"
+
+
+def quantize_head_rows(weight: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """[rows, hidden] float -> (int8 codes [rows, hidden], scales [rows] in ``dtype``), w ~ q s.
+
+    The scales are rounded to ``dtype`` before the codes are computed, so the codes round against the
+    scale the kernel multiplies by; an all-zero row (a padded vocabulary row) gets scale 1.
+    """
+    w = weight.float()
+    scales = (w.abs().amax(dim=1) / INT8_MAX).to(dtype)
+    scales = torch.where(scales > 0, scales, torch.ones_like(scales))
+    codes = torch.round(w / scales.float()[:, None]).clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)
+    return codes, scales
+
+
+def int8_head_kernel(weight: torch.Tensor, dtype: torch.dtype) -> Int8ChannelKernel:
+    """The int8 logits matmul for a [vocab, hidden] head (``FOLOVLLM_QUANT_KERNEL=reference``: dequantize)."""
+    codes, scales = quantize_head_rows(weight, dtype)
+    return Int8ChannelKernel(codes, scales, None, reference=kernel_choice() == "reference")
+
+
+def int8_rows(kernel: Int8ChannelKernel, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Rows ``ids`` of the head's int8 copy, dequantized: the embedding lookup of a tied head."""
+    return (kernel.codes[ids].float() * kernel.scales[ids].float().unsqueeze(-1)).to(dtype)
+
+
+class Int8HeadMethod(UnquantizedLinearMethod):
+    """An untied LM head: loads plain (by vocabulary rows), then held as ``int8_head_kernel``."""
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        kernel = int8_head_kernel(layer.weight.data, layer.weight.dtype)
+        del layer.weight  # the codes replace it
+        layer.quant_kernel = kernel
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        y = layer.quant_kernel(x)
+        return y if bias is None else y + bias
