@@ -92,12 +92,13 @@ def nonnegative_lstsq(features: np.ndarray, targets: np.ndarray) -> np.ndarray:
 
 def fit_linear(shapes: list[StepShape], durations: np.ndarray, name: str,
                defaults: dict[str, Any] | None = None, source: str = "",
-               weighting: str = "absolute") -> LinearCostModel:
+               weighting: str = "absolute", between_steps_s: float = 0.0) -> LinearCostModel:
     """Non-negative least squares over ``LINEAR_TERMS``; a term the trace never varies (e.g. no prefill)
     gets 0. ``relative`` weighting minimises each step's relative error, so that the many short decode
     steps (which set TPOT) count as much as the few long prefill steps; ``absolute`` minimises seconds,
     so the long steps (which set TTFT under load and the total time) dominate; ``sqrt`` weighs each
-    squared error by 1 / duration, between the two."""
+    squared error by 1 / duration, between the two. ``between_steps_s`` (the engine loop's time outside
+    a step) is added to the fixed term after the fit, which is of the steps' own durations."""
     if weighting not in WEIGHTINGS:
         raise ValueError(f"weighting must be one of {', '.join(WEIGHTINGS)}, not {weighting!r}")
     features = np.asarray([s.features() for s in shapes])
@@ -109,8 +110,10 @@ def fit_linear(shapes: list[StepShape], durations: np.ndarray, name: str,
     weights[varies] = nonnegative_lstsq(features[:, varies] * scale[:, None], durations * scale)
     model = LinearCostModel(name, dict(zip(LINEAR_TERMS, map(float, weights))), defaults=defaults or {})
     predicted = np.asarray([model.step_time(s) for s in shapes])
+    weights[0] += between_steps_s
+    model = LinearCostModel(name, dict(zip(LINEAR_TERMS, map(float, weights))), defaults=defaults or {})
     model.fit = {"source": source, "num_steps": len(shapes), "weighting": weighting,
-                 **fit_errors(predicted, durations),
+                 "between_steps_s": between_steps_s, **fit_errors(predicted, durations),
                  "unfitted_terms": [t for t, v in zip(LINEAR_TERMS, varies) if not v],
                  "zeroed_terms": [t for t, v, w in zip(LINEAR_TERMS, varies, weights) if v and w == 0.0]}
     return model
@@ -120,11 +123,8 @@ def calibrate(trace: str | Path, out: str | Path, name: str, defaults: dict[str,
               weighting: str = "absolute") -> LinearCostModel:
     """Fits ``trace``, writes the profile to ``out`` and returns it."""
     shapes, durations = read_trace_shapes(trace)
-    model = fit_linear(shapes, durations, name, defaults, source=str(trace), weighting=weighting)
-    gap = busy_gap_s(trace)
-    model.coefficients["fixed_s"] += gap
-    model.fit["between_steps_s"] = gap
-    model = LinearCostModel(model.name, model.coefficients, fit=model.fit, defaults=model.defaults)
+    model = fit_linear(shapes, durations, name, defaults, source=str(trace), weighting=weighting,
+                       between_steps_s=busy_gap_s(trace))
     model.save(out)
     return model
 

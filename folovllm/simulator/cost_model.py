@@ -59,12 +59,11 @@ class LinearCostModel:
     defaults: dict[str, Any] = field(default_factory=dict)  # engine settings it was measured with
 
     def __post_init__(self) -> None:
-        self.coefficients = {t: self.coefficients.get(t, 0.0 if t in OPTIONAL_TERMS else None) for t in LINEAR_TERMS}
-        self.coefficients = {t: v for t, v in self.coefficients.items() if v is not None}
-        missing = [t for t in LINEAR_TERMS if t not in self.coefficients]
+        missing = [t for t in LINEAR_TERMS if t not in self.coefficients and t not in OPTIONAL_TERMS]
         if missing:
             raise ValueError(f"a linear profile needs coefficients {', '.join(LINEAR_TERMS)}; missing {missing}")
-        self._weights = [float(self.coefficients[t]) for t in LINEAR_TERMS]
+        self.coefficients = {t: float(self.coefficients.get(t, 0.0)) for t in LINEAR_TERMS}
+        self._weights = list(self.coefficients.values())
 
     def step_time(self, shape: StepShape) -> float:
         w = self._weights

@@ -18,12 +18,15 @@ from folovllm.model.quant.kernels import Int8ChannelKernel, apply_quant_kernel
 INT8_MAX = 127
 
 
-def quantize_int8_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """[out, in] float -> (int8 codes [out, in], fp32 scales [out]); an all-zero row gets scale 1."""
+def quantize_int8_per_channel(weight: torch.Tensor,
+                              scale_dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """[out, in] float -> (int8 codes [out, in], scales [out] in ``scale_dtype``); an all-zero row gets
+    scale 1. The scales are rounded to ``scale_dtype`` before the codes are computed, so the codes round
+    against the scale the kernel multiplies by."""
     w = weight.float()
-    scales = w.abs().amax(dim=1) / INT8_MAX
+    scales = (w.abs().amax(dim=1) / INT8_MAX).to(scale_dtype)
     scales = torch.where(scales > 0, scales, torch.ones_like(scales))
-    codes = torch.round(w / scales[:, None]).clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)
+    codes = torch.round(w / scales.float()[:, None]).clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)
     return codes, scales
 
 

@@ -15,8 +15,8 @@ from torch import nn
 
 from folovllm.model.linear_method import UnquantizedLinearMethod
 from folovllm.model.quant.gptq_config import kernel_choice
-from folovllm.model.quant.int8 import INT8_MAX
-from folovllm.model.quant.kernels import Int8ChannelKernel
+from folovllm.model.quant.int8 import quantize_int8_per_channel
+from folovllm.model.quant.kernels import Int8ChannelKernel, apply_quant_kernel
 
 QUANTIZE_LM_HEAD = ("auto", "on", "off")
 
@@ -30,22 +30,9 @@ def resolve_quantize_lm_head(choice: str, quantized_linears: bool, device: torch
     return choice == "on"
 
 
-def quantize_head_rows(weight: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """[rows, hidden] float -> (int8 codes [rows, hidden], scales [rows] in ``dtype``), w ~ q s.
-
-    The scales are rounded to ``dtype`` before the codes are computed, so the codes round against the
-    scale the kernel multiplies by; an all-zero row (a padded vocabulary row) gets scale 1.
-    """
-    w = weight.float()
-    scales = (w.abs().amax(dim=1) / INT8_MAX).to(dtype)
-    scales = torch.where(scales > 0, scales, torch.ones_like(scales))
-    codes = torch.round(w / scales.float()[:, None]).clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)
-    return codes, scales
-
-
 def int8_head_kernel(weight: torch.Tensor, dtype: torch.dtype) -> Int8ChannelKernel:
     """The int8 logits matmul for a [vocab, hidden] head (``FOLOVLLM_QUANT_KERNEL=reference``: dequantize)."""
-    codes, scales = quantize_head_rows(weight, dtype)
+    codes, scales = quantize_int8_per_channel(weight, dtype)
     return Int8ChannelKernel(codes, scales, None, reference=kernel_choice() == "reference")
 
 
@@ -63,5 +50,4 @@ class Int8HeadMethod(UnquantizedLinearMethod):
         layer.quant_kernel = kernel
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        y = layer.quant_kernel(x)
-        return y if bias is None else y + bias
+        return apply_quant_kernel(layer, x, bias)

@@ -11,7 +11,8 @@ from folovllm.config import EngineConfig
 from folovllm.model.layers import CausalLM
 from folovllm.model.loader import load_model
 from folovllm.model.quant.kernels import Int8ChannelKernel
-from folovllm.model.quant.lm_head import Int8HeadMethod, int8_rows, quantize_head_rows, resolve_quantize_lm_head
+from folovllm.model.quant.int8 import quantize_int8_per_channel
+from folovllm.model.quant.lm_head import Int8HeadMethod, int8_rows, resolve_quantize_lm_head
 from tests.model.test_loader import prefill_logits
 
 TINY = dict(architectures=["LlamaForCausalLM"], vocab_size=96, hidden_size=32, intermediate_size=64,
@@ -31,7 +32,7 @@ def _tiny(tmp_path: Path, tied: bool, dtype: torch.dtype, quantize_lm_head: str,
 def test_head_rows_round_to_nearest_against_the_rounded_scale(dtype: torch.dtype) -> None:
     weight = torch.randn(40, 64) * torch.logspace(-3, 0, 40)[:, None]
     weight[7] = 0  # a padded vocabulary row
-    codes, scales = quantize_head_rows(weight, dtype)
+    codes, scales = quantize_int8_per_channel(weight, dtype)
     assert codes.dtype == torch.int8 and scales.dtype == dtype and int(codes.abs().max()) <= 127
     assert scales[7] == 1 and not codes[7].any()
     s = scales.float()[:, None]
@@ -45,7 +46,7 @@ def test_int8_head_equals_the_model_with_dequantized_head(tmp_path: Path, tied: 
     quantized = _tiny(tmp_path, tied, torch.float32, "on")
     dense = _tiny(tmp_path, tied, torch.float32, "off")
     head = dense.model.embed_tokens if tied else dense.lm_head
-    codes, scales = quantize_head_rows(head.weight.data, torch.float32)
+    codes, scales = quantize_int8_per_channel(head.weight.data, torch.float32)
     with torch.no_grad():
         head.weight.copy_(codes.float() * scales[:, None])  # what the int8 rows stand for
     if tied:
