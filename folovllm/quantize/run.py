@@ -28,8 +28,8 @@ class QuantizeArgs:
     method: str = "gptq"
     bits: int = 4
     group_size: int = 128
-    act_order: bool = False
-    sym: bool = True
+    act_order: bool | None = None  # None: default_act_order(method)
+    sym: bool = False
     damp: float = 0.01
     calib_file: str | None = None
     # 8k calibration tokens: about 12 minutes for the 135M default model on one busy CPU core
@@ -42,6 +42,8 @@ class QuantizeArgs:
     def __post_init__(self) -> None:
         if self.clip is None:
             object.__setattr__(self, "clip", default_clip(self.method))
+        if self.act_order is None:
+            object.__setattr__(self, "act_order", default_act_order(self.method))
         if self.clip not in CLIP_CHOICES:
             raise ValueError(f"unknown --clip {self.clip!r}; choose one of {CLIP_CHOICES}")
         if self.method not in METHODS:
@@ -66,10 +68,12 @@ def add_quantize_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--method", default="gptq", help=f"one of {METHODS}")
     parser.add_argument("--bits", type=int, default=4, help="4 or 8")
     parser.add_argument("--group-size", type=int, default=128, help="input channels per scale; -1: one per row")
-    parser.add_argument("--act-order", action="store_true",
-                        help="GPTQ: quantize columns by descending activation energy (desc_act)")
-    parser.add_argument("--sym", action=argparse.BooleanOptionalAction, default=True,
-                        help="symmetric grid (zero point in the middle); --no-sym: min/max grid")
+    parser.add_argument("--act-order", action=argparse.BooleanOptionalAction, default=None,
+                        help="GPTQ: quantize columns by descending activation energy (desc_act); "
+                             "default: on for gptq, off for rtn")
+    parser.add_argument("--sym", action=argparse.BooleanOptionalAction, default=False,
+                        help="symmetric grid (zero point in the middle); default --no-sym: each group's own "
+                             "min/max grid with a zero point")
     parser.add_argument("--damp", type=float, default=0.01,
                         help="GPTQ: Hessian damping, a fraction of its mean diagonal")
     parser.add_argument("--calib-file", default=None,
@@ -98,6 +102,11 @@ def run_quantize(args: argparse.Namespace) -> None:
     print(f"wrote {options.out}: {count} linears, {options.method} {options.bits}-bit "
           f"g{options.group_size}{' act-order' if options.act_order else ''} clip {options.clip} "
           f"in {time.perf_counter() - start:.1f} s")
+
+
+def default_act_order(method: str) -> bool:
+    """``--act-order`` when not given: on for GPTQ (measured better at 4 bits), off for RTN (no order)."""
+    return method == "gptq"
 
 
 def default_clip(method: str) -> str:

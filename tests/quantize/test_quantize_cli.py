@@ -60,7 +60,7 @@ def quantize(tiny_llama: Path, out: Path, *extra: str) -> int:
 @pytest.fixture(scope="module")
 def gptq_folder(tiny_llama: Path, calib_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("gptq") / "out"
-    args = ("--group-size", "48", "--act-order", "--num-samples", "4", "--seq-len", "32",
+    args = ("--group-size", "48", "--num-samples", "4", "--seq-len", "32",  # act-order, asymmetric: the defaults
             "--calib-file", str(calib_file))
     assert quantize(tiny_llama, out, *args) == 0
     return out
@@ -98,7 +98,7 @@ def test_gptq_folder_tensors(gptq_folder: Path) -> None:
 def test_gptq_folder_config_and_tokenizer(gptq_folder: Path, tiny_llama: Path) -> None:
     config = json.loads((gptq_folder / "config.json").read_text())
     assert config["quantization_config"] | {"meta": None} == {
-        "quant_method": "gptq", "bits": 4, "group_size": 48, "desc_act": True, "sym": True,
+        "quant_method": "gptq", "bits": 4, "group_size": 48, "desc_act": True, "sym": False,
         "checkpoint_format": "gptq", "damp_percent": 0.01, "true_sequential": True, "static_groups": False,
         "lm_head": False, "meta": None,
     }
@@ -124,7 +124,7 @@ def test_dequantized_folder_loads_into_the_unquantized_model(gptq_folder: Path, 
 
 def test_rtn_8_bit_asymmetric(tiny_llama: Path, tmp_path: Path) -> None:
     out = tmp_path / "rtn"
-    assert quantize(tiny_llama, out, "--method", "rtn", "--bits", "8", "--group-size", "32", "--no-sym") == 0
+    assert quantize(tiny_llama, out, "--method", "rtn", "--bits", "8", "--group-size", "32") == 0  # asymmetric, no order
     tensors = read_tensors(out)
     assert tensors["model.layers.0.self_attn.q_proj.qweight"].shape == (64 // 4, 64)
     assert tensors["model.layers.0.mlp.down_proj.scales"].shape == (160 // 32, 64)
@@ -135,6 +135,16 @@ def test_rtn_8_bit_asymmetric(tiny_llama: Path, tmp_path: Path) -> None:
     original = model.model.layers[0].self_attn.qkv_proj.weight.clone()
     model.load_weights(dequantize_state_dict(tensors, bits=8).items())
     assert (model.model.layers[0].self_attn.qkv_proj.weight - original).abs().max() < 0.01 * original.abs().max()
+
+
+def test_symmetric_grid_without_act_order_on_request(tiny_llama: Path, calib_file: Path, tmp_path: Path) -> None:
+    out = tmp_path / "sym"
+    assert quantize(tiny_llama, out, "--sym", "--no-act-order", "--group-size", "32", "--num-samples", "2",
+                    "--seq-len", "16", "--calib-file", str(calib_file)) == 0
+    config = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert (config["sym"], config["desc_act"]) == (True, False)
+    assert "model.layers.0.mlp.up_proj.g_idx" not in read_tensors(out) or bool(
+        (read_tensors(out)["model.layers.0.mlp.up_proj.g_idx"].diff() >= 0).all())  # groups in column order
 
 
 @pytest.mark.parametrize(("args", "message"), [
