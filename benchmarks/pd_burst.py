@@ -104,6 +104,14 @@ def serve_cmd(args: argparse.Namespace, port: int, *extra: str) -> list[str]:
             "--served-model-name", SERVED_NAME, "--log-level", "warning", *args.serve_args.split(), *extra]
 
 
+def trace_args(args: argparse.Namespace, role: str) -> list[str]:
+    """``--trace`` for one PD instance when --pd-trace-dir is set (the folder is made), else nothing."""
+    if not args.pd_trace_dir:
+        return []
+    Path(args.pd_trace_dir).mkdir(parents=True, exist_ok=True)
+    return ["--trace", str(Path(args.pd_trace_dir) / f"{role}.jsonl")]
+
+
 def launch(config: str, args: argparse.Namespace, logs: Path) -> tuple[str, list[Process], str | None]:
     """Starts one configuration; returns the URL clients use, its processes (healthy), and for PD the
     consumer's URL (its /metrics count the KV transfers)."""
@@ -120,9 +128,11 @@ def launch(config: str, args: argparse.Namespace, logs: Path) -> tuple[str, list
         storage = tempfile.mkdtemp(prefix="pd-burst-kv-")
         connector += ["--kv-transfer-config", json.dumps({"kv_connector_extra_config": {"shared_storage_path": storage}})]
     p_port, d_port, proxy_port = free_port(), free_port(), free_port()
-    producer = Process("producer", serve_cmd(args, p_port, "--num-threads", "1", "--kv-role", "producer", *connector),
+    producer = Process("producer", serve_cmd(args, p_port, "--num-threads", "1", "--kv-role", "producer", *connector,
+                                             *trace_args(args, "producer")),
                        logs / "pd-producer.log", cpus={0}).start()
-    consumer = Process("consumer", serve_cmd(args, d_port, "--num-threads", "1", "--kv-role", "consumer", *connector),
+    consumer = Process("consumer", serve_cmd(args, d_port, "--num-threads", "1", "--kv-role", "consumer", *connector,
+                                             *trace_args(args, "consumer")),
                        logs / "pd-consumer.log", cpus={1}).start()
     procs = [producer, consumer]
     wait_healthy(f"http://127.0.0.1:{p_port}", procs, args.start_timeout)
@@ -259,6 +269,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="config d: pin the proxy and this client (the front end) to these cores, e.g. 0 "
                              "(beside the producer), so the consumer's core runs the consumer alone "
                              "(default: not pinned; the OS places them)")
+    parser.add_argument("--pd-trace-dir", default="", metavar="DIR",
+                        help="config d: the producer's and the consumer's step traces (serve --trace) go to "
+                             "DIR/producer.jsonl and DIR/consumer.jsonl, for lining steps up with the bursts")
     parser.add_argument("--serve-args", default="", help="more `folovllm serve` flags for every server, quoted")
     parser.add_argument("--start-timeout", type=float, default=600.0, help="seconds a server may take to start")
     parser.add_argument("--repeats", type=int, default=1,

@@ -39,6 +39,13 @@ def test_repeats_and_the_front_end_cores_parse(pd_burst):
     assert pd_burst.parse_args([]).front_cpus == set() and pd_burst.parse_args([]).repeats == 1
 
 
+def test_pd_step_traces_go_to_one_file_per_role(pd_burst, tmp_path):
+    assert pd_burst.trace_args(pd_burst.parse_args([]), "consumer") == []
+    args = pd_burst.parse_args(["--pd-trace-dir", str(tmp_path / "traces")])
+    assert pd_burst.trace_args(args, "consumer") == ["--trace", str(tmp_path / "traces" / "consumer.jsonl")]
+    assert (tmp_path / "traces").is_dir()
+
+
 def test_each_server_gets_the_shared_flags_and_its_own(pd_burst):
     args = pd_burst.parse_args(["tiny.gguf", "--serve-args", "--dtype float32"])
     cmd = pd_burst.serve_cmd(args, 8100, "--num-threads", "1")
