@@ -9,7 +9,8 @@ consumer posts its ask in the store; the producer's thread for the pair answers,
 held blocks layer by layer (K, then V, each gathered into one tensor); the consumer receives them
 into staging tensors and acknowledges in the store, and the producer reports the transfer done,
 so the engine frees the blocks. The consumer's engine thread copies staged blocks into its cache,
-so no background thread writes a block the engine might be reusing.
+so no background thread writes a block the engine might be reusing, a few layers per step
+(``load_copy_bytes_per_step``) so that no decode step pays for a whole long prompt's KV.
 """
 from __future__ import annotations
 
