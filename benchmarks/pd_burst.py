@@ -11,8 +11,10 @@ seconds a burst of long prompts arrives. Each configuration is launched here, on
     .venv/bin/python benchmarks/pd_burst.py --configs a,b --duration 60
     .venv/bin/python benchmarks/pd_burst.py --configs a,b,c,d --duration 120 --burst-intervals 2,3,5
 
-Every configuration runs once without bursts (its baseline ITL) and once per burst interval. Writes a
-JSON and a PNG (background ITL over time, bursts marked) and prints a markdown table.
+Every configuration runs once without bursts (its baseline ITL) and once per burst interval, all of it
+``--repeats`` times (each burst run against its own round's baseline; the median ratio is reported too).
+Writes a JSON and a PNG (background ITL over time of the first round, bursts marked) and prints a
+markdown table.
 """
 from __future__ import annotations
 
@@ -37,7 +39,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from folovllm.bench.burst import (BACKGROUND, BURST, StreamRecord, add_no_burst_ratios,  # noqa: E402
-                                  itl_over_time, markdown_table, plot_itl_timelines, summarize_run)
+                                  itl_over_time, markdown_table, median_ratios, median_table,
+                                  plot_itl_timelines, summarize_run)
 from folovllm.bench.datasets import PromptMaker, ServeRequest, parse_len_range  # noqa: E402
 from folovllm.bench.serve_client import send_request, wait_for_health  # noqa: E402
 
@@ -101,6 +104,14 @@ def serve_cmd(args: argparse.Namespace, port: int, *extra: str) -> list[str]:
             "--served-model-name", SERVED_NAME, "--log-level", "warning", *args.serve_args.split(), *extra]
 
 
+def trace_args(args: argparse.Namespace, role: str) -> list[str]:
+    """``--trace`` for one PD instance when --pd-trace-dir is set (the folder is made), else nothing."""
+    if not args.pd_trace_dir:
+        return []
+    Path(args.pd_trace_dir).mkdir(parents=True, exist_ok=True)
+    return ["--trace", str(Path(args.pd_trace_dir) / f"{role}.jsonl")]
+
+
 def launch(config: str, args: argparse.Namespace, logs: Path) -> tuple[str, list[Process], str | None]:
     """Starts one configuration; returns the URL clients use, its processes (healthy), and for PD the
     consumer's URL (its /metrics count the KV transfers)."""
@@ -117,16 +128,19 @@ def launch(config: str, args: argparse.Namespace, logs: Path) -> tuple[str, list
         storage = tempfile.mkdtemp(prefix="pd-burst-kv-")
         connector += ["--kv-transfer-config", json.dumps({"kv_connector_extra_config": {"shared_storage_path": storage}})]
     p_port, d_port, proxy_port = free_port(), free_port(), free_port()
-    producer = Process("producer", serve_cmd(args, p_port, "--num-threads", "1", "--kv-role", "producer", *connector),
+    producer = Process("producer", serve_cmd(args, p_port, "--num-threads", "1", "--kv-role", "producer", *connector,
+                                             *trace_args(args, "producer")),
                        logs / "pd-producer.log", cpus={0}).start()
-    consumer = Process("consumer", serve_cmd(args, d_port, "--num-threads", "1", "--kv-role", "consumer", *connector),
+    consumer = Process("consumer", serve_cmd(args, d_port, "--num-threads", "1", "--kv-role", "consumer", *connector,
+                                             *trace_args(args, "consumer")),
                        logs / "pd-consumer.log", cpus={1}).start()
     procs = [producer, consumer]
     wait_healthy(f"http://127.0.0.1:{p_port}", procs, args.start_timeout)
     wait_healthy(f"http://127.0.0.1:{d_port}", procs, args.start_timeout)
     proxy = Process("proxy", [sys.executable, "-m", "folovllm.entrypoints.cli", "proxy",
                               "--prefill", f"http://127.0.0.1:{p_port}", "--decode", f"http://127.0.0.1:{d_port}",
-                              "--port", str(proxy_port), "--log-level", "warning"], logs / "pd-proxy.log").start()
+                              "--port", str(proxy_port), "--log-level", "warning"], logs / "pd-proxy.log",
+                    cpus=args.front_cpus).start()
     procs.append(proxy)
     url = f"http://127.0.0.1:{proxy_port}"
     wait_healthy(url, procs, 60.0)
@@ -208,20 +222,26 @@ def transfer_figures(before: dict[str, float], after: dict[str, float]) -> dict[
 def run_config(config: str, args: argparse.Namespace, logs: Path, intervals: list[float]) -> list[dict[str, Any]]:
     url, procs, consumer_url = launch(config, args, logs)
     runs = []
+    own_cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
     try:
+        if config == "d" and args.front_cpus:
+            os.sched_setaffinity(0, args.front_cpus)  # this client, beside the proxy
         warm_up(url, args)
-        for i, interval in enumerate([None, *intervals]):
+        rounds = [(repeat, interval) for repeat in range(args.repeats) for interval in [None, *intervals]]
+        for i, (repeat, interval) in enumerate(rounds):
             before = kv_transfer_counters(consumer_url) if consumer_url else None
             records, burst_times = asyncio.run(drive(url, args, interval, seed=args.seed + i))
             run = summarize_run(records, burst_times, args.duration, ttft_slo_ms=args.ttft_slo_ms,
                                 itl_slo_ms=args.itl_slo_ms)
-            run.update(config=CONFIGS[config], burst_interval_s=interval,
+            run.update(config=CONFIGS[config], burst_interval_s=interval, repeat=repeat, repeats=args.repeats,
                        itl_over_time=itl_over_time(records, args.itl_window, run["duration_s"]),
                        kv_transfer=transfer_figures(before, kv_transfer_counters(consumer_url)) if before else None)
-            print(f"{CONFIGS[config]}, bursts every {interval or 'never'}: {run['requests']} requests, "
-                  f"{run['failed']} failed", flush=True)
+            print(f"{CONFIGS[config]}, bursts every {interval or 'never'} (repeat {repeat + 1} of {args.repeats}): "
+                  f"{run['requests']} requests, {run['failed']} failed", flush=True)
             runs.append(run)
     finally:
+        if config == "d" and args.front_cpus:
+            os.sched_setaffinity(0, own_cpus)
         for p in reversed(procs):
             p.stop()
     return runs
@@ -245,8 +265,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--itl-slo-ms", type=float, default=500.0, help="goodput: every inter-token gap at most this")
     parser.add_argument("--itl-window", type=float, default=0.5, help="seconds per point of the ITL plot")
     parser.add_argument("--pd-connector", default="torch_distributed", choices=["torch_distributed", "shared_storage"])
+    parser.add_argument("--pd-front-cpus", default="", metavar="CPUS",
+                        help="config d: pin the proxy and this client (the front end) to these cores, e.g. 0 "
+                             "(beside the producer), so the consumer's core runs the consumer alone "
+                             "(default: not pinned; the OS places them)")
+    parser.add_argument("--pd-trace-dir", default="", metavar="DIR",
+                        help="config d: the producer's and the consumer's step traces (serve --trace) go to "
+                             "DIR/producer.jsonl and DIR/consumer.jsonl, for lining steps up with the bursts")
     parser.add_argument("--serve-args", default="", help="more `folovllm serve` flags for every server, quoted")
     parser.add_argument("--start-timeout", type=float, default=600.0, help="seconds a server may take to start")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="rounds of (no-burst run, one run per interval) per config, on the same servers; "
+                             "each burst run is compared with its own round's no-burst run, and the table adds "
+                             "the median ratio over the rounds")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", default="docs/results/pd-burst.json", help="the JSON; the PNG goes beside it")
     args = parser.parse_args(argv)
@@ -257,10 +288,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.intervals = [float(s) for s in args.burst_intervals.split(",") if s.strip()]
     except ValueError:
         raise ValueError(f"--burst-intervals takes comma-separated seconds, got {args.burst_intervals!r}.") from None
-    if not args.intervals or any(s <= 0 for s in args.intervals) or args.duration <= 0:
-        raise ValueError("--burst-intervals and --duration must be positive.")
+    if not args.intervals or any(s <= 0 for s in args.intervals) or args.duration <= 0 or args.repeats < 1:
+        raise ValueError("--burst-intervals, --duration and --repeats must be positive.")
     if "d" in args.configs.split(",") and (not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2):
         raise ValueError("config d pins its two instances to cores 0 and 1: it needs two usable cores.")
+    try:
+        args.front_cpus = {int(c) for c in args.pd_front_cpus.split(",") if c.strip()}
+    except ValueError:
+        raise ValueError(f"--pd-front-cpus takes comma-separated core numbers, got {args.pd_front_cpus!r}.") from None
+    if args.front_cpus and not args.front_cpus <= os.sched_getaffinity(0):
+        raise ValueError(f"--pd-front-cpus {args.pd_front_cpus}: this process may use only cores "
+                         f"{sorted(os.sched_getaffinity(0))}.")
     return args
 
 
@@ -273,10 +311,14 @@ def main(argv: list[str] | None = None) -> int:
     for config in args.configs.split(","):
         runs += run_config(config, args, logs, args.intervals)
     add_no_burst_ratios(runs)
-    settings = {k: v for k, v in vars(args).items() if k not in ("intervals",)}
-    output.write_text(json.dumps({"name": "pd-burst", "settings": settings, "runs": runs}, indent=2))
-    plot_itl_timelines(runs, output.with_suffix(".png"))
+    summary = median_ratios(runs)
+    settings = {k: v for k, v in vars(args).items() if k not in ("intervals", "front_cpus")}
+    output.write_text(json.dumps({"name": "pd-burst", "settings": settings, "runs": runs, "summary": summary},
+                                 indent=2))
+    plot_itl_timelines([r for r in runs if r["repeat"] == 0], output.with_suffix(".png"))
     print(markdown_table(runs))
+    if args.repeats > 1:
+        print(f"\nmedian over {args.repeats} repeats:\n{median_table(summary)}")
     print(f"wrote {output} and {output.with_suffix('.png')} (server logs in {logs})")
     return 0
 

@@ -126,10 +126,12 @@ def vs_vllm_table(path: Path) -> str:
 def pd_burst_table(path: Path) -> str:
     """The PD-under-bursts table, formatted by the benchmark's own module."""
     sys.path.insert(0, ".")
-    from folovllm.bench.burst import markdown_table
+    from folovllm.bench.burst import markdown_table, median_table
 
     result = json.loads(path.read_text())
-    return f"`{path.as_posix()}`\n\n{markdown_table(result['runs'])}\n"
+    repeats = result["settings"].get("repeats", 1)
+    medians = f"\nMedian over the {repeats} repeats:\n\n{median_table(result['summary'])}\n" if repeats > 1 else ""
+    return f"`{path.as_posix()}`\n\n{markdown_table(result['runs'])}\n{medians}"
 
 
 def sim_fidelity_table(path: Path) -> str:

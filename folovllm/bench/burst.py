@@ -114,6 +114,8 @@ def markdown_table(runs: list[dict[str, Any]]) -> str:
         itl, ttft = run["background_itl_ms"], run["burst_ttft_ms"]
         ratio = run.get("p99_itl_vs_no_burst")
         interval = "none" if run["burst_interval_s"] is None else f"{run['burst_interval_s']:g} s"
+        if run.get("repeats", 1) > 1:
+            interval += f" (#{run['repeat'] + 1})"
         kv = run.get("kv_transfer") or {}
         transfer = (f"{kv['mean_ms']:.0f} / {kv['mean_mb']:.1f} ({kv['transfers']})" if kv.get("transfers")
                     else "–")
@@ -125,12 +127,34 @@ def markdown_table(runs: list[dict[str, Any]]) -> str:
 
 
 def add_no_burst_ratios(runs: list[dict[str, Any]]) -> None:
-    """Each burst run's background ITL p99 over its config's no-burst p99 (``p99_itl_vs_no_burst``)."""
-    baseline = {r["config"]: r["background_itl_ms"] for r in runs if r["burst_interval_s"] is None}
+    """Each burst run's background ITL p99 over its config's no-burst p99 (``p99_itl_vs_no_burst``),
+    the no-burst run of the same repeat (``repeat``, 0 when absent)."""
+    baseline = {(r["config"], r.get("repeat", 0)): r["background_itl_ms"] for r in runs
+                if r["burst_interval_s"] is None}
     for run in runs:
-        base, own = baseline.get(run["config"]), run["background_itl_ms"]
+        base, own = baseline.get((run["config"], run.get("repeat", 0))), run["background_itl_ms"]
         run["p99_itl_vs_no_burst"] = (own["p99"] / base["p99"] if run["burst_interval_s"] is not None
                                       and base and own and base["p99"] > 0 else None)
+
+
+def median_ratios(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per config and burst interval: the p99 ratio of every repeat and their median (the ratios
+    themselves come from ``add_no_burst_ratios``)."""
+    groups: dict[tuple[str, float], list[float]] = {}
+    for run in runs:
+        if run["burst_interval_s"] is not None and run.get("p99_itl_vs_no_burst") is not None:
+            groups.setdefault((run["config"], run["burst_interval_s"]), []).append(run["p99_itl_vs_no_burst"])
+    return [{"config": config, "burst_interval_s": interval, "ratios": ratios,
+             "median_ratio": float(np.median(ratios))} for (config, interval), ratios in groups.items()]
+
+
+def median_table(summary: list[dict[str, Any]]) -> str:
+    """One row per config and burst interval: the median p99 ratio over repeats, and each repeat's."""
+    lines = ["| config | bursts every | p99 ÷ no-burst p99, median | each repeat |", "|---|---|---|---|"]
+    for row in summary:
+        each = ", ".join(f"{r:.2f}×" for r in row["ratios"])
+        lines.append(f"| {row['config']} | {row['burst_interval_s']:g} s | {row['median_ratio']:.2f}× | {each} |")
+    return "\n".join(lines)
 
 
 def plot_itl_timelines(runs: list[dict[str, Any]], png_path: str | Path) -> None:

@@ -48,6 +48,9 @@ class KVTransferSettings:
     storage_path: str = ""  # shared_storage: the folder both instances see
     host: str = "127.0.0.1"  # torch_distributed: the address a producer listens on and advertises
     port: int = 0  # torch_distributed: 0 = a free port
+    # torch_distributed consumer: KV bytes the engine thread copies from staging into the cache per
+    # step (at least one layer's K and V); 0 = each arrival whole, in the step that sees it
+    load_copy_bytes_per_step: int = 0
 
 
 @dataclass

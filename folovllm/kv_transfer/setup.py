@@ -9,6 +9,7 @@ from folovllm.config import EngineConfig
 from folovllm.kv_transfer.base import ConnectorSide, KVConnectorBase, KVTransferSettings, make_kv_connector
 
 DEFAULT_KV_CONNECTOR = "torch_distributed"
+DEFAULT_LOAD_COPY_MB_PER_STEP = 2.0  # torch_distributed: see KVTransferSettings
 _ROLES = {"producer": "kv_producer", "consumer": "kv_consumer", "both": "kv_both"}
 
 
@@ -24,10 +25,15 @@ def kv_transfer_settings(config: EngineConfig) -> KVTransferSettings:
     port = extra.get("kv_port", 0)
     if not isinstance(port, int) or not 0 <= port < 65536:
         raise ValueError(f"kv_transfer_config's kv_port must be a port number (0: a free one); got {port!r}")
+    copy_mb = more.get("load_copy_mb_per_step", DEFAULT_LOAD_COPY_MB_PER_STEP)
+    if isinstance(copy_mb, bool) or not isinstance(copy_mb, (int, float)) or copy_mb < 0:
+        raise ValueError("kv_transfer_config's kv_connector_extra_config.load_copy_mb_per_step must be a "
+                         f"number of MB >= 0 (0: copy each arrival whole); got {copy_mb!r}")
     return KVTransferSettings(role=_ROLES[config.kv_role], engine_id=engine_id, block_size=config.block_size,
                               timeout_s=config.kv_transfer_timeout,
                               storage_path=str(more.get("shared_storage_path", "")),
-                              host=str(extra.get("kv_ip", "127.0.0.1")), port=port)
+                              host=str(extra.get("kv_ip", "127.0.0.1")), port=port,
+                              load_copy_bytes_per_step=int(copy_mb * 2**20))
 
 
 def connector_name(config: EngineConfig) -> str:

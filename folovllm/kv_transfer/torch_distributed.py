@@ -9,7 +9,8 @@ consumer posts its ask in the store; the producer's thread for the pair answers,
 held blocks layer by layer (K, then V, each gathered into one tensor); the consumer receives them
 into staging tensors and acknowledges in the store, and the producer reports the transfer done,
 so the engine frees the blocks. The consumer's engine thread copies staged blocks into its cache,
-so no background thread writes a block the engine might be reusing.
+so no background thread writes a block the engine might be reusing, a few layers per step
+(``load_copy_bytes_per_step``) so that no decode step pays for a whole long prompt's KV.
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ logger = logging.getLogger(__name__)
 
 POLL_S = 0.02  # how often a waiting thread looks at the store (and whether the connector stopped)
 REGISTRATION_WAIT_S = 10.0  # a consumer may ask before the producer's engine has registered the hold
+MAX_COPY_STEPS = 8  # a consumer's copy budget grows so that arrived KV is in place within this many steps
 
 
 def _layout(kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> list[Any]:
@@ -65,6 +67,8 @@ class _Arrival:
     staged: list[tuple[torch.Tensor, torch.Tensor]] | None  # None: the pull failed
     error: str = ""
     started: float = 0.0  # time.monotonic() when the pull asked the producer
+    copied: int = 0  # layers already copied from staging into the cache
+    copy_by: int = 0  # the consumer's copy call by which every layer must be in place
 
 
 @KV_CONNECTORS.register("torch_distributed")
@@ -80,6 +84,8 @@ class TorchDistributedConnector(KVConnectorBase):
         self._sent: set[str] = set()  # producer: transfers ended since the last report
         self._arrivals: queue.Queue[_Arrival] = queue.Queue()  # consumer: pulls ended
         self._cancelled: set[str] = set()
+        self._copying: list[_Arrival] = []  # consumer: arrived, being copied into the cache (engine thread)
+        self._copy_calls = 0
         self._pairs: dict[tuple[str, int], _Pair] = {}
         self._pullers: dict[tuple[str, int], ThreadPoolExecutor] = {}  # one thread per producer: asks in order
         self._store: dist.TCPStore | None = None
@@ -260,19 +266,13 @@ class TorchDistributedConnector(KVConnectorBase):
             request_id = arrival.load.request_id
             if request_id in self._cancelled:
                 self._cancelled.discard(request_id)
-                continue
-            if arrival.staged is None:
+            elif arrival.staged is None:
                 logger.warning("request %s: pulling its KV failed (%s)", request_id, arrival.error)
                 result.failed_recving.add(request_id)
-                continue
-            device = self.kv_caches[0][0].device
-            index = torch.tensor(arrival.load.block_ids, dtype=torch.long, device=device)
-            for (k, v), (sk, sv) in zip(self.kv_caches, arrival.staged):
-                k.index_copy_(0, index, sk.to(device))
-                v.index_copy_(0, index, sv.to(device))
-                result.recv_bytes += sk.nbytes + sv.nbytes
-            result.recv_seconds += time.monotonic() - arrival.started
-            result.finished_recving.add(request_id)
+            else:
+                arrival.copy_by = self._copy_calls + MAX_COPY_STEPS
+                self._copying.append(arrival)
+        self._copy_staged(result)
         now = time.monotonic()
         with self._lock:
             for transfer_id, hold in list(self._holds.items()):
@@ -283,6 +283,40 @@ class TorchDistributedConnector(KVConnectorBase):
                     self._sent.add(transfer_id)
             result.finished_sending, self._sent = self._sent, set()
         return result
+
+    def _copy_staged(self, result: KVTransferResult) -> None:
+        """Copies arrived KV from staging into the cache, on the engine thread, oldest arrival first:
+        everything, or about ``load_copy_bytes_per_step`` (whole layers, at least one) so that no
+        single step pays for a long prompt's KV; more when that is needed for every arrival to be in
+        place within ``MAX_COPY_STEPS`` calls. A request whose KV is all in place is reported."""
+        self._copy_calls += 1
+        budget = float("inf")
+        if self.settings.load_copy_bytes_per_step:
+            due = sum((len(a.staged) - a.copied) * 2 * a.staged[0][0].nbytes / max(1, a.copy_by - self._copy_calls + 1)
+                      for a in self._copying)
+            budget = max(self.settings.load_copy_bytes_per_step, due)
+        spent = 0
+        while self._copying and spent < budget:
+            arrival = self._copying[0]
+            request_id = arrival.load.request_id
+            if request_id in self._cancelled:  # aborted midway: its blocks may already serve another request
+                self._cancelled.discard(request_id)
+                self._copying.pop(0)
+                continue
+            device = self.kv_caches[0][0].device
+            index = torch.tensor(arrival.load.block_ids, dtype=torch.long, device=device)
+            while arrival.copied < len(arrival.staged) and spent < budget:
+                (k, v), (sk, sv) = self.kv_caches[arrival.copied], arrival.staged[arrival.copied]
+                k.index_copy_(0, index, sk.to(device))
+                v.index_copy_(0, index, sv.to(device))
+                spent += sk.nbytes + sv.nbytes
+                arrival.copied += 1
+            if arrival.copied < len(arrival.staged):
+                break
+            self._copying.pop(0)
+            result.recv_bytes += sum(sk.nbytes + sv.nbytes for sk, sv in arrival.staged)
+            result.recv_seconds += time.monotonic() - arrival.started
+            result.finished_recving.add(request_id)
 
     def close(self) -> None:
         self._stop.set()

@@ -2,7 +2,7 @@
 import pytest
 
 from folovllm.bench.burst import (BACKGROUND, BURST, StreamRecord, add_no_burst_ratios, itl_over_time,
-                                  markdown_table, plot_itl_timelines, summarize_run)
+                                  markdown_table, median_ratios, median_table, plot_itl_timelines, summarize_run)
 
 
 def records() -> list[StreamRecord]:
@@ -46,3 +46,18 @@ def test_burst_runs_get_their_p99_over_the_no_burst_p99_and_a_table_row(tmp_path
     assert "| 12 / 1.5 (2) |" in table[3] and "| – |" in table[2]
     plot_itl_timelines(runs, tmp_path / "itl.png")
     assert (tmp_path / "itl.png").stat().st_size > 0
+
+
+def test_repeats_compare_with_their_own_round_and_report_the_median():
+    def run(repeat: int, interval: float | None, p99: float) -> dict:
+        return {"config": "pd", "burst_interval_s": interval, "repeat": repeat, "repeats": 3,
+                "background_itl_ms": {"p50": 20.0, "p99": p99, "max": p99, "n": 100}}
+
+    runs = [run(0, None, 20.0), run(0, 3.0, 30.0), run(1, None, 40.0), run(1, 3.0, 40.0),
+            run(2, None, 20.0), run(2, 3.0, 50.0)]
+    add_no_burst_ratios(runs)
+    assert [r["p99_itl_vs_no_burst"] for r in runs[1::2]] == pytest.approx([1.5, 1.0, 2.5])
+    summary = median_ratios(runs)
+    assert len(summary) == 1 and summary[0]["median_ratio"] == pytest.approx(1.5)
+    assert summary[0]["ratios"] == pytest.approx([1.5, 1.0, 2.5])
+    assert "| pd | 3 s | 1.50× | 1.50×, 1.00×, 2.50× |" in median_table(summary)

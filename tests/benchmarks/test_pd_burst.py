@@ -24,10 +24,26 @@ def test_configs_and_a_sweep_of_burst_intervals_parse(pd_burst):
 
 @pytest.mark.parametrize("argv,match", [(["--configs", "a,x"], "--configs takes letters"),
                                         (["--burst-intervals", "0"], "must be positive"),
-                                        (["--burst-intervals", "two"], "comma-separated seconds")])
+                                        (["--burst-intervals", "two"], "comma-separated seconds"),
+                                        (["--repeats", "0"], "must be positive"),
+                                        (["--pd-front-cpus", "zero"], "comma-separated core numbers"),
+                                        (["--pd-front-cpus", "100000"], "may use only cores")])
 def test_bad_options_say_what_to_give(pd_burst, argv, match):
     with pytest.raises(ValueError, match=match):
         pd_burst.parse_args(argv)
+
+
+def test_repeats_and_the_front_end_cores_parse(pd_burst):
+    args = pd_burst.parse_args(["--repeats", "3", "--pd-front-cpus", "0"])
+    assert args.repeats == 3 and args.front_cpus == {0}
+    assert pd_burst.parse_args([]).front_cpus == set() and pd_burst.parse_args([]).repeats == 1
+
+
+def test_pd_step_traces_go_to_one_file_per_role(pd_burst, tmp_path):
+    assert pd_burst.trace_args(pd_burst.parse_args([]), "consumer") == []
+    args = pd_burst.parse_args(["--pd-trace-dir", str(tmp_path / "traces")])
+    assert pd_burst.trace_args(args, "consumer") == ["--trace", str(tmp_path / "traces" / "consumer.jsonl")]
+    assert (tmp_path / "traces").is_dir()
 
 
 def test_each_server_gets_the_shared_flags_and_its_own(pd_burst):

@@ -48,9 +48,11 @@ def disaggregated(producer, consumer, prompts: list[list[int]]) -> list[list[int
     return [o.outputs[0].token_ids for o in outputs], outputs
 
 
-@pytest.mark.parametrize("connector", ["shared_storage", "torch_distributed"])
-def test_disaggregated_tokens_match_colocated(tiny_llama_dir, prompts, colocated, connector, tmp_path):
-    config = {"kv_connector": connector, "kv_connector_extra_config": {"shared_storage_path": str(tmp_path)}}
+@pytest.mark.parametrize("connector, copy_mb", [("shared_storage", 0), ("torch_distributed", 0),
+                                               ("torch_distributed", 1e-5)])  # one layer per step
+def test_disaggregated_tokens_match_colocated(tiny_llama_dir, prompts, colocated, connector, copy_mb, tmp_path):
+    config = {"kv_connector": connector, "kv_connector_extra_config": {"shared_storage_path": str(tmp_path),
+                                                                       "load_copy_mb_per_step": copy_mb}}
     producer = make_llm(tiny_llama_dir, kv_transfer_config={**config, "kv_role": "kv_producer"})
     consumer = make_llm(tiny_llama_dir, kv_transfer_config={**config, "kv_role": "kv_consumer"})
     try:
