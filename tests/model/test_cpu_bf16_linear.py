@@ -9,13 +9,14 @@ import torch
 import torch.nn.functional as F
 
 import folovllm.config
-from folovllm import SamplingParams
+from folovllm import LLM, SamplingParams
 from folovllm.config import CPU_BF16_LINEAR_LIBRARY, EngineConfig, load_cpu_bf16_linear_library
 from folovllm.model.cpu_packed import PackedLinearMethod, pack_linear_weight, packed_linear, select_linear_method
 from folovllm.model.linear import LinearBase, MergedColumnParallelLinear, QKVParallelLinear, WeightConfig
 from folovllm.model.linear_method import UnquantizedLinearMethod
 from folovllm.model.loader import load_model
 from tests.engine.conftest import make_llm, random_prompts, tiny_llama_dir  # noqa: F401
+from tests.tolerance import BF16_TOP2_TOLERANCE, assert_greedy_match
 
 torch.set_num_threads(2)
 NOT_AVAILABLE = load_cpu_bf16_linear_library(CPU_BF16_LINEAR_LIBRARY)
@@ -134,3 +135,24 @@ def test_switch_is_off_without_the_library_or_off_the_bf16_prepacked_path(tmp_pa
     assert [r.getMessage() for r in caplog.records if "cpu_bf16_linear" in r.getMessage()] == [
         f"cpu_bf16_linear: off, since the bf16 linear kernel is not built ({tmp_path / 'missing.so'} is "
         "missing): run `make kernels` in the source tree"]
+
+
+@pytest.mark.slow
+def test_default_model_greedy_tokens_with_and_without_the_kernel() -> None:
+    """A sum in another order may move a logit by one bf16 step, so a near-tie can flip a token after
+    which the outputs part ways; tests/tolerance.py's top-2 rule tells such a flip from a bug."""
+    prompts = ["The capital of France is", "def fibonacci(n):", "List three colors:\n1.",
+               "Summarize: " + " ".join(f"Item {i} is a {c} box." for i, c in enumerate(["red", "blue"] * 10))]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=2)
+    runs = {}
+    for on in (True, False):
+        llm = LLM(dtype="bfloat16", device="cpu", max_model_len=256, kv_cache_memory="64MiB", cpu_bf16_linear=on,
+                  max_num_batched_tokens=64)
+        assert llm.llm_engine.config.cpu_bf16_linear == on
+        runs[on] = []
+        for out in llm.generate(prompts, params, use_tqdm=False):
+            top2 = [sorted((lp.logprob for lp in step.values()), reverse=True) for step in out.outputs[0].logprobs]
+            runs[on].append((out.outputs[0].token_ids, [a - b for a, b in top2]))
+        del llm
+    for (tokens, _), (ref_tokens, ref_gaps) in zip(runs[True], runs[False]):
+        assert_greedy_match(tokens, ref_tokens, ref_gaps, BF16_TOP2_TOLERANCE)
