@@ -34,6 +34,7 @@ namespace {
 constexpr int64_t kBlockRows = 64;  // output rows per packed block: four zmm accumulators per input row
 constexpr int64_t kMaxRows = 4;     // input rows multiplied together: 4 x 4 accumulators stay in registers
 constexpr int64_t kChunkRows = 128;  // input rows per work item: a prefill splits over threads along M too
+constexpr int64_t kPrefetchAhead = 32;  // in zmm (64 B): 8 K pairs (2 KiB) ahead; 16 to 64 measured alike
 
 bool cpu_has_avx512_bf16() {
 #ifdef FOLO_HAS_AVX512_BF16
@@ -78,8 +79,8 @@ FOLO_AVX512_BF16 inline void block_rows(const uint32_t* x, int64_t pairs, const 
     for (int j = 0; j < 4; ++j) acc[m][j] = _mm512_setzero_ps();
   for (int64_t p = 0; p < pairs; ++p) {
     const __m512bh* wp = wb + p * 4;
-    _mm_prefetch(reinterpret_cast<const char*>(wp + 32), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(wp + 34), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(wp + kPrefetchAhead), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(wp + kPrefetchAhead + 2), _MM_HINT_T0);
     for (int m = 0; m < M; ++m) {
       const __m512bh xv = (__m512bh)_mm512_set1_epi32(static_cast<int>(x[m * pairs + p]));
       for (int j = 0; j < 4; ++j) acc[m][j] = _mm512_dpbf16_ps(acc[m][j], xv, wp[j]);
