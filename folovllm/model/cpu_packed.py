@@ -7,7 +7,8 @@ in fp32 either way); for float32 they differ in the last bits (oneDNN instead of
 
 With ``bf16_kernel`` (the engine's ``cpu_bf16_linear``) a bf16 weight is instead packed for FoloVLLM's
 own kernel (csrc/cpu_bf16_linear.cpp: ``torch.ops.folovllm_cpu_linear``), which streams the weight
-at memory speed at decode where oneDNN does not, and keeps up with it at larger batches. It takes weights
+faster than oneDNN at decode (a batch-1 step is mostly reading weights) and keeps up with it at larger
+batches (docs/benchmarks.md). It takes weights
 of a multiple of 64 rows and an even number of columns; others stay with oneDNN. It too accumulates in
 fp32, in its own order: results equal ``F.linear``'s or differ by one bf16 rounding step.
 """
