@@ -32,11 +32,17 @@ CPU_FUSED_OPS := build/cpu_fused_ops/libfolovllm_cpu_fused_ops.so
 $(CPU_FUSED_OPS): csrc/cpu_fused_ops.cpp $(CPU_SIMD) csrc/build.py $(STAMP)
 	$(PY) csrc/build.py $@ csrc/cpu_fused_ops.cpp
 
-kernels: $(CPU_ATTENTION) $(CPU_FUSED_OPS)
+# The bf16 linear kernel (cpu_bf16_linear auto-enables it on CPUs with AVX-512 BF16 once built).
+CPU_BF16_LINEAR := build/cpu_bf16_linear/libfolovllm_cpu_bf16_linear.so
+
+$(CPU_BF16_LINEAR): csrc/cpu_bf16_linear.cpp csrc/build.py $(STAMP)
+	$(PY) csrc/build.py $@ csrc/cpu_bf16_linear.cpp
+
+kernels: $(CPU_ATTENTION) $(CPU_FUSED_OPS) $(CPU_BF16_LINEAR)
 
 PORT ?= 8000
 
-run: $(STAMP) $(CPU_ATTENTION) $(CPU_FUSED_OPS)
+run: $(STAMP) $(CPU_ATTENTION) $(CPU_FUSED_OPS) $(CPU_BF16_LINEAR)
 	@echo "Starting the OpenAI-compatible server on http://127.0.0.1:$(PORT) (ready when 'Uvicorn running' shows). Try:"
 	@echo "  curl http://127.0.0.1:$(PORT)/v1/chat/completions -H 'Content-Type: application/json' -d '{\"messages\": [{\"role\": \"user\", \"content\": \"Write a haiku about the sea.\"}], \"max_tokens\": 64}'"
 	$(VENV)/bin/folovllm serve --port $(PORT)

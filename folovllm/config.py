@@ -37,6 +37,9 @@ CPU_ATTENTION_LIBRARY = (Path(__file__).resolve().parent.parent / "build" / "cpu
 # The fused element-wise ops of a decoder layer (csrc/cpu_fused_ops.cpp), built beside it.
 CPU_FUSED_OPS_LIBRARY = (Path(__file__).resolve().parent.parent / "build" / "cpu_fused_ops"
                          / "libfolovllm_cpu_fused_ops.so")
+# The bfloat16 linear kernel (csrc/cpu_bf16_linear.cpp), built beside them.
+CPU_BF16_LINEAR_LIBRARY = (Path(__file__).resolve().parent.parent / "build" / "cpu_bf16_linear"
+                           / "libfolovllm_cpu_bf16_linear.so")
 
 logger = logging.getLogger(__name__)
 
@@ -242,6 +245,10 @@ class EngineConfig:
     cpu_fused_ops: bool = knob(
         True, "CPU: run residual add + RMSNorm, rotary + KV-cache store and SiLU-mul as fused C++ ops "
         "(built by `make kernels`; on when the library loads, else off with one log line)")
+    cpu_bf16_linear: bool = knob(
+        True, "CPU: bfloat16 linear layers and LM head run FoloVLLM's AVX-512 BF16 kernel instead of oneDNN, "
+        "which streams the weights faster at small batch (built by `make kernels`; on when the library loads "
+        "and the CPU has AVX-512 BF16, else off with one log line)")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", DTYPE_ALIASES.get(self.dtype, self.dtype))
@@ -415,10 +422,12 @@ class EngineConfig:
             overlap, enforce_eager = self._tensor_parallel_settings(device, overlap)
         structured = "xgrammar" if self.structured_outputs_backend == "auto" else self.structured_outputs_backend
         fused_ops = self.cpu_fused_ops and not on_cuda and cpu_fused_ops_available(CPU_FUSED_OPS_LIBRARY)
+        bf16_linear = (self.cpu_bf16_linear and self.cpu_prepack and not on_cuda and dtype == "bfloat16"
+                       and cpu_bf16_linear_available(CPU_BF16_LINEAR_LIBRARY))
         # 4-bit GGUF weights win one-stream decode on CPU but lose batched decode and prefill to bf16
         load_quantized = "off" if self.load_quantized == "auto" else self.load_quantized
         return dataclasses.replace(self, device=device, dtype=dtype, attention_backend=backend,
-                                   cpu_fused_ops=fused_ops,
+                                   cpu_fused_ops=fused_ops, cpu_bf16_linear=bf16_linear,
                                    overlap_scheduling=overlap, enforce_eager=enforce_eager,
                                    load_quantized=load_quantized,
                                    num_threads=self.num_threads or usable_cores(),
@@ -501,6 +510,24 @@ def cpu_fused_ops_available(path: Path) -> bool:
     reason = load_cpu_fused_ops_library(path)
     if reason is not None:
         logger.info("cpu_fused_ops: off, since %s", reason)
+    return reason is None
+
+
+def load_cpu_bf16_linear_library(path: Path) -> str | None:
+    """Loads the bf16 linear kernel (``torch.ops.folovllm_cpu_linear``, once per process) and checks that
+    this CPU runs it; returns why it cannot, else None."""
+    reason = _load_op_library(path, "the bf16 linear kernel")
+    if reason is None and not torch.ops.folovllm_cpu_linear.available():
+        reason = "this CPU lacks AVX-512 BF16, which the bf16 linear kernel needs"
+    return reason
+
+
+@functools.cache
+def cpu_bf16_linear_available(path: Path) -> bool:
+    """Whether the bf16 linear kernel loads and runs here; the reason it does not is logged once per process."""
+    reason = load_cpu_bf16_linear_library(path)
+    if reason is not None:
+        logger.info("cpu_bf16_linear: off, since %s", reason)
     return reason is None
 
 

@@ -174,9 +174,10 @@ class VocabEmbedding(nn.Module):
         x.masked_fill_(outside.unsqueeze(-1), 0)
         return all_reduce(x, self.tp_group, self.tp_size, "a vocab-parallel embedding")
 
-    def pack_head(self) -> None:
-        """Keep a prepacked copy of the table for the tied logits matmul (the lookup needs the plain one)."""
-        self.packed_head = pack_linear_weight(self.weight)
+    def pack_head(self, bf16_kernel: bool = False) -> None:
+        """Keep a prepacked copy of the table for the tied logits matmul (the lookup needs the plain one);
+        ``bf16_kernel``: packed for FoloVLLM's bf16 kernel where it fits (``cpu_packed.py``)."""
+        self.packed_head = pack_linear_weight(self.weight, bf16_kernel)
 
     def quantize_head(self) -> None:
         """Hold the table as int8 rows only: the logits matmul reads them, the lookup dequantizes them."""
@@ -308,7 +309,7 @@ def lm_head(arch: ArchConfig, weights: WeightConfig) -> ParallelLMHead | None:
     if weights.quantize_lm_head:
         method: LinearMethod = Int8HeadMethod()
     else:
-        method = PackedLinearMethod() if weights.cpu_prepack else UnquantizedLinearMethod()
+        method = PackedLinearMethod(weights.cpu_bf16_linear) if weights.cpu_prepack else UnquantizedLinearMethod()
     return ParallelLMHead(arch.hidden_size, arch.vocab_size, weights, method)
 
 
@@ -348,6 +349,7 @@ class CausalLM(nn.Module):
         self.arch = arch
         self.dtype = weights.dtype  # activations and KV cache
         self.cpu_prepack = weights.cpu_prepack
+        self.cpu_bf16_linear = weights.cpu_bf16_linear
         self.quantize_lm_head = weights.quantize_lm_head
         self.tp_size, self.tp_group = weights.tp_size, weights.tp_group
         self.num_kv_heads = kv_heads_per_rank(arch.num_key_value_heads, weights.tp_size)  # this rank's KV cache
@@ -388,7 +390,7 @@ class CausalLM(nn.Module):
         if self.lm_head is None and self.quantize_lm_head:
             self.model.embed_tokens.quantize_head()
         elif self.cpu_prepack and self.lm_head is None:
-            self.model.embed_tokens.pack_head()
+            self.model.embed_tokens.pack_head(self.cpu_bf16_linear)
 
     def weight_bytes(self) -> int:
         """Bytes held by parameters and buffers (a tied weight once)."""

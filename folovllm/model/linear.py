@@ -32,6 +32,7 @@ class WeightConfig:
     tp_group: TPGroup | None = None  # the collectives between ranks (None: loading slices only, no forward)
     cpu_fused_ops: bool = False  # norms, rotary + KV store and SiLU-mul run as fused C++ ops (library loaded)
     quantize_lm_head: bool = False  # the LM head (or the tied embedding) is held int8 (quant/lm_head.py)
+    cpu_bf16_linear: bool = False  # prepacked bf16 weights are packed for FoloVLLM's kernel (library loaded)
 
     def __post_init__(self) -> None:
         if not 0 <= self.tp_rank < self.tp_size:
@@ -44,10 +45,11 @@ class WeightConfig:
     @classmethod
     def for_group(cls, dtype: torch.dtype, device: torch.device, linear_method: LinearMethod,
                   cpu_prepack: bool, tp_group: TPGroup | None, cpu_fused_ops: bool = False,
-                  quantize_lm_head: bool = False) -> WeightConfig:
+                  quantize_lm_head: bool = False, cpu_bf16_linear: bool = False) -> WeightConfig:
         """This rank's weights: its (tp_rank, tp_size) read from ``tp_group`` (None: a single process)."""
         rank, size = (tp_group.rank, tp_group.size) if tp_group is not None else (0, 1)
-        return cls(dtype, device, linear_method, rank, size, cpu_prepack, tp_group, cpu_fused_ops, quantize_lm_head)
+        return cls(dtype, device, linear_method, rank, size, cpu_prepack, tp_group, cpu_fused_ops, quantize_lm_head,
+                   cpu_bf16_linear)
 
 
 def all_reduce(x: torch.Tensor, tp_group: TPGroup | None, tp_size: int, what: str) -> torch.Tensor:

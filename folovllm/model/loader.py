@@ -14,7 +14,8 @@ import torch
 from safetensors import safe_open
 
 from folovllm.attention.backend import AttentionBackend, get_attention_backend
-from folovllm.config import CPU_FUSED_OPS_LIBRARY, cpu_fused_ops_available
+from folovllm.config import (CPU_BF16_LINEAR_LIBRARY, CPU_FUSED_OPS_LIBRARY, cpu_bf16_linear_available,
+                             cpu_fused_ops_available)
 from folovllm.distributed.group import TPGroup
 from folovllm.model.arch import ArchConfig
 from folovllm.model.gguf_loader import gguf_arch_config, gguf_int4_layers, iter_gguf_weights, open_gguf
@@ -111,6 +112,7 @@ def load_model(
     seed: int = 0,
     cpu_prepack: bool = False,
     cpu_fused_ops: bool = False,
+    cpu_bf16_linear: bool = False,
     hf_overrides: dict[str, Any] | None = None,
     tp_group: TPGroup | None = None,
     load_quantized: bool = False,
@@ -125,7 +127,10 @@ def load_model(
     name to insist on it, or "int8" to quantize a float checkpoint's linear weights once loaded.
     cpu_prepack: hold unquantized CPU weights in oneDNN's layout (the engine's default; off here so
     that tools reading weights back get plain tensors). cpu_fused_ops: run norms, rotary + KV store and
-    SiLU-mul as the fused C++ ops on CPU (off, with one log line, when their library is not built). hf_overrides: merged into config.json.
+    SiLU-mul as the fused C++ ops on CPU (off, with one log line, when their library is not built).
+    cpu_bf16_linear: with cpu_prepack, bf16 weights are packed for FoloVLLM's AVX-512 BF16 kernel instead
+    of oneDNN (off, with one log line, when its library is not built or the CPU lacks AVX-512 BF16).
+    hf_overrides: merged into config.json.
     tp_group: this process's tensor-parallel rank: it builds and loads only its slice of every weight.
     load_quantized: a GGUF file's decoder linears stored in a 4-bit type (Q4_0, Q4_1, Q4_K) stay 4-bit,
     held for torch's CPU int4 kernel; the other types are dequantized as without it.
@@ -146,10 +151,13 @@ def load_model(
     if load_quantized:
         _check_load_quantized(model, load_format, quant_method, device)
     prepack = cpu_prepack and cpu_prepack_supported(dtype, device)
-    method = select_linear_method(quant_method, arch.quantization_config, dtype, device, prepack)
+    bf16_linear = (prepack and cpu_bf16_linear and dtype == torch.bfloat16
+                   and cpu_bf16_linear_available(CPU_BF16_LINEAR_LIBRARY))
+    method = select_linear_method(quant_method, arch.quantization_config, dtype, device, prepack, bf16_linear)
     fused = cpu_fused_ops and device.type == "cpu" and cpu_fused_ops_available(CPU_FUSED_OPS_LIBRARY)
     int8_head = resolve_quantize_lm_head(quantize_lm_head, quant_method != "unquantized" or load_quantized, device)
-    module = cls(arch, backend, WeightConfig.for_group(dtype, device, method, prepack, tp_group, fused, int8_head))
+    module = cls(arch, backend, WeightConfig.for_group(dtype, device, method, prepack, tp_group, fused, int8_head,
+                                                       bf16_linear))
     packed: frozenset[str] = frozenset()
     if load_quantized and reader is not None:
         packed = _use_gguf_int4(reader, module)
@@ -163,7 +171,8 @@ def load_model(
             module.load_weights(_iter_safetensors(model))
         module.process_weights_after_loading()
     logger.info("%s: %.1f MiB of weights (%s%s%s)", arch.architecture, module.weight_bytes() / 2**20,
-                quant_method, ", CPU-prepacked" if prepack else "", ", int8 LM head" if int8_head else "")
+                quant_method, (", bf16 linear kernel" if bf16_linear else ", CPU-prepacked") if prepack else "",
+                ", int8 LM head" if int8_head else "")
     return module.eval()
 
 

@@ -53,6 +53,7 @@ class Worker:
                                 attn_backend=get_attention_backend(config.attention_backend), seed=config.seed,
                                 hf_overrides=config.hf_overrides,
                                 cpu_prepack=config.cpu_prepack, cpu_fused_ops=config.cpu_fused_ops,
+                                cpu_bf16_linear=config.cpu_bf16_linear,
                                 tp_group=tp_group, load_quantized=config.load_quantized == "on",
                                 quantize_lm_head=config.quantize_lm_head)
         self.runner: ModelRunner | None = None  # built by initialize_cache

@@ -1,4 +1,5 @@
-"""The cpu_prepack switch end to end: it reaches the model, and greedy tokens do not change with it."""
+"""The cpu_prepack switch end to end (oneDNN packing: cpu_bf16_linear off): it reaches the model, and greedy
+tokens do not change with it."""
 import pytest
 import torch
 
@@ -21,7 +22,7 @@ def test_switch_reaches_the_model_and_keeps_greedy_tokens(tiny_llama_dir) -> Non
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     tokens = {}
     for prepack in (True, False):
-        llm = make_llm(tiny_llama_dir, dtype="bfloat16", cpu_prepack=prepack)
+        llm = make_llm(tiny_llama_dir, dtype="bfloat16", cpu_prepack=prepack, cpu_bf16_linear=False)
         assert packed_layers(llm) == {prepack}
         assert (llm.llm_engine.worker.model.lm_head.weight.is_mkldnn) == prepack
         tokens[prepack] = [out.outputs[0].token_ids for out in llm.generate(prompts, params, use_tqdm=False)]
@@ -34,7 +35,8 @@ def test_default_model_greedy_tokens_equal_with_and_without_prepack() -> None:
     params = SamplingParams(temperature=0, max_tokens=24)
     tokens = {}
     for prepack in (True, False):
-        llm = LLM(dtype="bfloat16", device="cpu", max_model_len=256, kv_cache_memory="64MiB", cpu_prepack=prepack)
+        llm = LLM(dtype="bfloat16", device="cpu", max_model_len=256, kv_cache_memory="64MiB", cpu_prepack=prepack,
+                  cpu_bf16_linear=False)
         assert packed_layers(llm) == {prepack}
         tokens[prepack] = [out.outputs[0].token_ids for out in llm.generate(prompts, params, use_tqdm=False)]
         del llm

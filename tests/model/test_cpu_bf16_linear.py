@@ -1,0 +1,158 @@
+"""The bf16 linear kernel (csrc/cpu_bf16_linear.cpp) against F.linear and an fp64 reference; the
+``cpu_bf16_linear`` switch through the packing method, the loader and the engine (greedy tokens)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import folovllm.config
+from folovllm import LLM, SamplingParams
+from folovllm.config import CPU_BF16_LINEAR_LIBRARY, EngineConfig, load_cpu_bf16_linear_library
+from folovllm.model.cpu_packed import PackedLinearMethod, pack_linear_weight, packed_linear, select_linear_method
+from folovllm.model.linear import LinearBase, MergedColumnParallelLinear, QKVParallelLinear, WeightConfig
+from folovllm.model.linear_method import UnquantizedLinearMethod
+from folovllm.model.loader import load_model
+from tests.engine.conftest import make_llm, random_prompts, tiny_llama_dir  # noqa: F401
+from tests.tolerance import BF16_TOP2_TOLERANCE, assert_greedy_match
+
+torch.set_num_threads(2)
+NOT_AVAILABLE = load_cpu_bf16_linear_library(CPU_BF16_LINEAR_LIBRARY)
+pytestmark = pytest.mark.skipif(NOT_AVAILABLE is not None, reason=f"{NOT_AVAILABLE}")
+CPU = torch.device("cpu")
+BF16_ULP = 2**-7  # one step of bfloat16's mantissa, relative
+
+
+def assert_matches_f_linear(ours: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+                            bias: torch.Tensor | None) -> None:
+    """Equal to F.linear or one bf16 rounding step away (fp32 sums in another order), and close to fp64."""
+    theirs = F.linear(x, weight, bias)
+    assert ours.dtype == torch.bfloat16 and ours.shape == theirs.shape
+    torch.testing.assert_close(ours.float(), theirs.float(), rtol=BF16_ULP, atol=1e-6)
+    assert (ours != theirs).sum() <= max(1, ours.numel() // 100)  # a rounding tie now and then, not a habit
+    exact = F.linear(x.double(), weight.double(), None if bias is None else bias.double())
+    torch.testing.assert_close(ours.double(), exact, rtol=2 * BF16_ULP, atol=1e-3)
+
+
+@pytest.mark.parametrize("rows", [0, 1, 3, 4, 5, 64, 300])
+@pytest.mark.parametrize("out_features, in_features", [(64, 2), (192, 96), (128, 1536)])
+def test_kernel_matches_f_linear(rows: int, out_features: int, in_features: int) -> None:
+    torch.manual_seed(rows)
+    weight = torch.randn(out_features, in_features, dtype=torch.bfloat16)
+    x = torch.randn(rows, in_features, dtype=torch.bfloat16)
+    packed = pack_linear_weight(weight, bf16_kernel=True)
+    assert not packed.is_mkldnn and packed.numel() == weight.numel()
+    assert_matches_f_linear(packed_linear(x, packed, None), x, weight, None)
+
+
+def test_kernel_takes_bias_strided_and_batched_inputs() -> None:
+    torch.manual_seed(0)
+    weight = torch.randn(128, 48, dtype=torch.bfloat16)
+    bias = torch.randn(128, dtype=torch.bfloat16)
+    packed = pack_linear_weight(weight, bf16_kernel=True)
+    strided = torch.randn(7, 96, dtype=torch.bfloat16)[:, ::2]
+    assert_matches_f_linear(packed_linear(strided, packed, bias), strided, weight, bias)
+    batched = torch.randn(2, 3, 48, dtype=torch.bfloat16)
+    out = packed_linear(batched, packed, bias)
+    assert out.shape == (2, 3, 128)
+    assert_matches_f_linear(out, batched, weight, bias)
+
+
+def test_weights_the_kernel_does_not_take_stay_with_onednn() -> None:
+    for weight in (torch.randn(40, 48, dtype=torch.bfloat16), torch.randn(64, 47, dtype=torch.bfloat16),
+                   torch.randn(64, 48)):
+        assert pack_linear_weight(weight, bf16_kernel=True).is_mkldnn
+    with pytest.raises(RuntimeError, match="multiple of 64"):
+        torch.ops.folovllm_cpu_linear.pack(torch.randn(40, 48, dtype=torch.bfloat16))
+    packed = pack_linear_weight(torch.randn(64, 48, dtype=torch.bfloat16), bf16_kernel=True)
+    with pytest.raises(RuntimeError, match=r"x must be bfloat16 \[\.\.\., 48\]"):
+        packed_linear(torch.randn(2, 48), packed, None)
+
+
+@pytest.mark.parametrize("make", [lambda w: QKVParallelLinear(64, 16, 4, 2, True, w),
+                                  lambda w: MergedColumnParallelLinear(64, [96, 96], False, w)],
+                         ids=["qkv_bias", "gate_up"])
+def test_packed_method_with_the_kernel_equals_plain(make) -> None:
+    torch.manual_seed(0)
+    plain = make(WeightConfig(torch.bfloat16, CPU, UnquantizedLinearMethod()))
+    ours = make(WeightConfig(torch.bfloat16, CPU, PackedLinearMethod(bf16_kernel=True)))
+    with torch.no_grad():
+        for name, param in plain.named_parameters():
+            param.copy_(torch.randn_like(param, dtype=torch.float32))
+            getattr(ours, name).copy_(param)
+    ours.method.process_weights_after_loading(ours)
+    assert not ours.weight.is_mkldnn and ours.weight.shape[2:] == (64, 2)
+    x = torch.randn(5, 64, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        assert_matches_f_linear(ours(x), x, plain.weight, plain.bias)
+    method = select_linear_method("unquantized", None, torch.bfloat16, CPU, True, bf16_kernel=True)
+    assert isinstance(method, PackedLinearMethod) and method.bf16_kernel
+
+
+TINY = dict(architectures=["LlamaForCausalLM"], vocab_size=256, hidden_size=64, intermediate_size=128,
+            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+            rms_norm_eps=1e-5, eos_token_id=2, tie_word_embeddings=True)
+
+
+def test_loader_packs_linears_and_the_tied_head_for_the_kernel(tmp_path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(TINY))
+    models = {on: load_model(str(tmp_path), load_format="dummy", dtype=torch.bfloat16, device="cpu", seed=1,
+                             cpu_prepack=True, cpu_bf16_linear=on) for on in (True, False)}
+    for on, model in models.items():
+        linears = [m for m in model.modules() if isinstance(m, LinearBase)]
+        assert linears and all(m.weight.is_mkldnn != on for m in linears)
+        assert model.model.embed_tokens.packed_head.is_mkldnn != on
+    assert models[True].weight_bytes() == models[False].weight_bytes()
+    hidden = torch.randn(3, TINY["hidden_size"], dtype=torch.bfloat16)
+    with torch.inference_mode():
+        torch.testing.assert_close(models[True].compute_logits(hidden), models[False].compute_logits(hidden),
+                                   rtol=BF16_ULP, atol=1e-6)
+
+
+def test_switch_reaches_the_model_and_keeps_greedy_tokens(tiny_llama_dir) -> None:  # noqa: F811
+    prompts = [{"prompt_token_ids": p} for p in random_prompts(4, seed=3)]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    tokens = {}
+    for on in (True, False):
+        llm = make_llm(tiny_llama_dir, dtype="bfloat16", cpu_bf16_linear=on, max_num_batched_tokens=32)
+        linears = [m for m in llm.llm_engine.worker.model.modules() if isinstance(m, LinearBase)]
+        assert all(m.weight.is_mkldnn != on for m in linears)
+        tokens[on] = [out.outputs[0].token_ids for out in llm.generate(prompts, params, use_tqdm=False)]
+    assert tokens[True] == tokens[False]
+
+
+def test_switch_is_off_without_the_library_or_off_the_bf16_prepacked_path(tmp_path, monkeypatch, caplog) -> None:
+    assert EngineConfig(device="cpu").resolve().cpu_bf16_linear
+    assert not EngineConfig(device="cpu", dtype="float32").resolve().cpu_bf16_linear
+    assert not EngineConfig(device="cpu", cpu_prepack=False).resolve().cpu_bf16_linear
+    assert not EngineConfig(device="cpu", cpu_bf16_linear=False).resolve().cpu_bf16_linear
+    monkeypatch.setattr(folovllm.config, "CPU_BF16_LINEAR_LIBRARY", tmp_path / "missing.so")
+    with caplog.at_level("INFO", logger="folovllm.config"):
+        assert not EngineConfig(device="cpu").resolve().cpu_bf16_linear
+        assert not EngineConfig(device="cpu").resolve().cpu_bf16_linear
+    assert [r.getMessage() for r in caplog.records if "cpu_bf16_linear" in r.getMessage()] == [
+        f"cpu_bf16_linear: off, since the bf16 linear kernel is not built ({tmp_path / 'missing.so'} is "
+        "missing): run `make kernels` in the source tree"]
+
+
+@pytest.mark.slow
+def test_default_model_greedy_tokens_with_and_without_the_kernel() -> None:
+    """A sum in another order may move a logit by one bf16 step, so a near-tie can flip a token after
+    which the outputs part ways; tests/tolerance.py's top-2 rule tells such a flip from a bug."""
+    prompts = ["The capital of France is", "def fibonacci(n):", "List three colors:\n1.",
+               "Summarize: " + " ".join(f"Item {i} is a {c} box." for i, c in enumerate(["red", "blue"] * 10))]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=2)
+    runs = {}
+    for on in (True, False):
+        llm = LLM(dtype="bfloat16", device="cpu", max_model_len=256, kv_cache_memory="64MiB", cpu_bf16_linear=on,
+                  max_num_batched_tokens=64)
+        assert llm.llm_engine.config.cpu_bf16_linear == on
+        runs[on] = []
+        for out in llm.generate(prompts, params, use_tqdm=False):
+            top2 = [sorted((lp.logprob for lp in step.values()), reverse=True) for step in out.outputs[0].logprobs]
+            runs[on].append((out.outputs[0].token_ids, [a - b for a, b in top2]))
+        del llm
+    for (tokens, _), (ref_tokens, ref_gaps) in zip(runs[True], runs[False]):
+        assert_greedy_match(tokens, ref_tokens, ref_gaps, BF16_TOP2_TOLERANCE)
