@@ -31,8 +31,10 @@ def read_trace_shapes(path: str | Path) -> tuple[list[StepShape], np.ndarray]:
                                  "the cost fields, record it again with --trace")
             if record["num_scheduled"] == 0:
                 continue
+            # traces written before prefill_cached_pairs was recorded read as 0 (that term stays unfitted)
             shapes.append(StepShape(int(record["num_prefill_tokens"]), int(record["num_decode_tokens"]),
-                                    int(record["context_tokens"]), int(record["num_scheduled"])))
+                                    int(record["context_tokens"]), int(record["num_scheduled"]),
+                                    prefill_cached_pairs=int(record.get("prefill_cached_pairs", 0))))
             durations.append(float(record["duration_s"]))
     if len(shapes) < len(LINEAR_TERMS):
         raise ValueError(f"{path}: {len(shapes)} steps; a fit needs at least {len(LINEAR_TERMS)}")
