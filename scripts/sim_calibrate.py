@@ -42,6 +42,8 @@ def main() -> int:
     parser.add_argument("--keep-trace", default=None, metavar="PATH", help="also copy the step trace here")
     parser.add_argument("--num-kv-blocks", type=int, default=NUM_KV_BLOCKS,
                         help="the served engine's KV blocks (its log says it), kept as the profile's default")
+    parser.add_argument("--weighting", choices=("absolute", "sqrt", "relative"), default="absolute",
+                        help="simulate calibrate's --weighting")
     parser.add_argument("--num-threads", type=int, default=None,
                         help="the server's --num-threads (default: its own); sim_fidelity.py should run with the same")
     args = parser.parse_args()
@@ -62,7 +64,8 @@ def main() -> int:
         shutil.copyfile(trace, args.keep_trace)
     subprocess.run([*CLI, "simulate", "calibrate", "--trace", str(trace), "--out", args.out,
                     "--name", Path(PROFILE).stem, "--num-kv-blocks", str(args.num_kv_blocks),
-                    "--max-model-len", str(MAX_MODEL_LEN), "--model", "SmolLM2-135M-Instruct"], cwd=ROOT, check=True)
+                    "--max-model-len", str(MAX_MODEL_LEN), "--model", "SmolLM2-135M-Instruct",
+                    "--weighting", args.weighting], cwd=ROOT, check=True)
     print(f"the trace is in {trace}")
     return 0
 
