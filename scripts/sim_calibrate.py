@@ -7,16 +7,23 @@ Starts `folovllm serve --trace` (max_model_len 2048, default engine settings), r
 on each calibration workload, then `folovllm simulate calibrate` on the trace. The workloads are none of
 scripts/sim_fidelity.py's: random prompts at a moderate rate and in a burst (no prefix-cache hits), and two
 low-rate shared-prefix streams with different prefix lengths, whose prefill steps run new tokens over a
-cached prefix and whose decode steps have one or two rows. About three minutes on a quiet 2-core machine.
+cached prefix and whose decode steps have one or two rows. Then a dozen lone one-token requests measure
+the API server's time per request (from sending to the engine step that takes it), which the profile
+keeps for the simulator. About three minutes on a quiet 2-core machine.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
+
+import httpx
+import numpy as np
 
 from sim_fidelity import CLI, PROFILE, ROOT, start_server, threads_args
 
@@ -34,6 +41,30 @@ WORKLOADS = {
                           "--output-len-range", "16:64", "--request-rate", "1.5", "--num-prompts", "30",
                           "--seed", "22"],
 }
+
+
+def send_lone_requests(port: int, num: int = 12) -> list[float]:
+    """Sends ``num`` one-token requests one at a time to the idle server; returns when each was sent."""
+    sends = []
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as http:
+        model = http.get("/v1/models").json()["data"][0]["id"]
+        for i in range(num):
+            prompt = [1000 + 97 * i + k for k in range(16)]
+            sends.append(time.perf_counter())
+            http.post("/v1/completions", json={"model": model, "prompt": prompt, "max_tokens": 1,
+                                               "temperature": 0.0}).raise_for_status()
+            time.sleep(0.2)
+    return sends
+
+
+def api_server_s(trace: Path, sends: list[float]) -> float:
+    """Median time from sending a lone request to the start of the engine step that takes it: the API
+    server's path, the engine core's inbox and the idle loop waking (the trace and this client share
+    ``time.perf_counter``, one machine)."""
+    records = [json.loads(line) for line in trace.read_text().splitlines() if line.strip()]
+    starts = np.sort([r["time"] - r["duration_s"] for r in records if r["num_scheduled"]])
+    delays = [starts[i] - send for send in sends if (i := np.searchsorted(starts, send)) < len(starts)]
+    return float(np.median(delays))
 
 
 def main() -> int:
@@ -57,15 +88,18 @@ def main() -> int:
                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
             if done.returncode != 0:
                 raise SystemExit(f"bench serve failed on {name}:\n{done.stderr}")
+        sends = send_lone_requests(port)
     finally:
         proc.terminate()
         proc.wait(timeout=60)
     if args.keep_trace:
         shutil.copyfile(trace, args.keep_trace)
+    api_server_ms = api_server_s(trace, sends) * 1e3
+    print(f"API server: {api_server_ms:.2f} ms from sending a lone request to its engine step", flush=True)
     subprocess.run([*CLI, "simulate", "calibrate", "--trace", str(trace), "--out", args.out,
                     "--name", Path(PROFILE).stem, "--num-kv-blocks", str(args.num_kv_blocks),
                     "--max-model-len", str(MAX_MODEL_LEN), "--model", "SmolLM2-135M-Instruct",
-                    "--weighting", args.weighting], cwd=ROOT, check=True)
+                    "--weighting", args.weighting, "--api-server-ms", f"{api_server_ms:.4f}"], cwd=ROOT, check=True)
     print(f"the trace is in {trace}")
     return 0
 

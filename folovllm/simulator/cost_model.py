@@ -62,6 +62,8 @@ class LinearCostModel:
     min_step_s: float = 1e-5
     fit: dict[str, Any] = field(default_factory=dict)  # how the profile was made and how well it fits
     defaults: dict[str, Any] = field(default_factory=dict)  # engine settings it was measured with
+    # not a step cost: the API server's time per request before the engine has it (the cluster applies it)
+    api_server_s: float = 0.0
 
     def __post_init__(self) -> None:
         missing = [t for t in LINEAR_TERMS if t not in self.coefficients and t not in OPTIONAL_TERMS]

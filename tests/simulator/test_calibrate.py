@@ -129,3 +129,10 @@ def test_unknown_weighting_is_an_error():
     shapes = [StepShape(0, d, 10 * d, d) for d in range(1, 30)]
     with pytest.raises(ValueError, match="weighting must be one of"):
         fit_linear(shapes, np.ones(len(shapes)), "x", weighting="squared")
+
+
+def test_the_measured_api_server_time_is_kept_in_the_profile(tmp_path):
+    synthetic_trace(tmp_path / "t.jsonl")
+    calibrate(tmp_path / "t.jsonl", tmp_path / "p.json", "with-api", api_server_s=0.0021)
+    assert load_linear_profile(tmp_path / "p.json").api_server_s == pytest.approx(0.0021)
+    assert load_linear_profile(tmp_path / "p.json").coefficients["fixed_s"] == pytest.approx(TRUE["fixed_s"])
