@@ -96,6 +96,8 @@ def main() -> int:
     parser.add_argument("--profile", default=str(PROFILE), help="the CPU profile (simulate calibrate's output)")
     parser.add_argument("--num-threads", type=int, default=None,
                         help="the server's --num-threads (default: its own); fit the profile with the same")
+    parser.add_argument("--api-server-ms", type=float, default=None,
+                        help="the simulator's --api-server-ms (default: the profile's api_server_s)")
     parser.add_argument("--reuse-real", metavar="DIR", default=None,
                         help="take the live runs from an earlier run's folder (printed at its end) instead of "
                              "starting a server: to compare another profile against the same measurements")
@@ -116,8 +118,9 @@ def main() -> int:
                                 str(real_json), *argv], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
             elif not real_json.is_file():
                 raise SystemExit(f"{real_json} is missing: --reuse-real takes the folder of an earlier full run")
+            api = [] if args.api_server_ms is None else ["--api-server-ms", str(args.api_server_ms)]
             subprocess.run([*CLI, "simulate", "run", "--profile", str(profile_path), "--output-json", str(sim_json),
-                            *argv], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+                            *api, *argv], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
             real, sim = (figures(json.loads(p.read_text())[0]) for p in (real_json, sim_json))
             rows.append({"workload": name, "args": argv, "real": real, "sim": sim,
                          "rel_error": {k: (sim[k] - real[k]) / real[k] if real[k] else None for k in real}})
@@ -134,6 +137,8 @@ def main() -> int:
     real_date = json.loads((folder / f"{rows[0]['workload']}-real.json").read_text())[0].get("date")
     Path(args.out).write_text(json.dumps([{"name": "sim-fidelity", "smoke": args.smoke, "profile": profile_path.name,
                                            "fit": profile.get("fit", {}), "real_measured": real_date,
+                                           "api_server_ms": (args.api_server_ms if args.api_server_ms is not None
+                                                             else profile.get("api_server_s", 0.0) * 1e3),
                                            "rows": rows}], indent=2) + "\n")
     print(f"wrote {args.out}; the live runs are in {folder}")
     return 0
