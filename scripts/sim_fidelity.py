@@ -57,12 +57,17 @@ def multi_turn_jsonl(path: Path, num: int, turns: int = 4) -> Path:
     return path
 
 
-def start_server(max_model_len: int) -> tuple[subprocess.Popen, int]:
+def start_server(max_model_len: int, trace: Path | None = None,
+                 serve_args: list[str] | None = None) -> tuple[subprocess.Popen, int]:
+    """``folovllm serve`` on a free port (with ``trace``: writing its step trace there; ``serve_args``: more
+    of its options); waits for /health."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    traced = ["--trace", str(trace)] if trace is not None else []
     proc = subprocess.Popen([*CLI, "serve", "--port", str(port), "--max-model-len", str(max_model_len),
-                             "--log-level", "warning"], cwd=ROOT, stderr=subprocess.DEVNULL)
+                             "--log-level", "warning", *traced, *(serve_args or [])],
+                            cwd=ROOT, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and proc.poll() is None:
         try:
@@ -75,6 +80,10 @@ def start_server(max_model_len: int) -> tuple[subprocess.Popen, int]:
     raise RuntimeError("folovllm serve did not start")
 
 
+def threads_args(num_threads: int | None) -> list[str]:
+    return [] if num_threads is None else ["--num-threads", str(num_threads)]
+
+
 def figures(result: dict) -> dict[str, float]:
     return {"output_tok_s": result["output_tok_s"], "median_ttft_ms": result["ttft_ms"]["p50"],
             "median_tpot_ms": result["tpot_ms"]["p50"] if result["tpot_ms"] else float("nan")}
@@ -85,6 +94,10 @@ def main() -> int:
     parser.add_argument("--smoke", action="store_true", help="a few requests per workload")
     parser.add_argument("--out", default=str(ROOT / "docs" / "results" / "sim-fidelity.json"))
     parser.add_argument("--profile", default=str(PROFILE), help="the CPU profile (simulate calibrate's output)")
+    parser.add_argument("--num-threads", type=int, default=None,
+                        help="the server's --num-threads (default: its own); fit the profile with the same")
+    parser.add_argument("--api-server-ms", type=float, default=None,
+                        help="the simulator's --api-server-ms (default: the profile's api_server_s)")
     parser.add_argument("--reuse-real", metavar="DIR", default=None,
                         help="take the live runs from an earlier run's folder (printed at its end) instead of "
                              "starting a server: to compare another profile against the same measurements")
@@ -94,7 +107,8 @@ def main() -> int:
     profile_path = Path(args.profile)
     profile = json.loads(profile_path.read_text())
     folder = Path(args.reuse_real) if args.reuse_real else Path(tempfile.mkdtemp(prefix="sim-fidelity-"))
-    proc, port = (None, 0) if args.reuse_real else start_server(int(profile["defaults"]["max_model_len"]))
+    proc, port = (None, 0) if args.reuse_real else start_server(
+        int(profile["defaults"]["max_model_len"]), serve_args=threads_args(args.num_threads))
     rows = []
     try:
         for name, argv in workloads(args.smoke, folder).items():
@@ -104,8 +118,9 @@ def main() -> int:
                                 str(real_json), *argv], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
             elif not real_json.is_file():
                 raise SystemExit(f"{real_json} is missing: --reuse-real takes the folder of an earlier full run")
+            api = [] if args.api_server_ms is None else ["--api-server-ms", str(args.api_server_ms)]
             subprocess.run([*CLI, "simulate", "run", "--profile", str(profile_path), "--output-json", str(sim_json),
-                            *argv], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+                            *api, *argv], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
             real, sim = (figures(json.loads(p.read_text())[0]) for p in (real_json, sim_json))
             rows.append({"workload": name, "args": argv, "real": real, "sim": sim,
                          "rel_error": {k: (sim[k] - real[k]) / real[k] if real[k] else None for k in real}})
@@ -122,6 +137,8 @@ def main() -> int:
     real_date = json.loads((folder / f"{rows[0]['workload']}-real.json").read_text())[0].get("date")
     Path(args.out).write_text(json.dumps([{"name": "sim-fidelity", "smoke": args.smoke, "profile": profile_path.name,
                                            "fit": profile.get("fit", {}), "real_measured": real_date,
+                                           "api_server_ms": (args.api_server_ms if args.api_server_ms is not None
+                                                             else profile.get("api_server_s", 0.0) * 1e3),
                                            "rows": rows}], indent=2) + "\n")
     print(f"wrote {args.out}; the live runs are in {folder}")
     return 0

@@ -45,8 +45,13 @@ class SchedulerOutput:
         return not self.requests
 
     def num_decode_tokens(self) -> int:
-        return sum(1 for r, n in zip(self.requests, self.num_new_tokens)
-                   if n == 1 and r.num_output_tokens > 0 and r.num_computed_tokens == r.num_tokens - 1)
+        return sum(1 for r, n in zip(self.requests, self.num_new_tokens) if is_decode_row(r, n))
+
+
+def is_decode_row(request: Request, num_new_tokens: int) -> bool:
+    """Whether the request generates one token from a full cache (not a prompt chunk), before the step runs."""
+    return (num_new_tokens == 1 and request.num_output_tokens > 0
+            and request.num_computed_tokens == request.num_tokens - 1)
 
 
 @dataclass

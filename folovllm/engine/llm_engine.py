@@ -20,7 +20,7 @@ from folovllm.config import EngineConfig
 from folovllm.core.admission import make_admission
 from folovllm.core.kv_cache import KVCacheManager
 from folovllm.core.policy import make_policy
-from folovllm.core.scheduler import Scheduler, SchedulerLimits, SchedulerOutput
+from folovllm.core.scheduler import Scheduler, SchedulerLimits, SchedulerOutput, is_decode_row
 from folovllm.distributed.launch import RankFailedError
 from folovllm.engine.fault_isolation import isolate_faults, subset
 from folovllm.engine.output_processor import OutputProcessor, RequestGroup
@@ -56,6 +56,7 @@ class InFlight:
     launched: LaunchedStep
     num_decode: int  # its decode tokens, counted before num_computed_tokens moved
     context_tokens: int  # tokens its attention reads, summed over the batch (the step trace's cost term)
+    cached_pairs: int  # its prefill chunks' (new token, computed token) pairs (another cost term)
     started: float  # when the engine step that scheduled it began
 
 
@@ -94,6 +95,14 @@ def check_token_ids_in_vocab(params: SamplingParams, vocab_size: int) -> None:
 def context_tokens(sched: SchedulerOutput) -> int:
     """Tokens the step's attention reads, summed over its requests (computed + new), before it runs."""
     return sum(r.num_computed_tokens + n for r, n in zip(sched.requests, sched.num_new_tokens))
+
+
+def prefill_cached_pairs(sched: SchedulerOutput) -> int:
+    """(new prompt token, already computed token) pairs of the step's prefill chunks, before it runs:
+    the attention of a prompt's new tokens over the prefix it found cached (or computed in an earlier
+    chunk). Decode rows are left out; ``context_tokens`` covers them."""
+    return sum(n * r.num_computed_tokens for r, n in zip(sched.requests, sched.num_new_tokens)
+               if not is_decode_row(r, n))
 
 
 class LLMEngine:
@@ -348,7 +357,7 @@ class LLMEngine:
         logger.error("a step of %d requests failed; looking for the request(s) it fails on",
                      len(sched.requests), exc_info=error)
         num_decode = sched.num_decode_tokens()
-        context = context_tokens(sched)
+        context, pairs = context_tokens(sched), prefill_cached_pairs(sched)
         live = subset(sched, [i for i, r in enumerate(sched.requests) if not r.status.finished])
         parts, culprits = isolate_faults(live, self._launch)
         wait_s = sum(self._take_tokens(step, touched) for _, step in parts)
@@ -357,7 +366,7 @@ class LLMEngine:
                          ", ".join(r.request_id for r in culprits))
         for request in culprits:
             self._fail_group(request.parent_id, touched)
-        self._record_step(time.perf_counter(), sched, num_decode, context, self._step_started)
+        self._record_step(time.perf_counter(), sched, num_decode, context, pairs, self._step_started)
         return wait_s
 
     def _update_grammars(self, touched: dict[str, RequestGroup]) -> None:
@@ -393,7 +402,7 @@ class LLMEngine:
         """Hands a scheduled batch to the worker; its tokens count as pending until ``_resolve``.
         Nothing changes if the worker raises, so a failed batch can be launched again in parts."""
         num_decode = sched.num_decode_tokens()  # before num_computed_tokens moves
-        context = context_tokens(sched)
+        context, pairs = context_tokens(sched), prefill_cached_pairs(sched)
         step_input, sampled = build_step_input(sched, self._finished_ids, self.structured)
         launched = self.worker.launch(step_input)
         self._finished_ids = []
@@ -401,13 +410,14 @@ class LLMEngine:
             request.num_computed_tokens += num_new
         for request in sampled:
             request.num_pending_tokens += 1
-        return InFlight(sched, sampled, launched, num_decode, context, self._step_started)
+        return InFlight(sched, sampled, launched, num_decode, context, pairs, self._step_started)
 
     def _resolve(self, step: InFlight, touched: dict[str, RequestGroup]) -> float:
         """Takes a launched step's sampled tokens and records the step. Returns the time spent
         waiting for the device."""
         wait_s = self._take_tokens(step, touched)
-        self._record_step(time.perf_counter(), step.sched, step.num_decode, step.context_tokens, step.started)
+        self._record_step(time.perf_counter(), step.sched, step.num_decode, step.context_tokens, step.cached_pairs,
+                          step.started)
         return wait_s
 
     def _take_tokens(self, step: InFlight, touched: dict[str, RequestGroup]) -> float:
@@ -470,7 +480,7 @@ class LLMEngine:
                 logger.exception("prompt logprobs failed for request %s; ending it", request.request_id)
                 self._fail_group(request.parent_id, touched)
 
-    def _record_step(self, now: float, sched: SchedulerOutput, num_decode: int, context: int,
+    def _record_step(self, now: float, sched: SchedulerOutput, num_decode: int, context: int, cached_pairs: int,
                      started: float) -> None:
         stats = self.stats
         stats.num_steps += 1
@@ -484,7 +494,7 @@ class LLMEngine:
             num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
             num_preempted=len(sched.preempted), kv_blocks_used=self.kv_cache.num_used_blocks,
             kv_usage=self.kv_cache.usage, num_scheduled=len(sched.requests), context_tokens=context,
-            duration_s=now - started)
+            prefill_cached_pairs=cached_pairs, duration_s=now - started)
         stats.peak_num_running = max(stats.peak_num_running, stats.last_step.num_running)
         if self._trace is not None:
             self._trace.write(json.dumps(dataclasses.asdict(stats.last_step)) + "\n")

@@ -31,8 +31,10 @@ def read_trace_shapes(path: str | Path) -> tuple[list[StepShape], np.ndarray]:
                                  "the cost fields, record it again with --trace")
             if record["num_scheduled"] == 0:
                 continue
+            # traces written before prefill_cached_pairs was recorded read as 0 (that term stays unfitted)
             shapes.append(StepShape(int(record["num_prefill_tokens"]), int(record["num_decode_tokens"]),
-                                    int(record["context_tokens"]), int(record["num_scheduled"])))
+                                    int(record["context_tokens"]), int(record["num_scheduled"]),
+                                    prefill_cached_pairs=int(record.get("prefill_cached_pairs", 0))))
             durations.append(float(record["duration_s"]))
     if len(shapes) < len(LINEAR_TERMS):
         raise ValueError(f"{path}: {len(shapes)} steps; a fit needs at least {len(LINEAR_TERMS)}")
@@ -120,11 +122,13 @@ def fit_linear(shapes: list[StepShape], durations: np.ndarray, name: str,
 
 
 def calibrate(trace: str | Path, out: str | Path, name: str, defaults: dict[str, Any] | None = None,
-              weighting: str = "absolute") -> LinearCostModel:
-    """Fits ``trace``, writes the profile to ``out`` and returns it."""
+              weighting: str = "absolute", api_server_s: float = 0.0) -> LinearCostModel:
+    """Fits ``trace``, writes the profile to ``out`` and returns it. ``api_server_s`` (measured outside
+    the trace) is kept in the profile for the simulator's API server."""
     shapes, durations = read_trace_shapes(trace)
     model = fit_linear(shapes, durations, name, defaults, source=str(trace), weighting=weighting,
                        between_steps_s=busy_gap_s(trace))
+    model.api_server_s = api_server_s
     model.save(out)
     return model
 
@@ -139,6 +143,8 @@ def format_fit(model: LinearCostModel) -> str:
         lines.append(f"  not in the trace (set to 0): {', '.join(fit['unfitted_terms'])}")
     if fit.get("between_steps_s"):
         lines.append(f"  fixed_s includes {fit['between_steps_s'] * 1e3:.2f} ms between busy steps (the engine loop)")
+    if model.api_server_s:
+        lines.append(f"  API server {model.api_server_s * 1e3:.2f} ms per request (before the engine has it)")
     if fit.get("zeroed_terms"):
         lines.append(f"  would fit negative (held at 0): {', '.join(fit['zeroed_terms'])}")
     return "\n".join(lines)

@@ -62,6 +62,9 @@ def add_deployment_args(parser: argparse.ArgumentParser) -> None:
                    help="PD: KV bytes of one token (default: the roofline model's, or the profile's)")
     k.add_argument("--kv-link-gbps", type=float, default=25.0, help="PD: GB/s from a prefill to a decode replica")
     k.add_argument("--kv-link-latency-ms", type=float, default=0.5, help="PD: latency of one KV transfer")
+    k.add_argument("--api-server-ms", type=float, default=None,
+                   help="the API server's time per request before a replica has it, one request at a time "
+                        "(default: the linear profile's api_server_s, 0 for the roofline)")
 
 
 def add_result_args(parser: argparse.ArgumentParser) -> None:
@@ -86,8 +89,10 @@ def build_setup(args: argparse.Namespace, config: EngineConfig) -> SimSetup:
     roofline = RooflineOptions(args.model_config, args.tp, args.compute_efficiency, args.bandwidth_efficiency,
                                args.step_overhead_ms / 1000.0, config.gpu_memory_utilization)
     cost, blocks, max_len, kv_bytes, model = resolve_cost(args.profile, config, roofline, args.num_kv_blocks)
+    api_server_s = (args.api_server_ms / 1000.0 if args.api_server_ms is not None
+                    else getattr(cost, "api_server_s", 0.0))
     cluster = ClusterSpec(args.replicas, args.router, args.pd, args.kv_bytes_per_token or kv_bytes,
-                          args.kv_link_gbps * 1e9, args.kv_link_latency_ms / 1000.0)
+                          args.kv_link_gbps * 1e9, args.kv_link_latency_ms / 1000.0, api_server_s)
     return SimSetup(config, cost, blocks, max_len, cluster, model)
 
 
@@ -134,6 +139,9 @@ def add_calibrate_args(parser: argparse.ArgumentParser) -> None:
                         help="the traced engine's KV blocks (its log says it), kept as the profile's default")
     parser.add_argument("--max-model-len", type=int, default=None, help="the traced engine's max_model_len")
     parser.add_argument("--model", default=None, help="the traced model's name, kept in the profile")
+    parser.add_argument("--api-server-ms", type=float, default=0.0,
+                        help="the API server's measured time per request before the engine has it, kept in the "
+                             "profile (scripts/sim_calibrate.py measures it)")
     parser.add_argument("--weighting", choices=("absolute", "sqrt", "relative"), default="absolute",
                         help="least squares of each step's error in seconds (default: the long prefill steps "
                              "that set TTFT count most), of its relative error, or of error² / duration (sqrt)")
@@ -144,7 +152,8 @@ def run_calibrate(args: argparse.Namespace) -> int:
 
     defaults = {k: v for k, v in (("num_kv_blocks", args.num_kv_blocks), ("max_model_len", args.max_model_len),
                                   ("model", args.model)) if v is not None}
-    model = calibrate(args.trace, args.out, args.name or Path(args.out).stem, defaults, args.weighting)
+    model = calibrate(args.trace, args.out, args.name or Path(args.out).stem, defaults, args.weighting,
+                      args.api_server_ms / 1000.0)
     print(format_fit(model))
     print(f"wrote {args.out}")
     return 0

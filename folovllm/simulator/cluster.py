@@ -44,6 +44,9 @@ class ClusterSpec:
     kv_bytes_per_token: int = 0  # PD: KV cache bytes of one token (all layers)
     kv_link_bandwidth: float = 25e9  # PD: bytes/s from a prefill replica to a decode replica
     kv_link_latency_s: float = 5e-4  # PD: per transfer
+    # the API server's own time per request before a replica has it (HTTP, validation, the engine core's
+    # inbox); it takes requests one at a time, so requests sent together reach the replica staggered
+    api_server_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.pd is None and self.replicas < 1:
@@ -52,6 +55,8 @@ class ClusterSpec:
             raise ValueError(f"--pd P:D needs at least one replica in each pool, got {self.pd}")
         if self.pd is not None and self.kv_bytes_per_token <= 0:
             raise ValueError("PD needs the KV bytes per token (--kv-bytes-per-token, or a roofline profile's model)")
+        if self.api_server_s < 0:
+            raise ValueError(f"the API server's time per request cannot be negative, got {self.api_server_s}")
         if self.kv_link_bandwidth <= 0:
             raise ValueError(f"the KV link bandwidth must be positive, got {self.kv_link_bandwidth}")
 
@@ -70,10 +75,12 @@ class Cluster:
         self.engines = self.front + self.decode
         self.max_model_len = self.engines[0].max_model_len
         self.front_router, self.decode_router = make_router(spec.router), make_router(spec.router)
-        self._events: list[tuple[float, int, int, object]] = []  # (time, seq, kind, payload)
+        # (time, seq, kind, payload); kinds: 0 a step ends, 1 PD's KV arrives, 2 the API server hands a request over
+        self._events: list[tuple[float, int, int, object]] = []
         self._seq = itertools.count()
         self._ready: list[SimEngine] = []  # idle replicas given work at the current instant
         self._prefill_only = set(map(id, self.front)) if spec.pd else set()
+        self._api_server_free = 0.0  # when the API server is done with the requests it has taken
 
     # -- arrivals ---------------------------------------------------------------------------------
 
@@ -87,6 +94,10 @@ class Cluster:
         max_tokens = min(spec.output_len, self.max_model_len - spec.prompt_len)
         request = TrackedRequest(spec.index, str(spec.index), spec.prompt_token_ids(), now,
                                  1 if self.spec.pd else max_tokens, spec, max_tokens)
+        if self.spec.api_server_s > 0:
+            self._api_server_free = max(now, self._api_server_free) + self.spec.api_server_s
+            heapq.heappush(self._events, (self._api_server_free, next(self._seq), 2, request))
+            return
         self._add(self.front_router.pick(request, self.front), request, rec)
 
     def _add(self, engine: SimEngine, request: TrackedRequest, rec: Recorder) -> None:
@@ -157,8 +168,10 @@ class Cluster:
                 engine.finish_step(now, on_token, on_finished)  # type: ignore[attr-defined]
                 engine.busy = False  # type: ignore[attr-defined]
                 ready.append(engine)  # type: ignore[arg-type]
-            else:
+            elif kind == 1:
                 self._transferred(payload, now)  # type: ignore[arg-type]
+            else:  # the API server hands the request over
+                self._add(self.front_router.pick(payload, self.front), payload, self.recorder)  # type: ignore[arg-type]
 
 
 def receive_kv(engine: SimEngine, token_ids: list[int], now: float) -> bool:

@@ -9,9 +9,9 @@ from typing import Any, Protocol
 
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
 LINEAR_TERMS = ("fixed_s", "per_prefill_token_s", "per_decode_row_s", "per_context_token_s", "per_request_s",
-                "per_prefill_step_s", "per_prefill_token_context_s")
+                "per_prefill_step_s", "per_prefill_token_context_s", "per_prefill_cached_pair_s")
 # Terms added after the first profiles were written: a profile without them reads them as 0.
-OPTIONAL_TERMS = ("per_prefill_step_s", "per_prefill_token_context_s")
+OPTIONAL_TERMS = ("per_prefill_step_s", "per_prefill_token_context_s", "per_prefill_cached_pair_s")
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,9 @@ class StepShape:
     num_requests: int  # batch size
     attention_pairs: int = 0  # (query, key) pairs the attention computes; the roofline's FLOPs term
     num_sampled: int = 0  # rows whose logits are computed (the LM head)
+    # prefill chunks' new tokens × the tokens their request had computed before (a cached prefix, an
+    # earlier chunk): the attention of new prompt tokens over K/V already in the cache
+    prefill_cached_pairs: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -33,7 +36,7 @@ class StepShape:
         """The linear model's regressors, in ``LINEAR_TERMS`` order."""
         prefill = float(self.num_prefill_tokens)
         return [1.0, prefill, float(self.num_decode_rows), float(self.context_tokens), float(self.num_requests),
-                1.0 if prefill else 0.0, prefill * self.context_tokens]
+                1.0 if prefill else 0.0, prefill * self.context_tokens, float(self.prefill_cached_pairs)]
 
 
 class CostModel(Protocol):
@@ -47,8 +50,10 @@ class CostModel(Protocol):
 @dataclass
 class LinearCostModel:
     """fixed + a·prefill tokens + b·decode rows + c·context tokens + d·requests + e·[the step prefills]
-    + f·prefill tokens × context tokens (seconds). The last term stands for prefill attention, which grows
-    with the tokens each prompt token attends to; the step's summed context is the trace's proxy for that.
+    + f·prefill tokens × context tokens + g·cached pairs (seconds). The f term stands for prefill attention,
+    which grows with the tokens each prompt token attends to; the step's summed context is the trace's proxy
+    for that. The g term is the attention of new prompt tokens over a prefix already in the cache (a
+    prefix-cache hit, an earlier chunk), which an engine may run on another path than a fresh prompt's.
 
     ``min_step_s`` floors a prediction, since a fit may give a term a small negative weight."""
 
@@ -57,6 +62,8 @@ class LinearCostModel:
     min_step_s: float = 1e-5
     fit: dict[str, Any] = field(default_factory=dict)  # how the profile was made and how well it fits
     defaults: dict[str, Any] = field(default_factory=dict)  # engine settings it was measured with
+    # not a step cost: the API server's time per request before the engine has it (the cluster applies it)
+    api_server_s: float = 0.0
 
     def __post_init__(self) -> None:
         missing = [t for t in LINEAR_TERMS if t not in self.coefficients and t not in OPTIONAL_TERMS]
@@ -71,7 +78,7 @@ class LinearCostModel:
         t = (w[0] + w[1] * prefill + w[2] * shape.num_decode_rows + w[3] * shape.context_tokens
              + w[4] * shape.num_requests)
         if prefill:
-            t += w[5] + w[6] * prefill * shape.context_tokens
+            t += w[5] + w[6] * prefill * shape.context_tokens + w[7] * shape.prefill_cached_pairs
         return t if t > self.min_step_s else self.min_step_s
 
     def to_json(self) -> dict[str, Any]:

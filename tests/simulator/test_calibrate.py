@@ -5,10 +5,11 @@ import numpy as np
 import pytest
 
 from folovllm.simulator.calibrate import calibrate, fit_linear, read_trace_shapes
-from folovllm.simulator.cost_model import LINEAR_TERMS, StepShape, load_linear_profile
+from folovllm.simulator.cost_model import LINEAR_TERMS, OPTIONAL_TERMS, LinearCostModel, StepShape, load_linear_profile
 
 TRUE = {"fixed_s": 0.004, "per_prefill_token_s": 2e-5, "per_decode_row_s": 3e-4, "per_context_token_s": 1e-7,
-        "per_request_s": 5e-5, "per_prefill_step_s": 2e-3, "per_prefill_token_context_s": 3e-10}
+        "per_request_s": 5e-5, "per_prefill_step_s": 2e-3, "per_prefill_token_context_s": 3e-10,
+        "per_prefill_cached_pair_s": 2e-8}
 
 
 def synthetic_trace(path, num_steps=400, noise=0.0, seed=0, gap=None):
@@ -20,14 +21,16 @@ def synthetic_trace(path, num_steps=400, noise=0.0, seed=0, gap=None):
             decode = int(rng.integers(0, 200))
             requests = decode + int(rng.integers(0, 8)) + (1 if prefill else 0)
             context = int(rng.integers(0, 100_000))
-            shape = StepShape(prefill, decode, context, requests)
+            cached = prefill * int(rng.integers(0, 1500)) if rng.random() < 0.5 else 0  # prefix-cache hits
+            shape = StepShape(prefill, decode, context, requests, prefill_cached_pairs=cached)
             duration = float(np.dot(shape.features(), [TRUE[t] for t in LINEAR_TERMS]))
             duration *= 1 + noise * rng.standard_normal()
             now = now + gap + duration if gap is not None else 0.0
             f.write(json.dumps({"time": now, "num_prefill_tokens": prefill, "num_decode_tokens": decode,
                                 "num_running": requests, "num_waiting": 0, "num_preempted": 0,
                                 "kv_blocks_used": 0, "kv_usage": 0.0, "num_scheduled": requests,
-                                "context_tokens": context, "duration_s": duration}) + "\n")
+                                "context_tokens": context, "prefill_cached_pairs": cached,
+                                "duration_s": duration}) + "\n")
 
 
 def test_fit_recovers_known_coefficients(tmp_path):
@@ -46,6 +49,33 @@ def test_the_engine_loop_between_busy_steps_is_added_to_every_step(tmp_path):
     assert model.fit["between_steps_s"] == pytest.approx(0.002)
     assert model.coefficients["fixed_s"] == pytest.approx(TRUE["fixed_s"] + 0.002)
     assert load_linear_profile(tmp_path / "p.json").coefficients["fixed_s"] == pytest.approx(0.006)
+
+
+def test_a_trace_without_cached_pairs_leaves_that_term_unfitted(tmp_path):
+    synthetic_trace(tmp_path / "t.jsonl")
+    lines = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
+    for record in lines:
+        record.pop("prefill_cached_pairs")
+    (tmp_path / "old.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    shapes, _ = read_trace_shapes(tmp_path / "old.jsonl")
+    assert all(s.prefill_cached_pairs == 0 for s in shapes)
+    model = calibrate(tmp_path / "old.jsonl", tmp_path / "p.json", "old")
+    assert model.coefficients["per_prefill_cached_pair_s"] == 0.0
+    assert "per_prefill_cached_pair_s" in model.fit["unfitted_terms"]
+
+
+def test_cached_pairs_cost_only_in_prefill_steps():
+    model = LinearCostModel("x", {**dict.fromkeys(LINEAR_TERMS, 0.0), "fixed_s": 0.01,
+                                  "per_prefill_cached_pair_s": 1e-6})
+    assert model.step_time(StepShape(56, 0, 440, 1, prefill_cached_pairs=56 * 384)) == pytest.approx(0.01 + 0.021504)
+    assert model.step_time(StepShape(0, 4, 2000, 4)) == pytest.approx(0.01)
+
+
+def test_a_profile_without_the_newer_terms_reads_them_as_zero(tmp_path):
+    old = {t: 1e-3 for t in LINEAR_TERMS if t not in OPTIONAL_TERMS}
+    (tmp_path / "p.json").write_text(json.dumps({"kind": "linear", "name": "old", "coefficients": old}))
+    model = load_linear_profile(tmp_path / "p.json")
+    assert all(model.coefficients[t] == 0.0 for t in OPTIONAL_TERMS)
 
 
 def test_noisy_fit_reports_its_error(tmp_path):
@@ -99,3 +129,10 @@ def test_unknown_weighting_is_an_error():
     shapes = [StepShape(0, d, 10 * d, d) for d in range(1, 30)]
     with pytest.raises(ValueError, match="weighting must be one of"):
         fit_linear(shapes, np.ones(len(shapes)), "x", weighting="squared")
+
+
+def test_the_measured_api_server_time_is_kept_in_the_profile(tmp_path):
+    synthetic_trace(tmp_path / "t.jsonl")
+    calibrate(tmp_path / "t.jsonl", tmp_path / "p.json", "with-api", api_server_s=0.0021)
+    assert load_linear_profile(tmp_path / "p.json").api_server_s == pytest.approx(0.0021)
+    assert load_linear_profile(tmp_path / "p.json").coefficients["fixed_s"] == pytest.approx(TRUE["fixed_s"])

@@ -3,6 +3,7 @@ replicas and routers, PD, and the roofline profile."""
 from __future__ import annotations
 
 import argparse
+import json
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from folovllm.engine.args import add_engine_args, engine_config_from_args
 from folovllm.simulator.cli import SCHEDULER_FIELDS, add_run_args, build_setup, run_one
 from folovllm.simulator.cost_model import LinearCostModel
 from folovllm.simulator.roofline import QWEN3_0_6B
+from folovllm.simulator.run import simulate
 from folovllm.simulator.workload import build_sim_requests
 
 PROFILE = {"fixed_s": 0.005, "per_prefill_token_s": 5e-5, "per_decode_row_s": 2e-4, "per_context_token_s": 1e-7,
@@ -131,3 +133,38 @@ def test_roofline_profile_and_tensor_parallelism(tmp_path):
     tp2 = run(sim_args(tmp_path, *argv, "-tp", "2"))
     assert tp2["config"]["num_kv_blocks"] > result["config"]["num_kv_blocks"]
     assert np.isfinite(tp2["tpot_ms"]["p50"])
+
+
+def two_requests_sent_together(tmp_path) -> str:
+    path = tmp_path / "two.jsonl"
+    path.write_text("".join(json.dumps({"prompt": [100 + i + k for k in range(96)], "max_tokens": 4, "arrival_s": 0.0,
+                                        "ignore_eos": True}) + "\n" for i in range(2)))
+    return str(path)
+
+
+def first_steps(args: argparse.Namespace) -> list:
+    setup = build_setup(args, engine_config_from_args(args))
+    return simulate(setup, build_sim_requests(args, setup.max_model_len), keep_steps=True).cluster.engines[0].steps
+
+
+def test_the_api_server_hands_requests_sent_together_over_one_at_a_time(tmp_path):
+    argv = ("--dataset", "jsonl", "--dataset-path", two_requests_sent_together(tmp_path))
+    together = first_steps(sim_args(tmp_path, *argv))
+    assert together[0].start == 0.0 and [r for r, _ in together[0].scheduled] == ["0", "1"]
+    staggered = first_steps(sim_args(tmp_path, *argv, "--api-server-ms", "2"))
+    assert staggered[0].start == pytest.approx(0.002) and staggered[0].scheduled == [("0", 96)]
+    # the second reached the replica 2 ms later, while the first one's step ran: it prefills in the next
+    assert staggered[1].start == staggered[0].end and ("1", 96) in staggered[1].scheduled
+    result = run(sim_args(tmp_path, *argv, "--api-server-ms", "2"), per_request=True)
+    assert result["ttfts"][0] == pytest.approx(staggered[0].end)  # from the client's send, not the hand-over
+
+
+def test_a_profiles_api_server_time_is_the_default(tmp_path):
+    path = tmp_path / "with-api.json"
+    LinearCostModel("test", PROFILE, defaults={"num_kv_blocks": 2048, "max_model_len": 4096},
+                    api_server_s=0.003).save(path)
+    args = sim_args(tmp_path, "--dataset", "jsonl", "--dataset-path", two_requests_sent_together(tmp_path))
+    args.profile = str(path)
+    assert first_steps(args)[0].start == pytest.approx(0.003)
+    args.api_server_ms = 0.0
+    assert first_steps(args)[0].start == 0.0

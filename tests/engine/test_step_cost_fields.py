@@ -1,0 +1,26 @@
+"""The step trace's cost fields: context tokens and the prefill chunks' pairs over computed tokens."""
+from types import SimpleNamespace
+
+from folovllm.core.scheduler import SchedulerOutput
+from folovllm.engine.llm_engine import context_tokens, prefill_cached_pairs
+
+
+def row(computed: int, total: int, outputs: int) -> SimpleNamespace:
+    return SimpleNamespace(num_computed_tokens=computed, num_tokens=total, num_output_tokens=outputs)
+
+
+def test_cached_pairs_count_prefill_chunks_over_computed_tokens_only():
+    sched = SchedulerOutput(requests=[row(384, 440, 0),  # a prefix-cache hit: 56 new over 384 cached
+                                      row(0, 300, 0),  # a fresh prompt: nothing computed before
+                                      row(512, 1024, 0),  # the second chunk of a long prompt
+                                      row(499, 500, 3)],  # a decode row: context_tokens covers it
+                            num_new_tokens=[56, 300, 256, 1])
+    assert prefill_cached_pairs(sched) == 56 * 384 + 256 * 512
+    assert context_tokens(sched) == 440 + 300 + 768 + 500
+
+
+def test_a_one_token_prompt_chunk_over_a_cached_prefix_is_prefill():
+    # a prompt found cached but for its last token: one new token, no output yet, so not a decode row
+    sched = SchedulerOutput(requests=[row(399, 400, 0)], num_new_tokens=[1])
+    assert sched.num_decode_tokens() == 0
+    assert prefill_cached_pairs(sched) == 399
