@@ -2,11 +2,12 @@
 
 ``gptq_kernel`` picks one for a layer, once, after loading:
 
-- 4-bit: our CPU int4 kernel (``cpu_int4.CpuInt4Kernel``) or torch's (``_weight_int4pack_mm_for_cpu``),
-  as ``int4_backend`` resolves ``FOLOVLLM_QUANT_KERNEL``. Both compute w = (q - 8) * scale + zero per
+- 4-bit: our CPU int4 kernel (``cpu_quant.CpuInt4Kernel``) or torch's (``_weight_int4pack_mm_for_cpu``),
+  as ``quant_backend`` resolves ``FOLOVLLM_QUANT_KERNEL``. Both compute w = (q - 8) * scale + zero per
   group. GPTQ's w = (q - z) * s is the same with zero = (8 - z) * s.
-- 8-bit, one group over the input: torch's int8 kernel (``_weight_int8pack_mm``, per-output-channel
-  scales) on q - 128; an asymmetric zero point adds sum(x) * (128 - z) * s.
+- 8-bit, one group over the input: an int8 kernel with per-output-channel scales (ours,
+  ``cpu_quant.pack_int8``, or torch's ``_weight_int8pack_mm``) on q - 128; an asymmetric zero point adds
+  sum(x) * (128 - z) * s.
 - 8-bit with groups: two int4 matmuls, on the high and on the low nibble of each code
   (q = 16 hi + lo), with scales 16 s and s; the zero points go into their offsets.
 
@@ -26,7 +27,14 @@ import logging
 import torch
 from torch import nn
 
-from folovllm.model.quant.cpu_int4 import CpuInt4Kernel, cpu_int4_fits, cpu_int4_unavailable
+from folovllm.model.quant.cpu_quant import (
+    CpuInt4Kernel,
+    cpu_int4_fits,
+    cpu_int8_fits,
+    cpu_quant_unavailable,
+    pack_int8,
+    packed_int8_rows,
+)
 from folovllm.model.quant.pack import unpack_int32
 
 logger = logging.getLogger(__name__)
@@ -66,15 +74,25 @@ class ReferenceGPTQKernel(nn.Module):
 
 
 class Int8ChannelKernel(nn.Module):
-    """w[n, k] = q[n, k] * scale[n] (+ offset[n]): int8 codes, one scale (and offset) per output channel."""
+    """w[n, k] = q[n, k] * scale[n] (+ offset[n]): int8 codes, one scale (and offset) per output channel.
+
+    ``kernel`` (a ``FOLOVLLM_QUANT_KERNEL`` choice): reference dequantizes; otherwise ours (codes held in
+    ``pack_int8``'s layout) where ``quant_backend`` picks it and the shape fits, else torch's."""
 
     def __init__(self, codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | None,
-                 reference: bool) -> None:
+                 kernel: str) -> None:
         super().__init__()
-        self.reference = reference or codes.device.type != "cpu" or codes.shape[1] % INT8_K_MULTIPLE != 0
-        self.register_buffer("codes", codes)  # int8 [out, in]
+        usable = kernel != "reference" and codes.device.type == "cpu"
+        self.ours = (usable and cpu_int8_fits(codes.shape[1], codes.shape[0], scales.dtype)
+                     and quant_backend(kernel) == "folovllm")
+        self.reference = not usable or (not self.ours and codes.shape[1] % INT8_K_MULTIPLE != 0)
+        self.register_buffer("codes", pack_int8(codes) if self.ours else codes)  # int8 [out, in] (or packed)
         self.register_buffer("scales", scales)  # [out], the activation dtype
         self.register_buffer("offsets", offsets)  # [out] or None: added to every weight of a channel
+
+    def code_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """The int8 codes of output channels ``rows``: [*rows.shape, in]."""
+        return packed_int8_rows(self.codes, rows) if self.ours else self.codes[rows]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.reference:
@@ -82,7 +100,10 @@ class Int8ChannelKernel(nn.Module):
             if self.offsets is not None:
                 weight = weight + self.offsets.float()[:, None]
             return (x.float() @ weight.t()).to(x.dtype)
-        y = torch.ops.aten._weight_int8pack_mm(x, self.codes, self.scales)
+        if self.ours:
+            y = torch.ops.folovllm_cpu_quant.int8_gemm(x, self.codes, self.scales)
+        else:
+            y = torch.ops.aten._weight_int8pack_mm(x, self.codes, self.scales)
         if self.offsets is not None:
             y = y + (x.float().sum(-1, keepdim=True) * self.offsets.float()).to(y.dtype)
         return y
@@ -118,15 +139,15 @@ def apply_quant_kernel(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | N
     return y if bias is None else y + bias
 
 
-def int4_backend(choice: str) -> str:
-    """The 4-bit CPU kernel for a ``FOLOVLLM_QUANT_KERNEL`` choice: "folovllm" (ours) or "torch"."""
+def quant_backend(choice: str) -> str:
+    """The CPU int4/int8 kernels for a ``FOLOVLLM_QUANT_KERNEL`` choice: "folovllm" (ours) or "torch"."""
     if choice == "torch":
         return "torch"
-    reason = cpu_int4_unavailable()
+    reason = cpu_quant_unavailable()
     if choice == "folovllm" and reason is not None:
         raise RuntimeError(f"FOLOVLLM_QUANT_KERNEL=folovllm, but {reason}")
     if reason is not None:
-        logger.info("the 4-bit linears run torch's int4 kernel, since %s", reason)
+        logger.info("quantized linears run torch's int4/int8 kernels, since %s", reason)
     return "torch" if reason is not None else "folovllm"
 
 
@@ -209,9 +230,9 @@ def gptq_kernel(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tenso
             scale = scales[group].to(dtype)
             offsets = (128 - zeros[group].float()) * scale.float()  # zero for symmetric checkpoints
             module = Int8ChannelKernel((codes - 128).to(torch.int8).t().contiguous(), scale,
-                                       offsets.to(dtype) if bool(offsets.any()) else None, reference=False)
+                                       offsets.to(dtype) if bool(offsets.any()) else None, kernel)
         else:
-            module = _int4_kernel(codes, zeros, scales.float(), g_idx, bits, dtype, int4_backend(kernel))
+            module = _int4_kernel(codes, zeros, scales.float(), g_idx, bits, dtype, quant_backend(kernel))
         if module is None:
             logger.warning("no CPU kernel takes a %d-bit [%d x %d] GPTQ weight with these groups; "
                            "using the (slow) reference path", bits, qweight.shape[1], codes.shape[0])

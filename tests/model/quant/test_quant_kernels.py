@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from folovllm.model.quant.cpu_int4 import CpuInt4Kernel, cpu_int4_unavailable
+from folovllm.model.quant.cpu_quant import CpuInt4Kernel, cpu_quant_unavailable
 from folovllm.model.quant.kernels import (
     Int4Kernel,
     Int8ChannelKernel,
@@ -16,7 +16,7 @@ from folovllm.model.quant.kernels import (
 )
 from tests.model.quant.gptq_checkpoint import act_order_g_idx, rtn_gptq
 
-NOT_BUILT = cpu_int4_unavailable()
+NOT_BUILT = cpu_quant_unavailable()
 # the 4-bit kernels: torch's, and ours where it runs here
 BACKENDS = ["torch", pytest.param("folovllm", marks=pytest.mark.skipif(NOT_BUILT is not None, reason=f"{NOT_BUILT}"))]
 INT4_CLASSES = {"torch": Int4Kernel, "folovllm": CpuInt4Kernel}

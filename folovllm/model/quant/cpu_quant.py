@@ -1,9 +1,13 @@
-"""Our CPU W4A16 kernel (csrc/cpu_quant_gemm.cpp): the 4-bit codes repacked once into its layout.
+"""Our CPU weight-only quantized matmuls (csrc/cpu_quant_gemm.cpp): the codes repacked once into their layouts.
 
-The kernel computes y = x W^T with w[n, k] = (q[n, k] - 8) * scale[n, g] + zero[n, g] for groups of
-``group_size`` inputs (the last one may be partial), from bf16 or fp32 activations; the output size
-must be a multiple of 16, the input size and the group size multiples of 8. It unpacks codes in registers and applies
-each group's scale and zero once per output (see the source's header for the layout and the identity).
+- ``int4_gemm`` (``CpuInt4Kernel``): y = x W^T with w[n, k] = (q[n, k] - 8) * scale[n, g] + zero[n, g] for
+  groups of ``group_size`` inputs (the last one may be partial); the output size must be a multiple of
+  16, the input size and the group size multiples of 8. Codes are unpacked in registers and each
+  group's scale and zero applied once per output (csrc/cpu_quant_int4.h has the layout and the identity).
+- ``int8_gemm`` (``pack_int8``, used by ``kernels.Int8ChannelKernel``): int8 codes with one scale per
+  output; outputs a multiple of 16, inputs of 2.
+
+Both take bf16 or fp32 activations and need AVX512_BF16.
 """
 from __future__ import annotations
 
@@ -24,8 +28,8 @@ ACTIVATION_DTYPES = (torch.bfloat16, torch.float32)
 
 
 @functools.cache
-def cpu_int4_unavailable(path: Path = CPU_QUANT_GEMM_LIBRARY) -> str | None:
-    """Why our int4 kernel cannot run in this process (not built, does not load, CPU lacks AVX512_BF16), or None."""
+def cpu_quant_unavailable(path: Path = CPU_QUANT_GEMM_LIBRARY) -> str | None:
+    """Why our quantized kernels cannot run in this process (not built, does not load, CPU lacks AVX512_BF16), or None."""
     if not path.is_file():
         return f"the CPU int4 kernel is not built ({path} is missing): run `make kernels` in the source tree"
     try:
@@ -54,6 +58,23 @@ def pack_int4(codes: torch.Tensor) -> torch.Tensor:
     return words.to(torch.int32).transpose(1, 2).contiguous()
 
 
+def cpu_int8_fits(input_size: int, output_size: int, dtype: torch.dtype) -> bool:
+    """Whether ``int8_gemm`` takes a [output_size x input_size] layer with these activations."""
+    return dtype in ACTIVATION_DTYPES and output_size % BLOCK_COLS == 0 and input_size % 2 == 0
+
+
+def pack_int8(codes: torch.Tensor) -> torch.Tensor:
+    """int8 codes [N, K] -> [N / 16, K / 2, 16, 2]: for each 16 columns and input pair, column j's two codes."""
+    n, k = codes.shape
+    return codes.reshape(n // BLOCK_COLS, BLOCK_COLS, k // 2, 2).transpose(1, 2).contiguous()
+
+
+def packed_int8_rows(packed: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Rows ``rows`` of the [N, K] codes that ``pack_int8`` packed (an embedding lookup from a packed head)."""
+    pairs = packed.shape[1]
+    return packed[rows // BLOCK_COLS, :, rows % BLOCK_COLS, :].reshape(*rows.shape, 2 * pairs)
+
+
 def pack_groups(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """[N, groups] -> [N / 16, groups, 16] in ``dtype`` (each column block's groups contiguous)."""
     n, groups = values.shape
@@ -62,28 +83,33 @@ def pack_groups(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 class CpuInt4Kernel(nn.Module):
     """One or more of our int4 matmuls summed (several: the nibbles of 8-bit codes), after an optional
-    permutation of x's columns (act-order). Activations in another dtype than bf16/fp32 go through fp32."""
+    permutation of x's columns (act-order); bf16 or fp32 activations."""
 
     def __init__(self, codes: list[torch.Tensor], scales: list[torch.Tensor], zeros: list[torch.Tensor],
                  group_size: int, dtype: torch.dtype, perm: torch.Tensor | None) -> None:
         super().__init__()
-        reason = cpu_int4_unavailable()
+        reason = cpu_quant_unavailable()
         if reason is not None:
             raise RuntimeError(reason)
-        self.group_size, self.num_parts = group_size, len(codes)
-        for i, (q, s, z) in enumerate(zip(codes, scales, zeros)):
-            self.register_buffer(f"codes{i}", pack_int4(q))  # q [out, in] in [0, 16)
-            self.register_buffer(f"scales{i}", pack_groups(s, dtype))  # [out, in / group_size]
-            self.register_buffer(f"zeros{i}", pack_groups(z, dtype))
+        self.group_size = group_size
+        self.part_names = [(f"codes{i}", f"scales{i}", f"zeros{i}") for i in range(len(codes))]
+        for (q, s, z), names in zip(zip(codes, scales, zeros), self.part_names):
+            self.register_buffer(names[0], pack_int4(q))  # q [out, in] in [0, 16)
+            self.register_buffer(names[1], pack_groups(s, dtype))  # [out, in / group_size]
+            self.register_buffer(names[2], pack_groups(z, dtype))
         self.register_buffer("perm", perm)
 
+    @property
+    def num_parts(self) -> int:
+        return len(self.part_names)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.perm is not None:
-            x = x.index_select(-1, self.perm)
+        buffers = self._buffers  # read directly: this runs ~120 times per decode step
+        if buffers["perm"] is not None:
+            x = x.index_select(-1, buffers["perm"])
         y = None
-        for i in range(self.num_parts):
-            part = torch.ops.folovllm_cpu_quant.int4_gemm(
-                x, getattr(self, f"codes{i}"), getattr(self, f"scales{i}"), getattr(self, f"zeros{i}"),
-                self.group_size)
+        for codes, scales, zeros in self.part_names:
+            part = torch.ops.folovllm_cpu_quant.int4_gemm(x, buffers[codes], buffers[scales], buffers[zeros],
+                                                          self.group_size)
             y = part if y is None else y + part
         return y

@@ -1,4 +1,5 @@
-"""Our CPU W4A16 kernel (csrc/cpu_quant_gemm.cpp) against dequantize-then-matmul: shapes, groups, rows, dtypes."""
+"""Our CPU W4A16 and W8A16 kernels (csrc/cpu_quant_gemm.cpp) against dequantize-then-matmul: shapes, groups,
+rows, dtypes."""
 from __future__ import annotations
 
 import pytest
@@ -6,9 +7,16 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from folovllm.model.quant.cpu_int4 import CpuInt4Kernel, cpu_int4_fits, cpu_int4_unavailable, pack_int4
+from folovllm.model.quant.cpu_quant import (
+    CpuInt4Kernel,
+    cpu_int4_fits,
+    cpu_quant_unavailable,
+    pack_int4,
+    pack_int8,
+    packed_int8_rows,
+)
 
-NOT_BUILT = cpu_int4_unavailable()
+NOT_BUILT = cpu_quant_unavailable()
 pytestmark = pytest.mark.skipif(NOT_BUILT is not None, reason=f"{NOT_BUILT}")
 
 
@@ -91,3 +99,24 @@ def test_fits_and_errors() -> None:
         kernel(torch.randn(1, 72).bfloat16())
     with pytest.raises(RuntimeError, match="bfloat16 or float32"):
         kernel(torch.randn(1, 64).half())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("m", [1, 3, 4, 5, 8, 17, 64, 130])  # up to 4 rows read codes directly, more a bf16 tile
+@pytest.mark.parametrize("n, k", [(48, 576), (16, 2), (80, 130)])
+def test_int8_matches_reference(n: int, k: int, m: int, dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(n + k + m)
+    codes = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=gen)
+    scales = (torch.rand(n, generator=gen) * 0.01 + 1e-3).to(dtype)
+    x = torch.randn(m, k, generator=gen).to(dtype)
+    got = torch.ops.folovllm_cpu_quant.int8_gemm(x, pack_int8(codes), scales)
+    assert got.dtype == dtype and got.shape == (m, n)
+    expected = (x.double() @ codes.double().t()) * scales.double()
+    rel = 1e-5 if dtype == torch.float32 else 8e-3
+    assert (got.double() - expected).abs().max().item() <= rel * expected.abs().max().item()
+
+
+def test_int8_packed_rows() -> None:
+    codes = torch.randint(-127, 128, (64, 24), dtype=torch.int8)
+    ids = torch.tensor([[0, 63], [17, 17]])
+    torch.testing.assert_close(packed_int8_rows(pack_int8(codes), ids), codes[ids], rtol=0, atol=0)
