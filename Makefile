@@ -35,7 +35,7 @@ $(CPU_FUSED_OPS): csrc/cpu_fused_ops.cpp $(CPU_SIMD) csrc/build.py $(STAMP)
 # The W4A16 matmul (4-bit linears pick it on CPU once built; FOLOVLLM_QUANT_KERNEL=torch turns it off).
 CPU_QUANT_GEMM := build/cpu_quant_gemm/libfolovllm_cpu_quant_gemm.so
 
-$(CPU_QUANT_GEMM): csrc/cpu_quant_gemm.cpp csrc/build.py $(STAMP)
+$(CPU_QUANT_GEMM): csrc/cpu_quant_gemm.cpp csrc/cpu_quant_common.h csrc/cpu_quant_int4.h csrc/cpu_quant_int8.h csrc/build.py $(STAMP)
 	$(PY) csrc/build.py $@ csrc/cpu_quant_gemm.cpp
 
 KERNELS := $(CPU_ATTENTION) $(CPU_FUSED_OPS) $(CPU_QUANT_GEMM)
