@@ -10,7 +10,9 @@ the engine's ``auto`` for quantized models); 4-bit linears run our int4 kernel w
 (``FOLOVLLM_QUANT_KERNEL=auto``), and ``-torchkernel`` variants run torch's. Then it times every variant in
 alternating rounds in this one process: a decode step (forward + logits) of one stream and of a batch
 of 64 streams, each at a 64-token context, and a 256-token prefill. Reported: median tok/s per variant,
-its ratio to bf16, and weight MiB (all and linear layers).
+its ratio to bf16, and weight MiB (all and linear layers). The models run torch attention and unfused
+element-wise ops unless ``--engine-cpu-ops`` (the CPU attention kernel and fused ops, the engine's
+default on CPU); ``--only NAME ...`` times a subset beside bf16.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -85,6 +88,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--only", nargs="+", default=None, help="variants to time beside bf16 (default: all)")
+    parser.add_argument("--engine-cpu-ops", action="store_true",
+                        help="every variant with the CPU attention kernel and the fused CPU ops, as the engine "
+                             "runs them by default (default: torch attention, unfused ops)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -105,7 +111,8 @@ def main() -> None:
     }
     if args.only:
         variants = {name: v for name, v in variants.items() if name == "bf16" or name in args.only}
-    models = {name: load_variant(path() if callable(path) else path, q, packed, head, kernel)
+    engine_ops = {"attn_backend": "cpu", "cpu_fused_ops": True} if args.engine_cpu_ops else {}
+    models = {name: load_variant(path() if callable(path) else path, q, packed, head, kernel, **engine_ops)
               for name, (path, q, packed, head, kernel) in variants.items()}
     max_tokens = max(args.context, args.prefill)
     timers = {name: (StepTimer(m, max_tokens, 1), StepTimer(m, max_tokens, args.batch)) for name, m in models.items()}
@@ -124,6 +131,7 @@ def main() -> None:
             for n in models), flush=True)
 
     result = {"threads": torch.get_num_threads(), "load_average": list(os.getloadavg()), "rounds": args.rounds,
+              "engine_cpu_ops": args.engine_cpu_ops,
               "batch": args.batch, "context": args.context, "prefill": args.prefill, "variants": {}}
     base = {kind: statistics.median(rates["bf16"][kind]) for kind in kinds}
     base_all, base_linear = weight_mib(models["bf16"])
@@ -146,13 +154,13 @@ def main() -> None:
 
 
 def load_variant(path: str, quantization: str, load_quantized: bool, quantize_lm_head: str,
-                 quant_kernel: str) -> CausalLM:
+                 quant_kernel: str, **engine_ops: Any) -> CausalLM:
     """The bf16 model as a variant loads it, with ``FOLOVLLM_QUANT_KERNEL`` set while its kernels are picked."""
     saved = os.environ.get(KERNEL_ENV)
     os.environ[KERNEL_ENV] = quant_kernel
     try:
         return load_model(path, quantization=quantization, dtype=torch.bfloat16, device="cpu", cpu_prepack=True,
-                          load_quantized=load_quantized, quantize_lm_head=quantize_lm_head)
+                          load_quantized=load_quantized, quantize_lm_head=quantize_lm_head, **engine_ops)
     finally:
         if saved is None:
             del os.environ[KERNEL_ENV]

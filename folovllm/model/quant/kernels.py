@@ -22,6 +22,7 @@ Ours tiles more: any multiple of 8 rows per group, the last group partial (576 r
 """
 from __future__ import annotations
 
+import functools
 import logging
 
 import torch
@@ -42,7 +43,6 @@ logger = logging.getLogger(__name__)
 INT4_GROUP_SIZES = (256, 128, 64, 32)  # what torch's CPU int4 kernel accepts, largest (fewest scales) first
 # what ours accepts (any multiple of 8), largest first: fewer groups, fewer scale-and-zero steps per output
 CPU_INT4_GROUP_SIZES = (4096, 2048, 1024, 512, 256, 128, 64, 32, 16, 8)
-INT4_BACKENDS = ("folovllm", "torch")
 INT4_N_MULTIPLE = 16  # the CPU int4 repack needs the output size to be a multiple of this
 INT8_K_MULTIPLE = 16  # the CPU int8 kernel reads the input in blocks of this many
 
@@ -147,8 +147,13 @@ def quant_backend(choice: str) -> str:
     if choice == "folovllm" and reason is not None:
         raise RuntimeError(f"FOLOVLLM_QUANT_KERNEL=folovllm, but {reason}")
     if reason is not None:
-        logger.info("quantized linears run torch's int4/int8 kernels, since %s", reason)
+        _log_torch_fallback(reason)
     return "torch" if reason is not None else "folovllm"
+
+
+@functools.cache
+def _log_torch_fallback(reason: str) -> None:
+    logger.info("quantized linears run torch's int4/int8 kernels, since %s", reason)  # once, not per layer
 
 
 def _int4_tiling(g_idx: torch.Tensor, backend: str) -> tuple[torch.Tensor | None, int, torch.Tensor] | None:
