@@ -38,23 +38,31 @@ CPU_BF16_LINEAR := build/cpu_bf16_linear/libfolovllm_cpu_bf16_linear.so
 $(CPU_BF16_LINEAR): csrc/cpu_bf16_linear.cpp csrc/build.py $(STAMP)
 	$(PY) csrc/build.py $@ csrc/cpu_bf16_linear.cpp
 
-kernels: $(CPU_ATTENTION) $(CPU_FUSED_OPS) $(CPU_BF16_LINEAR)
+# The W4A16 matmul (4-bit linears pick it on CPU once built; FOLOVLLM_QUANT_KERNEL=torch turns it off).
+CPU_QUANT_GEMM := build/cpu_quant_gemm/libfolovllm_cpu_quant_gemm.so
+
+$(CPU_QUANT_GEMM): csrc/cpu_quant_gemm.cpp csrc/cpu_quant_common.h csrc/cpu_quant_int4.h csrc/cpu_quant_int8.h csrc/build.py $(STAMP)
+	$(PY) csrc/build.py $@ csrc/cpu_quant_gemm.cpp
+
+KERNELS := $(CPU_ATTENTION) $(CPU_FUSED_OPS) $(CPU_BF16_LINEAR) $(CPU_QUANT_GEMM)
+
+kernels: $(KERNELS)
 
 PORT ?= 8000
 
-run: $(STAMP) $(CPU_ATTENTION) $(CPU_FUSED_OPS) $(CPU_BF16_LINEAR)
+run: $(STAMP) $(KERNELS)
 	@echo "Starting the OpenAI-compatible server on http://127.0.0.1:$(PORT) (ready when 'Uvicorn running' shows). Try:"
 	@echo "  curl http://127.0.0.1:$(PORT)/v1/chat/completions -H 'Content-Type: application/json' -d '{\"messages\": [{\"role\": \"user\", \"content\": \"Write a haiku about the sea.\"}], \"max_tokens\": 64}'"
 	$(VENV)/bin/folovllm serve --port $(PORT)
 
-test: $(STAMP) $(CPU_ATTENTION) $(CPU_FUSED_OPS)
+test: $(STAMP) $(KERNELS)
 	$(PY) -m pytest -q -m "not slow"
 
 # Everything, the slow tests too (heavier twins of default tests: real-weight models, more servers).
-test-all: $(STAMP) $(CPU_ATTENTION) $(CPU_FUSED_OPS)
+test-all: $(STAMP) $(KERNELS)
 	$(PY) -m pytest -q
 
-bench: $(STAMP) $(CPU_ATTENTION) $(CPU_FUSED_OPS)
+bench: $(STAMP) $(KERNELS)
 	$(VENV)/bin/folovllm bench throughput --workload decode-heavy --baseline hf
 
 # vLLM's CPU backend in its own virtualenv, for the side-by-side benchmark (benchmarks/vs_vllm/); never in CI.
@@ -92,4 +100,4 @@ $(ECO_VENV)/.installed-stamp:
 	touch $@
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis build/cpu_attention
+	rm -rf $(VENV) .pytest_cache .hypothesis build/cpu_attention build/cpu_fused_ops build/cpu_quant_gemm

@@ -6,10 +6,13 @@ Writes a GPTQ checkpoint of the default model (its GGUF weights, dequantized, th
 4-bit, groups of 128, symmetric, v1 format; and 8-bit the same way), loads the GGUF file itself with
 its Q4_1 weights kept 4-bit (``--load-quantized on``), each quantized variant with its LM head in
 bf16 (``--quantize-lm-head off``) and, for the 4-bit ones and INT8, also in int8 (``-int8head``:
-the engine's ``auto`` for quantized models), then times every variant in
+the engine's ``auto`` for quantized models); 4-bit linears run our int4 kernel where it is built
+(``FOLOVLLM_QUANT_KERNEL=auto``), and ``-torchkernel`` variants run torch's. Then it times every variant in
 alternating rounds in this one process: a decode step (forward + logits) of one stream and of a batch
 of 64 streams, each at a 64-token context, and a 256-token prefill. Reported: median tok/s per variant,
-its ratio to bf16, and weight MiB (all and linear layers).
+its ratio to bf16, and weight MiB (all and linear layers). The models run torch attention and unfused
+element-wise ops unless ``--engine-cpu-ops`` (the CPU attention kernel and fused ops, the engine's
+default on CPU); ``--only NAME ...`` times a subset beside bf16.
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -29,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from folovllm.model.linear import LinearBase  # noqa: E402
 from folovllm.model.layers import CausalLM  # noqa: E402
 from folovllm.model.loader import default_model_path, load_model  # noqa: E402
+from folovllm.model.quant.gptq_config import KERNEL_ENV  # noqa: E402
 from tests.helpers import make_attn_metadata  # noqa: E402
 from folovllm.quantize.run import QuantizeArgs, quantize  # noqa: E402
 
@@ -82,25 +87,33 @@ def main() -> None:
     parser.add_argument("--prefill", type=int, default=256)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--only", nargs="+", default=None, help="variants to time beside bf16 (default: all)")
+    parser.add_argument("--engine-cpu-ops", action="store_true",
+                        help="every variant with the CPU attention kernel and the fused CPU ops, as the engine "
+                             "runs them by default (default: torch attention, unfused ops)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
 
     tmp = Path(tempfile.mkdtemp(prefix="quant-bench-"))
     gguf, gptq4 = default_model_path(), write_gptq_folder(tmp / "gptq4", 4, 128)
-    variants = {  # name: (path, quantization, load_quantized, quantize_lm_head)
-        "bf16": (gguf, "auto", False, "off"),  # the engine's default CPU path: prepacked bf16
-        "gptq-4bit-g128": (gptq4, "auto", False, "off"),
-        "gptq-4bit-g128-int8head": (gptq4, "auto", False, "on"),
-        "gptq-8bit-g128": (write_gptq_folder(tmp / "gptq8", 8, 128), "auto", False, "off"),
-        "int8": (gguf, "int8", False, "off"),
-        "int8-int8head": (gguf, "int8", False, "on"),
-        "gguf-q4-packed": (gguf, "auto", True, "off"),  # --load-quantized on: the file's Q4_1 kept 4-bit
-        "gguf-q4-packed-int8head": (gguf, "auto", True, "on"),
+    variants = {  # name: (path, quantization, load_quantized, quantize_lm_head, FOLOVLLM_QUANT_KERNEL)
+        "bf16": (gguf, "auto", False, "off", "auto"),  # the engine's default CPU path: prepacked bf16
+        "gptq-4bit-g128": (gptq4, "auto", False, "off", "auto"),
+        "gptq-4bit-g128-int8head": (gptq4, "auto", False, "on", "auto"),
+        "gptq-4bit-g128-int8head-torchkernel": (gptq4, "auto", False, "on", "torch"),
+        "gptq-8bit-g128": (lambda: write_gptq_folder(tmp / "gptq8", 8, 128), "auto", False, "off", "auto"),
+        "int8": (gguf, "int8", False, "off", "auto"),
+        "int8-int8head": (gguf, "int8", False, "on", "auto"),
+        "gguf-q4-packed": (gguf, "auto", True, "off", "auto"),  # --load-quantized on: the file's Q4_1 kept 4-bit
+        "gguf-q4-packed-int8head": (gguf, "auto", True, "on", "auto"),
+        "gguf-q4-packed-int8head-torchkernel": (gguf, "auto", True, "on", "torch"),
     }
-    models = {name: load_model(path, quantization=q, dtype=torch.bfloat16, device="cpu", cpu_prepack=True,
-                               load_quantized=packed, quantize_lm_head=head)
-              for name, (path, q, packed, head) in variants.items()}
+    if args.only:
+        variants = {name: v for name, v in variants.items() if name == "bf16" or name in args.only}
+    engine_ops = {"attn_backend": "cpu", "cpu_fused_ops": True} if args.engine_cpu_ops else {}
+    models = {name: load_variant(path() if callable(path) else path, q, packed, head, kernel, **engine_ops)
+              for name, (path, q, packed, head, kernel) in variants.items()}
     max_tokens = max(args.context, args.prefill)
     timers = {name: (StepTimer(m, max_tokens, 1), StepTimer(m, max_tokens, args.batch)) for name, m in models.items()}
     kinds = {"one_stream": lambda one, many: 1 / median_of(args.steps, lambda: one.seconds(1, args.context)),
@@ -118,6 +131,7 @@ def main() -> None:
             for n in models), flush=True)
 
     result = {"threads": torch.get_num_threads(), "load_average": list(os.getloadavg()), "rounds": args.rounds,
+              "engine_cpu_ops": args.engine_cpu_ops,
               "batch": args.batch, "context": args.context, "prefill": args.prefill, "variants": {}}
     base = {kind: statistics.median(rates["bf16"][kind]) for kind in kinds}
     base_all, base_linear = weight_mib(models["bf16"])
@@ -137,6 +151,21 @@ def main() -> None:
               f"(-{entry['linear_drop']:.0%})")
     if args.out:
         args.out.write_text(json.dumps(result, indent=2) + "\n")
+
+
+def load_variant(path: str, quantization: str, load_quantized: bool, quantize_lm_head: str,
+                 quant_kernel: str, **engine_ops: Any) -> CausalLM:
+    """The bf16 model as a variant loads it, with ``FOLOVLLM_QUANT_KERNEL`` set while its kernels are picked."""
+    saved = os.environ.get(KERNEL_ENV)
+    os.environ[KERNEL_ENV] = quant_kernel
+    try:
+        return load_model(path, quantization=quantization, dtype=torch.bfloat16, device="cpu", cpu_prepack=True,
+                          load_quantized=load_quantized, quantize_lm_head=quantize_lm_head, **engine_ops)
+    finally:
+        if saved is None:
+            del os.environ[KERNEL_ENV]
+        else:
+            os.environ[KERNEL_ENV] = saved
 
 
 def median_of(count: int, step) -> float:

@@ -133,7 +133,7 @@ def load_model(
     hf_overrides: merged into config.json.
     tp_group: this process's tensor-parallel rank: it builds and loads only its slice of every weight.
     load_quantized: a GGUF file's decoder linears stored in a 4-bit type (Q4_0, Q4_1, Q4_K) stay 4-bit,
-    held for torch's CPU int4 kernel; the other types are dequantized as without it.
+    held for a CPU int4 kernel (ours, or torch's); the other types are dequantized as without it.
     quantize_lm_head: "on" holds the LM head (a tied one: the embedding too) as int8 rows; "auto" does
     so when the linears are quantized on the CPU; "off" (the default here) keeps it in ``dtype``.
     """
@@ -186,7 +186,7 @@ def _check_load_quantized(model: str, load_format: str, quant_method: str, devic
         raise ValueError(f"load_quantized keeps the GGUF file's own 4-bit weights; quantization={quant_method!r} "
                          "would quantize dequantized weights instead: use one or the other")
     if device.type != "cpu":
-        raise ValueError(f"load_quantized runs torch's CPU int4 kernel; device {device} is not the CPU: "
+        raise ValueError(f"load_quantized runs a CPU int4 kernel; device {device} is not the CPU: "
                          "turn load_quantized off")
 
 

@@ -1,4 +1,4 @@
-"""GGUF 4-bit block types kept packed: Q4_0, Q4_1 and Q4_K repacked once for torch's CPU int4 kernel.
+"""GGUF 4-bit block types kept packed: Q4_0, Q4_1 and Q4_K repacked once for a CPU int4 kernel.
 
 Each of these types stores 4-bit codes q in [0, 16) with a scale and an offset per 32 weights of a
 row, so each maps exactly (up to rounding the scale and offset to the activation dtype) onto the
@@ -20,7 +20,8 @@ import torch
 from torch import nn
 
 from folovllm.model.linear_method import LinearMethod, set_weight_attrs
-from folovllm.model.quant.kernels import INT4_N_MULTIPLE, apply_quant_kernel, int4_group_kernel
+from folovllm.model.quant.gptq_config import kernel_choice
+from folovllm.model.quant.kernels import INT4_N_MULTIPLE, apply_quant_kernel, quant_backend, int4_group_kernel
 
 Q = gguf.GGMLQuantizationType
 GGUF_INT4_TYPES = (Q.Q4_0, Q.Q4_1, Q.Q4_K)
@@ -83,7 +84,7 @@ def gguf_int4_fits(input_size: int, output_size: int, device: torch.device) -> b
 
 class GGUFInt4LinearMethod(LinearMethod):
     """A layer whose every checkpoint piece is a GGUF 4-bit type: loads (codes, scale, zero), then one
-    int4 kernel call per forward (``kernels.Int4Kernel``, groups of 32)."""
+    int4 kernel call per forward (ours or torch's, see ``kernels.quant_backend``; groups of 32)."""
 
     def create_weights(
         self,
@@ -116,7 +117,7 @@ class GGUFInt4LinearMethod(LinearMethod):
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         kernel = int4_group_kernel(layer.qcodes.data, layer.qscales.data, layer.qzeros.data, GROUP,
-                                   layer.activation_dtype)
+                                   layer.activation_dtype, quant_backend(kernel_choice()))
         for name in GGUF_INT4_TENSORS:
             delattr(layer, name)  # the kernel holds the packed codes and its scales
         layer.quant_kernel = kernel

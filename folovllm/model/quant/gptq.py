@@ -103,7 +103,7 @@ class GPTQLinearMethod(LinearMethod):
             raise ValueError(f"g_idx values must lie in [0, {groups}) (the layer's groups); "
                              f"got [{int(g_idx.min())}, {int(g_idx.max())}]")
         kernel = gptq_kernel(layer.qweight.data, layer.qzeros.data, layer.scales.data, g_idx, cfg.bits,
-                             cfg.zero_offset, layer.activation_dtype, reference=self.kernel == "reference")
+                             cfg.zero_offset, layer.activation_dtype, self.kernel)
         for name in _CHECKPOINT_TENSORS:
             delattr(layer, name)  # the kernel holds what it needs (a reference kernel holds these)
         layer.quant_kernel = kernel

@@ -8,8 +8,10 @@ from typing import Any
 GPTQ_BITS = (4, 8)
 # The zero-point convention: v1 ("gptq", the common one) stores each zero point minus one, v2 stores it as is.
 _FORMATS = {"gptq": "v1", "v1": "v1", "gptq_v2": "v2", "v2": "v2"}
-KERNELS = ("auto", "reference")
-KERNEL_ENV = "FOLOVLLM_QUANT_KERNEL"  # "reference" forces dequantize-then-matmul (tests, debugging)
+# auto: our CPU int4 kernel where it is built and the CPU has AVX512_BF16, else torch's; folovllm / torch:
+# that 4-bit kernel (folovllm fails when it cannot run); reference: dequantize-then-matmul (tests, debugging)
+KERNELS = ("auto", "folovllm", "torch", "reference")
+KERNEL_ENV = "FOLOVLLM_QUANT_KERNEL"
 
 
 def kernel_choice() -> str:

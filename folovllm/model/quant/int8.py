@@ -2,7 +2,7 @@
 
 The layer loads its weight as the unquantized method would; ``process_weights_after_loading`` then
 replaces it by int8 codes q = round(w / s), s = max|w[n, :]| / 127 (symmetric, codes in [-127, 127]),
-multiplied by torch's int8 CPU kernel with activations in the model's dtype.
+multiplied by an int8 CPU kernel (ours or torch's) with activations in the model's dtype.
 """
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ class Int8LinearMethod(UnquantizedLinearMethod):
         codes, scales = quantize_int8_per_channel(layer.weight.data)
         dtype = layer.weight.dtype
         del layer.weight  # the codes replace it
-        layer.quant_kernel = Int8ChannelKernel(codes, scales.to(dtype), None, reference=self.kernel == "reference")
+        layer.quant_kernel = Int8ChannelKernel(codes, scales.to(dtype), None, self.kernel)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return apply_quant_kernel(layer, x, bias)

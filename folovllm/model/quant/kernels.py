@@ -2,10 +2,12 @@
 
 ``gptq_kernel`` picks one for a layer, once, after loading:
 
-- 4-bit: torch's CPU int4 kernel (``_weight_int4pack_mm_for_cpu``), which computes
-  w = (q - 8) * scale + zero per group. GPTQ's w = (q - z) * s is the same with zero = (8 - z) * s.
-- 8-bit, one group over the input: torch's int8 kernel (``_weight_int8pack_mm``, per-output-channel
-  scales) on q - 128; an asymmetric zero point adds sum(x) * (128 - z) * s.
+- 4-bit: our CPU int4 kernel (``cpu_quant.CpuInt4Kernel``) or torch's (``_weight_int4pack_mm_for_cpu``),
+  as ``quant_backend`` resolves ``FOLOVLLM_QUANT_KERNEL``. Both compute w = (q - 8) * scale + zero per
+  group. GPTQ's w = (q - z) * s is the same with zero = (8 - z) * s.
+- 8-bit, one group over the input: an int8 kernel with per-output-channel scales (ours,
+  ``cpu_quant.pack_int8``, or torch's ``_weight_int8pack_mm``) on q - 128; an asymmetric zero point adds
+  sum(x) * (128 - z) * s.
 - 8-bit with groups: two int4 matmuls, on the high and on the low nibble of each code
   (q = 16 hi + lo), with scales 16 s and s; the zero points go into their offsets.
 
@@ -16,19 +18,31 @@ permutation into the previous layer's output instead would tie layers together, 
 
 Anything a kernel cannot take (a device other than the CPU, output size not a multiple of 16, groups
 the int4 kernel cannot tile) runs the reference path: dequantize the whole weight, one fp32 matmul.
+Ours tiles more: any multiple of 8 rows per group, the last group partial (576 rows in groups of 128).
 """
 from __future__ import annotations
 
+import functools
 import logging
 
 import torch
 from torch import nn
 
+from folovllm.model.quant.cpu_quant import (
+    CpuInt4Kernel,
+    cpu_int4_fits,
+    cpu_int8_fits,
+    cpu_quant_unavailable,
+    pack_int8,
+    packed_int8_rows,
+)
 from folovllm.model.quant.pack import unpack_int32
 
 logger = logging.getLogger(__name__)
 
-INT4_GROUP_SIZES = (256, 128, 64, 32)  # what the CPU int4 kernel accepts, largest (fewest scales) first
+INT4_GROUP_SIZES = (256, 128, 64, 32)  # what torch's CPU int4 kernel accepts, largest (fewest scales) first
+# what ours accepts (any multiple of 8), largest first: fewer groups, fewer scale-and-zero steps per output
+CPU_INT4_GROUP_SIZES = (4096, 2048, 1024, 512, 256, 128, 64, 32, 16, 8)
 INT4_N_MULTIPLE = 16  # the CPU int4 repack needs the output size to be a multiple of this
 INT8_K_MULTIPLE = 16  # the CPU int8 kernel reads the input in blocks of this many
 
@@ -60,15 +74,25 @@ class ReferenceGPTQKernel(nn.Module):
 
 
 class Int8ChannelKernel(nn.Module):
-    """w[n, k] = q[n, k] * scale[n] (+ offset[n]): int8 codes, one scale (and offset) per output channel."""
+    """w[n, k] = q[n, k] * scale[n] (+ offset[n]): int8 codes, one scale (and offset) per output channel.
+
+    ``kernel`` (a ``FOLOVLLM_QUANT_KERNEL`` choice): reference dequantizes; otherwise ours (codes held in
+    ``pack_int8``'s layout) where ``quant_backend`` picks it and the shape fits, else torch's."""
 
     def __init__(self, codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | None,
-                 reference: bool) -> None:
+                 kernel: str) -> None:
         super().__init__()
-        self.reference = reference or codes.device.type != "cpu" or codes.shape[1] % INT8_K_MULTIPLE != 0
-        self.register_buffer("codes", codes)  # int8 [out, in]
+        usable = kernel != "reference" and codes.device.type == "cpu"
+        self.ours = (usable and cpu_int8_fits(codes.shape[1], codes.shape[0], scales.dtype)
+                     and quant_backend(kernel) == "folovllm")
+        self.reference = not usable or (not self.ours and codes.shape[1] % INT8_K_MULTIPLE != 0)
+        self.register_buffer("codes", pack_int8(codes) if self.ours else codes)  # int8 [out, in] (or packed)
         self.register_buffer("scales", scales)  # [out], the activation dtype
         self.register_buffer("offsets", offsets)  # [out] or None: added to every weight of a channel
+
+    def code_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """The int8 codes of output channels ``rows``: [*rows.shape, in]."""
+        return packed_int8_rows(self.codes, rows) if self.ours else self.codes[rows]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.reference:
@@ -76,7 +100,10 @@ class Int8ChannelKernel(nn.Module):
             if self.offsets is not None:
                 weight = weight + self.offsets.float()[:, None]
             return (x.float() @ weight.t()).to(x.dtype)
-        y = torch.ops.aten._weight_int8pack_mm(x, self.codes, self.scales)
+        if self.ours:
+            y = torch.ops.folovllm_cpu_quant.int8_gemm(x, self.codes, self.scales)
+        else:
+            y = torch.ops.aten._weight_int8pack_mm(x, self.codes, self.scales)
         if self.offsets is not None:
             y = y + (x.float().sum(-1, keepdim=True) * self.offsets.float()).to(y.dtype)
         return y
@@ -112,23 +139,41 @@ def apply_quant_kernel(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | N
     return y if bias is None else y + bias
 
 
-def _int4_tiling(g_idx: torch.Tensor) -> tuple[torch.Tensor | None, int, torch.Tensor] | None:
+def quant_backend(choice: str) -> str:
+    """The CPU int4/int8 kernels for a ``FOLOVLLM_QUANT_KERNEL`` choice: "folovllm" (ours) or "torch"."""
+    if choice == "torch":
+        return "torch"
+    reason = cpu_quant_unavailable()
+    if choice == "folovllm" and reason is not None:
+        raise RuntimeError(f"FOLOVLLM_QUANT_KERNEL=folovllm, but {reason}")
+    if reason is not None:
+        _log_torch_fallback(reason)
+    return "torch" if reason is not None else "folovllm"
+
+
+@functools.cache
+def _log_torch_fallback(reason: str) -> None:
+    logger.info("quantized linears run torch's int4/int8 kernels, since %s", reason)  # once, not per layer
+
+
+def _int4_tiling(g_idx: torch.Tensor, backend: str) -> tuple[torch.Tensor | None, int, torch.Tensor] | None:
     """(row permutation or None, int4 group size, GPTQ group of each int4 group), or None if no size fits.
 
-    After sorting rows by group, an int4 group must divide the input size and never straddle two
-    GPTQ groups (a partial last GPTQ group, e.g. 576 rows in groups of 128, still tiles by 64).
+    After sorting rows by group, an int4 group must never straddle two GPTQ groups. Torch's groups must
+    also divide the input size (a partial last GPTQ group, e.g. 576 rows in groups of 128, then tiles by
+    64); ours may end with a partial group.
     """
     perm = None
     if bool((g_idx[1:] < g_idx[:-1]).any()):
         perm = torch.argsort(g_idx, stable=True)
         g_idx = g_idx[perm]
     size = g_idx.numel()
-    for tile in INT4_GROUP_SIZES:
-        if size % tile:
+    for tile in (INT4_GROUP_SIZES if backend == "torch" else CPU_INT4_GROUP_SIZES):
+        if size % tile and (backend == "torch" or size % 8):
             continue
-        blocks = g_idx.view(-1, tile)
-        if bool((blocks == blocks[:, :1]).all()):
-            return perm, tile, blocks[:, 0].long()
+        firsts = g_idx[::tile]
+        if bool((firsts.repeat_interleave(tile)[:size] == g_idx).all()):
+            return perm, tile, firsts.long()
     return None
 
 
@@ -140,19 +185,23 @@ def _int4_part(codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor,
 
 
 def int4_group_kernel(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int,
-                      dtype: torch.dtype) -> Int4Kernel:
-    """codes [out, in] in [0, 16), scale and zero [out, in / group_size] -> the int4 kernel computing
-    w = (q - 8) * scale + zero (scale and zero rounded to the activation dtype)."""
+                      dtype: torch.dtype, backend: str = "torch") -> nn.Module:
+    """codes [out, in] in [0, 16), scale and zero [out, in / group_size] -> the int4 kernel (``backend``:
+    "folovllm" or "torch") computing w = (q - 8) * scale + zero (scale and zero rounded to ``dtype``)."""
+    if backend == "folovllm" and cpu_int4_fits(codes.shape[1], codes.shape[0], group_size, dtype):
+        return CpuInt4Kernel([codes], [scales], [zeros], group_size, dtype, None)
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32).contiguous(), 1)
     scales_zeros = torch.stack([scales.t(), zeros.t()], dim=-1).to(dtype).contiguous()
     return Int4Kernel([packed], [scales_zeros], group_size, None)
 
 
 def _int4_kernel(codes: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, g_idx: torch.Tensor,
-                 bits: int, dtype: torch.dtype) -> Int4Kernel | None:
+                 bits: int, dtype: torch.dtype, backend: str) -> nn.Module | None:
     if codes.shape[1] % INT4_N_MULTIPLE:
         return None
-    tiling = _int4_tiling(g_idx)
+    if backend == "folovllm" and dtype not in (torch.bfloat16, torch.float32):
+        backend = "torch"  # ours takes bf16 and fp32 activations
+    tiling = _int4_tiling(g_idx, backend)
     if tiling is None:
         return None
     perm, tile, groups = tiling
@@ -161,20 +210,23 @@ def _int4_kernel(codes: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor,
     # scales rounded to the activation dtype first, so the offsets are computed from the scales used
     s, z = scales[groups].to(dtype).float(), zeros[groups].float()
     if bits == 4:
-        parts = [_int4_part(codes, s, (8 - z) * s, dtype)]
+        parts = [(codes, s, (8 - z) * s)]
     else:  # (q - z) s = (hi - 8) 16s + (8 - z_hi) 16s + (lo - 8) s + (8 - z_lo) s, with z = 16 z_hi + z_lo
         z_hi, z_lo = torch.div(z, 16, rounding_mode="floor"), torch.remainder(z, 16)
-        parts = [_int4_part(codes >> 4, 16 * s, (8 - z_hi) * 16 * s, dtype),
-                 _int4_part(codes & 15, s, (8 - z_lo) * s, dtype)]
-    packed, scales_zeros = zip(*parts)
+        parts = [(codes >> 4, 16 * s, (8 - z_hi) * 16 * s), (codes & 15, s, (8 - z_lo) * s)]
+    if backend == "folovllm" and cpu_int4_fits(codes.shape[0], codes.shape[1], tile, dtype):
+        return CpuInt4Kernel([q.t() for q, _, _ in parts], [sc.t() for _, sc, _ in parts],
+                             [off.t() for _, _, off in parts], tile, dtype, perm)
+    packed, scales_zeros = zip(*(_int4_part(q, sc, off, dtype) for q, sc, off in parts))
     return Int4Kernel(list(packed), list(scales_zeros), tile, perm)
 
 
 def gptq_kernel(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, g_idx: torch.Tensor,
-                bits: int, zero_offset: int, dtype: torch.dtype, reference: bool) -> nn.Module:
-    """The fastest kernel that takes this GPTQ layer (``reference``: dequantize-then-matmul)."""
-    kernel: nn.Module | None = None
-    if not reference and qweight.device.type == "cpu":
+                bits: int, zero_offset: int, dtype: torch.dtype, kernel: str) -> nn.Module:
+    """The fastest kernel that takes this GPTQ layer (``kernel``: a ``FOLOVLLM_QUANT_KERNEL`` choice;
+    reference: dequantize-then-matmul)."""
+    module: nn.Module | None = None
+    if kernel != "reference" and qweight.device.type == "cpu":
         codes = unpack_int32(qweight, bits, 0)  # [in, out]
         zeros = unpack_int32(qzeros, bits, 1) + zero_offset  # [groups, out]
         single_group = bool((g_idx == g_idx[0]).all())
@@ -182,11 +234,11 @@ def gptq_kernel(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tenso
             group = int(g_idx[0])
             scale = scales[group].to(dtype)
             offsets = (128 - zeros[group].float()) * scale.float()  # zero for symmetric checkpoints
-            kernel = Int8ChannelKernel((codes - 128).to(torch.int8).t().contiguous(), scale,
-                                       offsets.to(dtype) if bool(offsets.any()) else None, reference=False)
+            module = Int8ChannelKernel((codes - 128).to(torch.int8).t().contiguous(), scale,
+                                       offsets.to(dtype) if bool(offsets.any()) else None, kernel)
         else:
-            kernel = _int4_kernel(codes, zeros, scales.float(), g_idx, bits, dtype)
-        if kernel is None:
+            module = _int4_kernel(codes, zeros, scales.float(), g_idx, bits, dtype, quant_backend(kernel))
+        if module is None:
             logger.warning("no CPU kernel takes a %d-bit [%d x %d] GPTQ weight with these groups; "
                            "using the (slow) reference path", bits, qweight.shape[1], codes.shape[0])
-    return kernel or ReferenceGPTQKernel(qweight, qzeros, scales, g_idx, bits, zero_offset)
+    return module or ReferenceGPTQKernel(qweight, qzeros, scales, g_idx, bits, zero_offset)

@@ -2,7 +2,7 @@
 
 At batch 1 the logits matmul reads the whole [vocab, hidden] head every step; for a small model with
 4-bit linears it is the largest single read of a decode step. Held as int8 codes q with a per-row
-scale s (w = q s, symmetric), it is read at half the bytes by torch's int8 CPU kernel. A head tied to
+scale s (w = q s, symmetric), it is read at half the bytes by an int8 CPU kernel (ours or torch's). A head tied to
 the embedding keeps only the int8 copy: the embedding lookup dequantizes its rows from it.
 
 ``quantize_lm_head`` (auto | on | off): auto turns it on when the model's linears are quantized on
@@ -33,12 +33,12 @@ def resolve_quantize_lm_head(choice: str, quantized_linears: bool, device: torch
 def int8_head_kernel(weight: torch.Tensor, dtype: torch.dtype) -> Int8ChannelKernel:
     """The int8 logits matmul for a [vocab, hidden] head (``FOLOVLLM_QUANT_KERNEL=reference``: dequantize)."""
     codes, scales = quantize_int8_per_channel(weight, dtype)
-    return Int8ChannelKernel(codes, scales, None, reference=kernel_choice() == "reference")
+    return Int8ChannelKernel(codes, scales, None, kernel_choice())
 
 
 def int8_rows(kernel: Int8ChannelKernel, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Rows ``ids`` of the head's int8 copy, dequantized: the embedding lookup of a tied head."""
-    return (kernel.codes[ids].float() * kernel.scales[ids].float().unsqueeze(-1)).to(dtype)
+    return (kernel.code_rows(ids).float() * kernel.scales[ids].float().unsqueeze(-1)).to(dtype)
 
 
 class Int8HeadMethod(UnquantizedLinearMethod):

@@ -13,6 +13,7 @@ from folovllm import LLM, SamplingParams
 from folovllm.config import EngineConfig
 from folovllm.model.linear import ColumnParallelLinear, RowParallelLinear, WeightConfig
 from folovllm.model.loader import default_model_path, load_model
+from folovllm.model.quant.cpu_quant import CpuInt4Kernel, cpu_quant_unavailable
 from folovllm.model.quant.gguf_int4 import GGUFInt4LinearMethod, dequantize_int4_parts, gguf_int4_parts
 from tests.model.test_loader import prefill_logits
 from tests.tolerance import BF16_TOP2_TOLERANCE, TOP2_TOLERANCE, assert_greedy_match, top2_gaps
@@ -121,6 +122,23 @@ def test_tiny_gguf_packed_matches_dequantized(tiny_gguf: str) -> None:
     ids = [5, 17, 3, 99, 42, 7, 250, 11, 64, 1, 300, 2]
     # the q/k rows of packed layers are un-permuted like the dequantized ones, or the logits would differ
     torch.testing.assert_close(prefill_logits(packed, ids), prefill_logits(dense, ids), atol=2e-4, rtol=1e-4)
+
+
+@pytest.mark.skipif(cpu_quant_unavailable() is not None, reason=f"{cpu_quant_unavailable()}")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_tiny_gguf_packed_our_kernel_matches_torchs(tiny_gguf: str, dtype: torch.dtype, monkeypatch) -> None:
+    """FOLOVLLM_QUANT_KERNEL switches the packed layers between our int4 kernel and torch's: same logits."""
+    models = {}
+    for kernel in ("folovllm", "torch"):
+        monkeypatch.setenv("FOLOVLLM_QUANT_KERNEL", kernel)
+        models[kernel] = load_model(tiny_gguf, dtype=dtype, device="cpu", load_quantized=True, cpu_prepack=True)
+    o_proj = "model.layers.0.self_attn.o_proj"
+    assert isinstance(models["folovllm"].get_submodule(o_proj).quant_kernel, CpuInt4Kernel)
+    assert not isinstance(models["torch"].get_submodule(o_proj).quant_kernel, CpuInt4Kernel)
+    ids = [5, 17, 3, 99, 42, 7]
+    ours, torchs = (prefill_logits(models[k], ids, dtype) for k in ("folovllm", "torch"))
+    tol = 2e-4 if dtype == torch.float32 else 0.02 * float(torchs.abs().max())
+    torch.testing.assert_close(ours, torchs, atol=tol, rtol=0)
 
 
 def test_tiny_gguf_packed_bf16_close(tiny_gguf: str) -> None:

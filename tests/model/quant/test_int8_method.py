@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from folovllm.model.loader import load_model
+from folovllm.model.quant.cpu_quant import cpu_quant_unavailable
 from folovllm.model.quant.int8 import quantize_int8_per_channel
 from folovllm.model.quant.kernels import Int8ChannelKernel
 from tests.model.quant.gptq_checkpoint import write_folder
@@ -33,16 +34,22 @@ def test_per_channel_codes_round_to_nearest() -> None:
     assert bool((err <= scales[:, None] / 2 + 1e-7).all())
     assert bool((codes.abs().amax(dim=1)[scales != 1] == 127).all())  # each row's largest weight uses the range
 
+NOT_BUILT = cpu_quant_unavailable()
 
-@pytest.mark.parametrize("in_features", [64, 40])  # 40: not a multiple of 16, the kernel's block
-def test_int8_kernel_matches_its_reference(in_features: int) -> None:
+
+@pytest.mark.parametrize("kernel_name", ["torch", pytest.param("folovllm", marks=pytest.mark.skipif(
+    NOT_BUILT is not None, reason=f"{NOT_BUILT}"))])
+@pytest.mark.parametrize("in_features", [64, 40])  # 40: not a multiple of 16, torch's kernel's block
+def test_int8_kernel_matches_its_reference(in_features: int, kernel_name: str) -> None:
     codes, scales = quantize_int8_per_channel(torch.randn(48, in_features))
     x = torch.randn(5, in_features)
-    kernel = Int8ChannelKernel(codes, scales, None, reference=False)
-    assert kernel.reference == (in_features % 16 != 0)
+    kernel = Int8ChannelKernel(codes, scales, None, kernel_name)
+    assert kernel.ours == (kernel_name == "folovllm")
+    assert kernel.reference == (kernel_name == "torch" and in_features % 16 != 0)
     expected = x @ (codes.float() * scales[:, None]).t()
     torch.testing.assert_close(kernel(x), expected, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(Int8ChannelKernel(codes, scales, None, reference=True)(x), expected,
+    torch.testing.assert_close(kernel.code_rows(torch.tensor([3, 17, 40])), codes[[3, 17, 40]], rtol=0, atol=0)
+    torch.testing.assert_close(Int8ChannelKernel(codes, scales, None, "reference")(x), expected,
                                rtol=1e-5, atol=1e-5)
 
 

@@ -1,0 +1,140 @@
+// W8A16 with one scale per output column: y[m, n] = scale[n] * sum_k x[m, k] q[n, k], q int8 (the int8
+// LM head and int8 linears). A code in [-128, 127] is exact in bf16, so the scale waits until the end.
+//
+// Packed layout (cpu_quant.pack_int8 builds it once at load): columns in blocks of 16, K in pairs; one pair
+// of one block is 32 int8, column j's codes k and k + 1 at bytes 2j and 2j + 1: widened to fp32 and
+// narrowed to bf16 in order, that is the pair layout AVX512_BF16's dot product takes.
+//
+// Loops: threads split the column blocks, two at a time. Up to 4 rows read the codes directly (each byte
+// streamed once); more rows first widen the two blocks' codes to a bf16 tile (K x 32, in L1/L2), which
+// every block of 6 rows then reads: the widening is paid once per column, not once per row block.
+#pragma once
+
+#include "cpu_quant_common.h"
+
+namespace {
+
+constexpr int kInt8Cols = 2;       // column vectors held in registers at once
+constexpr int kInt8DirectRows = 4;  // rows up to which the codes are read directly
+constexpr int kInt8TileRows = 6;    // rows per register block over a bf16 tile
+
+// One pair of 16 columns' int8 codes (32 bytes) -> 16 bf16 pairs.
+QG_TARGET QG_INLINE __m512bh widen_int8(const int8_t* p) {
+  const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  const __m512 hi =
+      _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16))));
+  return _mm512_cvtne2ps_pbh(hi, lo);  // low half from lo: columns 0..7, then 8..15
+}
+
+// R rows x C column blocks over all of K. Weights: int8 codes (Tiled false: a block every `stride` bytes,
+// 32 per pair) or a bf16 tile (Tiled true: pair kp's C vectors at tile[(kp * C + c) * 32]). Two accumulator
+// sets (even and odd pairs) keep the dot-product chains independent when R is small.
+template <int R, int C, bool Tiled, typename S, typename Out>
+QG_TARGET void int8_tile(const c10::BFloat16* x, int64_t K, const int8_t* codes, int64_t stride,
+                         const c10::BFloat16* tile, const S* scales, Out* y, int64_t N) {
+  __m512 acc[2][R][C];
+  for (int a = 0; a < 2; ++a)
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) acc[a][r][c] = _mm512_setzero_ps();
+  const int32_t* xw = reinterpret_cast<const int32_t*>(x);  // bf16 pairs
+  const int64_t pairs = K / 2;
+  // set A's accumulators take pair kp (a compile-time set index keeps them in registers)
+  auto step = [&](auto set, int64_t kp) QG_TARGET_LAMBDA {
+    constexpr int A = decltype(set)::value;
+    __m512bh w[C];
+    for (int c = 0; c < C; ++c)
+      w[c] = Tiled ? (__m512bh)_mm512_loadu_si512(tile + (kp * C + c) * 32) : widen_int8(codes + c * stride + kp * 32);
+    for (int r = 0; r < R; ++r) {
+      const __m512bh xv = (__m512bh)_mm512_set1_epi32(xw[r * pairs + kp]);
+      for (int c = 0; c < C; ++c) acc[A][r][c] = _mm512_dpbf16_ps(acc[A][r][c], w[c], xv);
+    }
+  };
+  int64_t kp = 0;
+  for (; kp + 2 <= pairs; kp += 2) {
+    if constexpr (!Tiled)
+      for (int c = 0; c < C; ++c) prefetch_ahead(codes + c * stride + kp * 32);
+    step(std::integral_constant<int, 0>{}, kp);
+    step(std::integral_constant<int, 1>{}, kp + 1);
+  }
+  if (kp < pairs) step(std::integral_constant<int, 0>{}, kp);
+  for (int c = 0; c < C; ++c) {
+    const __m512 s = load16(scales + c * kBlockCols);
+    for (int r = 0; r < R; ++r)
+      store16(y + r * N + c * kBlockCols, _mm512_mul_ps(s, _mm512_add_ps(acc[0][r][c], acc[1][r][c])));
+  }
+}
+
+template <int C, bool Tiled, typename S, typename Out>
+QG_TARGET void int8_rows(int rows, const c10::BFloat16* x, int64_t K, const int8_t* codes, int64_t stride,
+                         const c10::BFloat16* tile, const S* scales, Out* y, int64_t N) {
+  switch (rows) {
+    case 6: int8_tile<6, C, Tiled>(x, K, codes, stride, tile, scales, y, N); break;
+    case 5: int8_tile<5, C, Tiled>(x, K, codes, stride, tile, scales, y, N); break;
+    case 4: int8_tile<4, C, Tiled>(x, K, codes, stride, tile, scales, y, N); break;
+    case 3: int8_tile<3, C, Tiled>(x, K, codes, stride, tile, scales, y, N); break;
+    case 2: int8_tile<2, C, Tiled>(x, K, codes, stride, tile, scales, y, N); break;
+    default: int8_tile<1, C, Tiled>(x, K, codes, stride, tile, scales, y, N); break;
+  }
+}
+
+// Column blocks [b0, b1) of y [M, N] from bf16 x [M, K].
+template <typename S, typename Out>
+QG_TARGET void int8_blocks(const c10::BFloat16* x, int64_t M, int64_t K, const int8_t* codes, const S* scales,
+                           Out* y, int64_t N, int64_t b0, int64_t b1) {
+  const int64_t stride = K * kBlockCols;  // bytes per column block
+  const bool tiled = M > kInt8DirectRows;
+  std::vector<c10::BFloat16> tile(tiled ? K * kInt8Cols * kBlockCols : 0);
+  for (int64_t b = b0; b < b1; b += kInt8Cols) {
+    const int cols = static_cast<int>(std::min<int64_t>(kInt8Cols, b1 - b));
+    const int8_t* cb = codes + b * stride;
+    if (tiled) {
+      for (int64_t kp = 0; kp < K / 2; ++kp)
+        for (int c = 0; c < cols; ++c)
+          _mm512_storeu_si512(tile.data() + (kp * cols + c) * 32, (__m512i)widen_int8(cb + c * stride + kp * 32));
+    }
+    const int row_block = tiled ? kInt8TileRows : kInt8DirectRows;
+    for (int64_t m = 0; m < M; m += row_block) {
+      const int rows = static_cast<int>(std::min<int64_t>(row_block, M - m));
+      const c10::BFloat16* xr = x + m * K;
+      Out* yr = y + m * N + b * kBlockCols;
+      const S* sb = scales + b * kBlockCols;
+      if (tiled && cols == 2) int8_rows<2, true>(rows, xr, K, cb, stride, tile.data(), sb, yr, N);
+      else if (tiled) int8_rows<1, true>(rows, xr, K, cb, stride, tile.data(), sb, yr, N);
+      else if (cols == 2) int8_rows<2, false>(rows, xr, K, cb, stride, nullptr, sb, yr, N);
+      else int8_rows<1, false>(rows, xr, K, cb, stride, nullptr, sb, yr, N);
+    }
+  }
+}
+
+void check_int8_packed(const at::Tensor& codes, const at::Tensor& scales, int64_t K) {
+  TORCH_CHECK(codes.scalar_type() == at::kChar && codes.dim() == 4 && codes.size(2) == kBlockCols &&
+                  codes.size(3) == 2 && codes.is_contiguous(),
+              "codes must be int8 [N / 16, K / 2, 16, 2], contiguous (pack_int8's form)");
+  TORCH_CHECK(codes.size(1) * 2 == K, "x's last dim (", K, ") does not match the packed weight's K (",
+              codes.size(1) * 2, ")");
+  TORCH_CHECK(scales.dim() == 1 && scales.size(0) == codes.size(0) * kBlockCols && scales.is_contiguous() &&
+                  (scales.scalar_type() == at::kFloat || scales.scalar_type() == at::kBFloat16),
+              "scales must be float32 or bfloat16 [N], contiguous");
+}
+
+// bf16 rows [M, K] -> y [M, N] (bf16 or fp32).
+void run_int8(const at::Tensor& xb, const at::Tensor& codes, const at::Tensor& scales, at::Tensor& y) {
+  const int64_t M = xb.size(0), K = xb.size(1), N = y.size(1), blocks = N / kBlockCols;
+  const auto* xp = xb.const_data_ptr<c10::BFloat16>();
+  const int8_t* cp = codes.const_data_ptr<int8_t>();
+  parallel_tasks((blocks + kInt8Cols - 1) / kInt8Cols, M, [&](int64_t p0, int64_t p1) {
+    const int64_t b0 = p0 * kInt8Cols, b1 = std::min(blocks, p1 * kInt8Cols);
+    auto blocks_to = [&](auto* out) {
+      if (scales.scalar_type() == at::kBFloat16)
+        int8_blocks(xp, M, K, cp, scales.const_data_ptr<c10::BFloat16>(), out, N, b0, b1);
+      else
+        int8_blocks(xp, M, K, cp, scales.const_data_ptr<float>(), out, N, b0, b1);
+    };
+    if (y.scalar_type() == at::kFloat)
+      blocks_to(y.mutable_data_ptr<float>());
+    else
+      blocks_to(y.mutable_data_ptr<c10::BFloat16>());
+  });
+}
+
+}  // namespace

@@ -1,0 +1,115 @@
+"""Our CPU weight-only quantized matmuls (csrc/cpu_quant_gemm.cpp): the codes repacked once into their layouts.
+
+- ``int4_gemm`` (``CpuInt4Kernel``): y = x W^T with w[n, k] = (q[n, k] - 8) * scale[n, g] + zero[n, g] for
+  groups of ``group_size`` inputs (the last one may be partial); the output size must be a multiple of
+  16, the input size and the group size multiples of 8. Codes are unpacked in registers and each
+  group's scale and zero applied once per output (csrc/cpu_quant_int4.h has the layout and the identity).
+- ``int8_gemm`` (``pack_int8``, used by ``kernels.Int8ChannelKernel``): int8 codes with one scale per
+  output; outputs a multiple of 16, inputs of 2.
+
+Both take bf16 or fp32 activations and need AVX512_BF16.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+from pathlib import Path
+
+import torch
+from torch import nn
+
+logger = logging.getLogger(__name__)
+
+CPU_QUANT_GEMM_LIBRARY = (Path(__file__).resolve().parents[3] / "build" / "cpu_quant_gemm"
+                          / "libfolovllm_cpu_quant_gemm.so")
+BLOCK_COLS = 16  # output columns per packed block
+CHUNK_K = 8  # codes per uint32 lane
+ACTIVATION_DTYPES = (torch.bfloat16, torch.float32)
+
+
+@functools.cache
+def cpu_quant_unavailable(path: Path = CPU_QUANT_GEMM_LIBRARY) -> str | None:
+    """Why our quantized kernels cannot run in this process (not built, does not load, CPU lacks AVX512_BF16), or None."""
+    if not path.is_file():
+        return f"the CPU int4 kernel is not built ({path} is missing): run `make kernels` in the source tree"
+    try:
+        torch.ops.load_library(str(path))
+    except (OSError, RuntimeError) as exc:
+        return f"the CPU int4 kernel {path} does not load ({exc}): rebuild it with `make kernels`"
+    if not torch.ops.folovllm_cpu_quant.supported():
+        return "this CPU lacks AVX512_BF16, which the CPU int4 kernel needs"
+    return None
+
+
+def cpu_int4_fits(input_size: int, output_size: int, group_size: int, dtype: torch.dtype) -> bool:
+    """Whether our kernel takes a [output_size x input_size] layer with these groups and activations."""
+    return (dtype in ACTIVATION_DTYPES and output_size % BLOCK_COLS == 0 and input_size % CHUNK_K == 0
+            and group_size > 0 and group_size % CHUNK_K == 0)
+
+
+def pack_int4(codes: torch.Tensor) -> torch.Tensor:
+    """codes [N, K] in [0, 16) -> int32 [N / 16, K / 8, 16]: lane j of chunk c holds column j's codes
+    8c + 2p at bits 4p and 8c + 2p + 1 at bits 16 + 4p (p = 0..3)."""
+    n, k = codes.shape
+    q = codes.to(torch.int64).reshape(n // BLOCK_COLS, BLOCK_COLS, k // CHUNK_K, 4, 2)
+    shifts = 4 * torch.arange(4).view(4, 1) + torch.tensor([0, 16]).view(1, 2)
+    words = (q << shifts).sum(dim=(-2, -1))  # disjoint bit fields: the sum is the bitwise or
+    words = torch.where(words >= 2**31, words - 2**32, words)  # the same 32 bits as a signed int32
+    return words.to(torch.int32).transpose(1, 2).contiguous()
+
+
+def cpu_int8_fits(input_size: int, output_size: int, dtype: torch.dtype) -> bool:
+    """Whether ``int8_gemm`` takes a [output_size x input_size] layer with these activations."""
+    return dtype in ACTIVATION_DTYPES and output_size % BLOCK_COLS == 0 and input_size % 2 == 0
+
+
+def pack_int8(codes: torch.Tensor) -> torch.Tensor:
+    """int8 codes [N, K] -> [N / 16, K / 2, 16, 2]: for each 16 columns and input pair, column j's two codes."""
+    n, k = codes.shape
+    return codes.reshape(n // BLOCK_COLS, BLOCK_COLS, k // 2, 2).transpose(1, 2).contiguous()
+
+
+def packed_int8_rows(packed: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Rows ``rows`` of the [N, K] codes that ``pack_int8`` packed (an embedding lookup from a packed head)."""
+    pairs = packed.shape[1]
+    return packed[rows // BLOCK_COLS, :, rows % BLOCK_COLS, :].reshape(*rows.shape, 2 * pairs)
+
+
+def pack_groups(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[N, groups] -> [N / 16, groups, 16] in ``dtype`` (each column block's groups contiguous)."""
+    n, groups = values.shape
+    return values.to(dtype).reshape(n // BLOCK_COLS, BLOCK_COLS, groups).transpose(1, 2).contiguous()
+
+
+class CpuInt4Kernel(nn.Module):
+    """One or more of our int4 matmuls summed (several: the nibbles of 8-bit codes), after an optional
+    permutation of x's columns (act-order); bf16 or fp32 activations."""
+
+    def __init__(self, codes: list[torch.Tensor], scales: list[torch.Tensor], zeros: list[torch.Tensor],
+                 group_size: int, dtype: torch.dtype, perm: torch.Tensor | None) -> None:
+        super().__init__()
+        reason = cpu_quant_unavailable()
+        if reason is not None:
+            raise RuntimeError(reason)
+        self.group_size = group_size
+        self.part_names = [(f"codes{i}", f"scales{i}", f"zeros{i}") for i in range(len(codes))]
+        for (q, s, z), names in zip(zip(codes, scales, zeros), self.part_names):
+            self.register_buffer(names[0], pack_int4(q))  # q [out, in] in [0, 16)
+            self.register_buffer(names[1], pack_groups(s, dtype))  # [out, in / group_size]
+            self.register_buffer(names[2], pack_groups(z, dtype))
+        self.register_buffer("perm", perm)
+
+    @property
+    def num_parts(self) -> int:
+        return len(self.part_names)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        buffers = self._buffers  # read directly: this runs ~120 times per decode step
+        if buffers["perm"] is not None:
+            x = x.index_select(-1, buffers["perm"])
+        y = None
+        for codes, scales, zeros in self.part_names:
+            part = torch.ops.folovllm_cpu_quant.int4_gemm(x, buffers[codes], buffers[scales], buffers[zeros],
+                                                          self.group_size)
+            y = part if y is None else y + part
+        return y
