@@ -100,4 +100,4 @@ $(ECO_VENV)/.installed-stamp:
 	touch $@
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis build/cpu_attention build/cpu_fused_ops build/cpu_quant_gemm
+	rm -rf $(VENV) .pytest_cache .hypothesis build
