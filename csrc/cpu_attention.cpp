@@ -6,6 +6,8 @@
 // most torch.get_num_threads() threads, heaviest first, dynamically scheduled. With
 // skip_fresh_prefills, chunks with no cached context are left to the caller (their K/V are already
 // contiguous, where a GEMM-based kernel is faster); their output rows are not written. With
+// skip_prefills_from = n > 0, chunks of n or more query rows over cached context are left to the caller
+// too (it gathers their K/V once and runs a GEMM-based attention over them). With
 // sliding_window > 0 a query at position p sees only keys (p - sliding_window, p]; 0 means no window.
 //
 // Portable build: plain C++ that the compiler auto-vectorizes, compiled once per instruction set
@@ -152,12 +154,14 @@ FOLO_INLINE void attend_items(const Item* items, int64_t n, const Problem<c10::B
 }
 
 std::vector<Item> plan_items(const int64_t* seq_lens, const int64_t* query_start_loc, int64_t num_seqs,
-                             int64_t num_kv_heads, bool skip_fresh_prefills, int64_t sliding_window) {
+                             int64_t num_kv_heads, bool skip_fresh_prefills, int64_t skip_prefills_from,
+                             int64_t sliding_window) {
   std::vector<Item> items;
   for (int64_t s = 0; s < num_seqs; ++s) {
     const int64_t q_len = query_start_loc[s + 1] - query_start_loc[s];
     const int64_t context = seq_lens[s] - q_len;
     if (skip_fresh_prefills && context == 0 && q_len > 1) continue;
+    if (skip_prefills_from > 0 && context > 0 && q_len >= skip_prefills_from) continue;
     for (int64_t begin = 0; begin < q_len; begin += kQueryTile) {
       const int64_t end = std::min(begin + kQueryTile, q_len);
       const int64_t keys = context + end - first_visible_key(context + begin, sliding_window);
@@ -170,9 +174,9 @@ std::vector<Item> plan_items(const int64_t* seq_lens, const int64_t* query_start
 }
 
 template <typename scalar_t>
-void run(const Problem<scalar_t>& p, int64_t num_seqs, bool skip_fresh_prefills) {
-  const std::vector<Item> items =
-      plan_items(p.seq_lens, p.query_start_loc, num_seqs, p.num_kv_heads, skip_fresh_prefills, p.sliding_window);
+void run(const Problem<scalar_t>& p, int64_t num_seqs, bool skip_fresh_prefills, int64_t skip_prefills_from) {
+  const std::vector<Item> items = plan_items(p.seq_lens, p.query_start_loc, num_seqs, p.num_kv_heads,
+                                             skip_fresh_prefills, skip_prefills_from, p.sliding_window);
   const int64_t n = static_cast<int64_t>(items.size());
   if (n == 0) return;
   const int64_t rows = kQueryTile * (p.num_heads / p.num_kv_heads);
@@ -203,8 +207,9 @@ void check_int64(const at::Tensor& t, const char* name) {
 void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& k_cache,
                      const at::Tensor& v_cache, const at::Tensor& block_tables, const at::Tensor& seq_lens,
                      const at::Tensor& query_start_loc, double scale, bool skip_fresh_prefills,
-                     int64_t sliding_window, bool decode_fast_path) {
+                     int64_t sliding_window, bool decode_fast_path, int64_t skip_prefills_from) {
   TORCH_CHECK(sliding_window >= 0, "sliding_window must be >= 0 (0: no window)");
+  TORCH_CHECK(skip_prefills_from >= 0, "skip_prefills_from must be >= 0 (0: compute every chunk over context)");
   TORCH_CHECK(query.dim() == 3 && k_cache.dim() == 4, "query must be [T, Hq, D] and the caches "
               "[num_blocks, block_size, Hkv, D]");
   TORCH_CHECK(query.is_contiguous() && out.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous(),
@@ -239,7 +244,7 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
                         query.size(1), k_cache.size(2), query.size(2), k_cache.size(1),
                         static_cast<float>(scale), sliding_window,
                         decode_fast_path && cpu_has_avx512()};
-    run(p, num_seqs, skip_fresh_prefills);
+    run(p, num_seqs, skip_fresh_prefills, skip_prefills_from);
   };
   if (dtype == at::kFloat) {
     fill(static_cast<float*>(nullptr));
@@ -253,7 +258,7 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
 TORCH_LIBRARY(folovllm_cpu, m) {
   m.def("paged_attention(Tensor(a!) out, Tensor query, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
         "Tensor seq_lens, Tensor query_start_loc, float scale, bool skip_fresh_prefills, "
-        "int sliding_window=0, bool decode_fast_path=True) -> ()");
+        "int sliding_window=0, bool decode_fast_path=True, int skip_prefills_from=0) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(folovllm_cpu, CPU, m) { m.impl("paged_attention", &paged_attention); }

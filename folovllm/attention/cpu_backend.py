@@ -4,8 +4,14 @@ The kernel (csrc/cpu_attention.cpp, built by ``make kernels``) runs decode rows 
 cached context in a single call per layer, flash-style over key tiles with fp32 accumulation; the torch
 backend instead gathers every sequence's blocks into contiguous tensors each step. A prefill chunk with no
 cached context has its K/V contiguous already: it goes to SDPA, whose GEMM tiles beat the kernel there.
+A chunk of ``SDPA_MIN_ROWS`` or more new tokens over cached context (a prefix-cache hit, a later chunk
+of a long prompt) goes to SDPA too: its blocks are gathered once and a causal mask offset by the
+context is applied, which on this path measured 1.5–3× faster than the kernel's per-tile loop.
+``FOLOVLLM_CPU_PREFILL_SDPA=off`` keeps every chunk over context in the kernel.
 """
 from __future__ import annotations
+
+import os
 
 import torch
 import torch.nn.functional as F
@@ -14,6 +20,17 @@ from folovllm.attention.backend import check_sliding_window, register_attention_
 from folovllm.attention.metadata import AttentionMetadata
 from folovllm.attention.torch_backend import write_kv_cache
 from folovllm.config import CPU_ATTENTION_LIBRARY, load_cpu_attention_library
+
+SDPA_MIN_ROWS = 8  # new tokens over cached context from which SDPA beats the kernel (measured: 4 ties)
+PREFILL_SDPA_ENV = "FOLOVLLM_CPU_PREFILL_SDPA"
+
+
+def prefill_sdpa_min_rows() -> int:
+    """``SDPA_MIN_ROWS``, or 0 (the kernel computes every chunk over context) when the switch is off."""
+    value = os.environ.get(PREFILL_SDPA_ENV, "on")
+    if value not in ("on", "off"):
+        raise ValueError(f"{PREFILL_SDPA_ENV} must be 'on' or 'off', got {value!r}")
+    return SDPA_MIN_ROWS if value == "on" else 0
 
 
 @register_attention_backend("cpu")
@@ -31,8 +48,10 @@ class CpuAttentionBackend:
             raise RuntimeError(f"attention_backend 'cpu' is unavailable: {reason} "
                                "(or choose attention_backend 'torch')")
         self._op = torch.ops.folovllm_cpu.paged_attention
-        self._last_chunks: tuple[AttentionMetadata, list[tuple[int, int]]] | None = None
-        self._masks: dict[tuple[int, int], torch.Tensor] = {}  # (length, window) -> band, for that metadata
+        self._sdpa_from = prefill_sdpa_min_rows()
+        self._last_chunks: tuple[AttentionMetadata, list[tuple[int, int, int]]] | None = None
+        # (length, context, window) -> mask, for that metadata
+        self._masks: dict[tuple[int, int, int], torch.Tensor] = {}
 
     def forward(
         self,
@@ -56,37 +75,55 @@ class CpuAttentionBackend:
         query = query.contiguous()  # q is often a slice of a fused qkv projection
         out = torch.empty_like(query)
         self._op(out, query, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, scale,
-                 True, sliding_window or 0)
-        for start, end in self._fresh_chunks(meta):
-            # a chunk no longer than the window is plain causal; a longer one needs the band mask
-            mask = None if sliding_window is None or end - start <= sliding_window else (
-                self._band(end - start, sliding_window, query.device))
+                 True, sliding_window or 0, True, self._sdpa_from)
+        gqa = num_heads != key.shape[1]
+        for seq, start, end, context in self._sdpa_chunks(meta):
+            if context == 0:
+                k, v = key[start:end], value[start:end]
+            else:  # the chunk's own K/V are in the cache already: gather the whole sequence once
+                k, v = (gather_sequence(cache, meta.block_tables[seq], context + end - start)
+                        for cache in (k_cache, v_cache))
+            mask = self._mask(end - start, context, sliding_window, query.device)
             # 4-D [1, H, L, D]: SDPA takes its fused CPU kernel only for batched inputs
             out[start:end] = F.scaled_dot_product_attention(
-                query[start:end].transpose(0, 1)[None], key[start:end].transpose(0, 1)[None],
-                value[start:end].transpose(0, 1)[None], attn_mask=mask, is_causal=mask is None, scale=scale,
-                enable_gqa=num_heads != key.shape[1])[0].transpose(0, 1)
+                query[start:end].transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+                attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=gqa)[0].transpose(0, 1)
         return out.view(num_tokens, num_heads * head_dim)
 
-    def _fresh_chunks(self, meta: AttentionMetadata) -> list[tuple[int, int]]:
-        """Rows of the prefill chunks with no cached context: the kernel leaves them to SDPA."""
+    def _sdpa_chunks(self, meta: AttentionMetadata) -> list[tuple[int, int, int, int]]:
+        """(sequence, first row, end row, cached context) of the prefill chunks the kernel leaves to SDPA."""
         if self._last_chunks is None or self._last_chunks[0] is not meta:
             chunks, start = [], 0
-            for q_len, seq_len in zip(meta.query_lens, meta.seq_lens_list):
-                if q_len > 1 and q_len == seq_len:
-                    chunks.append((start, start + q_len))
+            for seq, (q_len, seq_len) in enumerate(zip(meta.query_lens, meta.seq_lens_list)):
+                context = seq_len - q_len
+                if q_len > 1 and (context == 0 or 0 < self._sdpa_from <= q_len):
+                    chunks.append((seq, start, start + q_len, context))
                 start += q_len
             self._last_chunks, self._masks = (meta, chunks), {}
         return self._last_chunks[1]
 
-    def _band(self, length: int, sliding_window: int, device: torch.device) -> torch.Tensor:
-        if (length, sliding_window) not in self._masks:
-            self._masks[length, sliding_window] = sliding_window_mask(length, sliding_window, device)
-        return self._masks[length, sliding_window]
+    def _mask(self, length: int, context: int, sliding_window: int | None,
+              device: torch.device) -> torch.Tensor | None:
+        """None for a plain causal chunk (SDPA's is_causal); else which keys each new row sees."""
+        if context == 0 and (sliding_window is None or length <= sliding_window):
+            return None
+        key = (length, context, sliding_window or 0)
+        if key not in self._masks:
+            self._masks[key] = causal_mask(length, context, sliding_window, device)
+        return self._masks[key]
 
 
-def sliding_window_mask(length: int, sliding_window: int, device: torch.device) -> torch.Tensor:
-    """[length, length] bool: query i sees keys i - sliding_window + 1 .. i (a causal band)."""
-    pos = torch.arange(length, device=device)
-    distance = pos[:, None] - pos[None, :]
-    return (distance >= 0) & (distance < sliding_window)
+def gather_sequence(cache: torch.Tensor, table: torch.Tensor, length: int) -> torch.Tensor:
+    """[length, Hkv, D]: one sequence's first ``length`` cached tokens, in order, out of its blocks."""
+    block_size = cache.shape[1]
+    blocks = table[:-(-length // block_size)]
+    return cache.index_select(0, blocks).flatten(0, 1)[:length]
+
+
+def causal_mask(length: int, context: int, sliding_window: int | None, device: torch.device) -> torch.Tensor:
+    """[length, context + length] bool: new row i (at position context + i) sees keys up to itself,
+    and within the window when there is one."""
+    rows = torch.arange(context, context + length, device=device)[:, None]
+    distance = rows - torch.arange(context + length, device=device)[None, :]
+    visible = distance >= 0
+    return visible & (distance < sliding_window) if sliding_window is not None else visible

@@ -136,6 +136,30 @@ def test_kernel_computes_fresh_prefill_chunks_too(dtype: torch.dtype, tol: float
 
 
 @needs_kernel
+@pytest.mark.parametrize("switch", ["on", "off"])
+@pytest.mark.parametrize("sliding_window", [None, 5, 12])
+def test_chunks_over_context_on_either_path_match_reference(
+    switch: str, sliding_window: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 8+ new rows over context go to gathered K/V + SDPA when on; the kernel computes them when off
+    monkeypatch.setenv(cpu_backend.PREFILL_SDPA_ENV, switch)
+    calls = []
+    original = cpu_backend.gather_sequence
+    monkeypatch.setattr(cpu_backend, "gather_sequence", lambda *a: calls.append(a) or original(*a))
+    query_lens, seq_lens = [8, 1, 7, 30, 20], [50, 9, 20, 30, 61]  # 8 and 20 over context; 7 stays in the kernel
+    ours, ref = run_case(query_lens, seq_lens, 9, 3, 16, 4, torch.float32, backend=BACKEND,
+                         sliding_window=sliding_window)
+    torch.testing.assert_close(ours.double(), ref, atol=1e-5, rtol=1e-5)
+    assert len(calls) == (4 if switch == "on" else 0)  # K and V of the two long chunks over context
+
+
+def test_prefill_sdpa_switch_rejects_other_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(cpu_backend.PREFILL_SDPA_ENV, "maybe")
+    with pytest.raises(ValueError, match="FOLOVLLM_CPU_PREFILL_SDPA must be 'on' or 'off'"):
+        cpu_backend.prefill_sdpa_min_rows()
+
+
+@needs_kernel
 def test_kernel_rejects_a_block_table_too_short() -> None:
     meta = make_attn_metadata([1], [5], [[0, 1]], block_size=4)
     cache = torch.zeros(2, 4, 1, 8)
