@@ -485,7 +485,8 @@ def _default(name: str) -> Any:
 
 
 @functools.cache
-def _load_op_library(path: Path, what: str) -> str | None:
+def load_op_library(path: Path, what: str) -> str | None:
+    """Loads a kernel library built by ``make kernels`` (once per process); why it cannot, else None."""
     if not path.is_file():
         return f"{what} is not built ({path} is missing): run `make kernels` in the source tree"
     try:
@@ -497,27 +498,31 @@ def _load_op_library(path: Path, what: str) -> str | None:
 
 def load_cpu_attention_library(path: Path) -> str | None:
     """Loads the CPU attention kernel's torch ops (once per process); returns why it cannot, else None."""
-    return _load_op_library(path, "the CPU attention kernel")
+    return load_op_library(path, "the CPU attention kernel")
 
 
 def load_cpu_fused_ops_library(path: Path) -> str | None:
     """Loads the fused CPU ops (``torch.ops.folovllm_cpu_fused``, once per process); why it cannot, else None."""
-    return _load_op_library(path, "the fused CPU ops library")
+    return load_op_library(path, "the fused CPU ops library")
+
+
+def _on_unless(switch: str, reason: str | None) -> bool:
+    """True when ``reason`` is None; else logs why ``switch`` is off (callers cache: once per process)."""
+    if reason is not None:
+        logger.info("%s: off, since %s", switch, reason)
+    return reason is None
 
 
 @functools.cache
 def cpu_fused_ops_available(path: Path) -> bool:
     """Whether the fused CPU ops load; the reason they do not is logged once per process."""
-    reason = load_cpu_fused_ops_library(path)
-    if reason is not None:
-        logger.info("cpu_fused_ops: off, since %s", reason)
-    return reason is None
+    return _on_unless("cpu_fused_ops", load_cpu_fused_ops_library(path))
 
 
 def load_cpu_bf16_linear_library(path: Path) -> str | None:
     """Loads the bf16 linear kernel (``torch.ops.folovllm_cpu_linear``, once per process) and checks that
     this CPU runs it; returns why it cannot, else None."""
-    reason = _load_op_library(path, "the bf16 linear kernel")
+    reason = load_op_library(path, "the bf16 linear kernel")
     if reason is None and not torch.ops.folovllm_cpu_linear.available():
         reason = "this CPU lacks AVX-512 BF16, which the bf16 linear kernel needs"
     return reason
@@ -526,10 +531,7 @@ def load_cpu_bf16_linear_library(path: Path) -> str | None:
 @functools.cache
 def cpu_bf16_linear_available(path: Path) -> bool:
     """Whether the bf16 linear kernel loads and runs here; the reason it does not is logged once per process."""
-    reason = load_cpu_bf16_linear_library(path)
-    if reason is not None:
-        logger.info("cpu_bf16_linear: off, since %s", reason)
-    return reason is None
+    return _on_unless("cpu_bf16_linear", load_cpu_bf16_linear_library(path))
 
 
 @functools.cache

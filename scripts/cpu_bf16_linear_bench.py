@@ -58,7 +58,9 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"unknown workloads {unknown}; choose from {', '.join(WORKLOADS)}")
     engines = {on: LLM(dtype="bfloat16", num_threads=args.threads, max_model_len=2048, seed=0,
-                       max_num_batched_tokens=2048, cpu_bf16_linear=on) for on in (True, False)}
+                       max_num_batched_tokens=2048, cpu_bf16_linear=on,
+                       enable_prefix_caching=False)  # every round prefills its prompts anew
+               for on in (True, False)}
     if not engines[True].llm_engine.config.cpu_bf16_linear:
         raise SystemExit("cpu_bf16_linear resolved to off here (see the log): build it with `make kernels`")
     rng = random.Random(0)

@@ -10,9 +10,10 @@ the engine's ``auto`` for quantized models); 4-bit linears run our int4 kernel w
 (``FOLOVLLM_QUANT_KERNEL=auto``), and ``-torchkernel`` variants run torch's. Then it times every variant in
 alternating rounds in this one process: a decode step (forward + logits) of one stream and of a batch
 of 64 streams, each at a 64-token context, and a 256-token prefill. Reported: median tok/s per variant,
-its ratio to bf16, and weight MiB (all and linear layers). The models run torch attention and unfused
-element-wise ops unless ``--engine-cpu-ops`` (the CPU attention kernel and fused ops, the engine's
-default on CPU); ``--only NAME ...`` times a subset beside bf16.
+its ratio to bf16, and weight MiB (all and linear layers). The models run as the engine runs them on
+CPU: the CPU attention kernel, the fused ops and, for bf16 linears, the bf16 linear kernel (``bf16-onednn``
+is bf16 on oneDNN's prepacked linears instead); ``--no-engine-cpu-ops`` runs torch attention, unfused
+ops and oneDNN. ``--only NAME ...`` times a subset beside bf16.
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from folovllm.model.linear import LinearBase  # noqa: E402
 from folovllm.model.layers import CausalLM  # noqa: E402
+from folovllm.config import CPU_BF16_LINEAR_LIBRARY, cpu_bf16_linear_available  # noqa: E402
 from folovllm.model.loader import default_model_path, load_model  # noqa: E402
 from folovllm.model.quant.gptq_config import KERNEL_ENV  # noqa: E402
 from tests.helpers import make_attn_metadata  # noqa: E402
@@ -88,9 +90,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--only", nargs="+", default=None, help="variants to time beside bf16 (default: all)")
-    parser.add_argument("--engine-cpu-ops", action="store_true",
-                        help="every variant with the CPU attention kernel and the fused CPU ops, as the engine "
-                             "runs them by default (default: torch attention, unfused ops)")
+    parser.add_argument("--engine-cpu-ops", action=argparse.BooleanOptionalAction, default=True,
+                        help="every variant with the CPU attention kernel, the fused CPU ops and the bf16 linear "
+                             "kernel (for its bf16 layers), as the engine runs them by default on CPU; "
+                             "--no-engine-cpu-ops: torch attention, unfused ops, oneDNN bf16 linears")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -98,7 +101,8 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="quant-bench-"))
     gguf, gptq4 = default_model_path(), write_gptq_folder(tmp / "gptq4", 4, 128)
     variants = {  # name: (path, quantization, load_quantized, quantize_lm_head, FOLOVLLM_QUANT_KERNEL)
-        "bf16": (gguf, "auto", False, "off", "auto"),  # the engine's default CPU path: prepacked bf16
+        "bf16": (gguf, "auto", False, "off", "auto"),  # the engine's default CPU path
+        "bf16-onednn": (gguf, "auto", False, "off", "auto"),  # bf16 linears on oneDNN (--no-cpu-bf16-linear)
         "gptq-4bit-g128": (gptq4, "auto", False, "off", "auto"),
         "gptq-4bit-g128-int8head": (gptq4, "auto", False, "on", "auto"),
         "gptq-4bit-g128-int8head-torchkernel": (gptq4, "auto", False, "on", "torch"),
@@ -111,8 +115,10 @@ def main() -> None:
     }
     if args.only:
         variants = {name: v for name, v in variants.items() if name == "bf16" or name in args.only}
-    engine_ops = {"attn_backend": "cpu", "cpu_fused_ops": True} if args.engine_cpu_ops else {}
-    models = {name: load_variant(path() if callable(path) else path, q, packed, head, kernel, **engine_ops)
+    engine_ops = {"attn_backend": "cpu", "cpu_fused_ops": True,
+                  "cpu_bf16_linear": cpu_bf16_linear_available(CPU_BF16_LINEAR_LIBRARY)} if args.engine_cpu_ops else {}
+    models = {name: load_variant(path() if callable(path) else path, q, packed, head, kernel,
+                                 **(engine_ops | ({"cpu_bf16_linear": False} if name == "bf16-onednn" else {})))
               for name, (path, q, packed, head, kernel) in variants.items()}
     max_tokens = max(args.context, args.prefill)
     timers = {name: (StepTimer(m, max_tokens, 1), StepTimer(m, max_tokens, args.batch)) for name, m in models.items()}

@@ -18,6 +18,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from folovllm.config import load_op_library
+
 logger = logging.getLogger(__name__)
 
 CPU_QUANT_GEMM_LIBRARY = (Path(__file__).resolve().parents[3] / "build" / "cpu_quant_gemm"
@@ -30,12 +32,9 @@ ACTIVATION_DTYPES = (torch.bfloat16, torch.float32)
 @functools.cache
 def cpu_quant_unavailable(path: Path = CPU_QUANT_GEMM_LIBRARY) -> str | None:
     """Why our quantized kernels cannot run in this process (not built, does not load, CPU lacks AVX512_BF16), or None."""
-    if not path.is_file():
-        return f"the CPU int4 kernel is not built ({path} is missing): run `make kernels` in the source tree"
-    try:
-        torch.ops.load_library(str(path))
-    except (OSError, RuntimeError) as exc:
-        return f"the CPU int4 kernel {path} does not load ({exc}): rebuild it with `make kernels`"
+    reason = load_op_library(path, "the CPU int4 kernel")
+    if reason is not None:
+        return reason
     if not torch.ops.folovllm_cpu_quant.supported():
         return "this CPU lacks AVX512_BF16, which the CPU int4 kernel needs"
     return None
