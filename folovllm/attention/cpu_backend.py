@@ -6,7 +6,8 @@ backend instead gathers every sequence's blocks into contiguous tensors each ste
 cached context has its K/V contiguous already: it goes to SDPA, whose GEMM tiles beat the kernel there.
 A chunk of ``SDPA_MIN_ROWS`` or more new tokens over cached context (a prefix-cache hit, a later chunk
 of a long prompt) goes to SDPA too: its blocks are gathered once and a causal mask offset by the
-context is applied, which on this path measured 1.5–3× faster than the kernel's per-tile loop.
+context is applied, about twice as fast as the kernel's per-tile loop there
+(scripts/cpu_prefix_prefill_bench.py).
 ``FOLOVLLM_CPU_PREFILL_SDPA=off`` keeps every chunk over context in the kernel.
 """
 from __future__ import annotations
@@ -21,7 +22,7 @@ from folovllm.attention.metadata import AttentionMetadata
 from folovllm.attention.torch_backend import write_kv_cache
 from folovllm.config import CPU_ATTENTION_LIBRARY, load_cpu_attention_library
 
-SDPA_MIN_ROWS = 8  # new tokens over cached context from which SDPA beats the kernel (measured: 4 ties)
+SDPA_MIN_ROWS = 8  # new tokens over cached context from which SDPA is not slower than the kernel
 PREFILL_SDPA_ENV = "FOLOVLLM_CPU_PREFILL_SDPA"
 
 
