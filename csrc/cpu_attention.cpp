@@ -17,6 +17,7 @@
 
 #include "cpu_attention.h"
 #include "cpu_attention_decode.h"
+#include "cpu_attention_prefill.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -259,6 +260,13 @@ TORCH_LIBRARY(folovllm_cpu, m) {
   m.def("paged_attention(Tensor(a!) out, Tensor query, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
         "Tensor seq_lens, Tensor query_start_loc, float scale, bool skip_fresh_prefills, "
         "int sliding_window=0, bool decode_fast_path=True, int skip_prefills_from=0) -> ()");
+  m.def("prefill_attention(Tensor(a!) out, Tensor q, Tensor k, Tensor v, int[] starts, int[] lens, float scale) -> ()");
+  m.def("prefill_attention_available() -> bool");
 }
 
-TORCH_LIBRARY_IMPL(folovllm_cpu, CPU, m) { m.impl("paged_attention", &paged_attention); }
+TORCH_LIBRARY_IMPL(folovllm_cpu, CPU, m) {
+  m.impl("paged_attention", &paged_attention);
+  m.impl("prefill_attention", &prefill_attention);
+}
+
+TORCH_LIBRARY_IMPL(folovllm_cpu, CatchAll, m) { m.impl("prefill_attention_available", &prefill_attention_available); }

@@ -1,0 +1,101 @@
+"""The CPU attention library's causal prefill kernel (fresh bf16 chunks, AVX-512 BF16) against the fp64
+reference and SDPA, directly and through the cpu backend, and its switch."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import folovllm.attention.cpu_backend as cpu_backend
+from folovllm.config import CPU_ATTENTION_LIBRARY, load_cpu_attention_library
+from tests.attention.paged_reference import reference_attention, run_case
+
+torch.set_num_threads(2)
+
+NOT_BUILT = load_cpu_attention_library(CPU_ATTENTION_LIBRARY)
+HAS_KERNEL = NOT_BUILT is None and bool(torch.ops.folovllm_cpu.prefill_attention_available())
+needs_kernel = pytest.mark.skipif(not HAS_KERNEL, reason=f"{NOT_BUILT or 'this CPU lacks AVX-512 BF16'}")
+BF16_TOL = 3e-2  # as the paged kernel's bf16 tests
+
+
+def strided_qkv(num_tokens: int, heads: int, kv_heads: int, head_dim: int, seed: int):
+    """q, k, v as the fused rotary op hands them over: q and k contiguous, v a slice of the qkv rows."""
+    gen = torch.Generator().manual_seed(seed)
+    qkv = torch.randn(num_tokens, (heads + 2 * kv_heads) * head_dim, generator=gen).bfloat16()
+    q = qkv[:, :heads * head_dim].reshape(num_tokens, heads, head_dim).contiguous()
+    k = qkv[:, heads * head_dim:(heads + kv_heads) * head_dim].reshape(num_tokens, kv_heads, head_dim).contiguous()
+    v = qkv[:, (heads + kv_heads) * head_dim:].view(num_tokens, kv_heads, head_dim)
+    return q, k, v
+
+
+@needs_kernel
+@pytest.mark.parametrize("heads,head_dim,lens", [
+    ((9, 3), 64, [1, 7, 64, 65, 130]),  # SmolLM2's shape; chunks around the 64-row tile
+    ((16, 8), 128, [100, 257]),  # Qwen3's
+    ((4, 4), 64, [3, 200]),  # no GQA
+])
+def test_op_matches_fp64_reference_and_sdpa(heads: tuple[int, int], head_dim: int, lens: list[int]) -> None:
+    num_heads, num_kv_heads = heads
+    q, k, v = strided_qkv(sum(lens), num_heads, num_kv_heads, head_dim, seed=len(lens))
+    scale = 1 / math.sqrt(head_dim)
+    starts = [sum(lens[:i]) for i in range(len(lens))]
+    out = torch.full_like(q, float("nan"))
+    torch.ops.folovllm_cpu.prefill_attention(out, q, k, v, starts, lens, scale)
+    for start, length in zip(starts, lens):
+        rows = slice(start, start + length)
+        ref = reference_attention(q[rows], k[rows], v[rows], scale)
+        torch.testing.assert_close(out[rows].flatten(1).double(), ref, atol=BF16_TOL, rtol=BF16_TOL)
+        sdpa = F.scaled_dot_product_attention(q[rows].transpose(0, 1)[None], k[rows].transpose(0, 1)[None],
+                                              v[rows].transpose(0, 1)[None], is_causal=True, scale=scale,
+                                              enable_gqa=True)[0].transpose(0, 1)
+        torch.testing.assert_close(out[rows].double(), sdpa.double(), atol=BF16_TOL, rtol=BF16_TOL)
+
+
+@needs_kernel
+def test_op_leaves_rows_outside_the_chunks_alone() -> None:
+    q, k, v = strided_qkv(20, 4, 2, 64, seed=0)
+    out = torch.full_like(q, 7.0)
+    torch.ops.folovllm_cpu.prefill_attention(out, q, k, v, [5], [10], 0.125)
+    assert (out[:5] == 7).all() and (out[15:] == 7).all() and not (out[5:15] == 7).all()
+
+
+@needs_kernel
+def test_op_rejects_what_it_does_not_compute() -> None:
+    q, k, v = strided_qkv(8, 4, 2, 64, seed=0)
+    with pytest.raises(RuntimeError, match="head_dim must be 64 or 128"):
+        torch.ops.folovllm_cpu.prefill_attention(q[..., :32].contiguous(), q[..., :32].contiguous(),
+                                                 k[..., :32].contiguous(), v[..., :32].contiguous(), [0], [8], 1.0)
+    with pytest.raises(RuntimeError, match="bfloat16"):
+        torch.ops.folovllm_cpu.prefill_attention(q.float(), q.float(), k.float(), v.float(), [0], [8], 1.0)
+    with pytest.raises(RuntimeError, match="lies outside"):
+        torch.ops.folovllm_cpu.prefill_attention(torch.empty_like(q), q, k, v, [4], [5], 1.0)
+
+
+@needs_kernel
+@pytest.mark.parametrize("sliding_window", [None, 16, 300])
+def test_backend_sends_fresh_bf16_chunks_to_the_kernel(sliding_window: int | None,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    # fresh chunks of 70 and 9 rows, a decode and a chunk over context; a window shorter than a chunk
+    # masks inside it, so that chunk stays with SDPA
+    query_lens, seq_lens = [70, 1, 9, 12], [70, 40, 9, 30]
+    calls: list[list[int]] = []
+    results = {}
+    for switch in ("kernel", "sdpa"):
+        monkeypatch.setenv(cpu_backend.PREFILL_ATTENTION_ENV, switch)
+        monkeypatch.setattr(cpu_backend, "prefill_kernel",
+                            lambda *a: calls.append(list(a[5])) or torch.ops.folovllm_cpu.prefill_attention(*a))
+        ours, ref = run_case(query_lens, seq_lens, 9, 3, 64, 16, torch.bfloat16, backend="cpu",
+                             sliding_window=sliding_window)
+        torch.testing.assert_close(ours.double(), ref, atol=BF16_TOL, rtol=BF16_TOL)
+        results[switch] = ours
+    torch.testing.assert_close(results["kernel"].double(), results["sdpa"].double(), atol=BF16_TOL, rtol=BF16_TOL)
+    expected = {None: [[70, 9]], 16: [[9]], 300: [[70, 9]]}[sliding_window]
+    assert calls == expected  # once with the kernel on, never with it off
+
+
+def test_prefill_attention_switch_rejects_other_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(cpu_backend.PREFILL_ATTENTION_ENV, "flash")
+    with pytest.raises(ValueError, match="FOLOVLLM_CPU_PREFILL_ATTENTION must be 'kernel' or 'sdpa'"):
+        cpu_backend.prefill_kernel_enabled()
