@@ -23,7 +23,7 @@ CPU_ATTENTION := build/cpu_attention/libfolovllm_cpu_attention.so
 # Helpers both kernels include: a change rebuilds both libraries.
 CPU_SIMD := csrc/cpu_simd.h
 
-$(CPU_ATTENTION): csrc/cpu_attention.cpp csrc/cpu_attention.h csrc/cpu_attention_decode.h $(CPU_SIMD) csrc/build.py $(STAMP)
+$(CPU_ATTENTION): csrc/cpu_attention.cpp csrc/cpu_attention.h csrc/cpu_attention_decode.h csrc/cpu_attention_prefill.h $(CPU_SIMD) csrc/build.py $(STAMP)
 	$(PY) csrc/build.py $@
 
 # The fused element-wise ops (cpu_fused_ops auto-enables them on CPU once built).

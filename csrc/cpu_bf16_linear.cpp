@@ -7,10 +7,12 @@
 // stream the weight from memory. The packed layout makes that one sequential read: each pair of K
 // values of 64 output rows is one 256-byte run, multiplied by each input row's broadcast pair with
 // AVX-512 BF16 dot products (vdpbf16ps) into fp32 accumulators, with no horizontal sums. With more rows
-// (batched decode, prefill) a 64-row block of the weight stays in cache while every group of 4 input
-// rows multiplies it. Work items (a weight block x a chunk of input rows) run on torch's intra-op
-// threads. fp32 accumulation along K, as oneDNN's bf16 kernels: results agree with F.linear before the
-// final bf16 rounding up to fp32 summation order.
+// (batched decode, prefill) a 64-row block of the weight stays in cache while every group of 6 input
+// rows multiplies it (6 x 4 accumulators and a K pair's 4 weight vectors fill the 32 zmm registers;
+// ~5 % faster than groups of 4 at prefill: fewer loads per dot product; each row's sum runs along K in
+// the same order either way). Work items (a weight block x a chunk of input rows) run on torch's
+// intra-op threads. fp32 accumulation along K, as oneDNN's bf16 kernels: results agree with F.linear
+// before the final bf16 rounding up to fp32 summation order.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -32,7 +34,7 @@
 namespace {
 
 constexpr int64_t kBlockRows = 64;  // output rows per packed block: four zmm accumulators per input row
-constexpr int64_t kMaxRows = 4;     // input rows multiplied together: 4 x 4 accumulators stay in registers
+constexpr int64_t kMaxRows = 6;     // input rows multiplied together: 6 x 4 accumulators stay in registers
 constexpr int64_t kChunkRows = 128;  // input rows per work item: a prefill splits over threads along M too
 constexpr int64_t kPrefetchAhead = 32;  // in zmm (64 B): 8 K pairs (2 KiB) ahead; 16 to 64 measured alike
 
@@ -111,6 +113,8 @@ FOLO_AVX512_BF16 void linear_items(const uint32_t* x, int64_t M, int64_t pairs, 
       case 1: block_rows<1>(x + m * pairs, pairs, wb, bb, yb + m * N, N); break;
       case 2: block_rows<2>(x + m * pairs, pairs, wb, bb, yb + m * N, N); break;
       case 3: block_rows<3>(x + m * pairs, pairs, wb, bb, yb + m * N, N); break;
+      case 4: block_rows<4>(x + m * pairs, pairs, wb, bb, yb + m * N, N); break;
+      case 5: block_rows<5>(x + m * pairs, pairs, wb, bb, yb + m * N, N); break;
       default: break;
     }
   }

@@ -1,9 +1,10 @@
-"""Where one model step's time goes on CPU with the fast path on (prepacked linears, cpu attention kernel,
-fused ops): torch.profiler's top-level ops of a step, grouped, against the step's wall time.
+"""Where one model step's time goes on CPU with the engine's fast path (the bf16 linear kernel, the cpu
+attention kernels, fused ops): torch.profiler's top-level ops of a step, grouped, against its wall time.
 
 Groups: linear layers (by shape, with the GFLOP/s each reaches), the logits matmul, the paged-attention
-kernel, SDPA (fresh prefill chunks), the fused element-wise ops, other aten ops, and "host": the wall
-time no op accounts for (Python between ops). A bf16 GEMM micro-benchmark gives the CPU's limit.
+kernel, the prefill attention kernel (fresh bf16 prefill chunks), SDPA (other prefill chunks), the
+fused element-wise ops, other aten ops, and "host": the wall time no op accounts for (Python between
+ops). A bf16 GEMM micro-benchmark gives the CPU's limit.
 
     .venv/bin/python scripts/cpu_step_profile.py --threads 2
     .venv/bin/python scripts/cpu_step_profile.py --out docs/results/cpu-step-profile.json
@@ -40,13 +41,15 @@ CASES = [
 
 
 def group_of(name: str) -> str:
+    if name == "folovllm_cpu::prefill_attention":
+        return "prefill attention kernel"
     if name.startswith("folovllm_cpu::"):
         return "attention kernel"
     if name.startswith("folovllm_cpu_fused::"):
         return "fused ops"
     if "scaled_dot_product" in name:
         return "sdpa"
-    if name == "mkldnn::_linear_pointwise":
+    if name in ("mkldnn::_linear_pointwise", "folovllm_cpu_linear::linear"):
         return "linear"
     return "other aten"
 
@@ -93,7 +96,8 @@ def profile_step(model: torch.nn.Module, query_lens: list[int], seq_lens: list[i
         groups[group] += e.cpu_time_total / 1e3
         if group == "linear" and e.input_shapes:
             m, k = e.input_shapes[0][0], e.input_shapes[0][-1]
-            n = e.input_shapes[1][0] if len(e.input_shapes) > 1 and e.input_shapes[1] else "?"
+            w = e.input_shapes[1] if len(e.input_shapes) > 1 else []
+            n = w[0] * w[2] if len(w) == 4 else (w[0] if w else "?")  # the bf16 kernel's [N/64, K/2, 64, 2]
             key = f"M={m} K={k} N={n}"
             linear_shapes[key][0] += e.cpu_time_total / 1e3
             linear_shapes[key][1] += 1
@@ -116,7 +120,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model = load_model(default_model_path(), dtype=torch.bfloat16, device="cpu", attn_backend="cpu",
-                       cpu_prepack=True, cpu_fused_ops=True)
+                       cpu_prepack=True, cpu_fused_ops=True, cpu_bf16_linear=True)
     results = {"threads": args.threads, "load_before": os.getloadavg(), "cases": {}}
     for name, query_lens, seq_lens in CASES:
         case = profile_step(model, query_lens, seq_lens, args.reps)

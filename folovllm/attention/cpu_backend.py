@@ -13,7 +13,7 @@ context is applied, about twice as fast as the kernel's per-tile loop there
 Fresh bfloat16 chunks (head_dim 64 or 128, no sliding window cutting into them) go to the library's
 own causal prefill kernel instead (csrc/cpu_attention_prefill.h, AVX-512 BF16): all of a step's in one
 call, written into the output in place, about 5x faster than SDPA's CPU flash kernel there
-(scripts/cpu_attention_bench.py --prefill). ``FOLOVLLM_CPU_PREFILL_ATTENTION=sdpa`` sends them to SDPA.
+(scripts/cpu_prefill_bench.py). ``FOLOVLLM_CPU_PREFILL_ATTENTION=sdpa`` sends them to SDPA.
 """
 from __future__ import annotations
 

@@ -36,7 +36,7 @@ def assert_matches_f_linear(ours: torch.Tensor, x: torch.Tensor, weight: torch.T
     torch.testing.assert_close(ours.double(), exact, rtol=2 * BF16_ULP, atol=1e-3)
 
 
-@pytest.mark.parametrize("rows", [0, 1, 3, 4, 5, 64, 300])
+@pytest.mark.parametrize("rows", [0, 1, 3, 4, 5, 7, 64, 300])
 @pytest.mark.parametrize("out_features, in_features", [(64, 2), (192, 96), (128, 1536)])
 def test_kernel_matches_f_linear(rows: int, out_features: int, in_features: int) -> None:
     torch.manual_seed(rows)
@@ -45,6 +45,18 @@ def test_kernel_matches_f_linear(rows: int, out_features: int, in_features: int)
     packed = pack_linear_weight(weight, bf16_kernel=True)
     assert not packed.is_mkldnn and packed.numel() == weight.numel()
     assert_matches_f_linear(packed_linear(x, packed, None), x, weight, None)
+
+
+def test_each_row_is_computed_alone_whatever_the_batch() -> None:
+    # rows are multiplied in register groups (and chunks over threads): a row's result must not depend
+    # on which group it lands in, bit for bit (its fp32 sum runs along K in one order)
+    torch.manual_seed(1)
+    weight = torch.randn(192, 160, dtype=torch.bfloat16)
+    packed = pack_linear_weight(weight, bf16_kernel=True)
+    x = torch.randn(263, 160, dtype=torch.bfloat16)  # two 128-row chunks and a tail; 6-row groups and tails
+    together = packed_linear(x, packed, None)
+    for rows in (slice(0, 1), slice(5, 9), slice(100, 111), slice(256, 263)):
+        assert torch.equal(together[rows], packed_linear(x[rows], packed, None))
 
 
 def test_kernel_takes_bias_strided_and_batched_inputs() -> None:
