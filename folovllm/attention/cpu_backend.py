@@ -47,7 +47,12 @@ def prefill_kernel_enabled() -> bool:
     value = os.environ.get(PREFILL_ATTENTION_ENV, "kernel")
     if value not in ("kernel", "sdpa"):
         raise ValueError(f"{PREFILL_ATTENTION_ENV} must be 'kernel' or 'sdpa', got {value!r}")
-    return value == "kernel" and bool(torch.ops.folovllm_cpu.prefill_attention_available())
+    if value == "sdpa":
+        return False
+    if not hasattr(torch.ops.folovllm_cpu, "prefill_attention_available"):
+        raise RuntimeError(f"the CPU attention library {CPU_ATTENTION_LIBRARY} predates its prefill kernel: rebuild "
+                           f"it with `make kernels` (or set {PREFILL_ATTENTION_ENV}=sdpa)")
+    return bool(torch.ops.folovllm_cpu.prefill_attention_available())
 
 
 @register_attention_backend("cpu")

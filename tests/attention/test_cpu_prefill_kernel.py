@@ -99,3 +99,11 @@ def test_prefill_attention_switch_rejects_other_values(monkeypatch: pytest.Monke
     monkeypatch.setenv(cpu_backend.PREFILL_ATTENTION_ENV, "flash")
     with pytest.raises(ValueError, match="FOLOVLLM_CPU_PREFILL_ATTENTION must be 'kernel' or 'sdpa'"):
         cpu_backend.prefill_kernel_enabled()
+
+
+@needs_kernel
+def test_prefill_attention_switch_off_needs_no_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(cpu_backend.PREFILL_ATTENTION_ENV, "sdpa")
+    assert not cpu_backend.prefill_kernel_enabled()
+    monkeypatch.setenv(cpu_backend.PREFILL_ATTENTION_ENV, "kernel")
+    assert cpu_backend.prefill_kernel_enabled()
