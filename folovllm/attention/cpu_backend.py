@@ -102,11 +102,7 @@ class CpuAttentionBackend:
         gqa = num_heads != key.shape[1]
         chunks = self._sdpa_chunks(meta)
         if self._prefill_kernel and query.dtype == torch.bfloat16 and head_dim in PREFILL_KERNEL_HEAD_DIMS:
-            fresh = [c for c in chunks if c[3] == 0 and (sliding_window is None or c[2] - c[1] <= sliding_window)]
-            if fresh:
-                prefill_kernel(out, query, heads_contiguous(key), heads_contiguous(value),
-                               [start for _, start, _, _ in fresh], [end - start for _, start, end, _ in fresh], scale)
-                chunks = [c for c in chunks if c not in fresh]
+            chunks = run_fresh_chunks(out, query, key, value, chunks, scale, sliding_window)
         for seq, start, end, context in chunks:
             if context == 0:
                 k, v = key[start:end], value[start:end]
@@ -141,6 +137,18 @@ class CpuAttentionBackend:
         if key not in self._masks:
             self._masks[key] = causal_mask(length, context, sliding_window, device)
         return self._masks[key]
+
+
+def run_fresh_chunks(out: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     chunks: list[tuple[int, int, int, int]], scale: float,
+                     sliding_window: int | None) -> list[tuple[int, int, int, int]]:
+    """The prefill kernel over the chunks with no cached context that no window cuts into (one call);
+    returns the chunks left for SDPA."""
+    fresh = [c for c in chunks if c[3] == 0 and (sliding_window is None or c[2] - c[1] <= sliding_window)]
+    if fresh:
+        prefill_kernel(out, query, heads_contiguous(key), heads_contiguous(value),
+                       [start for _, start, _, _ in fresh], [end - start for _, start, end, _ in fresh], scale)
+    return [c for c in chunks if c not in fresh]
 
 
 def prefill_kernel(out: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
