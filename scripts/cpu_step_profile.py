@@ -96,7 +96,9 @@ def profile_step(model: torch.nn.Module, query_lens: list[int], seq_lens: list[i
         groups[group] += e.cpu_time_total / 1e3
         if group == "linear" and e.input_shapes:
             m, k = e.input_shapes[0][0], e.input_shapes[0][-1]
-            n = e.input_shapes[1][0] if len(e.input_shapes) > 1 and e.input_shapes[1] else "?"
+            weight = e.input_shapes[1] if len(e.input_shapes) > 1 else []
+            # the bf16 kernel's packed weight is [N/64, K/2, 64, 2]
+            n = (weight[0] * weight[2] if len(weight) == 4 else weight[0]) if weight else "?"
             key = f"M={m} K={k} N={n}"
             linear_shapes[key][0] += e.cpu_time_total / 1e3
             linear_shapes[key][1] += 1
