@@ -15,7 +15,7 @@ from folovllm.attention.metadata import AttentionMetadata
 from folovllm.model.greedy_head import GreedyHead
 from folovllm.sample.prompt_logprobs import (DEFAULT_SLICE_ROWS, PromptLogprobsBatch, PromptLogprobsTensors,
                                              compute_prompt_logprobs)
-from folovllm.sample.sampler import Sampler, SamplingRow, build_sampling_batch
+from folovllm.sample.sampler import Sampler, SamplingRow, TokenLogprobs, build_sampling_batch
 from folovllm.tensors import to_device
 from folovllm.worker.cuda_graphs import CudaGraphRunner
 from folovllm.worker.step_input import StepInput, StepOutput
@@ -153,7 +153,7 @@ class ModelRunner:
         sampling_batch = build_sampling_batch(batch.sampling_rows, generators, self.vocab_size, self.device)
         if self.greedy_head is not None and sampling_batch.is_plain_greedy:
             token_ids = self.greedy_head(hidden[batch.logits_indices])
-            logprobs: list = [None] * sampling_batch.num_rows
+            logprobs: list[TokenLogprobs | None] = [None] * sampling_batch.num_rows
         else:
             logits = self.model.compute_logits(hidden[batch.logits_indices])
             token_ids, logprobs = self.sampler.sample(logits, sampling_batch)
