@@ -44,7 +44,13 @@ CPU_QUANT_GEMM := build/cpu_quant_gemm/libfolovllm_cpu_quant_gemm.so
 $(CPU_QUANT_GEMM): csrc/cpu_quant_gemm.cpp csrc/cpu_quant_common.h csrc/cpu_quant_int4.h csrc/cpu_quant_int8.h csrc/build.py $(STAMP)
 	$(PY) csrc/build.py $@ csrc/cpu_quant_gemm.cpp
 
-KERNELS := $(CPU_ATTENTION) $(CPU_FUSED_OPS) $(CPU_BF16_LINEAR) $(CPU_QUANT_GEMM)
+# Greedy rows' argmax inside the LM head matmul (cpu_greedy_head auto-enables it with the bf16 linear kernel).
+CPU_GREEDY_HEAD := build/cpu_greedy_head/libfolovllm_cpu_greedy_head.so
+
+$(CPU_GREEDY_HEAD): csrc/cpu_greedy_head.cpp csrc/build.py $(STAMP)
+	$(PY) csrc/build.py $@ csrc/cpu_greedy_head.cpp
+
+KERNELS := $(CPU_ATTENTION) $(CPU_FUSED_OPS) $(CPU_BF16_LINEAR) $(CPU_QUANT_GEMM) $(CPU_GREEDY_HEAD)
 
 kernels: $(KERNELS)
 

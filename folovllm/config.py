@@ -40,6 +40,9 @@ CPU_FUSED_OPS_LIBRARY = (Path(__file__).resolve().parent.parent / "build" / "cpu
 # The bfloat16 linear kernel (csrc/cpu_bf16_linear.cpp), built beside them.
 CPU_BF16_LINEAR_LIBRARY = (Path(__file__).resolve().parent.parent / "build" / "cpu_bf16_linear"
                            / "libfolovllm_cpu_bf16_linear.so")
+# Greedy rows' argmax inside the LM head matmul (csrc/cpu_greedy_head.cpp), built beside them.
+CPU_GREEDY_HEAD_LIBRARY = (Path(__file__).resolve().parent.parent / "build" / "cpu_greedy_head"
+                           / "libfolovllm_cpu_greedy_head.so")
 
 logger = logging.getLogger(__name__)
 
@@ -250,6 +253,10 @@ class EngineConfig:
         True, "CPU: bfloat16 linear layers and LM head run FoloVLLM's AVX-512 BF16 kernel instead of oneDNN, "
         "which streams the weights faster at small batch (built by `make kernels`; on when the library loads "
         "and the CPU has AVX-512 BF16, else off with one log line)")
+    cpu_greedy_head: bool = knob(
+        True, "CPU: when every row of a step is plain greedy, take each row's argmax inside the LM head matmul "
+        "instead of writing the logits (with cpu_bf16_linear; built by `make kernels`; on when the library "
+        "loads, else off with one log line)")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", DTYPE_ALIASES.get(self.dtype, self.dtype))
@@ -425,10 +432,13 @@ class EngineConfig:
         fused_ops = self.cpu_fused_ops and not on_cuda and cpu_fused_ops_available(CPU_FUSED_OPS_LIBRARY)
         bf16_linear = (self.cpu_bf16_linear and self.cpu_prepack and not on_cuda and dtype == "bfloat16"
                        and cpu_bf16_linear_available(CPU_BF16_LINEAR_LIBRARY))
+        greedy_head = (self.cpu_greedy_head and bf16_linear and self.tensor_parallel_size == 1
+                       and cpu_greedy_head_available(CPU_GREEDY_HEAD_LIBRARY))
         # 4-bit GGUF weights win one-stream decode on CPU but lose batched decode and prefill to bf16
         load_quantized = "off" if self.load_quantized == "auto" else self.load_quantized
         return dataclasses.replace(self, device=device, dtype=dtype, attention_backend=backend,
                                    cpu_fused_ops=fused_ops, cpu_bf16_linear=bf16_linear,
+                                   cpu_greedy_head=greedy_head,
                                    overlap_scheduling=overlap, enforce_eager=enforce_eager,
                                    load_quantized=load_quantized,
                                    num_threads=self.num_threads or usable_cores(),
@@ -532,6 +542,21 @@ def load_cpu_bf16_linear_library(path: Path) -> str | None:
 def cpu_bf16_linear_available(path: Path) -> bool:
     """Whether the bf16 linear kernel loads and runs here; the reason it does not is logged once per process."""
     return _on_unless("cpu_bf16_linear", load_cpu_bf16_linear_library(path))
+
+
+def load_cpu_greedy_head_library(path: Path) -> str | None:
+    """Loads the greedy LM head kernel (``torch.ops.folovllm_cpu_head``, once per process) and checks that
+    this CPU runs it; returns why it cannot, else None."""
+    reason = load_op_library(path, "the greedy LM head kernel")
+    if reason is None and not torch.ops.folovllm_cpu_head.available():
+        reason = "this CPU lacks AVX-512 BF16, which the greedy LM head kernel needs"
+    return reason
+
+
+@functools.cache
+def cpu_greedy_head_available(path: Path) -> bool:
+    """Whether the greedy LM head kernel loads and runs here; why it does not is logged once per process."""
+    return _on_unless("cpu_greedy_head", load_cpu_greedy_head_library(path))
 
 
 @functools.cache

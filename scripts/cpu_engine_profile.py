@@ -43,14 +43,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", help="write the results here (JSON)")
+    parser.add_argument("--no-greedy-head", action="store_true",
+                        help="greedy steps through the logits and the sampler (cpu_greedy_head off)")
     args = parser.parse_args()
-    llm = LLM(dtype="bfloat16", num_threads=args.threads, max_model_len=2048, seed=0)
+    llm = LLM(dtype="bfloat16", num_threads=args.threads, max_model_len=2048, seed=0,
+              cpu_greedy_head=not args.no_greedy_head)
     runner = llm.llm_engine.worker.runner
     totals: dict[str, float] = collections.Counter()
     model = runner.model
     runner._forward = timed(runner._forward, "forward", totals)
     model.compute_logits = timed(model.compute_logits, "logits", totals)
     runner.sampler.sample = timed(runner.sampler.sample, "sample", totals)
+    if runner.greedy_head is not None:  # plain-greedy steps: logits and argmax in one kernel (cpu_greedy_head)
+        runner.greedy_head = timed(runner.greedy_head, "greedy head", totals)
     model_runner.prepare_step_batch = timed(model_runner.prepare_step_batch, "prepare inputs", totals)
     model_runner.build_sampling_batch = timed(model_runner.build_sampling_batch, "sampling batch", totals)
     runner.launch = timed(runner.launch, "runner.launch", totals)
@@ -70,7 +75,8 @@ def main() -> None:
         parts = dict(totals)
         parts["engine host (rest)"] = wall - parts.get("runner.launch", 0.0)
         parts["runner other"] = parts.pop("runner.launch", 0.0) - sum(
-            parts.get(k, 0.0) for k in ("forward", "logits", "sample", "prepare inputs", "sampling batch"))
+            parts.get(k, 0.0) for k in ("forward", "logits", "sample", "greedy head", "prepare inputs",
+                                        "sampling batch"))
         results["workloads"][name] = {"wall_s": wall, "steps": steps, "parts_s": parts}
         print(f"\n{name}: {wall:.2f} s, {steps} steps, {wall / steps * 1e3:.1f} ms/step")
         for part, secs in sorted(parts.items(), key=lambda kv: -kv[1]):

@@ -7,6 +7,7 @@ fused element-wise ops, other aten ops, and "host": the wall time no op accounts
 ops). A bf16 GEMM micro-benchmark gives the CPU's limit.
 
     .venv/bin/python scripts/cpu_step_profile.py --threads 2
+    .venv/bin/python scripts/cpu_step_profile.py --cases decode64,decode128
     .venv/bin/python scripts/cpu_step_profile.py --out docs/results/cpu-step-profile.json
 """
 from __future__ import annotations
@@ -27,17 +28,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cpu_linear_bench import gemm_limit, step_inputs  # noqa: E402
+from folovllm.config import CPU_BF16_LINEAR_LIBRARY, cpu_bf16_linear_available  # noqa: E402
 from folovllm.model.loader import default_model_path, load_model  # noqa: E402
 from folovllm.paging import blocks_for_tokens  # noqa: E402
 
 BLOCK_SIZE = 16
 # (name, query_lens, seq_lens): one engine step each; 16 x 512 prompts run 4 per 2048-token step
-CASES = [
-    ("prefill 1 x 512", [512], [512]),
-    ("prefill 4 x 512 (a 2048-token step of 16 x 512)", [512] * 4, [512] * 4),
-    ("decode batch 128, context 200", [1] * 128, [200] * 128),
-    ("decode batch 1, context 100", [1], [100]),
-]
+CASES = {
+    "prefill": ("prefill 1 x 512", [512], [512]),
+    "prefill4": ("prefill 4 x 512 (a 2048-token step of 16 x 512)", [512] * 4, [512] * 4),
+    "decode128": ("decode batch 128, context 200", [1] * 128, [200] * 128),
+    "decode64": ("decode batch 64, context 80", [1] * 64, [80] * 64),
+    "decode1": ("decode batch 1, context 100", [1], [100]),
+}
 
 
 def group_of(name: str) -> str:
@@ -96,8 +99,9 @@ def profile_step(model: torch.nn.Module, query_lens: list[int], seq_lens: list[i
         groups[group] += e.cpu_time_total / 1e3
         if group == "linear" and e.input_shapes:
             m, k = e.input_shapes[0][0], e.input_shapes[0][-1]
-            w = e.input_shapes[1] if len(e.input_shapes) > 1 else []
-            n = w[0] * w[2] if len(w) == 4 else (w[0] if w else "?")  # the bf16 kernel's [N/64, K/2, 64, 2]
+            weight = e.input_shapes[1] if len(e.input_shapes) > 1 else []
+            # the bf16 kernel's packed weight is [N/64, K/2, 64, 2]
+            n = (weight[0] * weight[2] if len(weight) == 4 else weight[0]) if weight else "?"
             key = f"M={m} K={k} N={n}"
             linear_shapes[key][0] += e.cpu_time_total / 1e3
             linear_shapes[key][1] += 1
@@ -117,12 +121,19 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--out", help="write the results here (JSON)")
+    parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of: {', '.join(CASES)}")
+    parser.add_argument("--no-bf16-linear", action="store_true",
+                        help="linears and LM head on oneDNN instead of FoloVLLM's bf16 kernel")
     args = parser.parse_args()
+    unknown = set(args.cases.split(",")) - set(CASES)
+    if unknown:
+        parser.error(f"unknown cases {sorted(unknown)}; choose from {', '.join(CASES)}")
     torch.set_num_threads(args.threads)
+    bf16_linear = not args.no_bf16_linear and cpu_bf16_linear_available(CPU_BF16_LINEAR_LIBRARY)
     model = load_model(default_model_path(), dtype=torch.bfloat16, device="cpu", attn_backend="cpu",
-                       cpu_prepack=True, cpu_fused_ops=True, cpu_bf16_linear=True)
-    results = {"threads": args.threads, "load_before": os.getloadavg(), "cases": {}}
-    for name, query_lens, seq_lens in CASES:
+                       cpu_prepack=True, cpu_fused_ops=True, cpu_bf16_linear=bf16_linear)
+    results = {"threads": args.threads, "bf16_linear": bf16_linear, "load_before": os.getloadavg(), "cases": {}}
+    for name, query_lens, seq_lens in (CASES[key] for key in args.cases.split(",")):
         case = profile_step(model, query_lens, seq_lens, args.reps)
         results["cases"][name] = case
         print(f"\n{name}: wall median {case['wall_ms_median']:.1f} ms (profiled {case['profiled_wall_ms']:.1f})")

@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 import torch
 
 from folovllm.attention.metadata import AttentionMetadata
+from folovllm.model.greedy_head import GreedyHead
 from folovllm.sample.prompt_logprobs import (DEFAULT_SLICE_ROWS, PromptLogprobsBatch, PromptLogprobsTensors,
                                              compute_prompt_logprobs)
-from folovllm.sample.sampler import Sampler, SamplingRow, build_sampling_batch
+from folovllm.sample.sampler import Sampler, SamplingRow, TokenLogprobs, build_sampling_batch
 from folovllm.tensors import to_device
 from folovllm.worker.cuda_graphs import CudaGraphRunner
 from folovllm.worker.step_input import StepInput, StepOutput
@@ -117,11 +118,14 @@ class ModelRunner:
     """Runs one step at a time on the model and its paged KV tensors, then samples."""
 
     def __init__(self, model: torch.nn.Module, kv_caches: KVCaches, block_size: int, device: torch.device,
-                 cuda_graphs: CudaGraphRunner | None = None, samples: bool = True) -> None:
+                 cuda_graphs: CudaGraphRunner | None = None, samples: bool = True,
+                 greedy_head: GreedyHead | None = None) -> None:
         """``samples``: False on tensor-parallel ranks other than 0, which only take part in the
-        forward and the logits gather."""
+        forward and the logits gather. ``greedy_head``: takes the tokens of an all plain-greedy step
+        straight from the hidden states (``cpu_greedy_head``); None: through the logits and sampler."""
         self.model = model
         self.samples = samples
+        self.greedy_head = greedy_head
         self.cuda_graphs = cuda_graphs  # decode-step graphs (CUDA + triton backend); None: always eager
         self.kv_caches = kv_caches
         self.block_size = block_size
@@ -146,9 +150,13 @@ class ModelRunner:
             prompt_logprobs = compute_prompt_logprobs(hidden, batch.prompt_logprobs, self.model.compute_logits)
         if not batch.sampling_rows:
             return LaunchedStep([], None, None, prompt_logprobs=prompt_logprobs)
-        logits = self.model.compute_logits(hidden[batch.logits_indices])
         sampling_batch = build_sampling_batch(batch.sampling_rows, generators, self.vocab_size, self.device)
-        token_ids, logprobs = self.sampler.sample(logits, sampling_batch)
+        if self.greedy_head is not None and sampling_batch.is_plain_greedy:
+            token_ids = self.greedy_head(hidden[batch.logits_indices])
+            logprobs: list[TokenLogprobs | None] = [None] * sampling_batch.num_rows
+        else:
+            logits = self.model.compute_logits(hidden[batch.logits_indices])
+            token_ids, logprobs = self.sampler.sample(logits, sampling_batch)
         launched = LaunchedStep(batch.sampling_request_ids, token_ids, logprobs, sampling_batch.needs_sync,
                                 prompt_logprobs=prompt_logprobs)
         if self.device.type == "cuda":  # start the copy home now; resolve() only waits for it

@@ -16,6 +16,7 @@ from folovllm.config import EngineConfig
 from folovllm.distributed.group import TPGroup
 from folovllm.kv_transfer.base import KVConnectorBase, KVConnectorMetadata, KVTransferResult
 from folovllm.model.arch import ArchConfig
+from folovllm.model.greedy_head import greedy_head_for
 from folovllm.model.loader import load_model
 from folovllm.worker import cache_sizing
 from folovllm.worker.cuda_graphs import capture_decode_graphs
@@ -96,7 +97,8 @@ class Worker:
                                     self.model.num_kv_heads, arch.head_dim, self.dtype, self.device)
         graphs = capture_decode_graphs(self.model, caches, cfg, max_model_len)
         samples = self.tp_group is None or self.tp_group.is_first
-        self.runner = ModelRunner(self.model, caches, cfg.block_size, self.device, graphs, samples)
+        greedy_head = greedy_head_for(self.model) if cfg.cpu_greedy_head else None
+        self.runner = ModelRunner(self.model, caches, cfg.block_size, self.device, graphs, samples, greedy_head)
 
     # -- steps --------------------------------------------------------------------------------
 
