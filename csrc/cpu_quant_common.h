@@ -33,10 +33,14 @@ bool cpu_supported() {
 }
 
 // Weights stream from memory a few columns at a time, too few streams for the hardware prefetcher to
-// keep enough reads in flight: each read asks for the line kPrefetchBytes further on as well.
+// keep enough reads in flight: each read asks for the line kPrefetchBytes further on as well, and for
+// the one kPrefetchFarBytes on into L2, so that a DRAM read's latency is covered while the unpacking
+// of the codes in between keeps the core busy.
 constexpr int64_t kPrefetchBytes = 2048;  // 1-4 KiB measured alike (noisy), 8 KiB worse, none 30% slower
+constexpr int64_t kPrefetchFarBytes = 16384;  // batch-1 int4: ~20% faster than none, 8 KiB between
 QG_INLINE void prefetch_ahead(const void* p) {
   _mm_prefetch(static_cast<const char*>(p) + kPrefetchBytes, _MM_HINT_T0);
+  _mm_prefetch(static_cast<const char*>(p) + kPrefetchFarBytes, _MM_HINT_T1);
 }
 
 // 16 fp32 values from fp32 or bf16 storage.

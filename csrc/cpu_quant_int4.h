@@ -136,15 +136,21 @@ QG_TARGET void gemm_blocks(const c10::BFloat16* x, int64_t M, int64_t K, const f
   }
 }
 
-// Per row and group: the sum of the bf16 activations, in fp32.
-void group_sums(const c10::BFloat16* x, int64_t M, int64_t K, int64_t group_size, float* out) {
+// Per row and group: the sum of the bf16 activations, in fp32, 8 at a time (K and group_size are
+// multiples of 8): at batch 64 a one-at-a-time loop here took ~15% of a call, before the threads start.
+QG_TARGET void group_sums(const c10::BFloat16* x, int64_t M, int64_t K, int64_t group_size, float* out) {
   const int64_t groups = num_groups(K, group_size);
   for (int64_t m = 0; m < M; ++m)
     for (int64_t g = 0; g < groups; ++g) {
-      float s = 0.f;
       const c10::BFloat16* p = x + m * K;
-      for (int64_t k = g * group_size; k < std::min(K, (g + 1) * group_size); ++k) s += static_cast<float>(p[k]);
-      out[m * groups + g] = s;
+      __m256 acc = _mm256_setzero_ps();
+      for (int64_t k = g * group_size; k < std::min(K, (g + 1) * group_size); k += kChunkK) {
+        const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + k));
+        acc = _mm256_add_ps(acc, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16)));
+      }
+      __m128 sum4 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+      sum4 = _mm_add_ps(sum4, _mm_movehl_ps(sum4, sum4));
+      out[m * groups + g] = _mm_cvtss_f32(_mm_add_ss(sum4, _mm_movehdup_ps(sum4)));
     }
 }
 

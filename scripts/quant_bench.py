@@ -13,7 +13,9 @@ of 64 streams, each at a 64-token context, and a 256-token prefill. Reported: me
 its ratio to bf16, and weight MiB (all and linear layers). The models run as the engine runs them on
 CPU: the CPU attention kernel, the fused ops and, for bf16 linears, the bf16 linear kernel (``bf16-onednn``
 is bf16 on oneDNN's prepacked linears instead); ``--no-engine-cpu-ops`` runs torch attention, unfused
-ops and oneDNN. ``--only NAME ...`` times a subset beside bf16.
+ops and oneDNN. The ``-modules`` variants run their decoder layers through the ``nn.Module`` calls
+(``FOLOVLLM_DIRECT_CALLS=off``) instead of the direct op calls (``model/direct.py``) the others use.
+``--only NAME ...`` times a subset beside bf16.
 """
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ from folovllm.model.layers import CausalLM  # noqa: E402
 from folovllm.config import CPU_BF16_LINEAR_LIBRARY, cpu_bf16_linear_available  # noqa: E402
 from folovllm.model.loader import default_model_path, load_model  # noqa: E402
 from folovllm.model.quant.gptq_config import KERNEL_ENV  # noqa: E402
+from folovllm.model.direct import DIRECT_CALLS_ENV  # noqa: E402
 from tests.helpers import make_attn_metadata  # noqa: E402
 from folovllm.quantize.run import QuantizeArgs, quantize  # noqa: E402
 
@@ -102,9 +105,11 @@ def main() -> None:
     gguf, gptq4 = default_model_path(), write_gptq_folder(tmp / "gptq4", 4, 128)
     variants = {  # name: (path, quantization, load_quantized, quantize_lm_head, FOLOVLLM_QUANT_KERNEL)
         "bf16": (gguf, "auto", False, "off", "auto"),  # the engine's default CPU path
+        "bf16-modules": (gguf, "auto", False, "off", "auto"),  # FOLOVLLM_DIRECT_CALLS=off
         "bf16-onednn": (gguf, "auto", False, "off", "auto"),  # bf16 linears on oneDNN (--no-cpu-bf16-linear)
         "gptq-4bit-g128": (gptq4, "auto", False, "off", "auto"),
         "gptq-4bit-g128-int8head": (gptq4, "auto", False, "on", "auto"),
+        "gptq-4bit-g128-int8head-modules": (gptq4, "auto", False, "on", "auto"),  # FOLOVLLM_DIRECT_CALLS=off
         "gptq-4bit-g128-int8head-torchkernel": (gptq4, "auto", False, "on", "torch"),
         "gptq-8bit-g128": (lambda: write_gptq_folder(tmp / "gptq8", 8, 128), "auto", False, "off", "auto"),
         "int8": (gguf, "int8", False, "off", "auto"),
@@ -118,6 +123,7 @@ def main() -> None:
     engine_ops = {"attn_backend": "cpu", "cpu_fused_ops": True,
                   "cpu_bf16_linear": cpu_bf16_linear_available(CPU_BF16_LINEAR_LIBRARY)} if args.engine_cpu_ops else {}
     models = {name: load_variant(path() if callable(path) else path, q, packed, head, kernel,
+                                 direct_calls="off" if name.endswith("-modules") else "on",
                                  **(engine_ops | ({"cpu_bf16_linear": False} if name == "bf16-onednn" else {})))
               for name, (path, q, packed, head, kernel) in variants.items()}
     max_tokens = max(args.context, args.prefill)
@@ -160,18 +166,21 @@ def main() -> None:
 
 
 def load_variant(path: str, quantization: str, load_quantized: bool, quantize_lm_head: str,
-                 quant_kernel: str, **engine_ops: Any) -> CausalLM:
-    """The bf16 model as a variant loads it, with ``FOLOVLLM_QUANT_KERNEL`` set while its kernels are picked."""
-    saved = os.environ.get(KERNEL_ENV)
-    os.environ[KERNEL_ENV] = quant_kernel
+                 quant_kernel: str, direct_calls: str = "on", **engine_ops: Any) -> CausalLM:
+    """The bf16 model as a variant loads it, with ``FOLOVLLM_QUANT_KERNEL`` and ``FOLOVLLM_DIRECT_CALLS`` set
+    while its kernels and its layers' calls are picked."""
+    settings = {KERNEL_ENV: quant_kernel, DIRECT_CALLS_ENV: direct_calls}
+    saved = {name: os.environ.get(name) for name in settings}
+    os.environ.update(settings)
     try:
         return load_model(path, quantization=quantization, dtype=torch.bfloat16, device="cpu", cpu_prepack=True,
                           load_quantized=load_quantized, quantize_lm_head=quantize_lm_head, **engine_ops)
     finally:
-        if saved is None:
-            del os.environ[KERNEL_ENV]
-        else:
-            os.environ[KERNEL_ENV] = saved
+        for name, value in saved.items():
+            if value is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = value
 
 
 def median_of(count: int, step) -> float:

@@ -14,6 +14,8 @@ fp32, in its own order: results equal ``F.linear``'s or differ by one bf16 round
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -69,6 +71,14 @@ class PackedLinearMethod(UnquantizedLinearMethod):
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return packed_linear(x, layer.weight, bias)
+
+    def bind(self, layer: nn.Module, bias: torch.Tensor | None) -> Callable[[torch.Tensor], torch.Tensor]:
+        packed = layer.weight
+        if packed.is_mkldnn:
+            onednn = torch.ops.mkldnn._linear_pointwise.default
+            return lambda x: onednn(x, packed, bias, "none", [], "")
+        kernel = torch.ops.folovllm_cpu_linear.linear.default
+        return lambda x: kernel(x, packed, bias)
 
 
 def select_linear_method(quantization: str, quant_config: dict | None, dtype: torch.dtype,

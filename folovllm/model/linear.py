@@ -8,6 +8,7 @@ its partial outputs over ``WeightConfig.tp_group``.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -153,6 +154,12 @@ class LinearBase(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.method.apply(self, x, self.bias)
+
+    def bound(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """``forward`` as one callable that holds what it reads (``model/direct.py``); build it after loading."""
+        if self.tp_size > 1:
+            return self.forward  # the row-parallel sum and the rank-0 bias stay in forward
+        return self.method.bind(self, self.bias)
 
 
 class ReplicatedLinear(LinearBase):

@@ -6,7 +6,9 @@ A new format is a new registered class; the model files do not change.
 """
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -75,6 +77,11 @@ class LinearMethod(ABC):
     @abstractmethod
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x [T, input_size] -> [T, output_size], adding ``bias`` when given."""
+
+    def bind(self, layer: nn.Module, bias: torch.Tensor | None) -> Callable[[torch.Tensor], torch.Tensor]:
+        """``x -> apply(layer, x, bias)`` as one callable; a method may hold its tensors and call its
+        kernel directly (same result), skipping the lookups ``apply`` makes per call."""
+        return functools.partial(self.apply, layer, bias=bias)
 
 
 @register_linear_method("unquantized")

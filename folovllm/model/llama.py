@@ -7,12 +7,15 @@ attributes below; a different block gets a file of its own, written like this on
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import torch
 from torch import nn
 
 from folovllm.attention.backend import AttentionBackend
 from folovllm.attention.metadata import AttentionMetadata
 from folovllm.model.arch import SLIDING, ArchConfig
+from folovllm.model.direct import DirectDecoderLayer, direct_calls_enabled, direct_layer, hook_tables
 from folovllm.model.layers import (
     Attention,
     CausalLM,
@@ -68,13 +71,25 @@ class LlamaModel(nn.Module):
         self.rotary_emb = RotaryEmbedding(
             arch.head_dim, arch.max_position_embeddings, arch.rope_theta, arch.rope_scaling, weights.device
         )
+        self.direct_layers: list[DirectDecoderLayer] | None = None  # set by use_direct_calls, after loading
+        self.hook_tables: list[dict] = []  # any hook in these sends a step through the modules
+
+    def use_direct_calls(self, enabled: bool) -> None:
+        """Run the decoder layers as direct op calls (``model/direct.py``) when every layer has that form;
+        reads the weights as they are now, so call it once they are loaded and processed."""
+        direct = [direct_layer(layer, LlamaDecoderLayer.forward) for layer in self.layers] if enabled else []
+        self.direct_layers = direct if direct and all(d is not None for d in direct) else None
+        self.hook_tables = hook_tables(self.modules()) if self.direct_layers is not None else []
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[KVCache], meta: AttentionMetadata
     ) -> torch.Tensor:
         x, residual = self.embed_tokens(input_ids), None
         rope = self.rotary_emb(positions, x.dtype)
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+        layers: Sequence[Callable] = self.layers
+        if self.direct_layers is not None and x.is_contiguous() and not any(self.hook_tables):
+            layers = self.direct_layers
+        for layer, kv_cache in zip(layers, kv_caches, strict=True):
             x, residual = layer(rope, x, residual, kv_cache, meta)
         x, _ = self.norm(x, residual)
         return x
@@ -93,3 +108,7 @@ class LlamaForCausalLM(CausalLM):
         super().__init__(arch, weights)
         self.model = LlamaModel(arch, backend, weights, self.decoder_layer)
         self.lm_head = lm_head(arch, weights)
+
+    def process_weights_after_loading(self) -> None:
+        super().process_weights_after_loading()
+        self.model.use_direct_calls(direct_calls_enabled())

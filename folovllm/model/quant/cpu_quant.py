@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -101,6 +102,14 @@ class CpuInt4Kernel(nn.Module):
     @property
     def num_parts(self) -> int:
         return len(self.part_names)
+
+    def direct(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """``forward`` as one call of the op where that is all it does (one part, no permutation)."""
+        if self.perm is not None or self.num_parts != 1:
+            return self.forward
+        op, group_size = torch.ops.folovllm_cpu_quant.int4_gemm.default, self.group_size
+        codes, scales, zeros = (self._buffers[name] for name in self.part_names[0])
+        return lambda x: op(x, codes, scales, zeros, group_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         buffers = self._buffers  # read directly: this runs ~120 times per decode step

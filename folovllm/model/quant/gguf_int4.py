@@ -14,6 +14,8 @@ package's constants and helpers; only the step to (codes, scale, zero) is writte
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import gguf
 import numpy as np
 import torch
@@ -21,7 +23,7 @@ from torch import nn
 
 from folovllm.model.linear_method import LinearMethod, set_weight_attrs
 from folovllm.model.quant.gptq_config import kernel_choice
-from folovllm.model.quant.kernels import INT4_N_MULTIPLE, apply_quant_kernel, quant_backend, int4_group_kernel
+from folovllm.model.quant.kernels import INT4_N_MULTIPLE, apply_quant_kernel, bind_quant_kernel, quant_backend, int4_group_kernel
 
 Q = gguf.GGMLQuantizationType
 GGUF_INT4_TYPES = (Q.Q4_0, Q.Q4_1, Q.Q4_K)
@@ -124,3 +126,6 @@ class GGUFInt4LinearMethod(LinearMethod):
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return apply_quant_kernel(layer, x, bias)
+
+    def bind(self, layer: nn.Module, bias: torch.Tensor | None) -> Callable[[torch.Tensor], torch.Tensor]:
+        return bind_quant_kernel(layer, bias)

@@ -15,6 +15,7 @@ groups = ceil(in / group_size), or 1 with group_size -1; w[k, n] = (q[k, n] - z[
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -23,7 +24,7 @@ from torch import nn
 from folovllm.model.linear import RowParallelLinear
 from folovllm.model.linear_method import LinearMethod, register_linear_method, set_weight_attrs
 from folovllm.model.quant.gptq_config import GPTQConfig, kernel_choice
-from folovllm.model.quant.kernels import apply_quant_kernel, gptq_kernel
+from folovllm.model.quant.kernels import apply_quant_kernel, bind_quant_kernel, gptq_kernel
 
 _CHECKPOINT_TENSORS = ("qweight", "qzeros", "scales", "g_idx")
 
@@ -110,3 +111,6 @@ class GPTQLinearMethod(LinearMethod):
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return apply_quant_kernel(layer, x, bias)
+
+    def bind(self, layer: nn.Module, bias: torch.Tensor | None) -> Callable[[torch.Tensor], torch.Tensor]:
+        return bind_quant_kernel(layer, bias)

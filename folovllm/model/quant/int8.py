@@ -6,6 +6,7 @@ multiplied by an int8 CPU kernel (ours or torch's) with activations in the model
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -13,7 +14,7 @@ from torch import nn
 
 from folovllm.model.linear_method import UnquantizedLinearMethod, register_linear_method
 from folovllm.model.quant.gptq_config import kernel_choice
-from folovllm.model.quant.kernels import Int8ChannelKernel, apply_quant_kernel
+from folovllm.model.quant.kernels import Int8ChannelKernel, apply_quant_kernel, bind_quant_kernel
 
 INT8_MAX = 127
 
@@ -49,3 +50,6 @@ class Int8LinearMethod(UnquantizedLinearMethod):
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return apply_quant_kernel(layer, x, bias)
+
+    def bind(self, layer: nn.Module, bias: torch.Tensor | None) -> Callable[[torch.Tensor], torch.Tensor]:
+        return bind_quant_kernel(layer, bias)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -94,6 +95,13 @@ class Int8ChannelKernel(nn.Module):
         """The int8 codes of output channels ``rows``: [*rows.shape, in]."""
         return packed_int8_rows(self.codes, rows) if self.ours else self.codes[rows]
 
+    def direct(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """``forward`` as one call of our int8 op where that is all it does."""
+        if not self.ours or self.offsets is not None:
+            return self.forward
+        op, codes, scales = torch.ops.folovllm_cpu_quant.int8_gemm.default, self.codes, self.scales
+        return lambda x: op(x, codes, scales)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.reference:
             weight = self.codes.float() * self.scales.float()[:, None]
@@ -137,6 +145,14 @@ def apply_quant_kernel(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | N
     """A quantized layer's forward: its ``quant_kernel`` (set after loading) on x, then the bias if any."""
     y = layer.quant_kernel(x)
     return y if bias is None else y + bias
+
+
+def bind_quant_kernel(layer: nn.Module, bias: torch.Tensor | None) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``apply_quant_kernel`` for this layer as one callable: the kernel's op called directly where it
+    offers one (``direct``), else its forward."""
+    kernel = layer.quant_kernel
+    run = kernel.direct() if hasattr(kernel, "direct") else kernel.forward
+    return run if bias is None else lambda x: run(x) + bias
 
 
 def quant_backend(choice: str) -> str:

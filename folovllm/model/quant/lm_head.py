@@ -10,13 +10,15 @@ the CPU (a GPTQ checkpoint, ``--quantization int8``, or GGUF weights kept packed
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
 from folovllm.model.linear_method import UnquantizedLinearMethod
 from folovllm.model.quant.gptq_config import kernel_choice
 from folovllm.model.quant.int8 import quantize_int8_per_channel
-from folovllm.model.quant.kernels import Int8ChannelKernel, apply_quant_kernel
+from folovllm.model.quant.kernels import Int8ChannelKernel, apply_quant_kernel, bind_quant_kernel
 
 QUANTIZE_LM_HEAD = ("auto", "on", "off")
 
@@ -51,3 +53,6 @@ class Int8HeadMethod(UnquantizedLinearMethod):
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return apply_quant_kernel(layer, x, bias)
+
+    def bind(self, layer: nn.Module, bias: torch.Tensor | None) -> Callable[[torch.Tensor], torch.Tensor]:
+        return bind_quant_kernel(layer, bias)

@@ -15,6 +15,7 @@ from folovllm.model.quant.cpu_quant import (
     pack_int8,
     packed_int8_rows,
 )
+from folovllm.model.quant.kernels import Int8ChannelKernel
 
 NOT_BUILT = cpu_quant_unavailable()
 pytestmark = pytest.mark.skipif(NOT_BUILT is not None, reason=f"{NOT_BUILT}")
@@ -120,3 +121,16 @@ def test_int8_packed_rows() -> None:
     codes = torch.randint(-127, 128, (64, 24), dtype=torch.int8)
     ids = torch.tensor([[0, 63], [17, 17]])
     torch.testing.assert_close(packed_int8_rows(pack_int8(codes), ids), codes[ids], rtol=0, atol=0)
+
+
+def test_direct_calls_equal_forward() -> None:
+    """``direct()``: one op call where that is all forward does, else forward itself (several parts)."""
+    codes, scales, zeros = _weights(32, 64, 32, 0)
+    kernel = CpuInt4Kernel([codes], [scales], [zeros], 32, torch.bfloat16, None)
+    x = torch.randn(3, 64).bfloat16()
+    assert torch.equal(kernel.direct()(x), kernel(x))
+    two_parts = CpuInt4Kernel([codes, codes], [scales, scales], [zeros, zeros], 32, torch.bfloat16, None)
+    assert two_parts.direct() == two_parts.forward
+    int8 = Int8ChannelKernel(torch.randint(-127, 128, (32, 64), dtype=torch.int8), torch.rand(32).bfloat16(), None,
+                             "folovllm")
+    assert torch.equal(int8.direct()(x), int8(x))

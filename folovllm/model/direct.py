@@ -1,0 +1,93 @@
+"""Decoder layers run as direct op calls, without ``nn.Module.__call__`` on the hot path.
+
+A batch-1 decode step of a small model is ~30 layers x ~13 module calls, each a few microseconds of
+hook checks and attribute lookups around a kernel that itself takes tens of microseconds. A
+``DirectDecoderLayer`` holds, once, what a Llama-style layer's forward reads (norm weights, the
+linears' bound matmuls, the fused ops) and calls the ops in the same order with the same arguments,
+so its outputs are bit-identical to the modules'.
+
+It only stands in for layers that are exactly the shared pieces with the fused CPU ops
+(``direct_layer`` returns None otherwise), and the model falls back to the module calls whenever a
+hook is registered on any of its modules (GPTQ calibration measures inputs with forward pre-hooks).
+``FOLOVLLM_DIRECT_CALLS=off`` always calls the modules.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+
+import torch
+from torch import nn
+from torch.nn.modules import module as torch_module
+
+from folovllm.attention.metadata import AttentionMetadata
+from folovllm.model.layers import Attention, GatedMLP, KVCache, RMSNorm, Rope, fused_ops
+
+DIRECT_CALLS_ENV = "FOLOVLLM_DIRECT_CALLS"
+
+
+def direct_calls_enabled() -> bool:
+    """``FOLOVLLM_DIRECT_CALLS`` (on | off, default on)."""
+    value = os.environ.get(DIRECT_CALLS_ENV, "on")
+    if value not in ("on", "off"):
+        raise ValueError(f"{DIRECT_CALLS_ENV} must be 'on' or 'off', got {value!r}")
+    return value == "on"
+
+
+def hook_tables(modules: Iterable[nn.Module]) -> list[dict]:
+    """The dicts that hold the forward hooks a call of any of ``modules`` would run (the global ones too):
+    hooks are added to and removed from these in place, so ``any(tables)`` tells, in one C loop, whether
+    one is registered now."""
+    tables = [torch_module._global_forward_hooks, torch_module._global_forward_pre_hooks]
+    for m in modules:
+        tables += (m._forward_hooks, m._forward_pre_hooks)
+    return tables
+
+
+class DirectDecoderLayer:
+    """``LlamaDecoderLayer.forward`` as a plain function of what the layer holds (see the module doc)."""
+
+    def __init__(self, layer: nn.Module) -> None:
+        attn, mlp = layer.self_attn, layer.mlp
+        ops = fused_ops()
+        self.rms_norm, self.add_rms_norm = ops.rms_norm.default, ops.add_rms_norm.default
+        self.rotary_store_kv, self.silu_and_mul = ops.rotary_store_kv.default, ops.silu_and_mul.default
+        self.norm1, self.norm2 = layer.input_layernorm.weight, layer.post_attention_layernorm.weight
+        self.eps1, self.eps2 = layer.input_layernorm.eps, layer.post_attention_layernorm.eps
+        self.qkv, self.o_proj = attn.qkv_proj.bound(), attn.o_proj.bound()
+        self.gate_up, self.down = mlp.gate_up_proj.bound(), mlp.down_proj.bound()
+        self.num_heads, self.num_kv_heads, self.qk_eps = attn.num_heads, attn.num_kv_heads, attn.eps
+        self.q_norm = None if attn.q_norm is None else attn.q_norm.weight
+        self.k_norm = None if attn.k_norm is None else attn.k_norm.weight
+        self.attention, self.scale, self.sliding_window = attn.backend.forward, attn.scale, attn.sliding_window
+
+    def __call__(self, rope: Rope, x: torch.Tensor, residual: torch.Tensor | None, kv_cache: KVCache,
+                 meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            x, residual = self.rms_norm(x, self.norm1, self.eps1), x
+        else:
+            x = self.add_rms_norm(residual, x, self.norm1, self.eps1)
+        k_cache, v_cache = kv_cache
+        q, k, v = self.rotary_store_kv(self.qkv(x), self.num_heads, self.num_kv_heads, rope[0], rope[1],
+                                       self.q_norm, self.k_norm, self.qk_eps, k_cache, v_cache, meta.slot_mapping)
+        out = self.attention(q, k, v, k_cache, v_cache, meta, self.scale, self.sliding_window, kv_stored=True)
+        x = self.add_rms_norm(residual, self.o_proj(out), self.norm2, self.eps2)
+        return self.down(self.silu_and_mul(self.gate_up(x))), residual
+
+
+def direct_layer(layer: nn.Module, plain_forward: Callable) -> DirectDecoderLayer | None:
+    """The direct form of a decoder layer whose ``forward`` is ``plain_forward`` (the Llama block) and whose
+    pieces are the shared ones running the fused CPU ops; None for any other layer."""
+    if type(layer).forward is not plain_forward:
+        return None
+    norms = (layer.input_layernorm, layer.post_attention_layernorm)
+    if not all(type(n) is RMSNorm and n.fused is not None for n in norms):
+        return None
+    attn, mlp = layer.self_attn, layer.mlp
+    if type(attn) is not Attention or attn.rotary_store_kv is None:
+        return None
+    if attn.q_norm is not None and type(attn.q_norm) is not RMSNorm:
+        return None
+    if type(mlp) is not GatedMLP or mlp.silu_and_mul is None:
+        return None
+    return DirectDecoderLayer(layer)
