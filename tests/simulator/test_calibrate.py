@@ -4,7 +4,7 @@ import json
 import numpy as np
 import pytest
 
-from folovllm.simulator.calibrate import calibrate, fit_linear, read_trace_shapes
+from folovllm.simulator.calibrate import calibrate, fit_linear, price_steps, read_trace_shapes
 from folovllm.simulator.cost_model import LINEAR_TERMS, OPTIONAL_TERMS, LinearCostModel, StepShape, load_linear_profile
 
 TRUE = {"fixed_s": 0.004, "per_prefill_token_s": 2e-5, "per_decode_row_s": 3e-4, "per_context_token_s": 1e-7,
@@ -208,3 +208,17 @@ def test_the_fit_reports_its_error_per_prefill_size(tmp_path):
     buckets = model.fit["by_prefill_tokens"]
     assert sum(b["steps"] for b in buckets) == len(shapes)
     assert buckets[0]["prefill_tokens"] == [0, 1] and abs(buckets[-1]["rel_error"]) > 1e-3  # the line misses
+
+
+def test_traced_steps_priced_by_a_profile_name_the_bucket_it_misprices(tmp_path):
+    synthetic_trace(tmp_path / "t.jsonl")
+    records = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
+    exact = calibrate(tmp_path / "t.jsonl", tmp_path / "p.json", "exact")
+    assert price_steps(exact, records)["predicted_s"] == pytest.approx(price_steps(exact, records)["measured_s"])
+    for record in records:  # the engine got 30 % slower on big prefill steps only
+        if record["num_prefill_tokens"] >= 1536:
+            record["duration_s"] *= 1.3
+    check = price_steps(exact, records)
+    errors = {tuple(b["prefill_tokens"]): b["rel_error"] for b in check["by_prefill_tokens"]}
+    assert errors[(1536, None)] == pytest.approx(1 / 1.3 - 1)
+    assert all(abs(e) < 1e-6 for bucket, e in errors.items() if bucket != (1536, None))
