@@ -173,7 +173,8 @@ def main() -> int:
     for name, argv in workloads(args.smoke, folder).items():
         real_jsons, sim_json = live_files(folder, name), folder / f"{name}-sim.json"
         if not real_jsons:
-            raise SystemExit(f"{folder} has no live runs of {name}: --reuse-real takes the folder of an earlier full run")
+            raise SystemExit(f"{folder} has no live runs of {name}: --reuse-real takes the folder of an earlier "
+                             "full run")
         api = [] if args.api_server_ms is None else ["--api-server-ms", str(args.api_server_ms)]
         subprocess.run([*CLI, "simulate", "run", "--profile", str(profile_path), "--output-json", str(sim_json),
                         *api, *argv], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
@@ -190,8 +191,9 @@ def main() -> int:
                   f"{row['sim'][key]:>10.1f}{'n/a' if err is None else f'{err:+.0%}':>9}")
         if row["steps"]:
             check = row["steps"]
-            print(f"  {check['steps']} traced steps priced by the profile: {check['predicted_s'] / check['measured_s'] - 1:+.0%} "
-                  f"in all; by prefill tokens per step: {format_buckets(check['by_prefill_tokens'])}")
+            total = check["predicted_s"] / check["measured_s"] - 1
+            print(f"  {check['steps']} traced steps priced by the profile: {total:+.0%} in all; by prefill tokens "
+                  f"per step: {format_buckets(check['by_prefill_tokens'])}")
     real_date = json.loads(live_files(folder, rows[0]["workload"])[0].read_text())[0].get("date")
     Path(args.out).write_text(json.dumps([{"name": "sim-fidelity", "smoke": args.smoke, "profile": profile_path.name,
                                            "fit": profile.get("fit", {}), "real_measured": real_date,

@@ -124,7 +124,8 @@ def _weighted_fit(shapes: list[StepShape], durations: np.ndarray, scale: np.ndar
     varies[1:] = features[:, 1:].std(axis=0) > 0
     weights = np.zeros(features.shape[1])
     weights[varies] = nonnegative_lstsq(features[:, varies] * scale[:, None], durations * scale)
-    return weights, varies, float(((features @ weights - durations) * scale) @ ((features @ weights - durations) * scale))
+    residual = (features @ weights - durations) * scale
+    return weights, varies, float(residual @ residual)
 
 
 def pick_knee(shapes: list[StepShape], durations: np.ndarray, scale: np.ndarray) -> int:

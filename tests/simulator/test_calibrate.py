@@ -150,7 +150,8 @@ def test_the_measured_api_server_time_is_kept_in_the_profile(tmp_path):
 def test_without_the_newer_terms_a_step_costs_what_the_straight_line_says():
     """The new-pairs and below-knee terms at 0 (an older profile, ``--prefill-knee 0``) price every step
     as the straight line in prefill tokens did; with them, a small step costs more per token than a big one."""
-    line = {**dict.fromkeys(LINEAR_TERMS, 0.0), "fixed_s": 0.01, "per_prefill_token_s": 5e-4, "per_prefill_step_s": 0.02}
+    line = {**dict.fromkeys(LINEAR_TERMS, 0.0), "fixed_s": 0.01, "per_prefill_token_s": 5e-4,
+            "per_prefill_step_s": 0.02}
     old = LinearCostModel("line", line)
     bent = LinearCostModel("bent", {**line, "per_prefill_token_below_knee_s": 2e-4, "per_prefill_new_pair_s": 1e-9},
                            prefill_knee_tokens=512)
@@ -158,7 +159,9 @@ def test_without_the_newer_terms_a_step_costs_what_the_straight_line_says():
     assert old.step_time(step) == pytest.approx(0.01 + 0.02 + 5e-4 * 2048)
     assert bent.step_time(step) == pytest.approx(old.step_time(step) + 2e-4 * 512 + 1e-9 * (8 * 256 * 257 // 2))
     small, big = StepShape(64, 0, 64, 1), StepShape(1536, 0, 1536, 1)
-    per_token = lambda m, s: (m.step_time(s) - m.step_time(StepShape(1, 0, 1, 1))) / (s.num_prefill_tokens - 1)  # noqa: E731
+    def per_token(model, shape):  # beyond a one-token step
+        return (model.step_time(shape) - model.step_time(StepShape(1, 0, 1, 1))) / (shape.num_prefill_tokens - 1)
+
     assert per_token(bent, small) > per_token(bent, big) and per_token(old, small) == pytest.approx(per_token(old, big))
 
 
