@@ -141,10 +141,22 @@ def sim_fidelity_table(path: Path) -> str:
              "| workload | output tok/s real / sim | median TTFT ms real / sim | median TPOT ms real / sim |",
              "|---|---|---|---|"]
     for row in result["rows"]:
-        cells = [f"{fmt(row['real'][k])} / {fmt(row['sim'][k])} ({row['rel_error'][k]:+.0%})"
+        cells = [f"{fmt(row['real'][k])}{live_spread(row, k)} / {fmt(row['sim'][k])} ({row['rel_error'][k]:+.0%})"
                  for k in ("output_tok_s", "median_ttft_ms", "median_tpot_ms")]
         lines.append(f"| {row['workload']} | " + " | ".join(cells) + " |")
+    repeats = {row.get("live_repeats", 1) for row in result["rows"]}
+    if repeats != {1}:
+        lines += ["", f"Real: the median of {', '.join(map(str, sorted(repeats)))} live runs (a fresh server each), "
+                      "their min–max in brackets."]
     return "\n".join(lines) + "\n"
+
+
+def live_spread(row: dict, key: str) -> str:
+    """`` [min–max]`` of a figure over the live repeats; nothing for a single live run."""
+    if row.get("live_repeats", 1) < 2:
+        return ""
+    low, high = row["real_spread"][key]
+    return f" [{fmt(low)}–{fmt(high)}]"
 
 
 def render(paths: list[Path]) -> str:

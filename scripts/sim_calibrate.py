@@ -75,6 +75,7 @@ def main() -> int:
                         help="the served engine's KV blocks (its log says it), kept as the profile's default")
     parser.add_argument("--weighting", choices=("absolute", "sqrt", "relative"), default="absolute",
                         help="simulate calibrate's --weighting")
+    parser.add_argument("--prefill-knee", default="auto", help="simulate calibrate's --prefill-knee (auto or tokens)")
     parser.add_argument("--num-threads", type=int, default=None,
                         help="the server's --num-threads (default: its own); sim_fidelity.py should run with the same")
     args = parser.parse_args()
@@ -99,7 +100,8 @@ def main() -> int:
     subprocess.run([*CLI, "simulate", "calibrate", "--trace", str(trace), "--out", args.out,
                     "--name", Path(PROFILE).stem, "--num-kv-blocks", str(args.num_kv_blocks),
                     "--max-model-len", str(MAX_MODEL_LEN), "--model", "SmolLM2-135M-Instruct",
-                    "--weighting", args.weighting, "--api-server-ms", f"{api_server_ms:.4f}"], cwd=ROOT, check=True)
+                    "--weighting", args.weighting, "--api-server-ms", f"{api_server_ms:.4f}",
+                    "--prefill-knee", args.prefill_knee], cwd=ROOT, check=True)
     print(f"the trace is in {trace}")
     return 0
 

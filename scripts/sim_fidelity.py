@@ -1,14 +1,18 @@
 """The simulator against the real server on three workloads the CPU profile was not fitted on.
 
-    .venv/bin/python scripts/sim_fidelity.py            # full: 3 workloads, minutes on a quiet machine
+    .venv/bin/python scripts/sim_fidelity.py            # full: 3 workloads x 3 live repeats, ~8 min quiet
     .venv/bin/python scripts/sim_fidelity.py --smoke    # a few requests each, to check the plumbing
     .venv/bin/python scripts/sim_fidelity.py --reuse-real /tmp/sim-fidelity-XXXX   # a new profile, same live runs
 
-Starts `folovllm serve` (the CPU profile's model and max_model_len), runs `folovllm bench serve` for
-each workload, runs `folovllm simulate run` with the same options and the CPU profile, and writes
-throughput, median TTFT and median TPOT, simulated vs real, with their relative error, to
-docs/results/sim-fidelity.json. Workloads: a Poisson stream of mixed lengths, a burst, and a
-shared-prefix multi-turn stream (JSONL with arrival times, so both sides replay the same trace).
+Per live repeat (``--live-repeats``, a fresh server each, so no repeat finds an earlier one's prompts
+in the prefix cache): starts `folovllm serve --trace` (the CPU profile's model and max_model_len) and
+runs `folovllm bench serve` for each workload. Then `folovllm simulate run` with the same options and
+the CPU profile, and writes throughput, median TTFT and median TPOT, simulated vs the median of the
+live repeats (their min-max beside it), with the relative error, to docs/results/sim-fidelity.json.
+It also prices each live step the server traced during a workload with the profile and reports the
+summed predicted / traced step time by prefill size (which steps the cost model misprices).
+Workloads: a Poisson stream of mixed lengths, a burst, and a shared-prefix multi-turn stream (JSONL
+with arrival times, so both sides replay the same trace).
 """
 from __future__ import annotations
 
@@ -27,6 +31,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 PROFILE = ROOT / "folovllm" / "simulator" / "profiles" / "cpu-smollm2-135m.json"
 CLI = [sys.executable, "-m", "folovllm.entrypoints.cli"]
+sys.path.insert(0, str(ROOT))
+from folovllm.simulator.calibrate import format_buckets, price_steps  # noqa: E402
+from folovllm.simulator.cost_model import load_linear_profile  # noqa: E402
 
 
 def workloads(smoke: bool, folder: Path) -> dict[str, list[str]]:
@@ -89,6 +96,54 @@ def figures(result: dict) -> dict[str, float]:
             "median_tpot_ms": result["tpot_ms"]["p50"] if result["tpot_ms"] else float("nan")}
 
 
+def live_files(folder: Path, name: str) -> list[Path]:
+    """The live runs of one workload in ``folder``: one per repeat (a single run in older folders)."""
+    repeats = sorted(folder.glob(f"{name}-real-*.json"))
+    return repeats or [p for p in [folder / f"{name}-real.json"] if p.is_file()]
+
+
+def run_live(folder: Path, repeats: int, smoke: bool, max_model_len: int, serve_args: list[str]) -> None:
+    """``repeats`` rounds of every workload, each round against a fresh traced server; what each
+    workload's window was in the trace (perf_counter, shared with the server on one machine)."""
+    for repeat in range(repeats):
+        trace = folder / f"steps-{repeat}.jsonl"
+        proc, port = start_server(max_model_len, trace, serve_args)
+        windows = {}
+        try:
+            for name, argv in workloads(smoke, folder).items():
+                print(f"live repeat {repeat + 1}/{repeats}: {name}", flush=True)
+                started = time.perf_counter()
+                subprocess.run([*CLI, "bench", "serve", "--port", str(port), "--no-progress", "--output-json",
+                                str(folder / f"{name}-real-{repeat}.json"), *argv], cwd=ROOT, check=True,
+                               stdout=subprocess.DEVNULL)
+                windows[name] = [started, time.perf_counter()]
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
+        (folder / f"windows-{repeat}.json").write_text(json.dumps(windows) + "\n")
+
+
+def live_steps(folder: Path, name: str) -> list[dict]:
+    """The traced steps of workload ``name`` over every repeat (none for folders without traces)."""
+    steps = []
+    for windows_path in sorted(folder.glob("windows-*.json")):
+        start, end = json.loads(windows_path.read_text()).get(name, [0.0, -1.0])
+        trace = folder / windows_path.name.replace("windows-", "steps-").replace(".json", ".jsonl")
+        with open(trace, encoding="utf-8") as f:
+            steps += [r for line in f if line.strip() and start <= (r := json.loads(line))["time"] <= end]
+    return steps
+
+
+def row_for(name: str, argv: list[str], live: list[dict[str, float]], sim: dict[str, float],
+            step_check: dict | None) -> dict:
+    real = {k: float(np.median([run[k] for run in live])) for k in sim}
+    return {"workload": name, "args": argv, "real": real, "sim": sim, "live_repeats": len(live),
+            "real_runs": live, "real_spread": {k: [min(run[k] for run in live), max(run[k] for run in live)]
+                                               for k in sim},
+            "rel_error": {k: (sim[k] - real[k]) / real[k] if real[k] else None for k in real},
+            "steps": step_check}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke", action="store_true", help="a few requests per workload")
@@ -98,6 +153,9 @@ def main() -> int:
                         help="the server's --num-threads (default: its own); fit the profile with the same")
     parser.add_argument("--api-server-ms", type=float, default=None,
                         help="the simulator's --api-server-ms (default: the profile's api_server_s)")
+    parser.add_argument("--live-repeats", type=int, default=3,
+                        help="live runs per workload, each round against a fresh server; the simulator is "
+                             "compared with their median")
     parser.add_argument("--reuse-real", metavar="DIR", default=None,
                         help="take the live runs from an earlier run's folder (printed at its end) instead of "
                              "starting a server: to compare another profile against the same measurements")
@@ -107,34 +165,36 @@ def main() -> int:
     profile_path = Path(args.profile)
     profile = json.loads(profile_path.read_text())
     folder = Path(args.reuse_real) if args.reuse_real else Path(tempfile.mkdtemp(prefix="sim-fidelity-"))
-    proc, port = (None, 0) if args.reuse_real else start_server(
-        int(profile["defaults"]["max_model_len"]), serve_args=threads_args(args.num_threads))
+    if not args.reuse_real:
+        run_live(folder, args.live_repeats, args.smoke, int(profile["defaults"]["max_model_len"]),
+                 threads_args(args.num_threads))
+    model = load_linear_profile(profile_path)
     rows = []
-    try:
-        for name, argv in workloads(args.smoke, folder).items():
-            real_json, sim_json = folder / f"{name}-real.json", folder / f"{name}-sim.json"
-            if proc is not None:
-                subprocess.run([*CLI, "bench", "serve", "--port", str(port), "--no-progress", "--output-json",
-                                str(real_json), *argv], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
-            elif not real_json.is_file():
-                raise SystemExit(f"{real_json} is missing: --reuse-real takes the folder of an earlier full run")
-            api = [] if args.api_server_ms is None else ["--api-server-ms", str(args.api_server_ms)]
-            subprocess.run([*CLI, "simulate", "run", "--profile", str(profile_path), "--output-json", str(sim_json),
-                            *api, *argv], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
-            real, sim = (figures(json.loads(p.read_text())[0]) for p in (real_json, sim_json))
-            rows.append({"workload": name, "args": argv, "real": real, "sim": sim,
-                         "rel_error": {k: (sim[k] - real[k]) / real[k] if real[k] else None for k in real}})
-    finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(timeout=60)
-    print(f"{'workload':<15}{'metric':<17}{'real':>10}{'sim':>10}{'error':>9}")
+    for name, argv in workloads(args.smoke, folder).items():
+        real_jsons, sim_json = live_files(folder, name), folder / f"{name}-sim.json"
+        if not real_jsons:
+            raise SystemExit(f"{folder} has no live runs of {name}: --reuse-real takes the folder of an earlier "
+                             "full run")
+        api = [] if args.api_server_ms is None else ["--api-server-ms", str(args.api_server_ms)]
+        subprocess.run([*CLI, "simulate", "run", "--profile", str(profile_path), "--output-json", str(sim_json),
+                        *api, *argv], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+        live = [figures(json.loads(p.read_text())[0]) for p in real_jsons]
+        steps = live_steps(folder, name)
+        rows.append(row_for(name, argv, live, figures(json.loads(sim_json.read_text())[0]),
+                            price_steps(model, steps) if steps else None))
+    print(f"{'workload':<15}{'metric':<17}{'real':>10}{'live min-max':>16}{'sim':>10}{'error':>9}")
     for row in rows:
         for key in row["real"]:
             err = row["rel_error"][key]
-            print(f"{row['workload']:<15}{key:<17}{row['real'][key]:>10.1f}{row['sim'][key]:>10.1f}"
-                  f"{'n/a' if err is None else f'{err:+.0%}':>9}")
-    real_date = json.loads((folder / f"{rows[0]['workload']}-real.json").read_text())[0].get("date")
+            low, high = row["real_spread"][key]
+            print(f"{row['workload']:<15}{key:<17}{row['real'][key]:>10.1f}{f'{low:.1f}-{high:.1f}':>16}"
+                  f"{row['sim'][key]:>10.1f}{'n/a' if err is None else f'{err:+.0%}':>9}")
+        if row["steps"]:
+            check = row["steps"]
+            total = check["predicted_s"] / check["measured_s"] - 1
+            print(f"  {check['steps']} traced steps priced by the profile: {total:+.0%} in all; by prefill tokens "
+                  f"per step: {format_buckets(check['by_prefill_tokens'])}")
+    real_date = json.loads(live_files(folder, rows[0]["workload"])[0].read_text())[0].get("date")
     Path(args.out).write_text(json.dumps([{"name": "sim-fidelity", "smoke": args.smoke, "profile": profile_path.name,
                                            "fit": profile.get("fit", {}), "real_measured": real_date,
                                            "api_server_ms": (args.api_server_ms if args.api_server_ms is not None

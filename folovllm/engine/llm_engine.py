@@ -56,7 +56,7 @@ class InFlight:
     launched: LaunchedStep
     num_decode: int  # its decode tokens, counted before num_computed_tokens moved
     context_tokens: int  # tokens its attention reads, summed over the batch (the step trace's cost term)
-    cached_pairs: int  # its prefill chunks' (new token, computed token) pairs (another cost term)
+    pairs: tuple[int, int]  # its prefill chunks' (cached, new) attention pairs (more cost terms)
     started: float  # when the engine step that scheduled it began
 
 
@@ -103,6 +103,18 @@ def prefill_cached_pairs(sched: SchedulerOutput) -> int:
     chunk). Decode rows are left out; ``context_tokens`` covers them."""
     return sum(n * r.num_computed_tokens for r, n in zip(sched.requests, sched.num_new_tokens)
                if not is_decode_row(r, n))
+
+
+def prefill_new_pairs(sched: SchedulerOutput) -> int:
+    """(new prompt token, new prompt token) causal pairs of the step's prefill chunks: each chunk's
+    attention over itself, n·(n + 1) / 2 for a chunk of n tokens. It grows with the square of a chunk,
+    so a step of a few long prompts attends over more pairs than one of many short ones."""
+    return sum(n * (n + 1) // 2 for r, n in zip(sched.requests, sched.num_new_tokens) if not is_decode_row(r, n))
+
+
+def prefill_pairs(sched: SchedulerOutput) -> tuple[int, int]:
+    """The step's prefill (cached, new) attention pairs, before it runs."""
+    return prefill_cached_pairs(sched), prefill_new_pairs(sched)
 
 
 class LLMEngine:
@@ -357,7 +369,7 @@ class LLMEngine:
         logger.error("a step of %d requests failed; looking for the request(s) it fails on",
                      len(sched.requests), exc_info=error)
         num_decode = sched.num_decode_tokens()
-        context, pairs = context_tokens(sched), prefill_cached_pairs(sched)
+        context, pairs = context_tokens(sched), prefill_pairs(sched)
         live = subset(sched, [i for i, r in enumerate(sched.requests) if not r.status.finished])
         parts, culprits = isolate_faults(live, self._launch)
         wait_s = sum(self._take_tokens(step, touched) for _, step in parts)
@@ -402,7 +414,7 @@ class LLMEngine:
         """Hands a scheduled batch to the worker; its tokens count as pending until ``_resolve``.
         Nothing changes if the worker raises, so a failed batch can be launched again in parts."""
         num_decode = sched.num_decode_tokens()  # before num_computed_tokens moves
-        context, pairs = context_tokens(sched), prefill_cached_pairs(sched)
+        context, pairs = context_tokens(sched), prefill_pairs(sched)
         step_input, sampled = build_step_input(sched, self._finished_ids, self.structured)
         launched = self.worker.launch(step_input)
         self._finished_ids = []
@@ -416,7 +428,7 @@ class LLMEngine:
         """Takes a launched step's sampled tokens and records the step. Returns the time spent
         waiting for the device."""
         wait_s = self._take_tokens(step, touched)
-        self._record_step(time.perf_counter(), step.sched, step.num_decode, step.context_tokens, step.cached_pairs,
+        self._record_step(time.perf_counter(), step.sched, step.num_decode, step.context_tokens, step.pairs,
                           step.started)
         return wait_s
 
@@ -480,8 +492,8 @@ class LLMEngine:
                 logger.exception("prompt logprobs failed for request %s; ending it", request.request_id)
                 self._fail_group(request.parent_id, touched)
 
-    def _record_step(self, now: float, sched: SchedulerOutput, num_decode: int, context: int, cached_pairs: int,
-                     started: float) -> None:
+    def _record_step(self, now: float, sched: SchedulerOutput, num_decode: int, context: int,
+                     pairs: tuple[int, int], started: float) -> None:
         stats = self.stats
         stats.num_steps += 1
         num_prefill = sched.total_num_tokens - num_decode
@@ -494,7 +506,8 @@ class LLMEngine:
             num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
             num_preempted=len(sched.preempted), kv_blocks_used=self.kv_cache.num_used_blocks,
             kv_usage=self.kv_cache.usage, num_scheduled=len(sched.requests), context_tokens=context,
-            prefill_cached_pairs=cached_pairs, duration_s=now - started)
+            prefill_cached_pairs=pairs[0], prefill_new_pairs=pairs[1],
+            duration_s=now - started)
         stats.peak_num_running = max(stats.peak_num_running, stats.last_step.num_running)
         if self._trace is not None:
             self._trace.write(json.dumps(dataclasses.asdict(stats.last_step)) + "\n")

@@ -21,6 +21,7 @@ class StepStats:
     num_scheduled: int = 0  # requests in the batch
     context_tokens: int = 0  # summed over the batch: tokens each request's attention reads (cached + new)
     prefill_cached_pairs: int = 0  # prefill chunks' new tokens × the tokens their request had computed before
+    prefill_new_pairs: int = 0  # prefill chunks' causal pairs among their own new tokens, n·(n + 1) / 2 each
     duration_s: float = 0.0  # from the start of the engine step that scheduled it to its tokens being taken
 
 

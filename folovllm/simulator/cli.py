@@ -145,6 +145,22 @@ def add_calibrate_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--weighting", choices=("absolute", "sqrt", "relative"), default="absolute",
                         help="least squares of each step's error in seconds (default: the long prefill steps "
                              "that set TTFT count most), of its relative error, or of error² / duration (sqrt)")
+    parser.add_argument("--prefill-knee", type=prefill_knee, default="auto", metavar="auto|TOKENS",
+                        help="where the below-knee prefill term (a step's first TOKENS prefill tokens cost extra) "
+                             "stops counting: auto (default) keeps the candidate that fits best, 0 fits a straight "
+                             "line in prefill tokens")
+
+
+def prefill_knee(value: str) -> int | str:
+    if value == "auto":
+        return value
+    try:
+        tokens = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'auto' or a number of tokens, not {value!r}") from None
+    if tokens < 0:
+        raise argparse.ArgumentTypeError(f"a number of tokens >= 0, not {tokens}")
+    return tokens
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
@@ -153,7 +169,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
     defaults = {k: v for k, v in (("num_kv_blocks", args.num_kv_blocks), ("max_model_len", args.max_model_len),
                                   ("model", args.model)) if v is not None}
     model = calibrate(args.trace, args.out, args.name or Path(args.out).stem, defaults, args.weighting,
-                      args.api_server_ms / 1000.0)
+                      args.api_server_ms / 1000.0, args.prefill_knee)
     print(format_fit(model))
     print(f"wrote {args.out}")
     return 0

@@ -9,9 +9,11 @@ from typing import Any, Protocol
 
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
 LINEAR_TERMS = ("fixed_s", "per_prefill_token_s", "per_decode_row_s", "per_context_token_s", "per_request_s",
-                "per_prefill_step_s", "per_prefill_token_context_s", "per_prefill_cached_pair_s")
+                "per_prefill_step_s", "per_prefill_token_context_s", "per_prefill_cached_pair_s",
+                "per_prefill_new_pair_s", "per_prefill_token_below_knee_s")
 # Terms added after the first profiles were written: a profile without them reads them as 0.
-OPTIONAL_TERMS = ("per_prefill_step_s", "per_prefill_token_context_s", "per_prefill_cached_pair_s")
+OPTIONAL_TERMS = ("per_prefill_step_s", "per_prefill_token_context_s", "per_prefill_cached_pair_s",
+                  "per_prefill_new_pair_s", "per_prefill_token_below_knee_s")
 
 
 @dataclass(frozen=True)
@@ -27,16 +29,21 @@ class StepShape:
     # prefill chunks' new tokens × the tokens their request had computed before (a cached prefix, an
     # earlier chunk): the attention of new prompt tokens over K/V already in the cache
     prefill_cached_pairs: int = 0
+    # prefill chunks' causal pairs among their own new tokens (n·(n + 1) / 2 for a chunk of n): the
+    # attention of a fresh prompt over itself, which a few long prompts have more of than many short ones
+    prefill_new_pairs: int = 0
 
     @property
     def num_tokens(self) -> int:
         return self.num_prefill_tokens + self.num_decode_rows
 
-    def features(self) -> list[float]:
-        """The linear model's regressors, in ``LINEAR_TERMS`` order."""
+    def features(self, knee: int = 0) -> list[float]:
+        """The linear model's regressors, in ``LINEAR_TERMS`` order (``knee``: the prefill tokens up to
+        which the below-knee term counts; 0 for none)."""
         prefill = float(self.num_prefill_tokens)
         return [1.0, prefill, float(self.num_decode_rows), float(self.context_tokens), float(self.num_requests),
-                1.0 if prefill else 0.0, prefill * self.context_tokens, float(self.prefill_cached_pairs)]
+                1.0 if prefill else 0.0, prefill * self.context_tokens, float(self.prefill_cached_pairs),
+                float(self.prefill_new_pairs), min(prefill, float(knee))]
 
 
 class CostModel(Protocol):
@@ -50,10 +57,14 @@ class CostModel(Protocol):
 @dataclass
 class LinearCostModel:
     """fixed + a·prefill tokens + b·decode rows + c·context tokens + d·requests + e·[the step prefills]
-    + f·prefill tokens × context tokens + g·cached pairs (seconds). The f term stands for prefill attention,
-    which grows with the tokens each prompt token attends to; the step's summed context is the trace's proxy
-    for that. The g term is the attention of new prompt tokens over a prefix already in the cache (a
-    prefix-cache hit, an earlier chunk), which an engine may run on another path than a fresh prompt's.
+    + f·prefill tokens × context tokens + g·cached pairs + h·new pairs + k·min(prefill tokens, knee)
+    (seconds). The f term stands for prefill attention, which grows with the tokens each prompt token
+    attends to; the step's summed context is the trace's proxy for that. The g term is the attention of
+    new prompt tokens over a prefix already in the cache (a prefix-cache hit, an earlier chunk), which an
+    engine may run on another path than a fresh prompt's; h is the attention of new prompt tokens among
+    themselves. k bends the prefill cost with the step's size: the first ``prefill_knee_tokens`` tokens of
+    a step cost a + k each, the rest a (a matmul over more rows runs more efficiently per row).
+    ``prefill_knee_tokens`` 0 leaves k out.
 
     ``min_step_s`` floors a prediction, since a fit may give a term a small negative weight."""
 
@@ -64,12 +75,15 @@ class LinearCostModel:
     defaults: dict[str, Any] = field(default_factory=dict)  # engine settings it was measured with
     # not a step cost: the API server's time per request before the engine has it (the cluster applies it)
     api_server_s: float = 0.0
+    prefill_knee_tokens: int = 0  # where the below-knee prefill term stops counting (0: no such term)
 
     def __post_init__(self) -> None:
         missing = [t for t in LINEAR_TERMS if t not in self.coefficients and t not in OPTIONAL_TERMS]
         if missing:
             raise ValueError(f"a linear profile needs coefficients {', '.join(LINEAR_TERMS)}; missing {missing}")
         self.coefficients = {t: float(self.coefficients.get(t, 0.0)) for t in LINEAR_TERMS}
+        if self.prefill_knee_tokens <= 0 and self.coefficients["per_prefill_token_below_knee_s"]:
+            raise ValueError("per_prefill_token_below_knee_s needs prefill_knee_tokens > 0")
         self._weights = list(self.coefficients.values())
 
     def step_time(self, shape: StepShape) -> float:
@@ -78,7 +92,8 @@ class LinearCostModel:
         t = (w[0] + w[1] * prefill + w[2] * shape.num_decode_rows + w[3] * shape.context_tokens
              + w[4] * shape.num_requests)
         if prefill:
-            t += w[5] + w[6] * prefill * shape.context_tokens + w[7] * shape.prefill_cached_pairs
+            t += (w[5] + w[6] * prefill * shape.context_tokens + w[7] * shape.prefill_cached_pairs
+                  + w[8] * shape.prefill_new_pairs + w[9] * min(prefill, self.prefill_knee_tokens))
         return t if t > self.min_step_s else self.min_step_s
 
     def to_json(self) -> dict[str, Any]:

@@ -78,7 +78,7 @@ class SimEngine:
         if sched.is_empty:
             self.busy = False
             return None
-        prefill = decode = context = pairs = cached_pairs = 0
+        prefill = decode = context = pairs = cached_pairs = new_pairs = 0
         sampled = []
         for request, num_new in zip(sched.requests, sched.num_new_tokens):
             computed = request.num_computed_tokens
@@ -88,12 +88,14 @@ class SimEngine:
             else:
                 prefill += num_new
                 cached_pairs += num_new * computed
+                new_pairs += num_new * (num_new + 1) // 2
             context += computed + num_new
             pairs += num_new * computed + num_new * (num_new + 1) // 2
             request.num_computed_tokens = computed + num_new
             if computed + num_new == total:
                 sampled.append(request)
-        shape = StepShape(prefill, decode, context, len(sched.requests), pairs, len(sampled), cached_pairs)
+        shape = StepShape(prefill, decode, context, len(sched.requests), pairs, len(sampled), cached_pairs,
+                          new_pairs)
         end = now + self.cost.step_time(shape)
         if self.steps is not None:
             self.steps.append(StepRecord(now, end, [(r.request_id, n) for r, n in

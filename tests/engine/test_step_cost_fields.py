@@ -1,8 +1,9 @@
-"""The step trace's cost fields: context tokens and the prefill chunks' pairs over computed tokens."""
+"""The step trace's cost fields: context tokens and the prefill chunks' pairs over computed tokens and
+among their own new tokens."""
 from types import SimpleNamespace
 
 from folovllm.core.scheduler import SchedulerOutput
-from folovllm.engine.llm_engine import context_tokens, prefill_cached_pairs
+from folovllm.engine.llm_engine import context_tokens, prefill_cached_pairs, prefill_new_pairs
 
 
 def row(computed: int, total: int, outputs: int) -> SimpleNamespace:
@@ -17,6 +18,7 @@ def test_cached_pairs_count_prefill_chunks_over_computed_tokens_only():
                             num_new_tokens=[56, 300, 256, 1])
     assert prefill_cached_pairs(sched) == 56 * 384 + 256 * 512
     assert context_tokens(sched) == 440 + 300 + 768 + 500
+    assert prefill_new_pairs(sched) == (56 * 57 + 300 * 301 + 256 * 257) // 2  # each chunk over itself, causal
 
 
 def test_a_one_token_prompt_chunk_over_a_cached_prefix_is_prefill():

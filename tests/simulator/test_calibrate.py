@@ -4,12 +4,13 @@ import json
 import numpy as np
 import pytest
 
-from folovllm.simulator.calibrate import calibrate, fit_linear, read_trace_shapes
+from folovllm.simulator.calibrate import calibrate, fit_linear, price_steps, read_trace_shapes
 from folovllm.simulator.cost_model import LINEAR_TERMS, OPTIONAL_TERMS, LinearCostModel, StepShape, load_linear_profile
 
 TRUE = {"fixed_s": 0.004, "per_prefill_token_s": 2e-5, "per_decode_row_s": 3e-4, "per_context_token_s": 1e-7,
         "per_request_s": 5e-5, "per_prefill_step_s": 2e-3, "per_prefill_token_context_s": 3e-10,
-        "per_prefill_cached_pair_s": 2e-8}
+        "per_prefill_cached_pair_s": 2e-8, "per_prefill_new_pair_s": 4e-9, "per_prefill_token_below_knee_s": 1.5e-5}
+KNEE = 512
 
 
 def synthetic_trace(path, num_steps=400, noise=0.0, seed=0, gap=None):
@@ -22,20 +23,25 @@ def synthetic_trace(path, num_steps=400, noise=0.0, seed=0, gap=None):
             requests = decode + int(rng.integers(0, 8)) + (1 if prefill else 0)
             context = int(rng.integers(0, 100_000))
             cached = prefill * int(rng.integers(0, 1500)) if rng.random() < 0.5 else 0  # prefix-cache hits
-            shape = StepShape(prefill, decode, context, requests, prefill_cached_pairs=cached)
-            duration = float(np.dot(shape.features(), [TRUE[t] for t in LINEAR_TERMS]))
+            chunks = np.diff([0, *sorted(rng.integers(0, prefill + 1, size=int(rng.integers(0, 4)))), prefill])
+            new_pairs = int(sum(n * (n + 1) // 2 for n in chunks))  # the prefill split into 1-4 prompts
+            shape = StepShape(prefill, decode, context, requests, prefill_cached_pairs=cached,
+                              prefill_new_pairs=new_pairs)
+            duration = float(np.dot(shape.features(KNEE), [TRUE[t] for t in LINEAR_TERMS]))
             duration *= 1 + noise * rng.standard_normal()
             now = now + gap + duration if gap is not None else 0.0
             f.write(json.dumps({"time": now, "num_prefill_tokens": prefill, "num_decode_tokens": decode,
                                 "num_running": requests, "num_waiting": 0, "num_preempted": 0,
                                 "kv_blocks_used": 0, "kv_usage": 0.0, "num_scheduled": requests,
                                 "context_tokens": context, "prefill_cached_pairs": cached,
+                                "prefill_new_pairs": new_pairs,
                                 "duration_s": duration}) + "\n")
 
 
 def test_fit_recovers_known_coefficients(tmp_path):
     synthetic_trace(tmp_path / "t.jsonl")
     model = calibrate(tmp_path / "t.jsonl", tmp_path / "p.json", "synthetic", {"num_kv_blocks": 100})
+    assert model.prefill_knee_tokens == KNEE  # the knee the fit picked among its candidates
     for term, value in TRUE.items():
         assert model.coefficients[term] == pytest.approx(value, rel=1e-6)
     assert model.fit["r2"] == pytest.approx(1.0) and model.fit["median_rel_error"] < 1e-6
@@ -82,7 +88,10 @@ def test_noisy_fit_reports_its_error(tmp_path):
     synthetic_trace(tmp_path / "t.jsonl", noise=0.1)
     shapes, durations = read_trace_shapes(tmp_path / "t.jsonl")
     model = fit_linear(shapes, durations, "noisy")
-    assert model.coefficients["per_prefill_token_s"] == pytest.approx(TRUE["per_prefill_token_s"], rel=0.15)
+    # the prefill terms trade with one another under noise; what a step of them costs stays close
+    step = StepShape(1024, 0, 1024, 2, prefill_new_pairs=2 * 512 * 513 // 2)
+    truth = float(np.dot(step.features(KNEE), [TRUE[t] for t in LINEAR_TERMS]))
+    assert model.step_time(step) == pytest.approx(truth, rel=0.15)
     assert 0.8 < model.fit["r2"] < 1.0 and 0.03 < model.fit["median_rel_error"] < 0.15
 
 
@@ -136,3 +145,83 @@ def test_the_measured_api_server_time_is_kept_in_the_profile(tmp_path):
     calibrate(tmp_path / "t.jsonl", tmp_path / "p.json", "with-api", api_server_s=0.0021)
     assert load_linear_profile(tmp_path / "p.json").api_server_s == pytest.approx(0.0021)
     assert load_linear_profile(tmp_path / "p.json").coefficients["fixed_s"] == pytest.approx(TRUE["fixed_s"])
+
+
+def test_without_the_newer_terms_a_step_costs_what_the_straight_line_says():
+    """The new-pairs and below-knee terms at 0 (an older profile, ``--prefill-knee 0``) price every step
+    as the straight line in prefill tokens did; with them, a small step costs more per token than a big one."""
+    line = {**dict.fromkeys(LINEAR_TERMS, 0.0), "fixed_s": 0.01, "per_prefill_token_s": 5e-4,
+            "per_prefill_step_s": 0.02}
+    old = LinearCostModel("line", line)
+    bent = LinearCostModel("bent", {**line, "per_prefill_token_below_knee_s": 2e-4, "per_prefill_new_pair_s": 1e-9},
+                           prefill_knee_tokens=512)
+    step = StepShape(2048, 8, 3000, 16, prefill_new_pairs=8 * 256 * 257 // 2)
+    assert old.step_time(step) == pytest.approx(0.01 + 0.02 + 5e-4 * 2048)
+    assert bent.step_time(step) == pytest.approx(old.step_time(step) + 2e-4 * 512 + 1e-9 * (8 * 256 * 257 // 2))
+    small, big = StepShape(64, 0, 64, 1), StepShape(1536, 0, 1536, 1)
+    def per_token(model, shape):  # beyond a one-token step
+        return (model.step_time(shape) - model.step_time(StepShape(1, 0, 1, 1))) / (shape.num_prefill_tokens - 1)
+
+    assert per_token(bent, small) > per_token(bent, big) and per_token(old, small) == pytest.approx(per_token(old, big))
+
+
+def test_a_below_knee_weight_without_a_knee_is_an_error():
+    with pytest.raises(ValueError, match="prefill_knee_tokens"):
+        LinearCostModel("x", {**dict.fromkeys(LINEAR_TERMS, 0.0), "per_prefill_token_below_knee_s": 1e-4})
+
+
+def test_knee_zero_fits_a_straight_line(tmp_path):
+    synthetic_trace(tmp_path / "t.jsonl")
+    shapes, durations = read_trace_shapes(tmp_path / "t.jsonl")
+    model = fit_linear(shapes, durations, "line", knee=0)
+    assert model.prefill_knee_tokens == 0 and model.coefficients["per_prefill_token_below_knee_s"] == 0.0
+    assert "per_prefill_token_below_knee_s" not in model.fit["unfitted_terms"]
+    assert model.fit["r2"] < 1.0  # the trace bends at 512 tokens; a straight line cannot follow it
+    with pytest.raises(ValueError, match="knee must be"):
+        fit_linear(shapes, durations, "x", knee="sometimes")
+
+
+def test_the_fit_is_the_best_nonnegative_one():
+    """Against every subset of terms solved by plain least squares: the active-set solution is the best
+    of the non-negative ones."""
+    import itertools
+
+    from folovllm.simulator.calibrate import nonnegative_lstsq
+
+    rng = np.random.default_rng(7)
+    features = rng.random((60, 5))
+    targets = features @ np.array([1.0, -2.0, 0.5, 0.0, -0.3]) + 0.05 * rng.standard_normal(60)
+    weights = nonnegative_lstsq(features, targets)
+    assert (weights >= 0).all()
+    best = np.inf
+    for size in range(6):
+        for subset in itertools.combinations(range(5), size):
+            trial = np.zeros(5)
+            if subset:
+                trial[list(subset)], *_ = np.linalg.lstsq(features[:, subset], targets, rcond=None)
+            if (trial >= 0).all():
+                best = min(best, float(((features @ trial - targets) ** 2).sum()))
+    assert float(((features @ weights - targets) ** 2).sum()) == pytest.approx(best, rel=1e-9)
+
+
+def test_the_fit_reports_its_error_per_prefill_size(tmp_path):
+    synthetic_trace(tmp_path / "t.jsonl")
+    shapes, durations = read_trace_shapes(tmp_path / "t.jsonl")
+    model = fit_linear(shapes, durations, "x", knee=0)
+    buckets = model.fit["by_prefill_tokens"]
+    assert sum(b["steps"] for b in buckets) == len(shapes)
+    assert buckets[0]["prefill_tokens"] == [0, 1] and abs(buckets[-1]["rel_error"]) > 1e-3  # the line misses
+
+
+def test_traced_steps_priced_by_a_profile_name_the_bucket_it_misprices(tmp_path):
+    synthetic_trace(tmp_path / "t.jsonl")
+    records = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
+    exact = calibrate(tmp_path / "t.jsonl", tmp_path / "p.json", "exact")
+    assert price_steps(exact, records)["predicted_s"] == pytest.approx(price_steps(exact, records)["measured_s"])
+    for record in records:  # the engine got 30 % slower on big prefill steps only
+        if record["num_prefill_tokens"] >= 1536:
+            record["duration_s"] *= 1.3
+    check = price_steps(exact, records)
+    errors = {tuple(b["prefill_tokens"]): b["rel_error"] for b in check["by_prefill_tokens"]}
+    assert errors[(1536, None)] == pytest.approx(1 / 1.3 - 1)
+    assert all(abs(e) < 1e-6 for bucket, e in errors.items() if bucket != (1536, None))

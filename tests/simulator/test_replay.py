@@ -104,9 +104,9 @@ def test_simulated_batches_equal_the_engines(replay_model_dir, policy, admission
         assert run.cluster.engines[0].scheduler.num_preemptions > 0  # the small cache made it preempt
     for step, traced in zip(steps, stats):  # the trace's cost fields are the shapes the simulator sees
         assert (step.shape.num_prefill_tokens, step.shape.num_decode_rows, step.shape.num_requests,
-                step.shape.context_tokens, step.shape.prefill_cached_pairs) == (
+                step.shape.context_tokens, step.shape.prefill_cached_pairs, step.shape.prefill_new_pairs) == (
                     traced.num_prefill_tokens, traced.num_decode_tokens, traced.num_scheduled,
-                    traced.context_tokens, traced.prefill_cached_pairs)
+                    traced.context_tokens, traced.prefill_cached_pairs, traced.prefill_new_pairs)
     if caching:  # prompts found their shared prefix cached: some prefill ran over computed tokens
         assert any(traced.prefill_cached_pairs for traced in stats)
     assert run.recorder.ok.all()
