@@ -55,6 +55,16 @@ FOLO_INLINE void fetch_rows(const scalar_t* cache, const int64_t* table, const P
   }
 }
 
+// Whether single-row items take attend_decode_item (else the portable path below).
+template <typename scalar_t>
+FOLO_INLINE bool takes_decode_fast_path(const Problem<scalar_t>& p) {
+#ifdef FOLO_HAS_AVX512_DECODE
+  return p.decode_fast_path && (p.head_dim == 64 || p.head_dim == 128);
+#else
+  return false;
+#endif
+}
+
 template <typename scalar_t>
 FOLO_INLINE void attend_item(const Item& item, const Problem<scalar_t>& p, Workspace& ws) {
 #ifdef FOLO_HAS_AVX512_DECODE
@@ -180,9 +190,18 @@ void run(const Problem<scalar_t>& p, int64_t num_seqs, bool skip_fresh_prefills,
                                              skip_fresh_prefills, skip_prefills_from, p.sliding_window);
   const int64_t n = static_cast<int64_t>(items.size());
   if (n == 0) return;
-  const int64_t rows = kQueryTile * (p.num_heads / p.num_kv_heads);
+  const bool decode_only = takes_decode_fast_path(p) &&
+                           std::all_of(items.begin(), items.end(), [](const Item& it) { return it.q_end - it.q_begin == 1; });
+  const int64_t rows = decode_only ? 0 : kQueryTile * (p.num_heads / p.num_kv_heads);
+  int64_t total_cost = 0;
+  for (const Item& item : items) total_cost += item.cost;
   const int num_threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n)));
   int64_t next = 0;
+  if (num_threads == 1 || total_cost < kSerialCost) {
+    Workspace ws(rows, p.head_dim);
+    attend_items(items.data(), n, p, ws, &next);
+    return;
+  }
 #pragma omp parallel num_threads(num_threads)
   {
     Workspace ws(rows, p.head_dim);

@@ -74,3 +74,16 @@ def test_decode_fast_path_bf16_matches_reference_and_general_path(head_dim: int,
     general, _ = run_kernel(query_lens, seq_lens, *heads, head_dim, 16, torch.bfloat16, sliding_window, fast=False)
     # both accumulate in fp32 in different orders; outputs differ by at most a bf16 rounding step
     torch.testing.assert_close(ours.float(), general.float(), atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("seq_lens", [[5], [40, 3], [300, 129, 1, 40]])  # on the calling thread .. on a team
+def test_decode_output_does_not_depend_on_the_thread_count(seq_lens: list[int]) -> None:
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone, _ = run_kernel([1] * len(seq_lens), seq_lens, 9, 3, 64, 16, torch.bfloat16, 0, fast=True)
+        torch.set_num_threads(2)
+        team, _ = run_kernel([1] * len(seq_lens), seq_lens, 9, 3, 64, 16, torch.bfloat16, 0, fast=True)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(alone, team)
