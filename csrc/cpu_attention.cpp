@@ -13,7 +13,8 @@
 // Portable build: plain C++ that the compiler auto-vectorizes, compiled once per instruction set
 // (target_clones) and picked at load time, so one binary is correct on any x86-64 and fast on AVX-512.
 // Decode rows (one query row, head_dim 64 or 128) take AVX-512 intrinsics when the CPU has them
-// (checked per call; decode_fast_path=False forces the portable path).
+// (checked per call; decode_fast_path=False forces the portable path); with bf16 caches on a CPU with
+// AVX-512 BF16 they score keys with bf16 dot products (decode_bf16_dot=False widens to fp32 instead).
 
 #include "cpu_attention.h"
 #include "cpu_attention_decode.h"
@@ -219,6 +220,15 @@ bool cpu_has_avx512() {
 #endif
 }
 
+// The decode fast path's bf16 dot products (vdpbf16ps).
+bool cpu_has_avx512_bf16() {
+#ifdef FOLO_HAS_AVX512_DECODE
+  return cpu_has_avx512() && __builtin_cpu_supports("avx512bf16");
+#else
+  return false;
+#endif
+}
+
 void check_int64(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.scalar_type() == at::kLong && t.is_contiguous() && t.device().is_cpu(), name,
               " must be a contiguous int64 CPU tensor");
@@ -227,7 +237,8 @@ void check_int64(const at::Tensor& t, const char* name) {
 void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& k_cache,
                      const at::Tensor& v_cache, const at::Tensor& block_tables, const at::Tensor& seq_lens,
                      const at::Tensor& query_start_loc, double scale, bool skip_fresh_prefills,
-                     int64_t sliding_window, bool decode_fast_path, int64_t skip_prefills_from) {
+                     int64_t sliding_window, bool decode_fast_path, int64_t skip_prefills_from,
+                     bool decode_bf16_dot) {
   TORCH_CHECK(sliding_window >= 0, "sliding_window must be >= 0 (0: no window)");
   TORCH_CHECK(skip_prefills_from >= 0, "skip_prefills_from must be >= 0 (0: compute every chunk over context)");
   TORCH_CHECK(query.dim() == 3 && k_cache.dim() == 4, "query must be [T, Hq, D] and the caches "
@@ -263,7 +274,8 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
                         query_start_loc.const_data_ptr<int64_t>(), block_tables.size(1),
                         query.size(1), k_cache.size(2), query.size(2), k_cache.size(1),
                         static_cast<float>(scale), sliding_window,
-                        decode_fast_path && cpu_has_avx512()};
+                        decode_fast_path && cpu_has_avx512(),
+                        decode_bf16_dot && std::is_same_v<scalar_t, c10::BFloat16> && cpu_has_avx512_bf16()};
     run(p, num_seqs, skip_fresh_prefills, skip_prefills_from);
   };
   if (dtype == at::kFloat) {
@@ -278,7 +290,7 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
 TORCH_LIBRARY(folovllm_cpu, m) {
   m.def("paged_attention(Tensor(a!) out, Tensor query, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
         "Tensor seq_lens, Tensor query_start_loc, float scale, bool skip_fresh_prefills, "
-        "int sliding_window=0, bool decode_fast_path=True, int skip_prefills_from=0) -> ()");
+        "int sliding_window=0, bool decode_fast_path=True, int skip_prefills_from=0, bool decode_bf16_dot=True) -> ()");
   m.def("prefill_attention(Tensor(a!) out, Tensor q, Tensor k, Tensor v, int[] starts, int[] lens, float scale) -> ()");
   m.def("prefill_attention_available() -> bool");
 }

@@ -36,6 +36,7 @@ struct Problem {
   float scale;
   int64_t sliding_window;  // keys a query sees, itself included; 0 = the whole context
   bool decode_fast_path;  // single-row items take attend_decode_item (AVX-512, head_dim 64 or 128)
+  bool bf16_dot;  // the decode fast path scores bf16 keys with vdpbf16ps (AVX-512 BF16)
 };
 
 // First key position a query at ``pos`` sees.

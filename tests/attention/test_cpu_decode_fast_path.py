@@ -18,7 +18,7 @@ DECODE_BATCHES = [([1], [1]), ([1, 1, 1], [127, 128, 129]), ([1, 1], [257, 33]),
 
 def run_kernel(query_lens: list[int], seq_lens: list[int], num_heads: int, num_kv_heads: int, head_dim: int,
                block_size: int, dtype: torch.dtype, sliding_window: int, fast: bool,
-               seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+               seed: int = 0, bf16_dot: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """(kernel output [T, Hq*D], fp64 reference) over a shuffled block table."""
     gen = torch.Generator().manual_seed(seed)
     per_seq = [-(-s // block_size) for s in seq_lens]
@@ -47,7 +47,7 @@ def run_kernel(query_lens: list[int], seq_lens: list[int], num_heads: int, num_k
     out = torch.full_like(query, float("nan"))
     starts = torch.tensor([0, *query_lens]).cumsum(0)
     torch.ops.folovllm_cpu.paged_attention(out, query, k_cache, v_cache, tables, torch.tensor(seq_lens), starts,
-                                           scale, False, sliding_window, fast)
+                                           scale, False, sliding_window, fast, 0, bf16_dot)
     return out.flatten(1), torch.cat(refs)
 
 
@@ -87,3 +87,14 @@ def test_decode_output_does_not_depend_on_the_thread_count(seq_lens: list[int]) 
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(alone, team)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("heads", [(9, 3), (10, 2)])
+def test_decode_bf16_dot_products_match_the_widened_scores(head_dim: int, heads: tuple[int, int]) -> None:
+    # decode_bf16_dot=False widens K to fp32 before the dot products; both sum products in fp32
+    query_lens, seq_lens = [1, 1, 1], [300, 131, 2]
+    dot, ref = run_kernel(query_lens, seq_lens, *heads, head_dim, 16, torch.bfloat16, 0, fast=True)
+    torch.testing.assert_close(dot.double(), ref, atol=3e-2, rtol=3e-2)
+    widened, _ = run_kernel(query_lens, seq_lens, *heads, head_dim, 16, torch.bfloat16, 0, fast=True, bf16_dot=False)
+    torch.testing.assert_close(dot.float(), widened.float(), atol=1e-2, rtol=1e-2)
