@@ -13,7 +13,8 @@
 // Portable build: plain C++ that the compiler auto-vectorizes, compiled once per instruction set
 // (target_clones) and picked at load time, so one binary is correct on any x86-64 and fast on AVX-512.
 // Decode rows (one query row, head_dim 64 or 128) take AVX-512 intrinsics when the CPU has them
-// (checked per call; decode_fast_path=False forces the portable path).
+// (checked per call; decode_fast_path=False forces the portable path); with bf16 caches on a CPU with
+// AVX-512 BF16 they score keys with bf16 dot products (decode_bf16_dot=False widens to fp32 instead).
 
 #include "cpu_attention.h"
 #include "cpu_attention_decode.h"
@@ -53,6 +54,16 @@ FOLO_INLINE void fetch_rows(const scalar_t* cache, const int64_t* table, const P
       rows[t - t0] = dst;
     }
   }
+}
+
+// Whether single-row items take attend_decode_item (else the portable path below).
+template <typename scalar_t>
+FOLO_INLINE bool takes_decode_fast_path(const Problem<scalar_t>& p) {
+#ifdef FOLO_HAS_AVX512_DECODE
+  return p.decode_fast_path && (p.head_dim == 64 || p.head_dim == 128);
+#else
+  return false;
+#endif
 }
 
 template <typename scalar_t>
@@ -180,9 +191,18 @@ void run(const Problem<scalar_t>& p, int64_t num_seqs, bool skip_fresh_prefills,
                                              skip_fresh_prefills, skip_prefills_from, p.sliding_window);
   const int64_t n = static_cast<int64_t>(items.size());
   if (n == 0) return;
-  const int64_t rows = kQueryTile * (p.num_heads / p.num_kv_heads);
+  const bool decode_only = takes_decode_fast_path(p) &&
+                           std::all_of(items.begin(), items.end(), [](const Item& it) { return it.q_end - it.q_begin == 1; });
+  const int64_t rows = decode_only ? 0 : kQueryTile * (p.num_heads / p.num_kv_heads);
+  int64_t total_cost = 0;
+  for (const Item& item : items) total_cost += item.cost;
   const int num_threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n)));
   int64_t next = 0;
+  if (num_threads == 1 || total_cost < kSerialCost) {
+    Workspace ws(rows, p.head_dim);
+    attend_items(items.data(), n, p, ws, &next);
+    return;
+  }
 #pragma omp parallel num_threads(num_threads)
   {
     Workspace ws(rows, p.head_dim);
@@ -200,6 +220,15 @@ bool cpu_has_avx512() {
 #endif
 }
 
+// The decode fast path's bf16 dot products (vdpbf16ps).
+bool cpu_has_avx512_bf16() {
+#ifdef FOLO_HAS_AVX512_DECODE
+  return cpu_has_avx512() && __builtin_cpu_supports("avx512bf16");
+#else
+  return false;
+#endif
+}
+
 void check_int64(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.scalar_type() == at::kLong && t.is_contiguous() && t.device().is_cpu(), name,
               " must be a contiguous int64 CPU tensor");
@@ -208,7 +237,8 @@ void check_int64(const at::Tensor& t, const char* name) {
 void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& k_cache,
                      const at::Tensor& v_cache, const at::Tensor& block_tables, const at::Tensor& seq_lens,
                      const at::Tensor& query_start_loc, double scale, bool skip_fresh_prefills,
-                     int64_t sliding_window, bool decode_fast_path, int64_t skip_prefills_from) {
+                     int64_t sliding_window, bool decode_fast_path, int64_t skip_prefills_from,
+                     bool decode_bf16_dot) {
   TORCH_CHECK(sliding_window >= 0, "sliding_window must be >= 0 (0: no window)");
   TORCH_CHECK(skip_prefills_from >= 0, "skip_prefills_from must be >= 0 (0: compute every chunk over context)");
   TORCH_CHECK(query.dim() == 3 && k_cache.dim() == 4, "query must be [T, Hq, D] and the caches "
@@ -244,7 +274,8 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
                         query_start_loc.const_data_ptr<int64_t>(), block_tables.size(1),
                         query.size(1), k_cache.size(2), query.size(2), k_cache.size(1),
                         static_cast<float>(scale), sliding_window,
-                        decode_fast_path && cpu_has_avx512()};
+                        decode_fast_path && cpu_has_avx512(),
+                        decode_bf16_dot && std::is_same_v<scalar_t, c10::BFloat16> && cpu_has_avx512_bf16()};
     run(p, num_seqs, skip_fresh_prefills, skip_prefills_from);
   };
   if (dtype == at::kFloat) {
@@ -259,7 +290,7 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
 TORCH_LIBRARY(folovllm_cpu, m) {
   m.def("paged_attention(Tensor(a!) out, Tensor query, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
         "Tensor seq_lens, Tensor query_start_loc, float scale, bool skip_fresh_prefills, "
-        "int sliding_window=0, bool decode_fast_path=True, int skip_prefills_from=0) -> ()");
+        "int sliding_window=0, bool decode_fast_path=True, int skip_prefills_from=0, bool decode_bf16_dot=True) -> ()");
   m.def("prefill_attention(Tensor(a!) out, Tensor q, Tensor k, Tensor v, int[] starts, int[] lens, float scale) -> ()");
   m.def("prefill_attention_available() -> bool");
 }

@@ -36,6 +36,7 @@ struct Problem {
   float scale;
   int64_t sliding_window;  // keys a query sees, itself included; 0 = the whole context
   bool decode_fast_path;  // single-row items take attend_decode_item (AVX-512, head_dim 64 or 128)
+  bool bf16_dot;  // the decode fast path scores bf16 keys with vdpbf16ps (AVX-512 BF16)
 };
 
 // First key position a query at ``pos`` sees.
@@ -43,15 +44,21 @@ FOLO_INLINE int64_t first_visible_key(int64_t pos, int64_t sliding_window) {
   return sliding_window > 0 ? std::max<int64_t>(0, pos - sliding_window + 1) : 0;
 }
 
-// Per-thread scratch, sized for the largest item.
+// Below this many (query row x key) pairs in all, items run on the calling thread: waking a team
+// costs more than it saves (a batch-1 decode step's 3 small items, say).
+constexpr int64_t kSerialCost = 3 * 256;
+
+// Per-thread scratch, sized for the largest item. ``rows`` = 0 when every item takes the decode fast
+// path, which needs only the scores and the key offsets (zero-filling the rest costs more than a
+// small decode call).
 struct Workspace {
   std::vector<float> q, acc, scores, keys, values, row_max, row_sum;
   std::vector<const float*> key_rows, value_rows;
   std::vector<int64_t> offsets;
   Workspace(int64_t rows, int64_t head_dim)
       : q(rows * head_dim), acc(rows * head_dim), scores(std::max<int64_t>(rows, kMaxDecodeRows) * kKeyTile),
-        keys(kKeyTile * head_dim), values(kKeyTile * head_dim), row_max(rows), row_sum(rows),
-        key_rows(kKeyTile), value_rows(kKeyTile), offsets(kKeyTile) {}
+        keys(rows ? kKeyTile * head_dim : 0), values(rows ? kKeyTile * head_dim : 0), row_max(rows),
+        row_sum(rows), key_rows(rows ? kKeyTile : 0), value_rows(rows ? kKeyTile : 0), offsets(kKeyTile) {}
 };
 
 // exp of n scores minus their running max (so every x <= 0), in place.

@@ -10,12 +10,14 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 
 #define FOLO_HAS_AVX512_DECODE 1
 #define FOLO_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
+#define FOLO_AVX512_BF16_DOT __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
 
 namespace {
 
@@ -45,6 +47,91 @@ FOLO_AVX512 FOLO_INLINE __m128 reduce4(const __m512* part) {
   return _mm_add_ps(_mm256_castps256_ps128(half), _mm256_extractf128_ps(half, 1));
 }
 
+// Asks for the cache lines of one K/V row: a tile's rows sit in scattered blocks, so requesting
+// them all before the tile's arithmetic overlaps their memory latencies.
+template <int D, typename scalar_t>
+FOLO_INLINE void prefetch_row(const scalar_t* row) {
+  constexpr int kLine = 64;
+  for (int b = 0; b < D * static_cast<int>(sizeof(scalar_t)); b += kLine)
+    _mm_prefetch(reinterpret_cast<const char*>(row) + b, _MM_HINT_T0);
+}
+
+// The largest of s[0..n), 16 lanes at a time (masked tail).
+FOLO_AVX512 FOLO_INLINE float max_n(const float* s, int n) {
+  __m512 m = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int i = 0; i < n; i += 16) {
+    const __mmask16 mask = n - i >= 16 ? 0xffff : static_cast<__mmask16>((1u << (n - i)) - 1);
+    m = _mm512_mask_max_ps(m, mask, m, _mm512_maskz_loadu_ps(mask, s + i));
+  }
+  return _mm512_reduce_max_ps(m);
+}
+
+// s[i] = exp(s[i] - shift) for i < n, in place; returns their sum. The same Cephes polynomial as
+// fast_exp, 16 lanes at a time.
+FOLO_AVX512 FOLO_INLINE float exp_shifted_sum(float* s, int n, float shift) {
+  const __m512 sh = _mm512_set1_ps(shift);
+  __m512 total = _mm512_setzero_ps();
+  for (int i = 0; i < n; i += 16) {
+    const __mmask16 mask = n - i >= 16 ? 0xffff : static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __m512 x = _mm512_sub_ps(_mm512_maskz_loadu_ps(mask, s + i), sh);
+    const __m512 v = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
+    const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(v, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 r = _mm512_fmadd_ps(k, _mm512_set1_ps(2.12194440e-4f),
+                                     _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693359375f), v));
+    __m512 poly = _mm512_set1_ps(1.9875691500e-4f);
+    poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(1.3981999507e-3f));
+    poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(8.3334519073e-3f));
+    poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(4.1665795894e-2f));
+    poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(1.6666665459e-1f));
+    poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(5.0000001201e-1f));
+    const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(poly, r), r, r), _mm512_set1_ps(1.0f));
+    const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(k), _mm512_set1_epi32(127)), 23);
+    // below exp's float range the result is exactly 0, as in fast_exp
+    const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_GE_OQ) & mask;
+    const __m512 e = _mm512_maskz_mul_ps(live, y, _mm512_castsi512_ps(bits));
+    _mm512_mask_storeu_ps(s + i, mask, e);
+    total = _mm512_add_ps(total, e);
+  }
+  return _mm512_reduce_add_ps(total);
+}
+
+// Scores of one tile's n keys for R heads of a bf16 problem with vdpbf16ps: bf16 q and K pairs multiply
+// exactly and sum in fp32 (no widening, half the multiply instructions), the scale applied to the sums.
+template <int NV, int R>
+FOLO_AVX512_BF16_DOT __attribute__((noinline)) void score_tile_bf16_dot(const Problem<c10::BFloat16>& p,
+                                                                      int64_t first_head, int64_t token,
+                                                                      const int64_t* offsets, int n, float* scores) {
+  constexpr int D = NV * 16, NP = NV / 2;  // a zmm holds 32 bf16: 16 pairs
+  __m512bh q[R][NP];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < NP; ++v)
+      q[r][v] = (__m512bh)_mm512_loadu_si512(p.query + (token * p.num_heads + first_head + r) * D + 32 * v);
+  const __m128 scale = _mm_set1_ps(p.scale);
+  int i = 0;
+  for (; i + 4 <= n; i += 4) {
+    __m512bh k[4][NP];
+    for (int j = 0; j < 4; ++j)
+      for (int v = 0; v < NP; ++v) k[j][v] = (__m512bh)_mm512_loadu_si512(p.k_cache + offsets[i + j] + 32 * v);
+    for (int r = 0; r < R; ++r) {
+      __m512 part[4];
+      for (int j = 0; j < 4; ++j) {
+        part[j] = _mm512_dpbf16_ps(_mm512_setzero_ps(), q[r][0], k[j][0]);
+        for (int v = 1; v < NP; ++v) part[j] = _mm512_dpbf16_ps(part[j], q[r][v], k[j][v]);
+      }
+      _mm_storeu_ps(scores + r * kKeyTile + i, _mm_mul_ps(reduce4(part), scale));
+    }
+  }
+  for (; i < n; ++i) {
+    for (int r = 0; r < R; ++r) {
+      __m512 part = _mm512_setzero_ps();
+      for (int v = 0; v < NP; ++v)
+        part = _mm512_dpbf16_ps(part, q[r][v], (__m512bh)_mm512_loadu_si512(p.k_cache + offsets[i] + 32 * v));
+      scores[r * kKeyTile + i] = _mm512_reduce_add_ps(part) * p.scale;
+    }
+  }
+}
+
 // Decode fast path (AVX-512): one query row, R heads of a kv head's group, head_dim 16 * NV. q and
 // the R accumulators stay in registers, K/V rows are widened as they are loaded, and each loaded
 // K/V row feeds all R heads.
@@ -66,13 +153,26 @@ FOLO_AVX512 FOLO_INLINE void attend_decode_rows(const Problem<scalar_t>& p, cons
     row_max[r] = -std::numeric_limits<float>::infinity();
     row_sum[r] = 0.f;
   }
+  // walk the block table key by key (a division per key costs more than the key's dot products)
+  int64_t block = first_key / p.block_size, in_block = first_key % p.block_size;
   for (int64_t t0 = first_key; t0 < num_keys; t0 += kKeyTile) {
     const int n = static_cast<int>(std::min<int64_t>(kKeyTile, num_keys - t0));
     for (int i = 0; i < n; ++i) {
-      const int64_t t = t0 + i;
-      offsets[i] = (table[t / p.block_size] * p.block_size + t % p.block_size) * token_stride + kv_head * D;
+      offsets[i] = (table[block] * p.block_size + in_block) * token_stride + kv_head * D;
+      prefetch_row<D>(p.k_cache + offsets[i]);
+      prefetch_row<D>(p.v_cache + offsets[i]);
+      if (++in_block == p.block_size) {
+        in_block = 0;
+        ++block;
+      }
     }
     int i = 0;
+    if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+      if (p.bf16_dot) {
+        score_tile_bf16_dot<NV, R>(p, first_head, token, offsets, n, scores);
+        i = n;
+      }
+    }
     for (; i + 4 <= n; i += 4) {  // four keys at a time share one horizontal reduction
       __m512 kv[4][NV];
       for (int j = 0; j < 4; ++j)
@@ -98,16 +198,10 @@ FOLO_AVX512 FOLO_INLINE void attend_decode_rows(const Problem<scalar_t>& p, cons
     }
     for (int r = 0; r < R; ++r) {
       float* s = scores + r * kKeyTile;
-      float tile_max = -std::numeric_limits<float>::infinity();
-      for (int i = 0; i < n; ++i) tile_max = std::max(tile_max, s[i]);
-      const float new_max = std::max(row_max[r], tile_max);
+      const float new_max = std::max(row_max[r], max_n(s, n));
       const float correction = std::exp(row_max[r] - new_max);
       row_max[r] = new_max;
-      for (int i = 0; i < n; ++i) s[i] -= new_max;
-      exp_inplace(s, n);
-      float tile_sum = 0.f;
-      for (int i = 0; i < n; ++i) tile_sum += s[i];
-      row_sum[r] = row_sum[r] * correction + tile_sum;
+      row_sum[r] = row_sum[r] * correction + exp_shifted_sum(s, n, new_max);
       const __m512 c = _mm512_set1_ps(correction);
       for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_mul_ps(acc[r][v], c);
     }

@@ -18,7 +18,7 @@ DECODE_BATCHES = [([1], [1]), ([1, 1, 1], [127, 128, 129]), ([1, 1], [257, 33]),
 
 def run_kernel(query_lens: list[int], seq_lens: list[int], num_heads: int, num_kv_heads: int, head_dim: int,
                block_size: int, dtype: torch.dtype, sliding_window: int, fast: bool,
-               seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+               seed: int = 0, bf16_dot: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """(kernel output [T, Hq*D], fp64 reference) over a shuffled block table."""
     gen = torch.Generator().manual_seed(seed)
     per_seq = [-(-s // block_size) for s in seq_lens]
@@ -47,7 +47,7 @@ def run_kernel(query_lens: list[int], seq_lens: list[int], num_heads: int, num_k
     out = torch.full_like(query, float("nan"))
     starts = torch.tensor([0, *query_lens]).cumsum(0)
     torch.ops.folovllm_cpu.paged_attention(out, query, k_cache, v_cache, tables, torch.tensor(seq_lens), starts,
-                                           scale, False, sliding_window, fast)
+                                           scale, False, sliding_window, fast, 0, bf16_dot)
     return out.flatten(1), torch.cat(refs)
 
 
@@ -74,3 +74,27 @@ def test_decode_fast_path_bf16_matches_reference_and_general_path(head_dim: int,
     general, _ = run_kernel(query_lens, seq_lens, *heads, head_dim, 16, torch.bfloat16, sliding_window, fast=False)
     # both accumulate in fp32 in different orders; outputs differ by at most a bf16 rounding step
     torch.testing.assert_close(ours.float(), general.float(), atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("seq_lens", [[5], [40, 3], [300, 129, 1, 40]])  # on the calling thread .. on a team
+def test_decode_output_does_not_depend_on_the_thread_count(seq_lens: list[int]) -> None:
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone, _ = run_kernel([1] * len(seq_lens), seq_lens, 9, 3, 64, 16, torch.bfloat16, 0, fast=True)
+        torch.set_num_threads(2)
+        team, _ = run_kernel([1] * len(seq_lens), seq_lens, 9, 3, 64, 16, torch.bfloat16, 0, fast=True)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(alone, team)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("heads", [(9, 3), (10, 2)])
+def test_decode_bf16_dot_products_match_the_widened_scores(head_dim: int, heads: tuple[int, int]) -> None:
+    # decode_bf16_dot=False widens K to fp32 before the dot products; both sum products in fp32
+    query_lens, seq_lens = [1, 1, 1], [300, 131, 2]
+    dot, ref = run_kernel(query_lens, seq_lens, *heads, head_dim, 16, torch.bfloat16, 0, fast=True)
+    torch.testing.assert_close(dot.double(), ref, atol=3e-2, rtol=3e-2)
+    widened, _ = run_kernel(query_lens, seq_lens, *heads, head_dim, 16, torch.bfloat16, 0, fast=True, bf16_dot=False)
+    torch.testing.assert_close(dot.float(), widened.float(), atol=1e-2, rtol=1e-2)
