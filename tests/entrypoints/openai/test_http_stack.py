@@ -1,5 +1,5 @@
-"""--uvicorn-http / --uvicorn-loop: a missing C implementation is a clear error, and the server
-streams the same tokens on httptools + uvloop as without streaming."""
+"""--uvicorn-http / --uvicorn-loop: a missing C implementation is a clear error, and on either
+stack (C: httptools + uvloop, pure Python: h11 + asyncio) the server streams what it returns whole."""
 from __future__ import annotations
 
 import json
@@ -29,10 +29,11 @@ def test_auto_takes_the_c_implementations_when_installed(monkeypatch):
     assert describe_http_stack("h11", "asyncio") == "h11 + asyncio"
 
 
-def test_c_stack_streams_what_it_returns_whole(start_server, tiny_model):
-    pytest.importorskip("httptools", reason="the C HTTP parser is not installed (pip install httptools)")
-    pytest.importorskip("uvloop", reason="uvloop is not installed (pip install uvloop)")
-    srv = start_server("--model", tiny_model, "--uvicorn-http", "httptools", "--uvicorn-loop", "uvloop")
+@pytest.mark.parametrize("http,loop", [("httptools", "uvloop"), ("h11", "asyncio")])
+def test_stack_streams_what_it_returns_whole(start_server, tiny_model, http, loop):
+    for package in {http, loop} & {"httptools", "uvloop"}:
+        pytest.importorskip(package, reason=f"{package} is not installed (pip install {package})")
+    srv = start_server("--model", tiny_model, "--uvicorn-http", http, "--uvicorn-loop", loop)
     try:
         srv.wait_ready()
         body = {"model": MODEL_NAME, "prompt": "The capital of France is", "max_tokens": 24,
@@ -48,6 +49,6 @@ def test_c_stack_streams_what_it_returns_whole(start_server, tiny_model):
                             token_ids += choice["token_ids"]
         assert len(whole["token_ids"]) == 24
         assert (text, token_ids) == (whole["text"], whole["token_ids"])
-        assert srv.stop() == 0  # SIGTERM drains on uvloop too
+        assert srv.stop() == 0  # SIGTERM drains on either loop
     finally:
         srv.kill()
