@@ -163,6 +163,8 @@ def test_frontend_flags(tls_server):
     assert other.status_code == 400
     with pytest.raises(httpx.TransportError):  # TLS only
         httpx.get(srv.base_url.replace("https", "http") + "/health", timeout=5.0)
+    # an idle TLS connection left open would hold the shutdown for asyncio's 30 s TLS-close timeout
+    c.close()
     assert srv.stop() == 0
     reader.join(10.0)
     assert any(f"request {response['id']}" in line for line in stderr)  # --enable-log-requests
