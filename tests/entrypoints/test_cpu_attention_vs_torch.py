@@ -12,11 +12,10 @@ pytestmark = pytest.mark.skipif(NOT_BUILT is not None, reason=f"{NOT_BUILT}")
 PROMPTS = [
     "The capital of France is",
     "def fibonacci(n):",
-    # longer than one key tile of the kernel, and than one 48-token prefill chunk
-    "Summarize: " + " ".join(f"Item {i} is a {c} box." for i, c in enumerate(["red", "blue", "green"] * 12)),
-    "List three colors:\n1.",
+    # ~100 tokens: longer than one 64-key tile of the kernel, prefilled in three 48-token chunks
+    "Summarize: " + " ".join(f"Item {i} is a {c} box." for i, c in enumerate(["red", "blue", "green"] * 4)),
 ]
-GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=2)
+GREEDY = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, logprobs=2)
 
 
 def greedy_runs(dtype: str, backend: str) -> list[tuple[list[int], list[float]]]:

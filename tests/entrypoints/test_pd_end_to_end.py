@@ -72,35 +72,35 @@ def connector_args(connector: str, role: str, storage: str) -> list[str]:
     return args
 
 
-@pytest.fixture(scope="module")
-def colocated():
-    server = ServerProcess()
-    try:
-        server.wait_ready()
-        yield server
-    finally:
-        server.stop()
-        server.kill()
+# (connector, model): by default one connector on the tiny random model (the test is about moving
+# the KV, which a wrong transfer breaks on any weights); the second connector (three more processes)
+# and the real weights run with the slow tests
+SETUPS = [("shared_storage", "tiny"),
+          pytest.param(("torch_distributed", "tiny"), marks=pytest.mark.slow),
+          pytest.param(("shared_storage", "default"), marks=pytest.mark.slow)]
 
 
-# one connector by default; the second (three more processes) runs with the slow tests
-@pytest.fixture(scope="module", params=["shared_storage", pytest.param("torch_distributed", marks=pytest.mark.slow)])
+@pytest.fixture(scope="module", params=SETUPS, ids=lambda setup: "-".join(setup))
 def pd(request, tmp_path_factory):
-    """(producer, consumer, proxy) with the KV connector named by the parameter."""
-    storage = str(tmp_path_factory.mktemp(f"kv-{request.param}"))
-    producer = ServerProcess(*connector_args(request.param, "producer", storage))
-    consumer = ServerProcess(*connector_args(request.param, "consumer", storage))
+    """(colocated, producer, consumer, proxy): one colocated server and the disaggregated trio, all on
+    the same model, with the KV connector named by the parameter."""
+    connector, model = request.param
+    model_args = ["--model", request.getfixturevalue("tiny_model")] if model == "tiny" else []
+    storage = str(tmp_path_factory.mktemp(f"kv-{connector}"))
+    colocated = ServerProcess(*model_args)
+    producer = ServerProcess(*model_args, *connector_args(connector, "producer", storage))
+    consumer = ServerProcess(*model_args, *connector_args(connector, "consumer", storage))
     proxy = None
     try:
-        producer.wait_ready()
-        consumer.wait_ready()
+        for server in (colocated, producer, consumer):
+            server.wait_ready()
         proxy = ProxyProcess(producer.base_url, consumer.base_url)
         proxy.wait_ready()
-        yield producer, consumer, proxy
+        yield colocated, producer, consumer, proxy
     finally:
         if proxy is not None:
             proxy.stop()
-        for server in (consumer, producer):
+        for server in (consumer, producer, colocated):
             server.stop()
             server.kill()
 
@@ -112,7 +112,7 @@ def openai_client(base_url: str):
 
 
 def test_the_producer_answers_with_kv_transfer_params(pd):
-    producer, _, _ = pd
+    _, producer, _, _ = pd
     resp = httpx.post(f"{producer.base_url}/v1/completions", timeout=300, json={
         "model": MODEL_NAME, "prompt": PROMPTS[0], "max_tokens": 1, "temperature": 0.0,
         "kv_transfer_params": {"do_remote_decode": True}})
@@ -121,8 +121,8 @@ def test_the_producer_answers_with_kv_transfer_params(pd):
 
 
 @pytest.mark.parametrize("prompt", PROMPTS, ids=["text", "haiku", "token-ids"])
-def test_completions_through_the_proxy_equal_the_colocated_server(colocated, pd, prompt):
-    _, _, proxy = pd
+def test_completions_through_the_proxy_equal_the_colocated_server(pd, prompt):
+    colocated, _, _, proxy = pd
     kwargs = dict(model=MODEL_NAME, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0.0)
     expected = openai_client(colocated.base_url).completions.create(**kwargs)
     got = openai_client(proxy.base_url).completions.create(**kwargs)
@@ -132,16 +132,16 @@ def test_completions_through_the_proxy_equal_the_colocated_server(colocated, pd,
     assert got.usage.completion_tokens == expected.usage.completion_tokens
 
 
-def test_streamed_completion_through_the_proxy_equals_the_colocated_text(colocated, pd):
-    _, _, proxy = pd
+def test_streamed_completion_through_the_proxy_equals_the_colocated_text(pd):
+    colocated, _, _, proxy = pd
     kwargs = dict(model=MODEL_NAME, prompt=PROMPTS[1], max_tokens=MAX_TOKENS, temperature=0.0)
     expected = openai_client(colocated.base_url).completions.create(**kwargs).choices[0].text
     stream = openai_client(proxy.base_url).completions.create(**kwargs, stream=True)
     assert "".join(chunk.choices[0].text for chunk in stream if chunk.choices) == expected
 
 
-def test_chat_through_the_proxy_equals_the_colocated_server_streamed_or_not(colocated, pd):
-    _, _, proxy = pd
+def test_chat_through_the_proxy_equals_the_colocated_server_streamed_or_not(pd):
+    colocated, _, _, proxy = pd
     kwargs = dict(model=MODEL_NAME, messages=MESSAGES, max_tokens=MAX_TOKENS, temperature=0.0)
     expected = openai_client(colocated.base_url).chat.completions.create(**kwargs).choices[0].message.content
     client = openai_client(proxy.base_url)
@@ -150,10 +150,10 @@ def test_chat_through_the_proxy_equals_the_colocated_server_streamed_or_not(colo
     assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == expected
 
 
-def test_concurrent_requests_through_the_proxy_each_get_their_own_answer(colocated, pd):
+def test_concurrent_requests_through_the_proxy_each_get_their_own_answer(pd):
     from concurrent.futures import ThreadPoolExecutor
 
-    _, _, proxy = pd
+    colocated, _, _, proxy = pd
     prompts = [f"Count from {i} to {i + 5}:" for i in range(4)]
 
     def complete(base_url: str, prompt: str) -> str:
@@ -167,5 +167,5 @@ def test_concurrent_requests_through_the_proxy_each_get_their_own_answer(colocat
 
 
 def test_the_proxy_lists_the_consumers_models(pd):
-    _, _, proxy = pd
+    _, _, _, proxy = pd
     assert [m.id for m in openai_client(proxy.base_url).models.list().data] == [MODEL_NAME]

@@ -19,7 +19,8 @@ PROMPTS = [
     "List three colors:\n1.",
     "Once upon a time, in a small village,",
 ]
-NUM_TOKENS = 32
+# the default suite runs a few prompts (prose, code, non-Latin) for fewer tokens; the slow twin, all
+CHEAP_PROMPTS = [PROMPTS[0], PROMPTS[1], PROMPTS[6]]
 
 
 @pytest.fixture(scope="module")
@@ -33,14 +34,16 @@ def hf_model():
     return model.eval()
 
 
-def test_greedy_matches_transformers(smol_llm, hf_model):
-    params = SamplingParams(temperature=0, max_tokens=NUM_TOKENS)  # both stop at EOS
-    ours = smol_llm.generate(PROMPTS, params, use_tqdm=False)
+@pytest.mark.parametrize("prompts, num_tokens", [
+    (CHEAP_PROMPTS, 12), pytest.param(PROMPTS, 32, marks=pytest.mark.slow)], ids=["few", "all"])
+def test_greedy_matches_transformers(smol_llm, hf_model, prompts: list[str], num_tokens: int):
+    params = SamplingParams(temperature=0, max_tokens=num_tokens)  # both stop at EOS
+    ours = smol_llm.generate(prompts, params, use_tqdm=False)
     for out in ours:
         ids = torch.tensor([out.prompt_token_ids])
         with torch.inference_mode():
             ref = hf_model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                    max_new_tokens=NUM_TOKENS,
+                                    max_new_tokens=num_tokens,
                                     output_logits=True, return_dict_in_generate=True,
                                     pad_token_id=0)
         ref_tokens = ref.sequences[0, ids.shape[1]:].tolist()

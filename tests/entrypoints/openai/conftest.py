@@ -99,25 +99,6 @@ def scrape(http):
     return lambda: parse_metrics(http.get("/metrics"))
 
 
-@pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory) -> str:
-    """A tiny random Llama with the default model's tokenizer, for servers with several processes
-    (tensor- and data-parallel): starts fast, and a prompt's tokens all exist in its vocabulary."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from folovllm.bench.gpu_runs import save_tokenizer
-
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=49152, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-                         tie_word_embeddings=True)
-    path = tmp_path_factory.mktemp("tiny_serve_model")
-    LlamaForCausalLM(config).eval().save_pretrained(path, safe_serialization=True)
-    save_tokenizer(path)  # the default model's tokenizer: its 49152 ids match the vocabulary above
-    return str(path)
-
-
 def parse_metrics(response: httpx.Response) -> dict[str, float]:
     """/metrics as {sample name{sorted labels, model_name and engine dropped}: value summed over those};
     must parse."""

@@ -1,5 +1,7 @@
 """Where the engine core runs: its own process (default) or a server thread, same answers; a dead
-engine process fails requests with a clear error instead of hanging them, and the server exits."""
+engine process fails requests with a clear error instead of hanging them, and the server exits.
+Plumbing, not numerics: the servers run the tiny random model, which starts in a fraction of the
+default model's time."""
 from __future__ import annotations
 
 import json
@@ -19,9 +21,14 @@ def _engine_processes(server_pid: int) -> list[psutil.Process]:
 PROMPT = {"model": MODEL_NAME, "prompt": "The capital of France is", "max_tokens": 12, "temperature": 0}
 
 
-def test_engine_thread_gives_the_same_text_as_engine_process(start_server, http):
-    expected = http.post("/v1/completions", json=PROMPT).json()["choices"][0]["text"]
-    srv = start_server("--no-engine-process")
+def test_engine_thread_gives_the_same_text_as_engine_process(start_server, tiny_model):
+    from folovllm import LLM, SamplingParams
+
+    # the offline engine runs in this process, as the server's engine thread does
+    offline = LLM(tiny_model, dtype="float32", max_model_len=512, kv_cache_memory="256MiB", seed=0)
+    expected = offline.generate([PROMPT["prompt"]], SamplingParams(temperature=0, max_tokens=PROMPT["max_tokens"]),
+                                use_tqdm=False)[0].outputs[0].text
+    srv = start_server("--model", tiny_model, "--no-engine-process")
     try:
         srv.wait_ready()
         with httpx.Client(base_url=srv.base_url, timeout=60.0) as c:
@@ -32,10 +39,10 @@ def test_engine_thread_gives_the_same_text_as_engine_process(start_server, http)
         srv.kill()
 
 
-def test_dead_engine_process_fails_requests_and_the_server_exits(start_server):
+def test_dead_engine_process_fails_requests_and_the_server_exits(start_server, tiny_model):
     """In-flight requests get a 500 engine_dead error (a stream: error event, then [DONE]), /health
     turns 503, the death is logged with its cause, and the server exits non-zero for a supervisor."""
-    srv = start_server()
+    srv = start_server("--model", tiny_model)
     try:
         srv.wait_ready()
         [engine] = _engine_processes(srv.proc.pid)
@@ -63,9 +70,9 @@ def test_dead_engine_process_fails_requests_and_the_server_exits(start_server):
         srv.kill()
 
 
-def test_bad_engine_setting_exits_2_with_the_reason(start_server):
+def test_bad_engine_setting_exits_2_with_the_reason(start_server, tiny_model):
     """The engine process finds the bad setting; the server prints it once and exits 2."""
-    srv = start_server("--max-model-len", "999999")
+    srv = start_server("--model", tiny_model, "--max-model-len", "999999")
     try:
         assert srv.proc.wait(120) == 2
         err = srv.proc.stderr.read()

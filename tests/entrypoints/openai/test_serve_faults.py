@@ -1,5 +1,6 @@
 """A request the engine fails on gets a 500 error (a stream: an error event, then [DONE]) while the
-requests batched with it finish normally, and the server keeps serving."""
+requests batched with it finish normally, and the server keeps serving. Plumbing, not numerics: the
+server runs the tiny random model."""
 from __future__ import annotations
 
 import asyncio
@@ -30,8 +31,8 @@ def _text(lines: list[str]) -> tuple[str, str | None]:
     return text, finish
 
 
-def test_a_failing_request_ends_alone(start_server):
-    srv = start_server("--no-engine-process", entry="tests.entrypoints.openai.faulty_server")
+def test_a_failing_request_ends_alone(start_server, tiny_model):
+    srv = start_server("--model", tiny_model, "--no-engine-process", entry="tests.entrypoints.openai.faulty_server")
     try:
         srv.wait_ready()
 

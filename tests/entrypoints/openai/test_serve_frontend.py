@@ -115,15 +115,17 @@ def test_responses_tools_are_a_clear_400(client):
 
 
 @pytest.fixture(scope="module")
-def tls_server(start_server, tmp_path_factory):
-    """One server with every frontend flag set away from its default, over HTTPS."""
+def tls_server(start_server, tmp_path_factory, tiny_model):
+    """One server with every frontend flag set away from its default, over HTTPS, on the tiny random
+    model (the flags are plumbing: real weights would only slow its start)."""
     folder = tmp_path_factory.mktemp("tls")
     key, cert = folder / "key.pem", folder / "cert.pem"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
                     "-subj", "/CN=127.0.0.1", "-keyout", str(key), "-out", str(cert)],
                    check=True, capture_output=True)
-    srv = start_server("--served-model-name", "first", "alias", "--metrics-prefix", "folovllm",
-                       "--root-path", "/api", "--ssl-keyfile", str(key), "--ssl-certfile", str(cert),
+    srv = start_server("--model", tiny_model, "--served-model-name", "first", "alias",
+                       "--metrics-prefix", "folovllm", "--root-path", "/api",
+                       "--ssl-keyfile", str(key), "--ssl-certfile", str(cert),
                        "--allowed-origins", '["https://app.example"]', "--allow-credentials",
                        "--uvicorn-log-level", "warning", "--log-level", "info", "--enable-log-requests",
                        "--no-engine-process", https=True)
@@ -161,6 +163,8 @@ def test_frontend_flags(tls_server):
     assert other.status_code == 400
     with pytest.raises(httpx.TransportError):  # TLS only
         httpx.get(srv.base_url.replace("https", "http") + "/health", timeout=5.0)
+    # an idle TLS connection left open would hold the shutdown for asyncio's 30 s TLS-close timeout
+    c.close()
     assert srv.stop() == 0
     reader.join(10.0)
     assert any(f"request {response['id']}" in line for line in stderr)  # --enable-log-requests

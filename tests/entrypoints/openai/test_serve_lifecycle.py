@@ -21,12 +21,14 @@ def _stream_to_end(lines) -> tuple[str, str | None]:
     return text, finish
 
 
-def test_backpressure_then_sigterm_drain(start_server):
-    # a drain timeout far above the 80 tokens' time on a loaded CPU: this test is about finishing them
-    srv = start_server("--max-num-seqs", "1", "--max-waiting-requests", "1", "--drain-timeout", "300")
+def test_backpressure_then_sigterm_drain(start_server, tiny_model):
+    # the tiny random model starts fast; 200 tokens keep A running while B queues and C is refused.
+    # A drain timeout far above the 400 tokens' time on a loaded CPU: this test is about finishing them
+    srv = start_server("--model", tiny_model, "--max-num-seqs", "1", "--max-waiting-requests", "1",
+                       "--drain-timeout", "300")
     try:
         srv.wait_ready()
-        body = {"prompt": "Count slowly:", "max_tokens": 40, "temperature": 0, "ignore_eos": True,
+        body = {"prompt": "Count slowly:", "max_tokens": 200, "temperature": 0, "ignore_eos": True,
                 "stream": True}
         with httpx.Client(base_url=srv.base_url, timeout=60.0) as a_client, \
                 httpx.Client(base_url=srv.base_url, timeout=60.0) as b_client, \
