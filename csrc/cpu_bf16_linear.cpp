@@ -1,7 +1,7 @@
 // bfloat16 linear layers on CPU, registered as torch.ops.folovllm_cpu_linear.*:
 //   available()                    whether this CPU runs the kernel (AVX-512 BF16)
 //   pack(weight [N, K])            the weight reordered for streaming: [N/64][K/2][64 rows][2]
-//   linear(x [..., K], packed, bias, balance_rows=False) x @ weight^T (+ bias), bf16 out
+//   linear(x [..., K], packed, bias) x @ weight^T (+ bias), bf16 out
 //
 // At decode a linear reads its whole weight to multiply a row or a few, so its time is the time to
 // stream the weight from memory. The packed layout makes that one sequential read: each pair of K
@@ -11,11 +11,8 @@
 // rows multiplies it (6 x 4 accumulators and a K pair's 4 weight vectors fill the 32 zmm registers;
 // ~5 % faster than groups of 4 at prefill: fewer loads per dot product; each row's sum runs along K in
 // the same order either way). Work items (a weight block x a chunk of input rows) run on torch's
-// intra-op threads. With balance_rows (off by default: not yet measured to pay), when the weight's
-// blocks do not split evenly over the threads (576 outputs: 9 blocks over 2), each thread takes every
-// block over its share of the rows instead, where that leaves the busiest thread less to do. fp32
-// accumulation along K, as oneDNN's bf16 kernels: results agree with F.linear before the final bf16
-// rounding up to fp32 summation order.
+// intra-op threads. fp32 accumulation along K, as oneDNN's bf16 kernels: results agree with F.linear
+// before the final bf16 rounding up to fp32 summation order.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -99,27 +96,14 @@ FOLO_AVX512_BF16 inline void block_rows(const uint32_t* x, int64_t pairs, const 
     }
 }
 
-// Input rows per work item: kChunkRows, or with ``balance_rows`` (M <= kChunkRows only) a share of M
-// per thread in whole groups of kMaxRows, where the busiest thread then has less to do than with
-// whole blocks split over the threads.
-int64_t chunk_rows(int64_t M, int64_t blocks, int64_t threads, bool balance_rows) {
-  if (!balance_rows || threads < 2 || M > kChunkRows || blocks % threads == 0) return kChunkRows;
-  const int64_t groups = (M + kMaxRows - 1) / kMaxRows;
-  const int64_t share = (groups + threads - 1) / threads * kMaxRows;
-  const int64_t whole_blocks_cost = (blocks + threads - 1) / threads * M;  // rows x blocks, busiest thread
-  return blocks * share < whole_blocks_cost ? share : kChunkRows;
-}
-
 // Work items [i0, i1): item i is weight block i % blocks times input rows of chunk i / blocks. A block
 // (64 x K) is read from memory once per chunk and stays in cache while every group of kMaxRows rows
 // multiplies it.
 FOLO_AVX512_BF16 void linear_items(const uint32_t* x, int64_t M, int64_t pairs, const __m512bh* w,
-                                   const float* bias, c10::BFloat16* y, int64_t N, int64_t rows_per_chunk,
-                                   int64_t i0, int64_t i1) {
+                                   const float* bias, c10::BFloat16* y, int64_t N, int64_t i0, int64_t i1) {
   const int64_t blocks = N / kBlockRows;
   for (int64_t i = i0; i < i1; ++i) {
-    const int64_t b = i % blocks, first = (i / blocks) * rows_per_chunk;
-    const int64_t last = std::min(M, first + rows_per_chunk);
+    const int64_t b = i % blocks, first = (i / blocks) * kChunkRows, last = std::min(M, first + kChunkRows);
     const __m512bh* wb = w + b * pairs * 4;
     const float* bb = bias == nullptr ? nullptr : bias + b * kBlockRows;
     c10::BFloat16* yb = y + b * kBlockRows;
@@ -137,8 +121,7 @@ FOLO_AVX512_BF16 void linear_items(const uint32_t* x, int64_t M, int64_t pairs, 
 }
 #endif
 
-at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias,
-                  bool balance_rows) {
+at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias) {
   TORCH_CHECK(cpu_has_avx512_bf16(), "bf16 linear: this CPU lacks AVX-512 BF16");
   TORCH_CHECK(packed.dim() == 4 && packed.size(2) == kBlockRows && packed.size(3) == 2 &&
               packed.scalar_type() == at::kBFloat16 && packed.is_contiguous(), "bf16 linear: weight is not packed");
@@ -156,12 +139,9 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const c10::opti
   const __m512bh* wp = reinterpret_cast<const __m512bh*>(packed.data_ptr<c10::BFloat16>());
   const float* bp = bias_f.defined() ? bias_f.data_ptr<float>() : nullptr;
   c10::BFloat16* yp = y.data_ptr<c10::BFloat16>();
-  const int64_t rows_per_chunk = chunk_rows(M, packed.size(0), at::get_num_threads(), balance_rows);
-  const int64_t items = packed.size(0) * ((M + rows_per_chunk - 1) / rows_per_chunk);
+  const int64_t items = packed.size(0) * ((M + kChunkRows - 1) / kChunkRows);
   // grain 1: even a 576-row weight (9 blocks) is worth splitting over two threads at M = 1
-  at::parallel_for(0, items, 1, [&](int64_t i0, int64_t i1) {
-    linear_items(xp, M, pairs, wp, bp, yp, N, rows_per_chunk, i0, i1);
-  });
+  at::parallel_for(0, items, 1, [&](int64_t i0, int64_t i1) { linear_items(xp, M, pairs, wp, bp, yp, N, i0, i1); });
 #endif
   return y;
 }
@@ -173,7 +153,7 @@ bool available() { return cpu_has_avx512_bf16(); }
 TORCH_LIBRARY(folovllm_cpu_linear, m) {
   m.def("available() -> bool");
   m.def("pack(Tensor weight) -> Tensor");
-  m.def("linear(Tensor x, Tensor packed, Tensor? bias, bool balance_rows=False) -> Tensor");
+  m.def("linear(Tensor x, Tensor packed, Tensor? bias) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(folovllm_cpu_linear, CPU, m) {

@@ -59,18 +59,6 @@ def test_each_row_is_computed_alone_whatever_the_batch() -> None:
         assert torch.equal(together[rows], packed_linear(x[rows], packed, None))
 
 
-@pytest.mark.parametrize("rows", [13, 64, 100, 128])
-def test_row_balancing_over_threads_leaves_every_output_unchanged(rows: int) -> None:
-    # 9 weight blocks over 2 threads: with balance_rows each thread takes every block over half the rows
-    torch.manual_seed(rows)
-    weight = torch.randn(576, 96, dtype=torch.bfloat16)
-    packed = pack_linear_weight(weight, bf16_kernel=True)
-    x = torch.randn(rows, 96, dtype=torch.bfloat16)
-    balanced = torch.ops.folovllm_cpu_linear.linear(x, packed, None, True)
-    assert torch.equal(balanced, torch.ops.folovllm_cpu_linear.linear(x, packed, None, False))
-    assert_matches_f_linear(balanced, x, weight, None)
-
-
 def test_kernel_takes_bias_strided_and_batched_inputs() -> None:
     torch.manual_seed(0)
     weight = torch.randn(128, 48, dtype=torch.bfloat16)
