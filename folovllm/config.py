@@ -529,13 +529,18 @@ def cpu_fused_ops_available(path: Path) -> bool:
     return _on_unless("cpu_fused_ops", load_cpu_fused_ops_library(path))
 
 
-def load_cpu_bf16_linear_library(path: Path) -> str | None:
-    """Loads the bf16 linear kernel (``torch.ops.folovllm_cpu_linear``, once per process) and checks that
-    this CPU runs it; returns why it cannot, else None."""
-    reason = load_op_library(path, "the bf16 linear kernel")
-    if reason is None and not torch.ops.folovllm_cpu_linear.available():
-        reason = "this CPU lacks AVX-512 BF16, which the bf16 linear kernel needs"
+def _load_avx512_bf16_library(path: Path, what: str, namespace: str) -> str | None:
+    """Loads a kernel library whose ops need AVX-512 BF16 (``torch.ops.<namespace>``, once per process)
+    and checks that this CPU runs it; returns why it cannot, else None."""
+    reason = load_op_library(path, what)
+    if reason is None and not getattr(torch.ops, namespace).available():
+        reason = f"this CPU lacks AVX-512 BF16, which {what} needs"
     return reason
+
+
+def load_cpu_bf16_linear_library(path: Path) -> str | None:
+    """Loads the bf16 linear kernel (``torch.ops.folovllm_cpu_linear``); returns why it cannot run here, else None."""
+    return _load_avx512_bf16_library(path, "the bf16 linear kernel", "folovllm_cpu_linear")
 
 
 @functools.cache
@@ -545,12 +550,8 @@ def cpu_bf16_linear_available(path: Path) -> bool:
 
 
 def load_cpu_greedy_head_library(path: Path) -> str | None:
-    """Loads the greedy LM head kernel (``torch.ops.folovllm_cpu_head``, once per process) and checks that
-    this CPU runs it; returns why it cannot, else None."""
-    reason = load_op_library(path, "the greedy LM head kernel")
-    if reason is None and not torch.ops.folovllm_cpu_head.available():
-        reason = "this CPU lacks AVX-512 BF16, which the greedy LM head kernel needs"
-    return reason
+    """Loads the greedy LM head kernel (``torch.ops.folovllm_cpu_head``); returns why it cannot run here, else None."""
+    return _load_avx512_bf16_library(path, "the greedy LM head kernel", "folovllm_cpu_head")
 
 
 @functools.cache
