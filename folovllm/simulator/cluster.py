@@ -80,7 +80,6 @@ class Cluster:
         self._seq = itertools.count()
         self._ready: list[SimEngine] = []  # idle replicas given work at the current instant
         self._prefill_only = set(map(id, self.front)) if spec.pd else set()
-        self._api_server_free = 0.0  # when the API server is done with the requests it has taken
 
     # -- arrivals ---------------------------------------------------------------------------------
 
@@ -94,9 +93,8 @@ class Cluster:
         max_tokens = min(spec.output_len, self.max_model_len - spec.prompt_len)
         request = TrackedRequest(spec.index, str(spec.index), spec.prompt_token_ids(), now,
                                  1 if self.spec.pd else max_tokens, spec, max_tokens)
-        if self.spec.api_server_s > 0:
-            self._api_server_free = max(now, self._api_server_free) + self.spec.api_server_s
-            heapq.heappush(self._events, (self._api_server_free, next(self._seq), 2, request))
+        if self.spec.api_server_s > 0:  # a latency, not a queue: requests sent together arrive together
+            heapq.heappush(self._events, (now + self.spec.api_server_s, next(self._seq), 2, request))
             return
         self._add(self.front_router.pick(request, self.front), request, rec)
 
