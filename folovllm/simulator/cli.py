@@ -82,6 +82,10 @@ def add_run_args(parser: argparse.ArgumentParser) -> None:
     add_result_args(parser)
     parser.add_argument("--per-request", action="store_true",
                         help="also vLLM's per-request lists (ttfts, itls, lens, errors) in the JSON")
+    parser.add_argument("--no-check-request", dest="check_request", action="store_false",
+                        help="leave out the check request bench serve sends (and waits for) before its timed "
+                             "run: the dataset's first prompt with 4 tokens, which puts that prompt in the "
+                             "prefix cache")
 
 
 def build_setup(args: argparse.Namespace, config: EngineConfig) -> SimSetup:
@@ -107,7 +111,8 @@ def run_one(args: argparse.Namespace, setup: SimSetup, per_request: bool = False
     """Simulates the workload the options name on ``setup``; returns the result object."""
     requests = build_sim_requests(args, setup.max_model_len)
     started = time.perf_counter()
-    run = simulate(setup, requests, keep_token_times=per_request)
+    run = simulate(setup, requests, keep_token_times=per_request,
+                   with_check_request=getattr(args, "check_request", False))
     wall = time.perf_counter() - started
     fixed = args.request_rate is None and args.dataset == "jsonl"
     rate = None if fixed else (args.request_rate if args.request_rate is not None else math.inf)

@@ -139,13 +139,14 @@ class Cluster:
 
     # -- the loop ---------------------------------------------------------------------------------
 
-    def run(self, requests: list[SimRequest]) -> float:
-        """Simulates ``requests`` (sorted by arrival) to the end; returns the last event's time."""
+    def run(self, requests: list[SimRequest], start: float = 0.0) -> float:
+        """Simulates ``requests`` (sorted by arrival; their arrivals are offsets from ``start``, when
+        every replica is idle) to the end; returns the last event's time."""
         events, ready = self._events, self._ready
         on_token, on_finished = self._on_token, self._on_finished
-        index, now = 0, 0.0
+        index, now = 0, start
         while True:
-            t_arrival = requests[index].arrival_s if index < len(requests) else math.inf
+            t_arrival = start + requests[index].arrival_s if index < len(requests) else math.inf
             t_event = events[0][0] if events else math.inf
             t_next = min(t_arrival, t_event)
             if ready and t_next > now:
