@@ -192,3 +192,23 @@ def test_simulate_run_sends_the_check_request_unless_told_not_to(tmp_path):
     assert checked["extra"]["prefix_cache_hit_rate"] > 0.0 and unchecked["extra"]["prefix_cache_hit_rate"] == 0.0
     assert checked["output_tokens"] == unchecked["output_tokens"] == 4 * 8
     assert checked["ttft_ms"]["max"] < unchecked["ttft_ms"]["max"]  # 48 prompt tokens fewer to prefill
+
+
+def test_a_burst_reaches_the_replica_together_later_by_its_size(tmp_path):
+    path = tmp_path / "burst.jsonl"
+    path.write_text("".join(json.dumps({"prompt": [100 + 7 * i + k for k in range(32)], "max_tokens": 2,
+                                        "arrival_s": 0.0 if i < 4 else 1.0, "ignore_eos": True}) + "\n"
+                            for i in range(5)))
+    args = sim_args(tmp_path, "--dataset", "jsonl", "--dataset-path", str(path), "--api-server-ms", "2",
+                    "--api-server-burst-ms", "0.5")
+    steps = first_steps(args)
+    # four sent at 0: all in the first step, 2 + 4 x 0.5 ms after; the lone one at 1 s: 2 + 0.5 ms after
+    assert steps[0].start == pytest.approx(0.004) and [r for r, _ in steps[0].scheduled] == ["0", "1", "2", "3"]
+    lone = next(s for s in steps if ("4", 32) in s.scheduled)
+    assert lone.start == pytest.approx(1.0025)
+    profiled = tmp_path / "with-burst.json"
+    LinearCostModel("test", PROFILE, defaults={"num_kv_blocks": 2048, "max_model_len": 4096},
+                    api_server_s=0.002, api_server_burst_s=0.0005).save(profiled)
+    args = sim_args(tmp_path, "--dataset", "jsonl", "--dataset-path", str(path))
+    args.profile = str(profiled)
+    assert first_steps(args)[0].start == pytest.approx(0.004)  # the profile's figures are the default
