@@ -63,8 +63,8 @@ def add_deployment_args(parser: argparse.ArgumentParser) -> None:
     k.add_argument("--kv-link-gbps", type=float, default=25.0, help="PD: GB/s from a prefill to a decode replica")
     k.add_argument("--kv-link-latency-ms", type=float, default=0.5, help="PD: latency of one KV transfer")
     k.add_argument("--api-server-ms", type=float, default=None,
-                   help="the API server's time per request before a replica has it, one request at a time "
-                        "(default: the linear profile's api_server_s, 0 for the roofline)")
+                   help="the API server's time per request before a replica has it, a delay: requests sent "
+                        "together arrive together (default: the linear profile's api_server_s, 0 for the roofline)")
     k.add_argument("--api-server-burst-ms", type=float, default=None,
                    help="more API server time per request of a burst: N requests sent at one instant reach a "
                         "replica together, N times this later (default: the linear profile's "
