@@ -131,10 +131,12 @@ def run_live(folder: Path, repeats: int, smoke: bool, max_model_len: int, serve_
                 print(f"live repeat {repeat + 1}/{repeats}: {name}", flush=True)
                 started = time.perf_counter()
                 for run in range(burst_runs if name == "burst" else 1):
-                    label = f"{repeat}" if run == 0 else f"{repeat}.{run}"
+                    stem = f"{name}-real-{repeat}" + (f".{run}" if run else "")
+                    run_started = time.perf_counter()
                     subprocess.run([*CLI, "bench", "serve", "--port", str(port), "--no-progress", "--output-json",
-                                    str(folder / f"{name}-real-{label}.json"), *with_seed(argv, run)], cwd=ROOT,
+                                    str(folder / f"{stem}.json"), *with_seed(argv, run)], cwd=ROOT,
                                    check=True, stdout=subprocess.DEVNULL)
+                    windows[stem] = [run_started, time.perf_counter()]
                 windows[name] = [started, time.perf_counter()]
         finally:
             proc.terminate()
@@ -142,15 +144,35 @@ def run_live(folder: Path, repeats: int, smoke: bool, max_model_len: int, serve_
         (folder / f"windows-{repeat}.json").write_text(json.dumps(windows) + "\n")
 
 
+def steps_within(windows_path: Path, key: str) -> list[dict]:
+    """The traced steps of the window ``key`` (a workload, or one live run's file stem) in a repeat."""
+    start, end = json.loads(windows_path.read_text()).get(key, [0.0, -1.0])
+    trace = trace_of(windows_path)
+    with open(trace, encoding="utf-8") as f:
+        return [r for line in f if line.strip() and start <= (r := json.loads(line))["time"] <= end]
+
+
+def trace_of(windows_path: Path) -> Path:
+    """The step trace of the repeat whose windows ``windows_path`` holds."""
+    return windows_path.with_name(windows_path.name.replace("windows-", "steps-").replace(".json", ".jsonl"))
+
+
 def live_steps(folder: Path, name: str) -> list[dict]:
     """The traced steps of workload ``name`` over every repeat (none for folders without traces)."""
-    steps = []
-    for windows_path in sorted(folder.glob("windows-*.json")):
-        start, end = json.loads(windows_path.read_text()).get(name, [0.0, -1.0])
-        trace = folder / windows_path.name.replace("windows-", "steps-").replace(".json", ".jsonl")
-        with open(trace, encoding="utf-8") as f:
-            steps += [r for line in f if line.strip() and start <= (r := json.loads(line))["time"] <= end]
-    return steps
+    return [step for path in sorted(folder.glob("windows-*.json")) for step in steps_within(path, name)]
+
+
+def run_speed(model, real_json: Path) -> float | None:
+    """One live run's traced step time over what the profile prices those steps at: above 1, the machine
+    ran that workload slower than the profile's calibration did (None without its trace)."""
+    name, label = real_json.stem.rsplit("-real-", 1)
+    windows_path = real_json.with_name(f"windows-{label.split('.')[0]}.json")
+    if not windows_path.is_file():
+        return None
+    key = real_json.stem if real_json.stem in json.loads(windows_path.read_text()) else name
+    steps = steps_within(windows_path, key)
+    check = price_steps(model, steps) if steps else None
+    return check["measured_s"] / check["predicted_s"] if check and check["predicted_s"] > 0 else None
 
 
 def row_for(name: str, argv: list[str], live: list[dict[str, float]], sim: dict[str, float],
@@ -204,7 +226,8 @@ def main() -> int:
             api += ["--api-server-burst-ms", str(args.api_server_burst_ms)]
         subprocess.run([*CLI, "simulate", "run", "--profile", str(profile_path), "--output-json", str(sim_json),
                         *api, *argv], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
-        live = [figures(json.loads(p.read_text())[0]) for p in real_jsons]
+        live = [{**figures(json.loads(p.read_text())[0]), "traced_over_priced": run_speed(model, p)}
+                for p in real_jsons]
         steps = live_steps(folder, name)
         rows.append(row_for(name, argv, live, figures(json.loads(sim_json.read_text())[0]),
                             price_steps(model, steps) if steps else None))
@@ -215,6 +238,9 @@ def main() -> int:
             low, high = row["real_spread"][key]
             print(f"{row['workload']:<15}{key:<17}{row['real'][key]:>10.1f}{f'{low:.1f}-{high:.1f}':>16}"
                   f"{row['sim'][key]:>10.1f}{'n/a' if err is None else f'{err:+.0%}':>9}")
+        if len(row["real_runs"]) > 1 and all(r["traced_over_priced"] for r in row["real_runs"]):
+            print("  live runs, median TTFT ms (traced / priced step time): " + ", ".join(
+                f"{r['median_ttft_ms']:.0f} ({r['traced_over_priced']:.2f})" for r in row["real_runs"]))
         if row["steps"]:
             check = row["steps"]
             total = check["predicted_s"] / check["measured_s"] - 1
