@@ -146,8 +146,9 @@ def sim_fidelity_table(path: Path) -> str:
         lines.append(f"| {row['workload']} | " + " | ".join(cells) + " |")
     repeats = {row.get("live_repeats", 1) for row in result["rows"]}
     if repeats != {1}:
-        lines += ["", f"Real: the median of {', '.join(map(str, sorted(repeats)))} live runs (a fresh server each), "
-                      "their min–max in brackets."]
+        lines += ["", f"Real: the median of {', '.join(map(str, sorted(repeats)))} live runs (a fresh server per "
+                      "repeat; a short workload may run several times on each, with other seeds), their min–max in "
+                      "brackets."]
     return "\n".join(lines) + "\n"
 
 

@@ -8,12 +8,16 @@ on each calibration workload, then `folovllm simulate calibrate` on the trace. T
 scripts/sim_fidelity.py's: random prompts at a moderate rate and in a burst (no prefix-cache hits), and two
 low-rate shared-prefix streams with different prefix lengths, whose prefill steps run new tokens over a
 cached prefix and whose decode steps have one or two rows. Then a dozen lone one-token requests measure
-the API server's time per request (from sending to the engine step that takes it), which the profile
-keeps for the simulator. About three minutes on a quiet 2-core machine.
+the API server's time per request (from sending to the engine step that takes it), and a few bursts of
+one-token requests sent at once by bench serve's own client (a connection each) its time per request
+of a burst (from sending to the engine step that has taken the whole burst, less the lone request's
+time, per request), which the profile keeps for the simulator. About three minutes on a quiet 2-core
+machine.
 """
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import shutil
 import subprocess
@@ -26,6 +30,9 @@ import httpx
 import numpy as np
 
 from sim_fidelity import CLI, PROFILE, ROOT, start_server, threads_args
+
+from folovllm.bench.datasets import ServeRequest
+from folovllm.bench.serve import run_benchmark
 
 MAX_MODEL_LEN = 2048
 NUM_KV_BLOCKS = 5825  # what `folovllm serve --max-model-len 2048` allocates on the calibration machine
@@ -55,6 +62,47 @@ def send_lone_requests(port: int, num: int = 12) -> list[float]:
                                                "temperature": 0.0}).raise_for_status()
             time.sleep(0.2)
     return sends
+
+
+BURST_SIZE, BURST_PROMPT_LEN = 24, 16
+
+
+def send_bursts(port: int, num: int = 5) -> list[float]:
+    """Sends ``num`` bursts of ``BURST_SIZE`` one-token requests (fresh prompts, so no prefix-cache hit) with
+    bench serve's client, each after the last has ended; returns when each burst was sent."""
+    base_url = f"http://127.0.0.1:{port}"
+    model = httpx.get(f"{base_url}/v1/models").json()["data"][0]["id"]
+    sends = []
+    for b in range(num):
+        first = 20000 + b * BURST_SIZE * BURST_PROMPT_LEN
+        burst = [ServeRequest([first + i * BURST_PROMPT_LEN + k for k in range(BURST_PROMPT_LEN)], 1, BURST_PROMPT_LEN)
+                 for i in range(BURST_SIZE)]
+        outcomes = asyncio.run(run_benchmark(burst, [0.0] * BURST_SIZE, base_url=base_url, endpoint="completions",
+                                             model=model, progress=False))
+        if not all(o.success for o in outcomes):
+            raise SystemExit(f"a calibration burst failed: {next(o.error for o in outcomes if not o.success)}")
+        sends.append(min(o.send_time for o in outcomes))
+        time.sleep(0.3)
+    return sends
+
+
+def api_server_burst_s(trace: Path, sends: list[float], lone_s: float) -> float:
+    """Median over the bursts of (time from sending a burst to the start of the engine step that has taken
+    all of it, less the lone request's ``lone_s``) / ``BURST_SIZE``; 0 if that comes out negative. The
+    step is the one whose prefill tokens, summed from the send on, reach the burst's."""
+    records = [json.loads(line) for line in trace.read_text().splitlines() if line.strip()]
+    steps = sorted((r["time"] - r["duration_s"], r["num_prefill_tokens"]) for r in records if r["num_scheduled"])
+    per_request = []
+    for send in sends:
+        taken = 0
+        for start, prefill in steps:
+            if start < send:
+                continue
+            taken += prefill
+            if taken >= BURST_SIZE * BURST_PROMPT_LEN:
+                per_request.append((start - send - lone_s) / BURST_SIZE)
+                break
+    return max(0.0, float(np.median(per_request))) if per_request else 0.0
 
 
 def api_server_s(trace: Path, sends: list[float]) -> float:
@@ -90,17 +138,21 @@ def main() -> int:
             if done.returncode != 0:
                 raise SystemExit(f"bench serve failed on {name}:\n{done.stderr}")
         sends = send_lone_requests(port)
+        bursts = send_bursts(port)
     finally:
         proc.terminate()
         proc.wait(timeout=60)
     if args.keep_trace:
         shutil.copyfile(trace, args.keep_trace)
     api_server_ms = api_server_s(trace, sends) * 1e3
-    print(f"API server: {api_server_ms:.2f} ms from sending a lone request to its engine step", flush=True)
+    burst_ms = api_server_burst_s(trace, bursts, api_server_ms / 1e3) * 1e3
+    print(f"API server: {api_server_ms:.2f} ms from sending a lone request to its engine step, {burst_ms:.2f} ms "
+          f"more per request of a burst of {BURST_SIZE}", flush=True)
     subprocess.run([*CLI, "simulate", "calibrate", "--trace", str(trace), "--out", args.out,
                     "--name", Path(PROFILE).stem, "--num-kv-blocks", str(args.num_kv_blocks),
                     "--max-model-len", str(MAX_MODEL_LEN), "--model", "SmolLM2-135M-Instruct",
                     "--weighting", args.weighting, "--api-server-ms", f"{api_server_ms:.4f}",
+                    "--api-server-burst-ms", f"{burst_ms:.4f}",
                     "--prefill-knee", args.prefill_knee], cwd=ROOT, check=True)
     print(f"the trace is in {trace}")
     return 0

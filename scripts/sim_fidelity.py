@@ -13,6 +13,13 @@ It also prices each live step the server traced during a workload with the profi
 summed predicted / traced step time by prefill size (which steps the cost model misprices).
 Workloads: a Poisson stream of mixed lengths, a burst, and a shared-prefix multi-turn stream (JSONL
 with arrival times, so both sides replay the same trace).
+
+The burst's median TTFT is the end of its second ~0.6 s prefill step: about a second of machine time,
+where the other workloads average over 40 s. The speed of this shared 2-core machine drifts by 20-30 %
+over seconds, so one burst run measures the moment more than the engine; each live repeat therefore
+runs the burst ``--burst-runs`` times, with seeds 12, 13, ...: fixed lengths and all requests at once
+make every seed the same steps (only the token ids differ, so no run finds another's prompts cached),
+and the simulator's single run stands for all of them.
 """
 from __future__ import annotations
 
@@ -102,9 +109,19 @@ def live_files(folder: Path, name: str) -> list[Path]:
     return repeats or [p for p in [folder / f"{name}-real.json"] if p.is_file()]
 
 
-def run_live(folder: Path, repeats: int, smoke: bool, max_model_len: int, serve_args: list[str]) -> None:
-    """``repeats`` rounds of every workload, each round against a fresh traced server; what each
-    workload's window was in the trace (perf_counter, shared with the server on one machine)."""
+def with_seed(argv: list[str], offset: int) -> list[str]:
+    """``argv`` with its ``--seed`` moved by ``offset`` (``argv`` itself for 0)."""
+    if offset == 0:
+        return argv
+    at = argv.index("--seed") + 1
+    return [*argv[:at], str(int(argv[at]) + offset), *argv[at + 1:]]
+
+
+def run_live(folder: Path, repeats: int, smoke: bool, max_model_len: int, serve_args: list[str],
+             burst_runs: int = 1) -> None:
+    """``repeats`` rounds of every workload (the burst ``burst_runs`` times, one seed each), each round
+    against a fresh traced server; what each workload's window was in the trace (perf_counter, shared
+    with the server on one machine)."""
     for repeat in range(repeats):
         trace = folder / f"steps-{repeat}.jsonl"
         proc, port = start_server(max_model_len, trace, serve_args)
@@ -113,9 +130,13 @@ def run_live(folder: Path, repeats: int, smoke: bool, max_model_len: int, serve_
             for name, argv in workloads(smoke, folder).items():
                 print(f"live repeat {repeat + 1}/{repeats}: {name}", flush=True)
                 started = time.perf_counter()
-                subprocess.run([*CLI, "bench", "serve", "--port", str(port), "--no-progress", "--output-json",
-                                str(folder / f"{name}-real-{repeat}.json"), *argv], cwd=ROOT, check=True,
-                               stdout=subprocess.DEVNULL)
+                for run in range(burst_runs if name == "burst" else 1):
+                    stem = f"{name}-real-{repeat}" + (f".{run}" if run else "")
+                    run_started = time.perf_counter()
+                    subprocess.run([*CLI, "bench", "serve", "--port", str(port), "--no-progress", "--output-json",
+                                    str(folder / f"{stem}.json"), *with_seed(argv, run)], cwd=ROOT,
+                                   check=True, stdout=subprocess.DEVNULL)
+                    windows[stem] = [run_started, time.perf_counter()]
                 windows[name] = [started, time.perf_counter()]
         finally:
             proc.terminate()
@@ -123,15 +144,35 @@ def run_live(folder: Path, repeats: int, smoke: bool, max_model_len: int, serve_
         (folder / f"windows-{repeat}.json").write_text(json.dumps(windows) + "\n")
 
 
+def steps_within(windows_path: Path, key: str) -> list[dict]:
+    """The traced steps of the window ``key`` (a workload, or one live run's file stem) in a repeat."""
+    start, end = json.loads(windows_path.read_text()).get(key, [0.0, -1.0])
+    trace = trace_of(windows_path)
+    with open(trace, encoding="utf-8") as f:
+        return [r for line in f if line.strip() and start <= (r := json.loads(line))["time"] <= end]
+
+
+def trace_of(windows_path: Path) -> Path:
+    """The step trace of the repeat whose windows ``windows_path`` holds."""
+    return windows_path.with_name(windows_path.name.replace("windows-", "steps-").replace(".json", ".jsonl"))
+
+
 def live_steps(folder: Path, name: str) -> list[dict]:
     """The traced steps of workload ``name`` over every repeat (none for folders without traces)."""
-    steps = []
-    for windows_path in sorted(folder.glob("windows-*.json")):
-        start, end = json.loads(windows_path.read_text()).get(name, [0.0, -1.0])
-        trace = folder / windows_path.name.replace("windows-", "steps-").replace(".json", ".jsonl")
-        with open(trace, encoding="utf-8") as f:
-            steps += [r for line in f if line.strip() and start <= (r := json.loads(line))["time"] <= end]
-    return steps
+    return [step for path in sorted(folder.glob("windows-*.json")) for step in steps_within(path, name)]
+
+
+def run_speed(model, real_json: Path) -> float | None:
+    """One live run's traced step time over what the profile prices those steps at: above 1, the machine
+    ran that workload slower than the profile's calibration did (None without its trace)."""
+    name, label = real_json.stem.rsplit("-real-", 1)
+    windows_path = real_json.with_name(f"windows-{label.split('.')[0]}.json")
+    if not windows_path.is_file():
+        return None
+    key = real_json.stem if real_json.stem in json.loads(windows_path.read_text()) else name
+    steps = steps_within(windows_path, key)
+    check = price_steps(model, steps) if steps else None
+    return check["measured_s"] / check["predicted_s"] if check and check["predicted_s"] > 0 else None
 
 
 def row_for(name: str, argv: list[str], live: list[dict[str, float]], sim: dict[str, float],
@@ -153,9 +194,14 @@ def main() -> int:
                         help="the server's --num-threads (default: its own); fit the profile with the same")
     parser.add_argument("--api-server-ms", type=float, default=None,
                         help="the simulator's --api-server-ms (default: the profile's api_server_s)")
+    parser.add_argument("--api-server-burst-ms", type=float, default=None,
+                        help="the simulator's --api-server-burst-ms (default: the profile's api_server_burst_s)")
     parser.add_argument("--live-repeats", type=int, default=3,
                         help="live runs per workload, each round against a fresh server; the simulator is "
                              "compared with their median")
+    parser.add_argument("--burst-runs", type=int, default=3,
+                        help="burst runs per live repeat (seeds 12, 13, ...; the same steps): the burst's "
+                             "figures hang on a second of machine time, so it takes more runs for a stable median")
     parser.add_argument("--reuse-real", metavar="DIR", default=None,
                         help="take the live runs from an earlier run's folder (printed at its end) instead of "
                              "starting a server: to compare another profile against the same measurements")
@@ -167,7 +213,7 @@ def main() -> int:
     folder = Path(args.reuse_real) if args.reuse_real else Path(tempfile.mkdtemp(prefix="sim-fidelity-"))
     if not args.reuse_real:
         run_live(folder, args.live_repeats, args.smoke, int(profile["defaults"]["max_model_len"]),
-                 threads_args(args.num_threads))
+                 threads_args(args.num_threads), args.burst_runs)
     model = load_linear_profile(profile_path)
     rows = []
     for name, argv in workloads(args.smoke, folder).items():
@@ -176,9 +222,12 @@ def main() -> int:
             raise SystemExit(f"{folder} has no live runs of {name}: --reuse-real takes the folder of an earlier "
                              "full run")
         api = [] if args.api_server_ms is None else ["--api-server-ms", str(args.api_server_ms)]
+        if args.api_server_burst_ms is not None:
+            api += ["--api-server-burst-ms", str(args.api_server_burst_ms)]
         subprocess.run([*CLI, "simulate", "run", "--profile", str(profile_path), "--output-json", str(sim_json),
                         *api, *argv], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
-        live = [figures(json.loads(p.read_text())[0]) for p in real_jsons]
+        live = [{**figures(json.loads(p.read_text())[0]), "traced_over_priced": run_speed(model, p)}
+                for p in real_jsons]
         steps = live_steps(folder, name)
         rows.append(row_for(name, argv, live, figures(json.loads(sim_json.read_text())[0]),
                             price_steps(model, steps) if steps else None))
@@ -189,6 +238,9 @@ def main() -> int:
             low, high = row["real_spread"][key]
             print(f"{row['workload']:<15}{key:<17}{row['real'][key]:>10.1f}{f'{low:.1f}-{high:.1f}':>16}"
                   f"{row['sim'][key]:>10.1f}{'n/a' if err is None else f'{err:+.0%}':>9}")
+        if len(row["real_runs"]) > 1 and all(r["traced_over_priced"] for r in row["real_runs"]):
+            print("  live runs, median TTFT ms (traced / priced step time): " + ", ".join(
+                f"{r['median_ttft_ms']:.0f} ({r['traced_over_priced']:.2f})" for r in row["real_runs"]))
         if row["steps"]:
             check = row["steps"]
             total = check["predicted_s"] / check["measured_s"] - 1
@@ -199,6 +251,9 @@ def main() -> int:
                                            "fit": profile.get("fit", {}), "real_measured": real_date,
                                            "api_server_ms": (args.api_server_ms if args.api_server_ms is not None
                                                              else profile.get("api_server_s", 0.0) * 1e3),
+                                           "api_server_burst_ms": (args.api_server_burst_ms
+                                                                   if args.api_server_burst_ms is not None
+                                                                   else profile.get("api_server_burst_s", 0.0) * 1e3),
                                            "rows": rows}], indent=2) + "\n")
     print(f"wrote {args.out}; the live runs are in {folder}")
     return 0

@@ -63,8 +63,12 @@ def add_deployment_args(parser: argparse.ArgumentParser) -> None:
     k.add_argument("--kv-link-gbps", type=float, default=25.0, help="PD: GB/s from a prefill to a decode replica")
     k.add_argument("--kv-link-latency-ms", type=float, default=0.5, help="PD: latency of one KV transfer")
     k.add_argument("--api-server-ms", type=float, default=None,
-                   help="the API server's time per request before a replica has it, one request at a time "
-                        "(default: the linear profile's api_server_s, 0 for the roofline)")
+                   help="the API server's time per request before a replica has it, a delay: requests sent "
+                        "together arrive together (default: the linear profile's api_server_s, 0 for the roofline)")
+    k.add_argument("--api-server-burst-ms", type=float, default=None,
+                   help="more API server time per request of a burst: N requests sent at one instant reach a "
+                        "replica together, N times this later (default: the linear profile's "
+                        "api_server_burst_s, 0 for the roofline)")
 
 
 def add_result_args(parser: argparse.ArgumentParser) -> None:
@@ -82,6 +86,10 @@ def add_run_args(parser: argparse.ArgumentParser) -> None:
     add_result_args(parser)
     parser.add_argument("--per-request", action="store_true",
                         help="also vLLM's per-request lists (ttfts, itls, lens, errors) in the JSON")
+    parser.add_argument("--no-check-request", dest="check_request", action="store_false",
+                        help="leave out the check request bench serve sends (and waits for) before its timed "
+                             "run: the dataset's first prompt with 4 tokens, which puts that prompt in the "
+                             "prefix cache")
 
 
 def build_setup(args: argparse.Namespace, config: EngineConfig) -> SimSetup:
@@ -91,8 +99,10 @@ def build_setup(args: argparse.Namespace, config: EngineConfig) -> SimSetup:
     cost, blocks, max_len, kv_bytes, model = resolve_cost(args.profile, config, roofline, args.num_kv_blocks)
     api_server_s = (args.api_server_ms / 1000.0 if args.api_server_ms is not None
                     else getattr(cost, "api_server_s", 0.0))
+    burst_s = (args.api_server_burst_ms / 1000.0 if args.api_server_burst_ms is not None
+               else getattr(cost, "api_server_burst_s", 0.0))
     cluster = ClusterSpec(args.replicas, args.router, args.pd, args.kv_bytes_per_token or kv_bytes,
-                          args.kv_link_gbps * 1e9, args.kv_link_latency_ms / 1000.0, api_server_s)
+                          args.kv_link_gbps * 1e9, args.kv_link_latency_ms / 1000.0, api_server_s, burst_s)
     return SimSetup(config, cost, blocks, max_len, cluster, model)
 
 
@@ -107,7 +117,8 @@ def run_one(args: argparse.Namespace, setup: SimSetup, per_request: bool = False
     """Simulates the workload the options name on ``setup``; returns the result object."""
     requests = build_sim_requests(args, setup.max_model_len)
     started = time.perf_counter()
-    run = simulate(setup, requests, keep_token_times=per_request)
+    run = simulate(setup, requests, keep_token_times=per_request,
+                   with_check_request=getattr(args, "check_request", False))
     wall = time.perf_counter() - started
     fixed = args.request_rate is None and args.dataset == "jsonl"
     rate = None if fixed else (args.request_rate if args.request_rate is not None else math.inf)
@@ -142,6 +153,9 @@ def add_calibrate_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-server-ms", type=float, default=0.0,
                         help="the API server's measured time per request before the engine has it, kept in the "
                              "profile (scripts/sim_calibrate.py measures it)")
+    parser.add_argument("--api-server-burst-ms", type=float, default=0.0,
+                        help="the API server's measured time per request of a burst (requests sent at one "
+                             "instant), kept in the profile (scripts/sim_calibrate.py measures it)")
     parser.add_argument("--weighting", choices=("absolute", "sqrt", "relative"), default="absolute",
                         help="least squares of each step's error in seconds (default: the long prefill steps "
                              "that set TTFT count most), of its relative error, or of error² / duration (sqrt)")
@@ -169,7 +183,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
     defaults = {k: v for k, v in (("num_kv_blocks", args.num_kv_blocks), ("max_model_len", args.max_model_len),
                                   ("model", args.model)) if v is not None}
     model = calibrate(args.trace, args.out, args.name or Path(args.out).stem, defaults, args.weighting,
-                      args.api_server_ms / 1000.0, args.prefill_knee)
+                      args.api_server_ms / 1000.0, args.prefill_knee, args.api_server_burst_ms / 1000.0)
     print(format_fit(model))
     print(f"wrote {args.out}")
     return 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -45,8 +46,11 @@ class ClusterSpec:
     kv_link_bandwidth: float = 25e9  # PD: bytes/s from a prefill replica to a decode replica
     kv_link_latency_s: float = 5e-4  # PD: per transfer
     # the API server's own time per request before a replica has it (HTTP, validation, the engine core's
-    # inbox); it takes requests one at a time, so requests sent together reach the replica staggered
+    # inbox): a delay, so requests sent together reach the replica together
     api_server_s: float = 0.0
+    # requests sent at the same instant (a burst) reach the replica together, later by this much per request
+    # of the burst: the client opens a connection and sends each in turn, the server takes each in turn
+    api_server_burst_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.pd is None and self.replicas < 1:
@@ -55,8 +59,9 @@ class ClusterSpec:
             raise ValueError(f"--pd P:D needs at least one replica in each pool, got {self.pd}")
         if self.pd is not None and self.kv_bytes_per_token <= 0:
             raise ValueError("PD needs the KV bytes per token (--kv-bytes-per-token, or a roofline profile's model)")
-        if self.api_server_s < 0:
-            raise ValueError(f"the API server's time per request cannot be negative, got {self.api_server_s}")
+        if self.api_server_s < 0 or self.api_server_burst_s < 0:
+            raise ValueError(f"the API server's time per request cannot be negative, got {self.api_server_s} "
+                             f"and {self.api_server_burst_s} per request of a burst")
         if self.kv_link_bandwidth <= 0:
             raise ValueError(f"the KV link bandwidth must be positive, got {self.kv_link_bandwidth}")
 
@@ -83,7 +88,8 @@ class Cluster:
 
     # -- arrivals ---------------------------------------------------------------------------------
 
-    def _arrive(self, spec: SimRequest, now: float) -> None:
+    def _arrive(self, spec: SimRequest, now: float, sent_together: int = 1) -> None:
+        """``spec`` is sent at ``now``, with ``sent_together`` requests in all at that instant (itself included)."""
         rec = self.recorder
         rec.start(spec.index, now, spec.prompt_len)
         if spec.prompt_len < 1 or spec.prompt_len >= self.max_model_len:
@@ -93,8 +99,9 @@ class Cluster:
         max_tokens = min(spec.output_len, self.max_model_len - spec.prompt_len)
         request = TrackedRequest(spec.index, str(spec.index), spec.prompt_token_ids(), now,
                                  1 if self.spec.pd else max_tokens, spec, max_tokens)
-        if self.spec.api_server_s > 0:  # a latency, not a queue: requests sent together arrive together
-            heapq.heappush(self._events, (now + self.spec.api_server_s, next(self._seq), 2, request))
+        delay = self.spec.api_server_s + self.spec.api_server_burst_s * sent_together
+        if delay > 0:  # a latency, not a queue: requests sent together arrive together
+            heapq.heappush(self._events, (now + delay, next(self._seq), 2, request))
             return
         self._add(self.front_router.pick(request, self.front), request, rec)
 
@@ -139,13 +146,15 @@ class Cluster:
 
     # -- the loop ---------------------------------------------------------------------------------
 
-    def run(self, requests: list[SimRequest]) -> float:
-        """Simulates ``requests`` (sorted by arrival) to the end; returns the last event's time."""
+    def run(self, requests: list[SimRequest], start: float = 0.0) -> float:
+        """Simulates ``requests`` (sorted by arrival; their arrivals are offsets from ``start``, when
+        every replica is idle) to the end; returns the last event's time."""
         events, ready = self._events, self._ready
         on_token, on_finished = self._on_token, self._on_finished
-        index, now = 0, 0.0
+        index, now = 0, start
+        sent_together = Counter(r.arrival_s for r in requests)
         while True:
-            t_arrival = requests[index].arrival_s if index < len(requests) else math.inf
+            t_arrival = start + requests[index].arrival_s if index < len(requests) else math.inf
             t_event = events[0][0] if events else math.inf
             t_next = min(t_arrival, t_event)
             if ready and t_next > now:
@@ -157,7 +166,7 @@ class Cluster:
                 return now
             now = t_next
             if t_arrival <= t_event:
-                self._arrive(requests[index], now)
+                self._arrive(requests[index], now, sent_together[requests[index].arrival_s])
                 index += 1
                 continue
             _, _, kind, payload = heapq.heappop(events)

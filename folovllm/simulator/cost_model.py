@@ -75,6 +75,7 @@ class LinearCostModel:
     defaults: dict[str, Any] = field(default_factory=dict)  # engine settings it was measured with
     # not a step cost: the API server's time per request before the engine has it (the cluster applies it)
     api_server_s: float = 0.0
+    api_server_burst_s: float = 0.0  # the API server's time per request of a burst (sent at one instant)
     prefill_knee_tokens: int = 0  # where the below-knee prefill term stops counting (0: no such term)
 
     def __post_init__(self) -> None:

@@ -1,7 +1,7 @@
 """One simulated run: requests through a cluster of replicas, timings recorded."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from folovllm.simulator.cluster import Cluster
 from folovllm.simulator.engine import SimEngine
@@ -29,13 +29,33 @@ class SimRun:
                                      if self.end_s > 0 else 0.0)}
 
 
+# tokens of the check request ``bench serve`` sends before it times anything
+CHECK_MAX_TOKENS = 4
+
+
+def check_request(requests: list[SimRequest]) -> SimRequest | None:
+    """What ``bench serve`` sends and waits for before its timed run: the dataset's first request, cut
+    to a few tokens. It leaves that prompt in the prefix cache, so the timed copy finds it there."""
+    first = min(requests, key=lambda r: r.index, default=None)
+    if first is None:
+        return None
+    return replace(first, index=0, arrival_s=0.0, output_len=min(first.output_len, CHECK_MAX_TOKENS))
+
+
 def simulate(setup: SimSetup, requests: list[SimRequest], keep_token_times: bool = False,
-             keep_steps: bool = False) -> SimRun:
-    """Runs ``requests`` (sorted by arrival) on ``setup``'s cluster to the end."""
+             keep_steps: bool = False, with_check_request: bool = False) -> SimRun:
+    """Runs ``requests`` (sorted by arrival) on ``setup``'s cluster to the end. ``with_check_request``:
+    first the check request ``bench serve`` sends, to its end (not recorded); the timed requests
+    arrive from then on, on the state it left (its prompt cached)."""
     def make_engine(name: str) -> SimEngine:
         return SimEngine(setup.config, setup.num_blocks, setup.max_model_len, setup.cost, name, keep_steps)
 
     recorder = Recorder(len(requests), keep_token_times)
-    cluster = Cluster(make_engine, setup.cluster, recorder)
-    end = cluster.run(requests)
+    cluster = Cluster(make_engine, setup.cluster, Recorder(1))
+    start = 0.0
+    probe = check_request(requests) if with_check_request else None
+    if probe is not None:
+        start = cluster.run([probe])
+    cluster.recorder = recorder
+    end = cluster.run(requests, start)
     return SimRun(recorder, cluster, end)

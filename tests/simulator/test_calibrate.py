@@ -142,8 +142,9 @@ def test_unknown_weighting_is_an_error():
 
 def test_the_measured_api_server_time_is_kept_in_the_profile(tmp_path):
     synthetic_trace(tmp_path / "t.jsonl")
-    calibrate(tmp_path / "t.jsonl", tmp_path / "p.json", "with-api", api_server_s=0.0021)
-    assert load_linear_profile(tmp_path / "p.json").api_server_s == pytest.approx(0.0021)
+    calibrate(tmp_path / "t.jsonl", tmp_path / "p.json", "with-api", api_server_s=0.0021, api_server_burst_s=0.0013)
+    profile = load_linear_profile(tmp_path / "p.json")
+    assert profile.api_server_s == pytest.approx(0.0021) and profile.api_server_burst_s == pytest.approx(0.0013)
     assert load_linear_profile(tmp_path / "p.json").coefficients["fixed_s"] == pytest.approx(TRUE["fixed_s"])
 
 

@@ -62,7 +62,7 @@ def test_shared_prefix_hits_the_prefix_cache(tmp_path):
     assert cached["extra"]["prefix_cache_hit_rate"] > 0.8
     assert uncached["extra"]["prefix_cache_hit_rate"] == 0.0
     assert cached["ttft_ms"]["mean"] < uncached["ttft_ms"]["mean"]
-    random = run(sim_args(tmp_path, "--num-prompts", "100", "--request-rate", "10"))
+    random = run(sim_args(tmp_path, "--num-prompts", "100", "--request-rate", "10", "--no-check-request"))
     assert random["extra"]["prefix_cache_hit_rate"] == 0.0
 
 
@@ -74,7 +74,8 @@ def test_result_matches_bench_serves_for_the_same_timings(tmp_path):
     setup = build_setup(args, engine_config_from_args(args))
     from folovllm.simulator.run import simulate
 
-    rec = simulate(setup, build_sim_requests(args, setup.max_model_len), keep_token_times=True).recorder
+    rec = simulate(setup, build_sim_requests(args, setup.max_model_len), keep_token_times=True,
+                   with_check_request=args.check_request).recorder
     outcomes = []
     for i, times in enumerate(rec.token_times):
         outcome = RequestOutcome(None, send_time=rec.arrival[i], end_time=times[-1], chunk_times=list(times),
@@ -154,7 +155,7 @@ def test_the_api_server_delays_requests_sent_together_by_the_same_time(tmp_path)
     delayed = first_steps(sim_args(tmp_path, *argv, "--api-server-ms", "2"))
     # both reach the replica 2 ms after they were sent, so both prefill in its first step
     assert delayed[0].start == pytest.approx(0.002) and [r for r, _ in delayed[0].scheduled] == ["0", "1"]
-    result = run(sim_args(tmp_path, *argv, "--api-server-ms", "2"), per_request=True)
+    result = run(sim_args(tmp_path, *argv, "--api-server-ms", "2", "--no-check-request"), per_request=True)
     assert result["ttfts"][0] == pytest.approx(delayed[0].end)  # from the client's send, not the hand-over
 
 
@@ -167,3 +168,47 @@ def test_a_profiles_api_server_time_is_the_default(tmp_path):
     assert first_steps(args)[0].start == pytest.approx(0.003)
     args.api_server_ms = 0.0
     assert first_steps(args)[0].start == 0.0
+
+
+def test_the_check_request_primes_the_first_prompt_and_is_not_timed(tmp_path):
+    args = sim_args(tmp_path, "--input-len", "64", "--output-len", "8", "--request-rate", "inf", "--num-prompts", "4")
+    setup = build_setup(args, engine_config_from_args(args))
+    done = simulate(setup, build_sim_requests(args, setup.max_model_len), keep_steps=True, with_check_request=True)
+    steps = done.cluster.engines[0].steps
+    # bench serve's check: the first prompt alone, then its 3 more tokens; nothing of the burst yet
+    assert [s.scheduled for s in steps[:4]] == [[("0", 64)], [("0", 1)], [("0", 1)], [("0", 1)]]
+    # the burst is sent when the check has ended; its first prompt finds three of its four blocks cached
+    assert steps[4].start == steps[3].end
+    assert steps[4].scheduled == [("0", 16), ("1", 64), ("2", 64), ("3", 64)]
+    rec = done.recorder
+    assert (rec.arrival == steps[3].end).all()
+    assert rec.first_token[0] - rec.arrival[0] == pytest.approx(steps[4].end - steps[4].start)
+    assert (rec.output_len == 8).all()  # the check's 4 tokens are not the timed request's
+
+
+def test_simulate_run_sends_the_check_request_unless_told_not_to(tmp_path):
+    argv = ("--input-len", "64", "--output-len", "8", "--request-rate", "inf", "--num-prompts", "4")
+    checked, unchecked = run(sim_args(tmp_path, *argv)), run(sim_args(tmp_path, *argv, "--no-check-request"))
+    assert checked["extra"]["prefix_cache_hit_rate"] > 0.0 and unchecked["extra"]["prefix_cache_hit_rate"] == 0.0
+    assert checked["output_tokens"] == unchecked["output_tokens"] == 4 * 8
+    assert checked["ttft_ms"]["max"] < unchecked["ttft_ms"]["max"]  # 48 prompt tokens fewer to prefill
+
+
+def test_a_burst_reaches_the_replica_together_later_by_its_size(tmp_path):
+    path = tmp_path / "burst.jsonl"
+    path.write_text("".join(json.dumps({"prompt": [100 + 7 * i + k for k in range(32)], "max_tokens": 2,
+                                        "arrival_s": 0.0 if i < 4 else 1.0, "ignore_eos": True}) + "\n"
+                            for i in range(5)))
+    args = sim_args(tmp_path, "--dataset", "jsonl", "--dataset-path", str(path), "--api-server-ms", "2",
+                    "--api-server-burst-ms", "0.5")
+    steps = first_steps(args)
+    # four sent at 0: all in the first step, 2 + 4 x 0.5 ms after; the lone one at 1 s: 2 + 0.5 ms after
+    assert steps[0].start == pytest.approx(0.004) and [r for r, _ in steps[0].scheduled] == ["0", "1", "2", "3"]
+    lone = next(s for s in steps if ("4", 32) in s.scheduled)
+    assert lone.start == pytest.approx(1.0025)
+    profiled = tmp_path / "with-burst.json"
+    LinearCostModel("test", PROFILE, defaults={"num_kv_blocks": 2048, "max_model_len": 4096},
+                    api_server_s=0.002, api_server_burst_s=0.0005).save(profiled)
+    args = sim_args(tmp_path, "--dataset", "jsonl", "--dataset-path", str(path))
+    args.profile = str(profiled)
+    assert first_steps(args)[0].start == pytest.approx(0.004)  # the profile's figures are the default
