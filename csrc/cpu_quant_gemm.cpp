@@ -1,13 +1,17 @@
 // Weight-only quantized matmuls for CPU (AVX512_BF16), registered as torch.ops.folovllm_cpu_quant.*:
 //   int4_gemm   y = x W^T, W 4-bit with a scale and zero per group of inputs  (cpu_quant_int4.h)
+//   int4_gemm_a8  int4_gemm with the activations rounded to int8 per row and group, on AVX512_VNNI
+//                 byte dot products (cpu_quant_int4_a8.h)
 //   int8_gemm   y = x W^T, W int8 with one scale per output                  (cpu_quant_int8.h)
 //   supported   whether this CPU runs them (AVX512F/BW/VL/DQ and AVX512_BF16)
+//   supported_a8  whether it runs int4_gemm_a8 as well (AVX512_VNNI)
 //
 // Both take bf16 or fp32 activations and return x's dtype; weights are repacked once at load
 // (folovllm/model/quant/cpu_quant.py). The codes become bf16 in registers (or, for int8 with many rows,
 // in a small tile) and meet the activations in AVX512_BF16 dot products with fp32 sums.
 
 #include "cpu_quant_int4.h"
+#include "cpu_quant_int4_a8.h"
 #include "cpu_quant_int8.h"
 
 #include <torch/library.h>
@@ -24,6 +28,26 @@ at::Tensor int4_gemm(const at::Tensor& x, const at::Tensor& codes, const at::Ten
   });
 }
 
+// x [..., K] -> [..., N], activations rounded to int8
+at::Tensor int4_gemm_a8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
+                        const at::Tensor& zeros, int64_t group_size) {
+  check_activations(x, codes, "int4_gemm_a8");
+  TORCH_CHECK(cpu_vnni_supported(), "int4_gemm_a8 needs AVX512_VNNI");
+  check_int4_packed(codes, scales, zeros, x.size(-1), group_size);
+  const int64_t K = x.size(-1), N = codes.size(0) * kBlockCols;
+  if (x.dim() == 2 && x.is_contiguous() && x.size(0) > 0) {
+    at::Tensor y = at::empty({x.size(0), N}, x.options());
+    run_int4_a8(x, codes, scales, zeros, group_size, y);
+    return y;
+  }
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = N;
+  const at::Tensor x2 = x.reshape({-1, K}).contiguous();
+  at::Tensor y = at::empty({x2.size(0), N}, x.options());
+  if (x2.size(0) > 0) run_int4_a8(x2, codes, scales, zeros, group_size, y);
+  return y.view(shape);
+}
+
 at::Tensor int8_gemm(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales) {
   check_activations(x, codes, "int8_gemm");
   check_int8_packed(codes, scales, x.size(-1));
@@ -32,16 +56,20 @@ at::Tensor int8_gemm(const at::Tensor& x, const at::Tensor& codes, const at::Ten
 }
 
 bool supported() { return cpu_supported(); }
+bool supported_a8() { return cpu_vnni_supported(); }
 
 }  // namespace
 
 TORCH_LIBRARY(folovllm_cpu_quant, m) {
   m.def("int4_gemm(Tensor x, Tensor codes, Tensor scales, Tensor zeros, int group_size) -> Tensor");
+  m.def("int4_gemm_a8(Tensor x, Tensor codes, Tensor scales, Tensor zeros, int group_size) -> Tensor");
   m.def("int8_gemm(Tensor x, Tensor codes, Tensor scales) -> Tensor");
   m.def("supported() -> bool", &supported);
+  m.def("supported_a8() -> bool", &supported_a8);
 }
 
 TORCH_LIBRARY_IMPL(folovllm_cpu_quant, CPU, m) {
   m.impl("int4_gemm", &int4_gemm);
+  m.impl("int4_gemm_a8", &int4_gemm_a8);
   m.impl("int8_gemm", &int8_gemm);
 }

@@ -4,6 +4,8 @@
   groups of ``group_size`` inputs (the last one may be partial); the output size must be a multiple of
   16, the input size and the group size multiples of 8. Codes are unpacked in registers and each
   group's scale and zero applied once per output (csrc/cpu_quant_int4.h has the layout and the identity).
+  ``int4_gemm_a8`` is the same product with the activations rounded to int8 per row and group (AVX512_VNNI);
+  ``FOLOVLLM_INT4_ACTIVATIONS`` (bf16 | int8, default bf16) picks between them.
 - ``int8_gemm`` (``pack_int8``, used by ``kernels.Int8ChannelKernel``): int8 codes with one scale per
   output; outputs a multiple of 16, inputs of 2.
 
@@ -20,6 +22,7 @@ import torch
 from torch import nn
 
 from folovllm.config import load_op_library
+from folovllm.model.quant.gptq_config import INT4_ACTIVATIONS, INT4_ACTIVATIONS_ENV, int4_activations_choice
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +42,16 @@ def cpu_quant_unavailable(path: Path = CPU_QUANT_GEMM_LIBRARY) -> str | None:
     if not torch.ops.folovllm_cpu_quant.supported():
         return "this CPU lacks AVX512_BF16, which the CPU int4 kernel needs"
     return None
+
+
+def check_int4_activations(choice: str) -> str:
+    """``choice`` ("bf16" or "int8", a ``FOLOVLLM_INT4_ACTIVATIONS`` value) if this CPU runs it, else an error
+    saying why. Call only once the library loads."""
+    if choice not in INT4_ACTIVATIONS:
+        raise ValueError(f"activations must be one of {INT4_ACTIVATIONS}; got {choice!r}")
+    if choice == "int8" and not torch.ops.folovllm_cpu_quant.supported_a8():
+        raise RuntimeError(f"{INT4_ACTIVATIONS_ENV}=int8, but this CPU lacks AVX512_VNNI")
+    return choice
 
 
 def cpu_int4_fits(input_size: int, output_size: int, group_size: int, dtype: torch.dtype) -> bool:
@@ -83,15 +96,20 @@ def pack_groups(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 class CpuInt4Kernel(nn.Module):
     """One or more of our int4 matmuls summed (several: the nibbles of 8-bit codes), after an optional
-    permutation of x's columns (act-order); bf16 or fp32 activations."""
+    permutation of x's columns (act-order); bf16 or fp32 activations, multiplied as they come or rounded to
+    int8 (``activations``: a ``FOLOVLLM_INT4_ACTIVATIONS`` choice, read from the environment when None)."""
 
     def __init__(self, codes: list[torch.Tensor], scales: list[torch.Tensor], zeros: list[torch.Tensor],
-                 group_size: int, dtype: torch.dtype, perm: torch.Tensor | None) -> None:
+                 group_size: int, dtype: torch.dtype, perm: torch.Tensor | None,
+                 activations: str | None = None) -> None:
         super().__init__()
         reason = cpu_quant_unavailable()
         if reason is not None:
             raise RuntimeError(reason)
         self.group_size = group_size
+        self.activations = check_int4_activations(activations or int4_activations_choice())
+        ops = torch.ops.folovllm_cpu_quant
+        self.op = ops.int4_gemm_a8.default if self.activations == "int8" else ops.int4_gemm.default
         self.part_names = [(f"codes{i}", f"scales{i}", f"zeros{i}") for i in range(len(codes))]
         for (q, s, z), names in zip(zip(codes, scales, zeros), self.part_names):
             self.register_buffer(names[0], pack_int4(q))  # q [out, in] in [0, 16)
@@ -107,7 +125,7 @@ class CpuInt4Kernel(nn.Module):
         """``forward`` as one call of the op where that is all it does (one part, no permutation)."""
         if self.perm is not None or self.num_parts != 1:
             return self.forward
-        op, group_size = torch.ops.folovllm_cpu_quant.int4_gemm.default, self.group_size
+        op, group_size = self.op, self.group_size
         codes, scales, zeros = (self._buffers[name] for name in self.part_names[0])
         return lambda x: op(x, codes, scales, zeros, group_size)
 
@@ -117,7 +135,6 @@ class CpuInt4Kernel(nn.Module):
             x = x.index_select(-1, buffers["perm"])
         y = None
         for codes, scales, zeros in self.part_names:
-            part = torch.ops.folovllm_cpu_quant.int4_gemm(x, buffers[codes], buffers[scales], buffers[zeros],
-                                                          self.group_size)
+            part = self.op(x, buffers[codes], buffers[scales], buffers[zeros], self.group_size)
             y = part if y is None else y + part
         return y

@@ -12,6 +12,11 @@ _FORMATS = {"gptq": "v1", "v1": "v1", "gptq_v2": "v2", "v2": "v2"}
 # that 4-bit kernel (folovllm fails when it cannot run); reference: dequantize-then-matmul (tests, debugging)
 KERNELS = ("auto", "folovllm", "torch", "reference")
 KERNEL_ENV = "FOLOVLLM_QUANT_KERNEL"
+# The activations our int4 kernel multiplies the codes with: bf16 as they come (the default), or int8, rounded
+# per row and weight group and multiplied on AVX512_VNNI byte dot products (fewer instructions per code, one
+# more rounding)
+INT4_ACTIVATIONS = ("bf16", "int8")
+INT4_ACTIVATIONS_ENV = "FOLOVLLM_INT4_ACTIVATIONS"
 
 
 def kernel_choice() -> str:
@@ -19,6 +24,14 @@ def kernel_choice() -> str:
     choice = os.environ.get(KERNEL_ENV, "auto")
     if choice not in KERNELS:
         raise ValueError(f"{KERNEL_ENV}={choice!r}; choose one of {KERNELS}")
+    return choice
+
+
+def int4_activations_choice() -> str:
+    """The activations asked for in ``FOLOVLLM_INT4_ACTIVATIONS`` (default "bf16")."""
+    choice = os.environ.get(INT4_ACTIVATIONS_ENV, "bf16")
+    if choice not in INT4_ACTIVATIONS:
+        raise ValueError(f"{INT4_ACTIVATIONS_ENV}={choice!r}; choose one of {INT4_ACTIVATIONS}")
     return choice
 
 
