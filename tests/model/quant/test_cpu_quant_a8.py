@@ -29,7 +29,7 @@ def _expand(values: torch.Tensor, group: int, k: int, dtype: torch.dtype) -> tor
 def _a8_reference(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
                   group: int) -> torch.Tensor:
     """The kernel's arithmetic in fp64: per row and group d = max |x| / 127 and a = round(x / d) (half to
-    even, as the kernel: x times fp32 1 / d), then s d sum(a q) + (z - 8 s) sum(x)."""
+    even, as the kernel: x times fp32 1 / d), then x W^T with x taken as d a."""
     m, k = x.shape
     xf = x.float()
     padded = torch.nn.functional.pad(xf, (0, -k % group)).view(m, -1, group)
@@ -38,7 +38,7 @@ def _a8_reference(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, ze
     a = (padded * inv[..., None]).round().view(m, -1)[:, :k].double()
     d_k = d.double().repeat_interleave(group, 1)[:, :k]
     s, z = _expand(scales, group, k, x.dtype), _expand(zeros, group, k, x.dtype)
-    return (a * d_k) @ (codes.double() * s).t() + xf.double() @ (z - 8 * s).t()
+    return (a * d_k) @ ((codes.double() - 8) * s + z).t()
 
 
 def _check(n: int, k: int, group: int, m: int, dtype: torch.dtype, seed: int) -> None:
