@@ -2,6 +2,8 @@
 //   int4_gemm   y = x W^T, W 4-bit with a scale and zero per group of inputs  (cpu_quant_int4.h)
 //   int4_gemm_a8  int4_gemm with the activations rounded to int8 per row and group, on AVX512_VNNI
 //                 byte dot products (cpu_quant_int4_a8.h)
+//   int4_mlp    down(silu(gate) * up) for a merged int4 gate_up projection and an int4 down projection:
+//               one call for the three (the SiLU-mul is the fused-ops library's own op, called here)
 //   int8_gemm   y = x W^T, W int8 with one scale per output                  (cpu_quant_int8.h)
 //   supported   whether this CPU runs them (AVX512F/BW/VL/DQ and AVX512_BF16)
 //   supported_a8  whether it runs int4_gemm_a8 as well (AVX512_VNNI)
@@ -14,6 +16,7 @@
 #include "cpu_quant_int4_a8.h"
 #include "cpu_quant_int8.h"
 
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
 namespace {
@@ -48,6 +51,21 @@ at::Tensor int4_gemm_a8(const at::Tensor& x, const at::Tensor& codes, const at::
   return y.view(shape);
 }
 
+// x [..., H] -> [..., H]: down(silu_and_mul(gate_up(x))), each int4 matmul with bf16 or int8 (a8) activations.
+// At one token the MLP's three ops are each a few microseconds of Python and dispatch around ~20-40 us of
+// work; this is one. The SiLU-mul is folovllm_cpu_fused::silu_and_mul (that library must be loaded), so the
+// result is the three ops' bit for bit.
+at::Tensor int4_mlp(const at::Tensor& x, const at::Tensor& gate_up_codes, const at::Tensor& gate_up_scales,
+                    const at::Tensor& gate_up_zeros, int64_t gate_up_group, const at::Tensor& down_codes,
+                    const at::Tensor& down_scales, const at::Tensor& down_zeros, int64_t down_group, bool a8) {
+  static const auto silu_and_mul = c10::Dispatcher::singleton()
+                                       .findSchemaOrThrow("folovllm_cpu_fused::silu_and_mul", "")
+                                       .typed<at::Tensor(const at::Tensor&)>();
+  auto gemm = a8 ? &int4_gemm_a8 : &int4_gemm;
+  const at::Tensor gate_up = gemm(x, gate_up_codes, gate_up_scales, gate_up_zeros, gate_up_group);
+  return gemm(silu_and_mul.call(gate_up), down_codes, down_scales, down_zeros, down_group);
+}
+
 at::Tensor int8_gemm(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales) {
   check_activations(x, codes, "int8_gemm");
   check_int8_packed(codes, scales, x.size(-1));
@@ -63,6 +81,8 @@ bool supported_a8() { return cpu_vnni_supported(); }
 TORCH_LIBRARY(folovllm_cpu_quant, m) {
   m.def("int4_gemm(Tensor x, Tensor codes, Tensor scales, Tensor zeros, int group_size) -> Tensor");
   m.def("int4_gemm_a8(Tensor x, Tensor codes, Tensor scales, Tensor zeros, int group_size) -> Tensor");
+  m.def("int4_mlp(Tensor x, Tensor gate_up_codes, Tensor gate_up_scales, Tensor gate_up_zeros, int gate_up_group, "
+        "Tensor down_codes, Tensor down_scales, Tensor down_zeros, int down_group, bool a8) -> Tensor");
   m.def("int8_gemm(Tensor x, Tensor codes, Tensor scales) -> Tensor");
   m.def("supported() -> bool", &supported);
   m.def("supported_a8() -> bool", &supported_a8);
@@ -71,5 +91,6 @@ TORCH_LIBRARY(folovllm_cpu_quant, m) {
 TORCH_LIBRARY_IMPL(folovllm_cpu_quant, CPU, m) {
   m.impl("int4_gemm", &int4_gemm);
   m.impl("int4_gemm_a8", &int4_gemm_a8);
+  m.impl("int4_mlp", &int4_mlp);
   m.impl("int8_gemm", &int8_gemm);
 }

@@ -22,7 +22,12 @@ import torch
 from torch import nn
 
 from folovllm.config import load_op_library
-from folovllm.model.quant.gptq_config import INT4_ACTIVATIONS, INT4_ACTIVATIONS_ENV, int4_activations_choice
+from folovllm.model.quant.gptq_config import (
+    INT4_ACTIVATIONS,
+    INT4_ACTIVATIONS_ENV,
+    int4_activations_choice,
+    int4_fused_mlp_enabled,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -138,3 +143,24 @@ class CpuInt4Kernel(nn.Module):
             part = self.op(x, buffers[codes], buffers[scales], buffers[zeros], self.group_size)
             y = part if y is None else y + part
         return y
+
+
+def fused_int4_mlp(gate_up: nn.Module, down: nn.Module) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """``down(silu_and_mul(gate_up(x)))`` as one ``int4_mlp`` call, where both linears hold one plain
+    ``CpuInt4Kernel`` each (one part, no permutation, the same activations, no bias, one rank) and
+    ``FOLOVLLM_INT4_FUSED_MLP`` is on; else None. Needs the fused CPU ops' library loaded (its SiLU-mul)."""
+    if not int4_fused_mlp_enabled():
+        return None
+    layers = (gate_up, down)
+    kernels = [getattr(layer, "quant_kernel", None) for layer in layers]
+    if not all(type(k) is CpuInt4Kernel and k.perm is None and k.num_parts == 1 for k in kernels):
+        return None
+    if any(layer.bias is not None or layer.tp_size != 1 for layer in layers):
+        return None
+    if kernels[0].activations != kernels[1].activations:
+        return None
+    (gu_codes, gu_scales, gu_zeros), (dn_codes, dn_scales, dn_zeros) = (
+        [k._buffers[name] for name in k.part_names[0]] for k in kernels)
+    gu_group, dn_group = kernels[0].group_size, kernels[1].group_size
+    op, a8 = torch.ops.folovllm_cpu_quant.int4_mlp.default, kernels[0].activations == "int8"
+    return lambda x: op(x, gu_codes, gu_scales, gu_zeros, gu_group, dn_codes, dn_scales, dn_zeros, dn_group, a8)

@@ -17,6 +17,9 @@ KERNEL_ENV = "FOLOVLLM_QUANT_KERNEL"
 # more rounding)
 INT4_ACTIVATIONS = ("bf16", "int8")
 INT4_ACTIVATIONS_ENV = "FOLOVLLM_INT4_ACTIVATIONS"
+# on (default): a decoder layer whose gate_up and down projections both run our int4 kernel calls its MLP as
+# one op (gate_up, SiLU-mul, down); off: three calls
+INT4_FUSED_MLP_ENV = "FOLOVLLM_INT4_FUSED_MLP"
 
 
 def kernel_choice() -> str:
@@ -33,6 +36,14 @@ def int4_activations_choice() -> str:
     if choice not in INT4_ACTIVATIONS:
         raise ValueError(f"{INT4_ACTIVATIONS_ENV}={choice!r}; choose one of {INT4_ACTIVATIONS}")
     return choice
+
+
+def int4_fused_mlp_enabled() -> bool:
+    """``FOLOVLLM_INT4_FUSED_MLP`` (on | off, default on)."""
+    value = os.environ.get(INT4_FUSED_MLP_ENV, "on")
+    if value not in ("on", "off"):
+        raise ValueError(f"{INT4_FUSED_MLP_ENV} must be 'on' or 'off', got {value!r}")
+    return value == "on"
 
 
 @dataclass(frozen=True)
