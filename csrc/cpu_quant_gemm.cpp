@@ -51,17 +51,19 @@ at::Tensor int4_gemm_a8(const at::Tensor& x, const at::Tensor& codes, const at::
   return y.view(shape);
 }
 
-// x [..., H] -> [..., H]: down(silu_and_mul(gate_up(x))), each int4 matmul with bf16 or int8 (a8) activations.
+// x [..., H] -> [..., H]: down(silu_and_mul(gate_up(x))), each int4 matmul with int8 activations when x has
+// at least a8_rows rows (int4_gemm_a8), else bf16 ones.
 // At one token the MLP's three ops are each a few microseconds of Python and dispatch around ~20-40 us of
 // work; this is one. The SiLU-mul is folovllm_cpu_fused::silu_and_mul (that library must be loaded), so the
 // result is the three ops' bit for bit.
 at::Tensor int4_mlp(const at::Tensor& x, const at::Tensor& gate_up_codes, const at::Tensor& gate_up_scales,
                     const at::Tensor& gate_up_zeros, int64_t gate_up_group, const at::Tensor& down_codes,
-                    const at::Tensor& down_scales, const at::Tensor& down_zeros, int64_t down_group, bool a8) {
+                    const at::Tensor& down_scales, const at::Tensor& down_zeros, int64_t down_group, int64_t a8_rows) {
   static const auto silu_and_mul = c10::Dispatcher::singleton()
                                        .findSchemaOrThrow("folovllm_cpu_fused::silu_and_mul", "")
                                        .typed<at::Tensor(const at::Tensor&)>();
-  auto gemm = a8 ? &int4_gemm_a8 : &int4_gemm;
+  const int64_t rows = x.dim() == 0 ? 0 : x.numel() / std::max<int64_t>(x.size(-1), 1);
+  auto gemm = rows >= a8_rows ? &int4_gemm_a8 : &int4_gemm;
   const at::Tensor gate_up = gemm(x, gate_up_codes, gate_up_scales, gate_up_zeros, gate_up_group);
   return gemm(silu_and_mul.call(gate_up), down_codes, down_scales, down_zeros, down_group);
 }
@@ -82,7 +84,7 @@ TORCH_LIBRARY(folovllm_cpu_quant, m) {
   m.def("int4_gemm(Tensor x, Tensor codes, Tensor scales, Tensor zeros, int group_size) -> Tensor");
   m.def("int4_gemm_a8(Tensor x, Tensor codes, Tensor scales, Tensor zeros, int group_size) -> Tensor");
   m.def("int4_mlp(Tensor x, Tensor gate_up_codes, Tensor gate_up_scales, Tensor gate_up_zeros, int gate_up_group, "
-        "Tensor down_codes, Tensor down_scales, Tensor down_zeros, int down_group, bool a8) -> Tensor");
+        "Tensor down_codes, Tensor down_scales, Tensor down_zeros, int down_group, int a8_rows) -> Tensor");
   m.def("int8_gemm(Tensor x, Tensor codes, Tensor scales) -> Tensor");
   m.def("supported() -> bool", &supported);
   m.def("supported_a8() -> bool", &supported_a8);

@@ -8,7 +8,8 @@ its Q4_1 weights kept 4-bit (``--load-quantized on``), each quantized variant wi
 bf16 (``--quantize-lm-head off``) and, for the 4-bit ones and INT8, also in int8 (``-int8head``:
 the engine's ``auto`` for quantized models); 4-bit linears run our int4 kernel where it is built
 (``FOLOVLLM_QUANT_KERNEL=auto``), and ``-torchkernel`` variants run torch's; ``-a8`` variants round the
-activations of those int4 matmuls to int8 (``FOLOVLLM_INT4_ACTIVATIONS=int8``, AVX512_VNNI). Then it times every variant in
+activations of those int4 matmuls to int8 (``FOLOVLLM_INT4_ACTIVATIONS=int8``, AVX512_VNNI), ``-a8auto`` only
+in calls of 16 rows or more (``auto``: batch 64 and prefill, not one stream). Then it times every variant in
 alternating rounds in this one process: a decode step (forward + logits) of one stream and of a batch
 of 64 streams, each at a 64-token context, and a 256-token prefill. Reported: median tok/s per variant,
 its ratio to bf16, and weight MiB (all and linear layers). The models run as the engine runs them on
@@ -112,6 +113,7 @@ def main() -> None:
         "gptq-4bit-g128-int8head": (gptq4, "auto", False, "on", "auto"),
         "gptq-4bit-g128-int8head-modules": (gptq4, "auto", False, "on", "auto"),  # FOLOVLLM_DIRECT_CALLS=off
         "gptq-4bit-g128-int8head-a8": (gptq4, "auto", False, "on", "auto"),  # FOLOVLLM_INT4_ACTIVATIONS=int8
+        "gptq-4bit-g128-int8head-a8auto": (gptq4, "auto", False, "on", "auto"),  # FOLOVLLM_INT4_ACTIVATIONS=auto
         "gptq-4bit-g128-int8head-torchkernel": (gptq4, "auto", False, "on", "torch"),
         "gptq-8bit-g128": (lambda: write_gptq_folder(tmp / "gptq8", 8, 128), "auto", False, "off", "auto"),
         "int8": (gguf, "int8", False, "off", "auto"),
@@ -126,7 +128,7 @@ def main() -> None:
                   "cpu_bf16_linear": cpu_bf16_linear_available(CPU_BF16_LINEAR_LIBRARY)} if args.engine_cpu_ops else {}
     models = {name: load_variant(path() if callable(path) else path, q, packed, head, kernel,
                                  direct_calls="off" if name.endswith("-modules") else "on",
-                                 int4_activations="int8" if name.endswith("-a8") else "bf16",
+                                 int4_activations={"a8": "int8", "a8auto": "auto"}.get(name.rsplit("-", 1)[-1], "bf16"),
                                  **(engine_ops | ({"cpu_bf16_linear": False} if name == "bf16-onednn" else {})))
               for name, (path, q, packed, head, kernel) in variants.items()}
     max_tokens = max(args.context, args.prefill)

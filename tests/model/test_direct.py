@@ -58,11 +58,11 @@ def folders(tiny_llama, tmp_path_factory) -> tuple[str, str]:  # noqa: F811
 
 
 @pytest.mark.skipif(cpu_quant_unavailable() is not None, reason=f"{cpu_quant_unavailable()}")
-@pytest.mark.parametrize("activations", ["bf16", "int8"])
+@pytest.mark.parametrize("activations", ["bf16", "int8", "auto"])  # auto: int8 in the 18-row prefill only
 def test_gptq_int4_with_int8_head_equals_module_calls(folders: tuple[str, str], activations: str,
                                                       monkeypatch) -> None:
     """Also the fused int4 MLP (one op for gate_up, SiLU-mul and down): the three ops' logits bit for bit."""
-    if activations == "int8" and not torch.ops.folovllm_cpu_quant.supported_a8():
+    if activations != "bf16" and not torch.ops.folovllm_cpu_quant.supported_a8():
         pytest.skip("this CPU lacks AVX512_VNNI")
     monkeypatch.setenv(INT4_ACTIVATIONS_ENV, activations)
     model = load_model(folders[0], dtype=torch.bfloat16, device="cpu", quantize_lm_head="on", **ENGINE_OPS)

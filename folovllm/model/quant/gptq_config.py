@@ -14,8 +14,10 @@ KERNELS = ("auto", "folovllm", "torch", "reference")
 KERNEL_ENV = "FOLOVLLM_QUANT_KERNEL"
 # The activations our int4 kernel multiplies the codes with: bf16 as they come (the default), or int8, rounded
 # per row and weight group and multiplied on AVX512_VNNI byte dot products (fewer instructions per code, one
-# more rounding)
-INT4_ACTIVATIONS = ("bf16", "int8")
+# more rounding); auto: int8 for calls of at least INT4_A8_MIN_ROWS rows (prefill, large batches), where it
+# was measured faster, bf16 below (one stream, where it was not)
+INT4_ACTIVATIONS = ("bf16", "int8", "auto")
+INT4_A8_MIN_ROWS = 16
 INT4_ACTIVATIONS_ENV = "FOLOVLLM_INT4_ACTIVATIONS"
 # on (default): a decoder layer whose gate_up and down projections both run our int4 kernel calls its MLP as
 # one op (gate_up, SiLU-mul, down); off: three calls

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from folovllm.model.quant.cpu_quant import CpuInt4Kernel, cpu_quant_unavailable
-from folovllm.model.quant.gptq_config import INT4_ACTIVATIONS_ENV, int4_activations_choice
+from folovllm.model.quant.gptq_config import INT4_A8_MIN_ROWS, INT4_ACTIVATIONS_ENV, int4_activations_choice
 
 NOT_BUILT = cpu_quant_unavailable()
 NO_VNNI = NOT_BUILT or (None if torch.ops.folovllm_cpu_quant.supported_a8() else "this CPU lacks AVX512_VNNI")
@@ -100,3 +100,14 @@ def test_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(INT4_ACTIVATIONS_ENV, "int4")
     with pytest.raises(ValueError, match=INT4_ACTIVATIONS_ENV):
         CpuInt4Kernel([codes], [scales], [zeros], 32, torch.bfloat16, None)
+
+
+@pytest.mark.parametrize("rows", [1, INT4_A8_MIN_ROWS - 1, INT4_A8_MIN_ROWS, 40])
+def test_auto_takes_int8_from_its_row_count(rows: int) -> None:
+    codes, scales, zeros = _weights(32, 64, 32, 1)
+    kernels = {a: CpuInt4Kernel([codes], [scales], [zeros], 32, torch.bfloat16, None, a)
+               for a in ("bf16", "int8", "auto")}
+    x = torch.randn(rows, 64).bfloat16()
+    expected = kernels["int8" if rows >= INT4_A8_MIN_ROWS else "bf16"](x)
+    assert torch.equal(kernels["auto"](x), expected)
+    assert torch.equal(kernels["auto"].direct()(x), expected)
