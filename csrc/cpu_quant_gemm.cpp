@@ -5,6 +5,7 @@
 //   int4_mlp    down(silu(gate) * up) for a merged int4 gate_up projection and an int4 down projection:
 //               one call for the three (the SiLU-mul is the fused-ops library's own op, called here)
 //   int8_gemm   y = x W^T, W int8 with one scale per output                  (cpu_quant_int8.h)
+//   int8_argmax each row's first largest entry of int8_gemm's y: the int8 LM head's greedy token
 //   supported   whether this CPU runs them (AVX512F/BW/VL/DQ and AVX512_BF16)
 //   supported_a8  whether it runs int4_gemm_a8 as well (AVX512_VNNI)
 //
@@ -75,6 +76,14 @@ at::Tensor int8_gemm(const at::Tensor& x, const at::Tensor& codes, const at::Ten
                         [&](const at::Tensor& xb, at::Tensor& y) { run_int8(xb, codes, scales, y); });
 }
 
+// x [M, K] -> [M] int64: each row's argmax of int8_gemm(x) (torch's argmax: the first of equal values),
+// without handing the logits back to Python for the sampler.
+at::Tensor int8_argmax(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales) {
+  TORCH_CHECK(x.dim() == 2, "int8_argmax takes x [rows, K]");
+  if (x.size(0) == 0) return at::empty({0}, x.options().dtype(at::kLong));
+  return int8_gemm(x, codes, scales).to(at::kFloat).argmax(-1);  // torch reduces fp32 faster than bf16
+}
+
 bool supported() { return cpu_supported(); }
 bool supported_a8() { return cpu_vnni_supported(); }
 
@@ -86,6 +95,7 @@ TORCH_LIBRARY(folovllm_cpu_quant, m) {
   m.def("int4_mlp(Tensor x, Tensor gate_up_codes, Tensor gate_up_scales, Tensor gate_up_zeros, int gate_up_group, "
         "Tensor down_codes, Tensor down_scales, Tensor down_zeros, int down_group, int a8_rows) -> Tensor");
   m.def("int8_gemm(Tensor x, Tensor codes, Tensor scales) -> Tensor");
+  m.def("int8_argmax(Tensor x, Tensor codes, Tensor scales) -> Tensor");
   m.def("supported() -> bool", &supported);
   m.def("supported_a8() -> bool", &supported_a8);
 }
@@ -95,4 +105,5 @@ TORCH_LIBRARY_IMPL(folovllm_cpu_quant, CPU, m) {
   m.impl("int4_gemm_a8", &int4_gemm_a8);
   m.impl("int4_mlp", &int4_mlp);
   m.impl("int8_gemm", &int8_gemm);
+  m.impl("int8_argmax", &int8_argmax);
 }
