@@ -16,6 +16,8 @@
 
 #include "cpu_quant_int4.h"
 
+#include <memory>
+
 namespace {
 
 #define QG_VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vnni")))
@@ -171,22 +173,29 @@ QG_VNNI_TARGET void a8_blocks(const int8_t* a, int64_t M, int64_t K, const float
 void run_int4_a8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& zeros,
                  int64_t group_size, at::Tensor& y) {
   const int64_t M = x.size(0), K = x.size(1), N = y.size(1), groups = num_groups(K, group_size);
-  std::vector<int8_t> a(M * K);
+  const std::unique_ptr<int8_t[]> a_buffer(new int8_t[M * K]);  // no zero fill: every byte is written
+  int8_t* const a = a_buffer.get();
   std::vector<float> scale(M * groups), sum(M * groups);
-  if (x.scalar_type() == at::kBFloat16)
-    quantize_activations(x.const_data_ptr<c10::BFloat16>(), M, K, group_size, a.data(), scale.data(), sum.data());
-  else
-    quantize_activations(x.const_data_ptr<float>(), M, K, group_size, a.data(), scale.data(), sum.data());
+  // rows split over the threads too: done serially, rounding a prefill's activations cost more than it saved
+  at::parallel_for(0, M, std::max<int64_t>(1, 16384 / K), [&](int64_t m0, int64_t m1) {
+    const int64_t off = m0 * K, goff = m0 * groups;
+    if (x.scalar_type() == at::kBFloat16)
+      quantize_activations(x.const_data_ptr<c10::BFloat16>() + off, m1 - m0, K, group_size, a + off,
+                           scale.data() + goff, sum.data() + goff);
+    else
+      quantize_activations(x.const_data_ptr<float>() + off, m1 - m0, K, group_size, a + off,
+                           scale.data() + goff, sum.data() + goff);
+  });
   const int64_t blocks = N / kBlockCols;
   const auto* cp = reinterpret_cast<const uint32_t*>(codes.const_data_ptr<int32_t>());
   parallel_tasks((blocks + kColBlocks - 1) / kColBlocks, M, [&](int64_t p0, int64_t p1) {
     const int64_t b0 = p0 * kColBlocks, b1 = std::min(blocks, p1 * kColBlocks);
     auto blocks_to = [&](auto* out) {
       if (scales.scalar_type() == at::kBFloat16)
-        a8_blocks(a.data(), M, K, scale.data(), sum.data(), groups, cp, scales.const_data_ptr<c10::BFloat16>(),
+        a8_blocks(a, M, K, scale.data(), sum.data(), groups, cp, scales.const_data_ptr<c10::BFloat16>(),
                   zeros.const_data_ptr<c10::BFloat16>(), group_size, out, N, b0, b1);
       else
-        a8_blocks(a.data(), M, K, scale.data(), sum.data(), groups, cp, scales.const_data_ptr<float>(),
+        a8_blocks(a, M, K, scale.data(), sum.data(), groups, cp, scales.const_data_ptr<float>(),
                   zeros.const_data_ptr<float>(), group_size, out, N, b0, b1);
     };
     if (y.scalar_type() == at::kFloat)
