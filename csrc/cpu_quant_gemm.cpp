@@ -1,15 +1,23 @@
 // Weight-only quantized matmuls for CPU (AVX512_BF16), registered as torch.ops.folovllm_cpu_quant.*:
 //   int4_gemm   y = x W^T, W 4-bit with a scale and zero per group of inputs  (cpu_quant_int4.h)
+//   int4_gemm_a8  int4_gemm with the activations rounded to int8 per row and group, on AVX512_VNNI
+//                 byte dot products (cpu_quant_int4_a8.h)
+//   int4_mlp    down(silu(gate) * up) for a merged int4 gate_up projection and an int4 down projection:
+//               one call for the three (the SiLU-mul is the fused-ops library's own op, called here)
 //   int8_gemm   y = x W^T, W int8 with one scale per output                  (cpu_quant_int8.h)
+//   int8_argmax each row's first largest entry of int8_gemm's y: the int8 LM head's greedy token
 //   supported   whether this CPU runs them (AVX512F/BW/VL/DQ and AVX512_BF16)
+//   supported_a8  whether it runs int4_gemm_a8 as well (AVX512_VNNI)
 //
 // Both take bf16 or fp32 activations and return x's dtype; weights are repacked once at load
 // (folovllm/model/quant/cpu_quant.py). The codes become bf16 in registers (or, for int8 with many rows,
 // in a small tile) and meet the activations in AVX512_BF16 dot products with fp32 sums.
 
 #include "cpu_quant_int4.h"
+#include "cpu_quant_int4_a8.h"
 #include "cpu_quant_int8.h"
 
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
 namespace {
@@ -24,6 +32,43 @@ at::Tensor int4_gemm(const at::Tensor& x, const at::Tensor& codes, const at::Ten
   });
 }
 
+// x [..., K] -> [..., N], activations rounded to int8
+at::Tensor int4_gemm_a8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
+                        const at::Tensor& zeros, int64_t group_size) {
+  check_activations(x, codes, "int4_gemm_a8");
+  TORCH_CHECK(cpu_vnni_supported(), "int4_gemm_a8 needs AVX512_VNNI");
+  check_int4_packed(codes, scales, zeros, x.size(-1), group_size);
+  const int64_t K = x.size(-1), N = codes.size(0) * kBlockCols;
+  if (x.dim() == 2 && x.is_contiguous() && x.size(0) > 0) {
+    at::Tensor y = at::empty({x.size(0), N}, x.options());
+    run_int4_a8(x, codes, scales, zeros, group_size, y);
+    return y;
+  }
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = N;
+  const at::Tensor x2 = x.reshape({-1, K}).contiguous();
+  at::Tensor y = at::empty({x2.size(0), N}, x.options());
+  if (x2.size(0) > 0) run_int4_a8(x2, codes, scales, zeros, group_size, y);
+  return y.view(shape);
+}
+
+// x [..., H] -> [..., H]: down(silu_and_mul(gate_up(x))), each int4 matmul with int8 activations when x has
+// at least a8_rows rows (int4_gemm_a8), else bf16 ones.
+// At one token the MLP's three ops are each a few microseconds of Python and dispatch around ~20-40 us of
+// work; this is one. The SiLU-mul is folovllm_cpu_fused::silu_and_mul (that library must be loaded), so the
+// result is the three ops' bit for bit.
+at::Tensor int4_mlp(const at::Tensor& x, const at::Tensor& gate_up_codes, const at::Tensor& gate_up_scales,
+                    const at::Tensor& gate_up_zeros, int64_t gate_up_group, const at::Tensor& down_codes,
+                    const at::Tensor& down_scales, const at::Tensor& down_zeros, int64_t down_group, int64_t a8_rows) {
+  static const auto silu_and_mul = c10::Dispatcher::singleton()
+                                       .findSchemaOrThrow("folovllm_cpu_fused::silu_and_mul", "")
+                                       .typed<at::Tensor(const at::Tensor&)>();
+  const int64_t rows = x.dim() == 0 ? 0 : x.numel() / std::max<int64_t>(x.size(-1), 1);
+  auto gemm = rows >= a8_rows ? &int4_gemm_a8 : &int4_gemm;
+  const at::Tensor gate_up = gemm(x, gate_up_codes, gate_up_scales, gate_up_zeros, gate_up_group);
+  return gemm(silu_and_mul.call(gate_up), down_codes, down_scales, down_zeros, down_group);
+}
+
 at::Tensor int8_gemm(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales) {
   check_activations(x, codes, "int8_gemm");
   check_int8_packed(codes, scales, x.size(-1));
@@ -31,17 +76,34 @@ at::Tensor int8_gemm(const at::Tensor& x, const at::Tensor& codes, const at::Ten
                         [&](const at::Tensor& xb, at::Tensor& y) { run_int8(xb, codes, scales, y); });
 }
 
+// x [M, K] -> [M] int64: each row's argmax of int8_gemm(x) (torch's argmax: the first of equal values),
+// without handing the logits back to Python for the sampler.
+at::Tensor int8_argmax(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales) {
+  TORCH_CHECK(x.dim() == 2, "int8_argmax takes x [rows, K]");
+  if (x.size(0) == 0) return at::empty({0}, x.options().dtype(at::kLong));
+  return int8_gemm(x, codes, scales).to(at::kFloat).argmax(-1);  // torch reduces fp32 faster than bf16
+}
+
 bool supported() { return cpu_supported(); }
+bool supported_a8() { return cpu_vnni_supported(); }
 
 }  // namespace
 
 TORCH_LIBRARY(folovllm_cpu_quant, m) {
   m.def("int4_gemm(Tensor x, Tensor codes, Tensor scales, Tensor zeros, int group_size) -> Tensor");
+  m.def("int4_gemm_a8(Tensor x, Tensor codes, Tensor scales, Tensor zeros, int group_size) -> Tensor");
+  m.def("int4_mlp(Tensor x, Tensor gate_up_codes, Tensor gate_up_scales, Tensor gate_up_zeros, int gate_up_group, "
+        "Tensor down_codes, Tensor down_scales, Tensor down_zeros, int down_group, int a8_rows) -> Tensor");
   m.def("int8_gemm(Tensor x, Tensor codes, Tensor scales) -> Tensor");
+  m.def("int8_argmax(Tensor x, Tensor codes, Tensor scales) -> Tensor");
   m.def("supported() -> bool", &supported);
+  m.def("supported_a8() -> bool", &supported_a8);
 }
 
 TORCH_LIBRARY_IMPL(folovllm_cpu_quant, CPU, m) {
   m.impl("int4_gemm", &int4_gemm);
+  m.impl("int4_gemm_a8", &int4_gemm_a8);
+  m.impl("int4_mlp", &int4_mlp);
   m.impl("int8_gemm", &int8_gemm);
+  m.impl("int8_argmax", &int8_argmax);
 }

@@ -6,15 +6,17 @@
 // narrowed to bf16 in order, that is the pair layout AVX512_BF16's dot product takes.
 //
 // Loops: threads split the column blocks, two at a time. Up to 4 rows read the codes directly (each byte
-// streamed once); more rows first widen the two blocks' codes to a bf16 tile (K x 32, in L1/L2), which
-// every block of 6 rows then reads: the widening is paid once per column, not once per row block.
+// streamed once); more rows first widen four blocks' codes to a bf16 tile (K x 64, in L1/L2), which
+// every block of 6 rows then reads: the widening is paid once per column, not once per row block (4
+// blocks, 24 accumulators, ran the LM head at 64 rows ~5 % faster than 2 blocks).
 #pragma once
 
 #include "cpu_quant_common.h"
 
 namespace {
 
-constexpr int kInt8Cols = 2;       // column vectors held in registers at once
+constexpr int kInt8Cols = 2;       // column vectors held in registers at once (reading codes directly)
+constexpr int kInt8TileCols = 4;   // column vectors per bf16 tile: 6 rows x 4 = 24 accumulators
 constexpr int kInt8DirectRows = 4;  // rows up to which the codes are read directly
 constexpr int kInt8TileRows = 6;    // rows per register block over a bf16 tile
 
@@ -32,15 +34,16 @@ QG_TARGET QG_INLINE __m512bh widen_int8(const int8_t* p) {
 template <int R, int C, bool Tiled, typename S, typename Out>
 QG_TARGET void int8_tile(const c10::BFloat16* x, int64_t K, const int8_t* codes, int64_t stride,
                          const c10::BFloat16* tile, const S* scales, Out* y, int64_t N) {
-  __m512 acc[2][R][C];
-  for (int a = 0; a < 2; ++a)
+  constexpr int kSets = R * C >= 12 ? 1 : 2;  // enough independent chains already with one set
+  __m512 acc[kSets][R][C];
+  for (int a = 0; a < kSets; ++a)
     for (int r = 0; r < R; ++r)
       for (int c = 0; c < C; ++c) acc[a][r][c] = _mm512_setzero_ps();
   const int32_t* xw = reinterpret_cast<const int32_t*>(x);  // bf16 pairs
   const int64_t pairs = K / 2;
   // set A's accumulators take pair kp (a compile-time set index keeps them in registers)
   auto step = [&](auto set, int64_t kp) QG_TARGET_LAMBDA {
-    constexpr int A = decltype(set)::value;
+    constexpr int A = decltype(set)::value % kSets;
     __m512bh w[C];
     for (int c = 0; c < C; ++c)
       w[c] = Tiled ? (__m512bh)_mm512_loadu_si512(tile + (kp * C + c) * 32) : widen_int8(codes + c * stride + kp * 32);
@@ -60,7 +63,8 @@ QG_TARGET void int8_tile(const c10::BFloat16* x, int64_t K, const int8_t* codes,
   for (int c = 0; c < C; ++c) {
     const __m512 s = load16(scales + c * kBlockCols);
     for (int r = 0; r < R; ++r)
-      store16(y + r * N + c * kBlockCols, _mm512_mul_ps(s, _mm512_add_ps(acc[0][r][c], acc[1][r][c])));
+      store16(y + r * N + c * kBlockCols,
+              _mm512_mul_ps(s, kSets == 2 ? _mm512_add_ps(acc[0][r][c], acc[kSets - 1][r][c]) : acc[0][r][c]));
   }
 }
 
@@ -83,9 +87,10 @@ QG_TARGET void int8_blocks(const c10::BFloat16* x, int64_t M, int64_t K, const i
                            Out* y, int64_t N, int64_t b0, int64_t b1) {
   const int64_t stride = K * kBlockCols;  // bytes per column block
   const bool tiled = M > kInt8DirectRows;
-  std::vector<c10::BFloat16> tile(tiled ? K * kInt8Cols * kBlockCols : 0);
-  for (int64_t b = b0; b < b1; b += kInt8Cols) {
-    const int cols = static_cast<int>(std::min<int64_t>(kInt8Cols, b1 - b));
+  const int64_t col_step = tiled ? kInt8TileCols : kInt8Cols;
+  std::vector<c10::BFloat16> tile(tiled ? K * kInt8TileCols * kBlockCols : 0);
+  for (int64_t b = b0; b < b1; b += col_step) {
+    const int cols = static_cast<int>(std::min<int64_t>(col_step, b1 - b));
     const int8_t* cb = codes + b * stride;
     if (tiled) {
       for (int64_t kp = 0; kp < K / 2; ++kp)
@@ -98,7 +103,9 @@ QG_TARGET void int8_blocks(const c10::BFloat16* x, int64_t M, int64_t K, const i
       const c10::BFloat16* xr = x + m * K;
       Out* yr = y + m * N + b * kBlockCols;
       const S* sb = scales + b * kBlockCols;
-      if (tiled && cols == 2) int8_rows<2, true>(rows, xr, K, cb, stride, tile.data(), sb, yr, N);
+      if (tiled && cols == 4) int8_rows<4, true>(rows, xr, K, cb, stride, tile.data(), sb, yr, N);
+      else if (tiled && cols == 3) int8_rows<3, true>(rows, xr, K, cb, stride, tile.data(), sb, yr, N);
+      else if (tiled && cols == 2) int8_rows<2, true>(rows, xr, K, cb, stride, tile.data(), sb, yr, N);
       else if (tiled) int8_rows<1, true>(rows, xr, K, cb, stride, tile.data(), sb, yr, N);
       else if (cols == 2) int8_rows<2, false>(rows, xr, K, cb, stride, nullptr, sb, yr, N);
       else int8_rows<1, false>(rows, xr, K, cb, stride, nullptr, sb, yr, N);

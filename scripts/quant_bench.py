@@ -7,7 +7,10 @@ Writes a GPTQ checkpoint of the default model (its GGUF weights, dequantized, th
 its Q4_1 weights kept 4-bit (``--load-quantized on``), each quantized variant with its LM head in
 bf16 (``--quantize-lm-head off``) and, for the 4-bit ones and INT8, also in int8 (``-int8head``:
 the engine's ``auto`` for quantized models); 4-bit linears run our int4 kernel where it is built
-(``FOLOVLLM_QUANT_KERNEL=auto``), and ``-torchkernel`` variants run torch's. Then it times every variant in
+(``FOLOVLLM_QUANT_KERNEL=auto``), and ``-torchkernel`` variants run torch's; ``-a8`` variants round the
+activations of those int4 matmuls to int8 (``FOLOVLLM_INT4_ACTIVATIONS=int8``, AVX512_VNNI), ``-a8auto`` only
+in calls of 16 rows or more (``auto``: batch 64 and prefill, not one stream). The ``-unfused`` variant calls
+each layer's int4 MLP as three ops (``FOLOVLLM_INT4_FUSED_MLP=off``) instead of one. Then it times every variant in
 alternating rounds in this one process: a decode step (forward + logits) of one stream and of a batch
 of 64 streams, each at a 64-token context, and a 256-token prefill. Reported: median tok/s per variant,
 its ratio to bf16, and weight MiB (all and linear layers). The models run as the engine runs them on
@@ -37,7 +40,7 @@ from folovllm.model.linear import LinearBase  # noqa: E402
 from folovllm.model.layers import CausalLM  # noqa: E402
 from folovllm.config import CPU_BF16_LINEAR_LIBRARY, cpu_bf16_linear_available  # noqa: E402
 from folovllm.model.loader import default_model_path, load_model  # noqa: E402
-from folovllm.model.quant.gptq_config import KERNEL_ENV  # noqa: E402
+from folovllm.model.quant.gptq_config import INT4_ACTIVATIONS_ENV, INT4_FUSED_MLP_ENV, KERNEL_ENV  # noqa: E402
 from folovllm.model.direct import DIRECT_CALLS_ENV  # noqa: E402
 from tests.helpers import make_attn_metadata  # noqa: E402
 from folovllm.quantize.run import QuantizeArgs, quantize  # noqa: E402
@@ -110,6 +113,9 @@ def main() -> None:
         "gptq-4bit-g128": (gptq4, "auto", False, "off", "auto"),
         "gptq-4bit-g128-int8head": (gptq4, "auto", False, "on", "auto"),
         "gptq-4bit-g128-int8head-modules": (gptq4, "auto", False, "on", "auto"),  # FOLOVLLM_DIRECT_CALLS=off
+        "gptq-4bit-g128-int8head-a8": (gptq4, "auto", False, "on", "auto"),  # FOLOVLLM_INT4_ACTIVATIONS=int8
+        "gptq-4bit-g128-int8head-a8auto": (gptq4, "auto", False, "on", "auto"),  # FOLOVLLM_INT4_ACTIVATIONS=auto
+        "gptq-4bit-g128-int8head-unfused": (gptq4, "auto", False, "on", "auto"),  # FOLOVLLM_INT4_FUSED_MLP=off
         "gptq-4bit-g128-int8head-torchkernel": (gptq4, "auto", False, "on", "torch"),
         "gptq-8bit-g128": (lambda: write_gptq_folder(tmp / "gptq8", 8, 128), "auto", False, "off", "auto"),
         "int8": (gguf, "int8", False, "off", "auto"),
@@ -124,6 +130,8 @@ def main() -> None:
                   "cpu_bf16_linear": cpu_bf16_linear_available(CPU_BF16_LINEAR_LIBRARY)} if args.engine_cpu_ops else {}
     models = {name: load_variant(path() if callable(path) else path, q, packed, head, kernel,
                                  direct_calls="off" if name.endswith("-modules") else "on",
+                                 int4_activations={"a8": "int8", "a8auto": "auto"}.get(name.rsplit("-", 1)[-1], "bf16"),
+                                 fused_mlp="off" if name.endswith("-unfused") else "on",
                                  **(engine_ops | ({"cpu_bf16_linear": False} if name == "bf16-onednn" else {})))
               for name, (path, q, packed, head, kernel) in variants.items()}
     max_tokens = max(args.context, args.prefill)
@@ -166,10 +174,13 @@ def main() -> None:
 
 
 def load_variant(path: str, quantization: str, load_quantized: bool, quantize_lm_head: str,
-                 quant_kernel: str, direct_calls: str = "on", **engine_ops: Any) -> CausalLM:
-    """The bf16 model as a variant loads it, with ``FOLOVLLM_QUANT_KERNEL`` and ``FOLOVLLM_DIRECT_CALLS`` set
-    while its kernels and its layers' calls are picked."""
-    settings = {KERNEL_ENV: quant_kernel, DIRECT_CALLS_ENV: direct_calls}
+                 quant_kernel: str, direct_calls: str = "on", int4_activations: str = "bf16", fused_mlp: str = "on",
+                 **engine_ops: Any) -> CausalLM:
+    """The bf16 model as a variant loads it, with ``FOLOVLLM_QUANT_KERNEL``, ``FOLOVLLM_DIRECT_CALLS``,
+    ``FOLOVLLM_INT4_ACTIVATIONS`` and ``FOLOVLLM_INT4_FUSED_MLP`` set while its kernels and its layers' calls
+    are picked."""
+    settings = {KERNEL_ENV: quant_kernel, DIRECT_CALLS_ENV: direct_calls, INT4_ACTIVATIONS_ENV: int4_activations,
+                INT4_FUSED_MLP_ENV: fused_mlp}
     saved = {name: os.environ.get(name) for name in settings}
     os.environ.update(settings)
     try:

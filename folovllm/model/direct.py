@@ -22,6 +22,7 @@ from torch.nn.modules import module as torch_module
 
 from folovllm.attention.metadata import AttentionMetadata
 from folovllm.model.layers import Attention, GatedMLP, KVCache, RMSNorm, Rope, fused_ops
+from folovllm.model.quant.cpu_quant import fused_int4_mlp
 
 DIRECT_CALLS_ENV = "FOLOVLLM_DIRECT_CALLS"
 
@@ -56,6 +57,7 @@ class DirectDecoderLayer:
         self.eps1, self.eps2 = layer.input_layernorm.eps, layer.post_attention_layernorm.eps
         self.qkv, self.o_proj = attn.qkv_proj.bound(), attn.o_proj.bound()
         self.gate_up, self.down = mlp.gate_up_proj.bound(), mlp.down_proj.bound()
+        self.mlp = fused_int4_mlp(mlp.gate_up_proj, mlp.down_proj)  # the three MLP ops as one call, or None
         self.num_heads, self.num_kv_heads, self.qk_eps = attn.num_heads, attn.num_kv_heads, attn.eps
         self.q_norm = None if attn.q_norm is None else attn.q_norm.weight
         self.k_norm = None if attn.k_norm is None else attn.k_norm.weight
@@ -72,6 +74,8 @@ class DirectDecoderLayer:
                                        self.q_norm, self.k_norm, self.qk_eps, k_cache, v_cache, meta.slot_mapping)
         out = self.attention(q, k, v, k_cache, v_cache, meta, self.scale, self.sliding_window, kv_stored=True)
         x = self.add_rms_norm(residual, self.o_proj(out), self.norm2, self.eps2)
+        if self.mlp is not None:
+            return self.mlp(x), residual
         return self.down(self.silu_and_mul(self.gate_up(x))), residual
 
 

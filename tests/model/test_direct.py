@@ -11,6 +11,7 @@ from folovllm.model.direct import DIRECT_CALLS_ENV, direct_calls_enabled
 from folovllm.model.layers import CausalLM
 from folovllm.model.loader import load_model
 from folovllm.model.quant.cpu_quant import cpu_quant_unavailable
+from folovllm.model.quant.gptq_config import INT4_ACTIVATIONS_ENV, INT4_FUSED_MLP_ENV
 from tests.helpers import make_attn_metadata
 from tests.model.quant.test_gptq_loading import make_gptq_model, tiny_llama  # noqa: F401 (a fixture)
 
@@ -57,10 +58,29 @@ def folders(tiny_llama, tmp_path_factory) -> tuple[str, str]:  # noqa: F811
 
 
 @pytest.mark.skipif(cpu_quant_unavailable() is not None, reason=f"{cpu_quant_unavailable()}")
-def test_gptq_int4_with_int8_head_equals_module_calls(folders: tuple[str, str]) -> None:
+@pytest.mark.parametrize("activations", ["bf16", "int8", "auto"])  # auto: int8 in the 18-row prefill only
+def test_gptq_int4_with_int8_head_equals_module_calls(folders: tuple[str, str], activations: str,
+                                                      monkeypatch) -> None:
+    """Also the fused int4 MLP (one op for gate_up, SiLU-mul and down): the three ops' logits bit for bit."""
+    if activations != "bf16" and not torch.ops.folovllm_cpu_quant.supported_a8():
+        pytest.skip("this CPU lacks AVX512_VNNI")
+    monkeypatch.setenv(INT4_ACTIVATIONS_ENV, activations)
     model = load_model(folders[0], dtype=torch.bfloat16, device="cpu", quantize_lm_head="on", **ENGINE_OPS)
+    assert all(layer.mlp is not None for layer in model.model.direct_layers)
     direct, modules = both_ways(model)
     assert torch.equal(direct, modules)
+
+
+@pytest.mark.skipif(cpu_quant_unavailable() is not None, reason=f"{cpu_quant_unavailable()}")
+def test_fused_int4_mlp_switch(folders: tuple[str, str], monkeypatch) -> None:
+    monkeypatch.setenv(INT4_FUSED_MLP_ENV, "off")
+    model = load_model(folders[0], dtype=torch.bfloat16, device="cpu", **ENGINE_OPS)
+    assert all(layer.mlp is None for layer in model.model.direct_layers)
+    monkeypatch.setenv(INT4_FUSED_MLP_ENV, "on")
+    fused = load_model(folders[0], dtype=torch.bfloat16, device="cpu", **ENGINE_OPS)
+    assert torch.equal(prefill_then_decode(model), prefill_then_decode(fused))
+    float_model = load_model(folders[1], dtype=torch.bfloat16, device="cpu", **ENGINE_OPS)
+    assert all(layer.mlp is None for layer in float_model.model.direct_layers)  # not int4: three calls
 
 
 @pytest.mark.parametrize("bf16_linear", [False, True])

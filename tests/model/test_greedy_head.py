@@ -1,5 +1,6 @@
 """The greedy LM head kernel (csrc/cpu_greedy_head.cpp) against the argmax of the bf16 linear kernel's
-logits, and the ``cpu_greedy_head`` switch: when it applies, and that greedy tokens do not change."""
+logits, and the ``cpu_greedy_head`` switch: when it applies (the int8 head's own, int8_argmax, too), and that
+greedy tokens do not change."""
 from __future__ import annotations
 
 import json
@@ -14,6 +15,7 @@ from folovllm.config import (CPU_BF16_LINEAR_LIBRARY, CPU_GREEDY_HEAD_LIBRARY, E
 from folovllm.model.cpu_packed import pack_linear_weight, packed_linear
 from folovllm.model.greedy_head import greedy_head_for
 from folovllm.model.loader import load_model
+from folovllm.model.quant.cpu_quant import cpu_quant_unavailable
 from tests.engine.conftest import make_llm, random_prompts, tiny_llama_dir  # noqa: F401
 
 torch.set_num_threads(2)
@@ -68,10 +70,18 @@ def test_head_is_found_only_where_it_equals_the_logits_argmax(tmp_path, tied: bo
     hidden = torch.randn(11, TINY["hidden_size"], dtype=torch.bfloat16)
     with torch.inference_mode():
         assert torch.equal(head(hidden), model.compute_logits(hidden).argmax(dim=-1))
-    for other in (dict(cpu_bf16_linear=False), dict(cpu_prepack=False), dict(quantize_lm_head="on")):
+    for other in (dict(cpu_bf16_linear=False), dict(cpu_prepack=False)):
         model = load_model(str(tmp_path), load_format="dummy", dtype=torch.bfloat16, device="cpu", seed=1,
                            **{"cpu_prepack": True, "cpu_bf16_linear": True, **other})
         assert greedy_head_for(model) is None, other
+    # an int8 head has its own shortcut (int8_argmax), where our int8 kernel runs it
+    model = load_model(str(tmp_path), load_format="dummy", dtype=torch.bfloat16, device="cpu", seed=1,
+                       cpu_prepack=True, cpu_bf16_linear=True, quantize_lm_head="on")
+    head = greedy_head_for(model)
+    assert (head is None) == (cpu_quant_unavailable() is not None)
+    if head is not None:
+        with torch.inference_mode():
+            assert torch.equal(head(hidden), model.compute_logits(hidden).argmax(dim=-1))
 
 
 def test_switch_keeps_greedy_tokens_and_steps_with_logprobs_take_the_sampler(tiny_llama_dir) -> None:  # noqa: F811

@@ -4,6 +4,8 @@
   groups of ``group_size`` inputs (the last one may be partial); the output size must be a multiple of
   16, the input size and the group size multiples of 8. Codes are unpacked in registers and each
   group's scale and zero applied once per output (csrc/cpu_quant_int4.h has the layout and the identity).
+  ``int4_gemm_a8`` is the same product with the activations rounded to int8 per row and group (AVX512_VNNI);
+  ``FOLOVLLM_INT4_ACTIVATIONS`` (bf16 | int8 | auto: int8 from 16 rows on; default bf16) picks between them.
 - ``int8_gemm`` (``pack_int8``, used by ``kernels.Int8ChannelKernel``): int8 codes with one scale per
   output; outputs a multiple of 16, inputs of 2.
 
@@ -20,6 +22,13 @@ import torch
 from torch import nn
 
 from folovllm.config import load_op_library
+from folovllm.model.quant.gptq_config import (
+    INT4_A8_MIN_ROWS,
+    INT4_ACTIVATIONS,
+    INT4_ACTIVATIONS_ENV,
+    int4_activations_choice,
+    int4_fused_mlp_enabled,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +48,24 @@ def cpu_quant_unavailable(path: Path = CPU_QUANT_GEMM_LIBRARY) -> str | None:
     if not torch.ops.folovllm_cpu_quant.supported():
         return "this CPU lacks AVX512_BF16, which the CPU int4 kernel needs"
     return None
+
+
+def check_int4_activations(choice: str) -> str:
+    """``choice`` (a ``FOLOVLLM_INT4_ACTIVATIONS`` value: bf16, int8, auto) if this CPU runs it, else an error
+    saying why. Call only once the library loads."""
+    if choice not in INT4_ACTIVATIONS:
+        raise ValueError(f"activations must be one of {INT4_ACTIVATIONS}; got {choice!r}")
+    if choice != "bf16" and not torch.ops.folovllm_cpu_quant.supported_a8():
+        raise RuntimeError(f"{INT4_ACTIVATIONS_ENV}={choice}, but this CPU lacks AVX512_VNNI")
+    return choice
+
+
+NO_A8_ROWS = 2**62  # a row count no call reaches: bf16 activations always
+
+
+def a8_min_rows(activations: str) -> int:
+    """The fewest rows a call needs to take int8 activations under ``activations`` (bf16: never)."""
+    return {"int8": 1, "auto": INT4_A8_MIN_ROWS}.get(activations, NO_A8_ROWS)
 
 
 def cpu_int4_fits(input_size: int, output_size: int, group_size: int, dtype: torch.dtype) -> bool:
@@ -83,15 +110,19 @@ def pack_groups(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 class CpuInt4Kernel(nn.Module):
     """One or more of our int4 matmuls summed (several: the nibbles of 8-bit codes), after an optional
-    permutation of x's columns (act-order); bf16 or fp32 activations."""
+    permutation of x's columns (act-order); bf16 or fp32 activations, multiplied as they come or rounded to
+    int8 (``activations``: a ``FOLOVLLM_INT4_ACTIVATIONS`` choice, read from the environment when None)."""
 
     def __init__(self, codes: list[torch.Tensor], scales: list[torch.Tensor], zeros: list[torch.Tensor],
-                 group_size: int, dtype: torch.dtype, perm: torch.Tensor | None) -> None:
+                 group_size: int, dtype: torch.dtype, perm: torch.Tensor | None,
+                 activations: str | None = None) -> None:
         super().__init__()
         reason = cpu_quant_unavailable()
         if reason is not None:
             raise RuntimeError(reason)
         self.group_size = group_size
+        self.activations = check_int4_activations(activations or int4_activations_choice())
+        self.a8_rows = a8_min_rows(self.activations)
         self.part_names = [(f"codes{i}", f"scales{i}", f"zeros{i}") for i in range(len(codes))]
         for (q, s, z), names in zip(zip(codes, scales, zeros), self.part_names):
             self.register_buffer(names[0], pack_int4(q))  # q [out, in] in [0, 16)
@@ -107,17 +138,47 @@ class CpuInt4Kernel(nn.Module):
         """``forward`` as one call of the op where that is all it does (one part, no permutation)."""
         if self.perm is not None or self.num_parts != 1:
             return self.forward
-        op, group_size = torch.ops.folovllm_cpu_quant.int4_gemm.default, self.group_size
+        ops, group_size, a8_rows = torch.ops.folovllm_cpu_quant, self.group_size, self.a8_rows
         codes, scales, zeros = (self._buffers[name] for name in self.part_names[0])
-        return lambda x: op(x, codes, scales, zeros, group_size)
+        if self.activations != "auto":  # one op for every call
+            op = ops.int4_gemm_a8.default if self.activations == "int8" else ops.int4_gemm.default
+            return lambda x: op(x, codes, scales, zeros, group_size)
+        a16, a8 = ops.int4_gemm.default, ops.int4_gemm_a8.default
+        return lambda x: (a8 if x.numel() >= a8_rows * x.shape[-1] else a16)(x, codes, scales, zeros, group_size)
+
+    def op_for(self, x: torch.Tensor) -> Callable:
+        """The op a call on ``x`` runs: int8 activations from ``a8_rows`` rows on."""
+        ops = torch.ops.folovllm_cpu_quant
+        return ops.int4_gemm_a8.default if x.numel() >= self.a8_rows * x.shape[-1] else ops.int4_gemm.default
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         buffers = self._buffers  # read directly: this runs ~120 times per decode step
         if buffers["perm"] is not None:
             x = x.index_select(-1, buffers["perm"])
-        y = None
+        y, op = None, self.op_for(x)
         for codes, scales, zeros in self.part_names:
-            part = torch.ops.folovllm_cpu_quant.int4_gemm(x, buffers[codes], buffers[scales], buffers[zeros],
-                                                          self.group_size)
+            part = op(x, buffers[codes], buffers[scales], buffers[zeros], self.group_size)
             y = part if y is None else y + part
         return y
+
+
+def fused_int4_mlp(gate_up: nn.Module, down: nn.Module) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """``down(silu_and_mul(gate_up(x)))`` as one ``int4_mlp`` call, where both linears hold one plain
+    ``CpuInt4Kernel`` each (one part, no permutation, the same activations, no bias, one rank) and
+    ``FOLOVLLM_INT4_FUSED_MLP`` is on; else None. Needs the fused CPU ops' library loaded (its SiLU-mul)."""
+    if not int4_fused_mlp_enabled():
+        return None
+    layers = (gate_up, down)
+    kernels = [getattr(layer, "quant_kernel", None) for layer in layers]
+    if not all(type(k) is CpuInt4Kernel and k.perm is None and k.num_parts == 1 for k in kernels):
+        return None
+    if any(layer.bias is not None or layer.tp_size != 1 for layer in layers):
+        return None
+    if kernels[0].activations != kernels[1].activations:
+        return None
+    (gu_codes, gu_scales, gu_zeros), (dn_codes, dn_scales, dn_zeros) = (
+        [k._buffers[name] for name in k.part_names[0]] for k in kernels)
+    gu_group, dn_group = kernels[0].group_size, kernels[1].group_size
+    op, a8_rows = torch.ops.folovllm_cpu_quant.int4_mlp.default, kernels[0].a8_rows
+    return lambda x: op(x, gu_codes, gu_scales, gu_zeros, gu_group, dn_codes, dn_scales, dn_zeros, dn_group,
+                        a8_rows)

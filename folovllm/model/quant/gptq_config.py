@@ -12,6 +12,16 @@ _FORMATS = {"gptq": "v1", "v1": "v1", "gptq_v2": "v2", "v2": "v2"}
 # that 4-bit kernel (folovllm fails when it cannot run); reference: dequantize-then-matmul (tests, debugging)
 KERNELS = ("auto", "folovllm", "torch", "reference")
 KERNEL_ENV = "FOLOVLLM_QUANT_KERNEL"
+# The activations our int4 kernel multiplies the codes with: bf16 as they come (the default), or int8, rounded
+# per row and weight group and multiplied on AVX512_VNNI byte dot products (fewer instructions per code, one
+# more rounding); auto: int8 for calls of at least INT4_A8_MIN_ROWS rows (prefill, large batches), where it
+# was measured faster, bf16 below (one stream, where it was not)
+INT4_ACTIVATIONS = ("bf16", "int8", "auto")
+INT4_A8_MIN_ROWS = 16
+INT4_ACTIVATIONS_ENV = "FOLOVLLM_INT4_ACTIVATIONS"
+# on (default): a decoder layer whose gate_up and down projections both run our int4 kernel calls its MLP as
+# one op (gate_up, SiLU-mul, down); off: three calls
+INT4_FUSED_MLP_ENV = "FOLOVLLM_INT4_FUSED_MLP"
 
 
 def kernel_choice() -> str:
@@ -20,6 +30,22 @@ def kernel_choice() -> str:
     if choice not in KERNELS:
         raise ValueError(f"{KERNEL_ENV}={choice!r}; choose one of {KERNELS}")
     return choice
+
+
+def int4_activations_choice() -> str:
+    """The activations asked for in ``FOLOVLLM_INT4_ACTIVATIONS`` (default "bf16")."""
+    choice = os.environ.get(INT4_ACTIVATIONS_ENV, "bf16")
+    if choice not in INT4_ACTIVATIONS:
+        raise ValueError(f"{INT4_ACTIVATIONS_ENV}={choice!r}; choose one of {INT4_ACTIVATIONS}")
+    return choice
+
+
+def int4_fused_mlp_enabled() -> bool:
+    """``FOLOVLLM_INT4_FUSED_MLP`` (on | off, default on)."""
+    value = os.environ.get(INT4_FUSED_MLP_ENV, "on")
+    if value not in ("on", "off"):
+        raise ValueError(f"{INT4_FUSED_MLP_ENV} must be 'on' or 'off', got {value!r}")
+    return value == "on"
 
 
 @dataclass(frozen=True)

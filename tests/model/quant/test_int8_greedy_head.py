@@ -1,0 +1,47 @@
+"""The int8 LM head's greedy shortcut (``int8_argmax``): each row's argmax of the int8 head's own logits, ties
+to the first token, and ``greedy_head_for`` picking it for a model with an int8 head."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from folovllm.config import CPU_FUSED_OPS_LIBRARY, load_cpu_fused_ops_library
+from folovllm.model.greedy_head import greedy_head_for
+from folovllm.model.loader import load_model
+from folovllm.model.quant.cpu_quant import cpu_quant_unavailable, pack_int8
+from tests.model.quant.test_gptq_loading import make_gptq_model, tiny_llama  # noqa: F401 (a fixture)
+
+NOT_BUILT = cpu_quant_unavailable()
+pytestmark = pytest.mark.skipif(NOT_BUILT is not None, reason=f"{NOT_BUILT}")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("rows", [0, 1, 5, 64])
+def test_equals_the_argmax_of_the_logits(rows: int, dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(rows)
+    codes = pack_int8(torch.randint(-127, 128, (4096, 64), dtype=torch.int8, generator=gen))
+    scales = (torch.rand(4096, generator=gen) * 0.01 + 1e-3).to(dtype)
+    x = torch.randn(rows, 64, generator=gen).to(dtype)
+    ids = torch.ops.folovllm_cpu_quant.int8_argmax(x, codes, scales)
+    assert ids.dtype == torch.int64 and ids.shape == (rows,)
+    assert torch.equal(ids, torch.ops.folovllm_cpu_quant.int8_gemm(x, codes, scales).float().argmax(-1))
+
+
+def test_ties_go_to_the_first_token() -> None:
+    codes = torch.randint(-20, 21, (1024, 32), dtype=torch.int8, generator=torch.Generator().manual_seed(0))
+    codes[[70, 300, 900]] = 100  # three equal rows, each logit 3200 where every other is at most 640
+    x = torch.ones(1, 32).bfloat16()
+    ids = torch.ops.folovllm_cpu_quant.int8_argmax(x, pack_int8(codes), torch.ones(1024).bfloat16())
+    assert ids.tolist() == [70]
+
+
+@pytest.mark.skipif(load_cpu_fused_ops_library(CPU_FUSED_OPS_LIBRARY) is not None, reason="fused ops not built")
+def test_greedy_head_for_an_int8_head(tiny_llama, tmp_path) -> None:  # noqa: F811
+    gptq, _ = make_gptq_model(tiny_llama, tmp_path)
+    model = load_model(gptq, dtype=torch.bfloat16, device="cpu", quantize_lm_head="on")
+    head = greedy_head_for(model)
+    assert head is not None
+    hidden = torch.randn(7, model.arch.hidden_size).bfloat16()
+    assert torch.equal(head(hidden), model.compute_logits(hidden).argmax(-1))
+    plain = load_model(gptq, dtype=torch.bfloat16, device="cpu", quantize_lm_head="off", cpu_bf16_linear=False)
+    assert greedy_head_for(plain) is None  # a oneDNN head: no shortcut
