@@ -67,12 +67,14 @@ FOLO_INLINE bool takes_decode_fast_path(const Problem<scalar_t>& p) {
 }
 
 template <typename scalar_t>
-FOLO_INLINE void attend_item(const Item& item, const Problem<scalar_t>& p, Workspace& ws) {
+FOLO_INLINE void attend_item(const Item& item, const Problem<scalar_t>& p, Workspace& ws, const Item* next_item) {
 #ifdef FOLO_HAS_AVX512_DECODE
   if (p.decode_fast_path && item.q_end - item.q_begin == 1) {
-    if (p.head_dim == 64) return attend_decode_item<4>(item, p, ws);
-    if (p.head_dim == 128) return attend_decode_item<8>(item, p, ws);
+    if (p.head_dim == 64) return attend_decode_item<4>(item, p, ws, next_item);
+    if (p.head_dim == 128) return attend_decode_item<8>(item, p, ws, next_item);
   }
+#else
+  (void)next_item;
 #endif
   const int64_t D = p.head_dim;
   const int64_t group = p.num_heads / p.num_kv_heads;
@@ -145,15 +147,27 @@ FOLO_INLINE void attend_item(const Item& item, const Problem<scalar_t>& p, Works
   }
 }
 
+// A thread's items: it claims the next item before running the current one, so the decode fast path
+// can prefetch the next item's first keys (prefetch_next) while it computes this one.
+template <typename scalar_t>
+FOLO_INLINE void attend_claimed_items(const Item* items, int64_t n, const Problem<scalar_t>& p, Workspace& ws,
+                                      int64_t* next) {
+  for (int64_t i = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED); i < n;) {
+    const int64_t j = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED);
+    attend_item(items[i], p, ws, j < n ? &items[j] : nullptr);
+    i = j;
+  }
+}
+
 // One compiled copy per instruction set; the whole item loop inlines into it.
 FOLO_MULTIVERSION void attend_items_f32(const Item* items, int64_t n, const Problem<float>& p,
                                         Workspace& ws, int64_t* next) {
-  for (int64_t i; (i = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED)) < n;) attend_item(items[i], p, ws);
+  attend_claimed_items(items, n, p, ws, next);
 }
 
 FOLO_MULTIVERSION void attend_items_bf16(const Item* items, int64_t n, const Problem<c10::BFloat16>& p,
                                          Workspace& ws, int64_t* next) {
-  for (int64_t i; (i = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED)) < n;) attend_item(items[i], p, ws);
+  attend_claimed_items(items, n, p, ws, next);
 }
 
 FOLO_INLINE void attend_items(const Item* items, int64_t n, const Problem<float>& p, Workspace& ws,
@@ -238,7 +252,7 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
                      const at::Tensor& v_cache, const at::Tensor& block_tables, const at::Tensor& seq_lens,
                      const at::Tensor& query_start_loc, double scale, bool skip_fresh_prefills,
                      int64_t sliding_window, bool decode_fast_path, int64_t skip_prefills_from,
-                     bool decode_bf16_dot) {
+                     bool decode_bf16_dot, bool decode_prefetch) {
   TORCH_CHECK(sliding_window >= 0, "sliding_window must be >= 0 (0: no window)");
   TORCH_CHECK(skip_prefills_from >= 0, "skip_prefills_from must be >= 0 (0: compute every chunk over context)");
   TORCH_CHECK(query.dim() == 3 && k_cache.dim() == 4, "query must be [T, Hq, D] and the caches "
@@ -275,7 +289,8 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
                         query.size(1), k_cache.size(2), query.size(2), k_cache.size(1),
                         static_cast<float>(scale), sliding_window,
                         decode_fast_path && cpu_has_avx512(),
-                        decode_bf16_dot && std::is_same_v<scalar_t, c10::BFloat16> && cpu_has_avx512_bf16()};
+                        decode_bf16_dot && std::is_same_v<scalar_t, c10::BFloat16> && cpu_has_avx512_bf16(),
+                        decode_prefetch};
     run(p, num_seqs, skip_fresh_prefills, skip_prefills_from);
   };
   if (dtype == at::kFloat) {
@@ -290,7 +305,8 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
 TORCH_LIBRARY(folovllm_cpu, m) {
   m.def("paged_attention(Tensor(a!) out, Tensor query, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
         "Tensor seq_lens, Tensor query_start_loc, float scale, bool skip_fresh_prefills, "
-        "int sliding_window=0, bool decode_fast_path=True, int skip_prefills_from=0, bool decode_bf16_dot=True) -> ()");
+        "int sliding_window=0, bool decode_fast_path=True, int skip_prefills_from=0, bool decode_bf16_dot=True, "
+        "bool decode_prefetch=True) -> ()");
   m.def("prefill_attention(Tensor(a!) out, Tensor q, Tensor k, Tensor v, int[] starts, int[] lens, float scale) -> ()");
   m.def("prefill_attention_available() -> bool");
 }

@@ -14,6 +14,12 @@ Fresh bfloat16 chunks (head_dim 64 or 128, no sliding window cutting into them) 
 own causal prefill kernel instead (csrc/cpu_attention_prefill.h, AVX-512 BF16): all of a step's in one
 call, written into the output in place, about 5x faster than SDPA's CPU flash kernel there
 (scripts/cpu_prefill_bench.py). ``FOLOVLLM_CPU_PREFILL_ATTENTION=sdpa`` sends them to SDPA.
+
+Decode rows prefetch the K/V rows of the tile they read next (their own next tile, or the next
+sequence's first) while a tile computes, so a batch's scattered cache blocks stream from memory
+instead of stalling each load: about 1.5-2.3x faster decode attention at batch 128 over contexts 8-200
+on one thread (scripts/cpu_engine_profile.py --compare decode-prefetch). ``FOLOVLLM_CPU_DECODE_PREFETCH=off``
+turns it off; the outputs are the same bits either way.
 """
 from __future__ import annotations
 
@@ -30,6 +36,7 @@ from folovllm.config import CPU_ATTENTION_LIBRARY, load_cpu_attention_library
 SDPA_MIN_ROWS = 8  # new tokens over cached context from which SDPA is not slower than the kernel
 PREFILL_SDPA_ENV = "FOLOVLLM_CPU_PREFILL_SDPA"
 PREFILL_ATTENTION_ENV = "FOLOVLLM_CPU_PREFILL_ATTENTION"
+DECODE_PREFETCH_ENV = "FOLOVLLM_CPU_DECODE_PREFETCH"
 PREFILL_KERNEL_HEAD_DIMS = (64, 128)
 
 
@@ -39,6 +46,14 @@ def prefill_sdpa_min_rows() -> int:
     if value not in ("on", "off"):
         raise ValueError(f"{PREFILL_SDPA_ENV} must be 'on' or 'off', got {value!r}")
     return SDPA_MIN_ROWS if value == "on" else 0
+
+
+def decode_prefetch_enabled() -> bool:
+    """``FOLOVLLM_CPU_DECODE_PREFETCH`` (on | off, default on): decode rows prefetch the next tile's K/V."""
+    value = os.environ.get(DECODE_PREFETCH_ENV, "on")
+    if value not in ("on", "off"):
+        raise ValueError(f"{DECODE_PREFETCH_ENV} must be 'on' or 'off', got {value!r}")
+    return value == "on"
 
 
 def prefill_kernel_enabled() -> bool:
@@ -72,6 +87,10 @@ class CpuAttentionBackend:
         self._op = torch.ops.folovllm_cpu.paged_attention
         self._sdpa_from = prefill_sdpa_min_rows()
         self._prefill_kernel = prefill_kernel_enabled()
+        self._decode_prefetch = decode_prefetch_enabled()
+        if "decode_prefetch" not in str(self._op.default._schema):
+            raise RuntimeError(f"the CPU attention library {CPU_ATTENTION_LIBRARY} predates decode prefetching: "
+                               "rebuild it with `make kernels`")
         self._last_chunks: tuple[AttentionMetadata, list[tuple[int, int, int]]] | None = None
         # (length, context, window) -> mask, for that metadata
         self._masks: dict[tuple[int, int, int], torch.Tensor] = {}
@@ -98,7 +117,7 @@ class CpuAttentionBackend:
         query = query.contiguous()  # q is often a slice of a fused qkv projection
         out = torch.empty_like(query)
         self._op(out, query, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, scale,
-                 True, sliding_window or 0, True, self._sdpa_from)
+                 True, sliding_window or 0, True, self._sdpa_from, True, self._decode_prefetch)
         gqa = num_heads != key.shape[1]
         chunks = self._sdpa_chunks(meta)
         if self._prefill_kernel and query.dtype == torch.bfloat16 and head_dim in PREFILL_KERNEL_HEAD_DIMS:

@@ -160,6 +160,24 @@ def test_prefill_sdpa_switch_rejects_other_values(monkeypatch: pytest.MonkeyPatc
 
 
 @needs_kernel
+def test_decode_prefetch_switch_reaches_the_kernel_with_the_same_output(monkeypatch: pytest.MonkeyPatch) -> None:
+    query_lens, seq_lens = [1, 1, 1, 4], [300, 129, 9, 40]
+    outputs = {}
+    for switch in ("on", "off"):
+        monkeypatch.setenv(cpu_backend.DECODE_PREFETCH_ENV, switch)
+        assert get_attention_backend(BACKEND)._decode_prefetch is (switch == "on")
+        outputs[switch], ref = run_case(query_lens, seq_lens, 9, 3, 64, 16, torch.bfloat16, backend=BACKEND)
+    assert torch.equal(outputs["on"], outputs["off"])
+    torch.testing.assert_close(outputs["on"].double(), ref, atol=3e-2, rtol=3e-2)
+
+
+def test_decode_prefetch_switch_rejects_other_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(cpu_backend.DECODE_PREFETCH_ENV, "yes")
+    with pytest.raises(ValueError, match="FOLOVLLM_CPU_DECODE_PREFETCH must be 'on' or 'off'"):
+        cpu_backend.decode_prefetch_enabled()
+
+
+@needs_kernel
 def test_kernel_rejects_a_block_table_too_short() -> None:
     meta = make_attn_metadata([1], [5], [[0, 1]], block_size=4)
     cache = torch.zeros(2, 4, 1, 8)
