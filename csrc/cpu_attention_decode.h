@@ -183,20 +183,20 @@ FOLO_AVX512 FOLO_INLINE void attend_decode_rows(const Problem<scalar_t>& p, cons
     row_max[r] = -std::numeric_limits<float>::infinity();
     row_sum[r] = 0.f;
   }
-  for (int64_t t0 = first_key; t0 < num_keys; t0 += kKeyTile) {
+  for (int64_t t0 = first_key; t0 < num_keys; t0 += kDecodeKeyTile) {
     // walk the block table key by key (a division per key costs more than the key's dot products)
-    const int n = key_offsets(p, table, kv_head, t0, std::min<int64_t>(t0 + kKeyTile, num_keys), offsets);
+    const int n = key_offsets(p, table, kv_head, t0, std::min<int64_t>(t0 + kDecodeKeyTile, num_keys), offsets);
     for (int i = 0; i < n; ++i) {
       prefetch_row<D>(p.k_cache + offsets[i]);
       prefetch_row<D>(p.v_cache + offsets[i]);
     }
     int num_ahead = 0;
     if (next != nullptr) {
-      const int64_t t1 = t0 + kKeyTile;
+      const int64_t t1 = t0 + kDecodeKeyTile;
       num_ahead = t1 < num_keys
-                      ? key_offsets(p, table, kv_head, t1, std::min<int64_t>(t1 + kKeyTile, num_keys), ahead)
+                      ? key_offsets(p, table, kv_head, t1, std::min<int64_t>(t1 + kDecodeKeyTile, num_keys), ahead)
                       : key_offsets(p, next->table, next->kv_head, next->first_key,
-                                    std::min<int64_t>(next->first_key + kKeyTile, next->num_keys), ahead);
+                                    std::min<int64_t>(next->first_key + kDecodeKeyTile, next->num_keys), ahead);
     }
     int k_ahead = 0, v_ahead = 0;  // rows of ``ahead`` prefetched so far
     int i = 0;

@@ -105,7 +105,8 @@ def test_decode_bf16_dot_products_match_the_widened_scores(head_dim: int, heads:
 @pytest.mark.parametrize("sliding_window", [0, 7, 130])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_decode_prefetch_leaves_the_output_unchanged(dtype: torch.dtype, bf16_dot: bool, head_dim: int,
-                                                      heads: tuple[int, int], sliding_window: int, threads: int) -> None:
+                                                      heads: tuple[int, int], sliding_window: int,
+                                                      threads: int) -> None:
     # prefetching the next tile (of the same item, or of the next one a thread claimed) only moves loads
     # earlier: the same bits, over items crossing tiles, shorter than one, and a prefill chunk among them
     query_lens, seq_lens = [1, 1, 1, 1, 3, 1, 1], [300, 129, 1, 40, 19, 256, 5]
