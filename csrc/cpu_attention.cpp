@@ -14,7 +14,8 @@
 // (target_clones) and picked at load time, so one binary is correct on any x86-64 and fast on AVX-512.
 // Decode rows (one query row, head_dim 64 or 128) take AVX-512 intrinsics when the CPU has them
 // (checked per call; decode_fast_path=False forces the portable path); with bf16 caches on a CPU with
-// AVX-512 BF16 they score keys with bf16 dot products (decode_bf16_dot=False widens to fp32 instead).
+// AVX-512 BF16 they score keys with bf16 dot products (decode_bf16_dot=False widens to fp32 instead), and
+// prefetch the next tile's K/V rows while a tile computes (decode_prefetch=False: only the current tile's).
 
 #include "cpu_attention.h"
 #include "cpu_attention_decode.h"

@@ -2,6 +2,12 @@
 // keep q and the accumulators of a block of group heads in registers and widen K/V rows as they load
 // them. Compiled where GCC can target AVX-512 (FOLO_HAS_AVX512_DECODE); cpu_attention.cpp takes it only when
 // the running CPU has AVX-512, checked per call.
+//
+// A batch's K/V rows sit in blocks scattered over the cache, 128 bytes per row and kv head, so a plain
+// loop stalls on every tile's first loads. With prefetch_next each tile of kDecodeKeyTile keys asks
+// for the next tile's rows (its own item's, or the first of the item its thread runs next), a few per
+// key as it computes, so memory streams the next rows while these are multiplied. Only when loads
+// happen changes: the outputs are the same bits either way.
 #pragma once
 
 #include "cpu_attention.h"
