@@ -95,30 +95,13 @@ FOLO_AVX512 FOLO_INLINE float max_n(const float* s, int n) {
   return _mm512_reduce_max_ps(m);
 }
 
-// s[i] = exp(s[i] - shift) for i < n, in place; returns their sum. The same Cephes polynomial as
-// fast_exp, 16 lanes at a time.
+// s[i] = exp(s[i] - shift) for i < n, in place (exp16, 16 lanes at a time, masked tail); returns their sum.
 FOLO_AVX512 FOLO_INLINE float exp_shifted_sum(float* s, int n, float shift) {
   const __m512 sh = _mm512_set1_ps(shift);
   __m512 total = _mm512_setzero_ps();
   for (int i = 0; i < n; i += 16) {
     const __mmask16 mask = n - i >= 16 ? 0xffff : static_cast<__mmask16>((1u << (n - i)) - 1);
-    const __m512 x = _mm512_sub_ps(_mm512_maskz_loadu_ps(mask, s + i), sh);
-    const __m512 v = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
-    const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(v, _mm512_set1_ps(1.44269504088896341f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m512 r = _mm512_fmadd_ps(k, _mm512_set1_ps(2.12194440e-4f),
-                                     _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693359375f), v));
-    __m512 poly = _mm512_set1_ps(1.9875691500e-4f);
-    poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(1.3981999507e-3f));
-    poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(8.3334519073e-3f));
-    poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(4.1665795894e-2f));
-    poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(1.6666665459e-1f));
-    poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(5.0000001201e-1f));
-    const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(poly, r), r, r), _mm512_set1_ps(1.0f));
-    const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(k), _mm512_set1_epi32(127)), 23);
-    // below exp's float range the result is exactly 0, as in fast_exp
-    const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_GE_OQ) & mask;
-    const __m512 e = _mm512_maskz_mul_ps(live, y, _mm512_castsi512_ps(bits));
+    const __m512 e = _mm512_maskz_mov_ps(mask, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, s + i), sh)));
     _mm512_mask_storeu_ps(s + i, mask, e);
     total = _mm512_add_ps(total, e);
   }
