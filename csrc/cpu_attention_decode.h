@@ -78,6 +78,13 @@ FOLO_INLINE int key_offsets(const Problem<scalar_t>& p, const int64_t* table, in
   return static_cast<int>(t1 - t0);
 }
 
+// Keys per tile for an item reading ``keys`` keys: as few tiles as kDecodeKeyTile allows, of equal size
+// (200 keys: 4 x 50), so no short last tile has to prefetch a whole next tile while it computes.
+FOLO_INLINE int64_t decode_tile(int64_t keys) {
+  const int64_t tiles = (keys + kDecodeKeyTile - 1) / kDecodeKeyTile;
+  return (keys + tiles - 1) / tiles;
+}
+
 // Prefetches the next tile's rows a few at a time while this tile computes: rows [*done, target) of
 // ``ahead`` (offsets into ``cache``), so memory streams the next rows while these are multiplied.
 template <int D, typename scalar_t>
@@ -172,20 +179,21 @@ FOLO_AVX512 FOLO_INLINE void attend_decode_rows(const Problem<scalar_t>& p, cons
     row_max[r] = -std::numeric_limits<float>::infinity();
     row_sum[r] = 0.f;
   }
-  for (int64_t t0 = first_key; t0 < num_keys; t0 += kDecodeKeyTile) {
+  const int64_t tile = decode_tile(num_keys - first_key);
+  for (int64_t t0 = first_key; t0 < num_keys; t0 += tile) {
     // walk the block table key by key (a division per key costs more than the key's dot products)
-    const int n = key_offsets(p, table, kv_head, t0, std::min<int64_t>(t0 + kDecodeKeyTile, num_keys), offsets);
+    const int n = key_offsets(p, table, kv_head, t0, std::min<int64_t>(t0 + tile, num_keys), offsets);
     for (int i = 0; i < n; ++i) {
       prefetch_row<D>(p.k_cache + offsets[i]);
       prefetch_row<D>(p.v_cache + offsets[i]);
     }
     int num_ahead = 0;
     if (next != nullptr) {
-      const int64_t t1 = t0 + kDecodeKeyTile;
+      const int64_t t1 = t0 + tile, next_tile = decode_tile(next->num_keys - next->first_key);
       num_ahead = t1 < num_keys
-                      ? key_offsets(p, table, kv_head, t1, std::min<int64_t>(t1 + kDecodeKeyTile, num_keys), ahead)
+                      ? key_offsets(p, table, kv_head, t1, std::min<int64_t>(t1 + tile, num_keys), ahead)
                       : key_offsets(p, next->table, next->kv_head, next->first_key,
-                                    std::min<int64_t>(next->first_key + kDecodeKeyTile, next->num_keys), ahead);
+                                    std::min<int64_t>(next->first_key + next_tile, next->num_keys), ahead);
     }
     int k_ahead = 0, v_ahead = 0;  // rows of ``ahead`` prefetched so far
     int i = 0;
