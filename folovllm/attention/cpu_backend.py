@@ -17,9 +17,10 @@ call, written into the output in place, about 5x faster than SDPA's CPU flash ke
 
 Decode rows prefetch the K/V rows of the tile they read next (their own next tile, or the next
 sequence's first) while a tile computes, so a batch's scattered cache blocks stream from memory
-instead of stalling each load: about 1.5-2.3x faster decode attention at batch 128 over contexts 8-200
-on one thread (scripts/cpu_engine_profile.py --compare decode-prefetch). ``FOLOVLLM_CPU_DECODE_PREFETCH=off``
-turns it off; the outputs are the same bits either way.
+instead of stalling each load: 2.2-2.6x faster decode attention at batch 128 over contexts 40-256 on
+one thread (scripts/cpu_attention_bench.py --decode-prefetch; in the engine, scripts/cpu_engine_profile.py
+--compare decode-prefetch). ``FOLOVLLM_CPU_DECODE_PREFETCH=off`` turns it off; the outputs are the same
+bits either way.
 """
 from __future__ import annotations
 
