@@ -41,6 +41,7 @@ struct Problem {
   bool decode_fast_path;  // single-row items take attend_decode_item (AVX-512, head_dim 64 or 128)
   bool bf16_dot;  // the decode fast path scores bf16 keys with vdpbf16ps (AVX-512 BF16)
   bool prefetch_next;  // the decode fast path prefetches the next tile's K/V rows while a tile computes
+  bool chunked_claims;  // threads claim runs of items (claim_items), not one at a time
 };
 
 // The keys a decode register block reads after the current one: the rest of the same item's keys, or
