@@ -14,7 +14,8 @@
 // (target_clones) and picked at load time, so one binary is correct on any x86-64 and fast on AVX-512.
 // Decode rows (one query row, head_dim 64 or 128) take AVX-512 intrinsics when the CPU has them
 // (checked per call; decode_fast_path=False forces the portable path); with bf16 caches on a CPU with
-// AVX-512 BF16 they score keys with bf16 dot products (decode_bf16_dot=False widens to fp32 instead).
+// AVX-512 BF16 they score keys with bf16 dot products (decode_bf16_dot=False widens to fp32 instead), and
+// prefetch the next tile's K/V rows while a tile computes (decode_prefetch=False: only the current tile's).
 
 #include "cpu_attention.h"
 #include "cpu_attention_decode.h"
@@ -67,12 +68,14 @@ FOLO_INLINE bool takes_decode_fast_path(const Problem<scalar_t>& p) {
 }
 
 template <typename scalar_t>
-FOLO_INLINE void attend_item(const Item& item, const Problem<scalar_t>& p, Workspace& ws) {
+FOLO_INLINE void attend_item(const Item& item, const Problem<scalar_t>& p, Workspace& ws, const Item* next_item) {
 #ifdef FOLO_HAS_AVX512_DECODE
   if (p.decode_fast_path && item.q_end - item.q_begin == 1) {
-    if (p.head_dim == 64) return attend_decode_item<4>(item, p, ws);
-    if (p.head_dim == 128) return attend_decode_item<8>(item, p, ws);
+    if (p.head_dim == 64) return attend_decode_item<4>(item, p, ws, next_item);
+    if (p.head_dim == 128) return attend_decode_item<8>(item, p, ws, next_item);
   }
+#else
+  (void)next_item;
 #endif
   const int64_t D = p.head_dim;
   const int64_t group = p.num_heads / p.num_kv_heads;
@@ -145,24 +148,63 @@ FOLO_INLINE void attend_item(const Item& item, const Problem<scalar_t>& p, Works
   }
 }
 
+// The next run of items a thread takes, [*begin, *end): with ``chunked``, a share of those left that
+// shrinks as they run out (a sixth of them each at 2 threads, down to one), else one item. Items of a
+// decode step take a microsecond or less, and each claim moves the shared counter's cache line from
+// the other core: claimed one at a time, two threads spent longer claiming than computing at short contexts.
+FOLO_INLINE void claim_items(int64_t* next, int64_t n, int num_threads, bool chunked, int64_t* begin, int64_t* end) {
+  int64_t first = __atomic_load_n(next, __ATOMIC_RELAXED);
+  for (;;) {
+    if (first >= n) {
+      *begin = *end = n;
+      return;
+    }
+    const int64_t count = chunked ? std::max<int64_t>(1, (n - first) / (3 * num_threads)) : 1;
+    if (__atomic_compare_exchange_n(next, &first, first + count, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+      *begin = first;
+      *end = first + count;
+      return;
+    }
+  }
+}
+
+// A thread's items: it claims its next run before the last item of this one, so the decode fast path
+// can prefetch the next item's first keys (prefetch_next) while it computes the current one.
+template <typename scalar_t>
+FOLO_INLINE void attend_claimed_items(const Item* items, int64_t n, const Problem<scalar_t>& p, Workspace& ws,
+                                      int64_t* next, int num_threads) {
+  int64_t begin, end;
+  claim_items(next, n, num_threads, p.chunked_claims, &begin, &end);
+  while (begin < end) {
+    int64_t next_begin = end, next_end = end;
+    for (int64_t i = begin; i < end; ++i) {
+      if (i + 1 == end) claim_items(next, n, num_threads, p.chunked_claims, &next_begin, &next_end);
+      const Item* following = i + 1 < end ? &items[i + 1] : next_begin < next_end ? &items[next_begin] : nullptr;
+      attend_item(items[i], p, ws, following);
+    }
+    begin = next_begin;
+    end = next_end;
+  }
+}
+
 // One compiled copy per instruction set; the whole item loop inlines into it.
 FOLO_MULTIVERSION void attend_items_f32(const Item* items, int64_t n, const Problem<float>& p,
-                                        Workspace& ws, int64_t* next) {
-  for (int64_t i; (i = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED)) < n;) attend_item(items[i], p, ws);
+                                        Workspace& ws, int64_t* next, int num_threads) {
+  attend_claimed_items(items, n, p, ws, next, num_threads);
 }
 
 FOLO_MULTIVERSION void attend_items_bf16(const Item* items, int64_t n, const Problem<c10::BFloat16>& p,
-                                         Workspace& ws, int64_t* next) {
-  for (int64_t i; (i = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED)) < n;) attend_item(items[i], p, ws);
+                                         Workspace& ws, int64_t* next, int num_threads) {
+  attend_claimed_items(items, n, p, ws, next, num_threads);
 }
 
 FOLO_INLINE void attend_items(const Item* items, int64_t n, const Problem<float>& p, Workspace& ws,
-                              int64_t* next) {
-  attend_items_f32(items, n, p, ws, next);
+                              int64_t* next, int num_threads) {
+  attend_items_f32(items, n, p, ws, next, num_threads);
 }
 FOLO_INLINE void attend_items(const Item* items, int64_t n, const Problem<c10::BFloat16>& p,
-                              Workspace& ws, int64_t* next) {
-  attend_items_bf16(items, n, p, ws, next);
+                              Workspace& ws, int64_t* next, int num_threads) {
+  attend_items_bf16(items, n, p, ws, next, num_threads);
 }
 
 std::vector<Item> plan_items(const int64_t* seq_lens, const int64_t* query_start_loc, int64_t num_seqs,
@@ -192,7 +234,8 @@ void run(const Problem<scalar_t>& p, int64_t num_seqs, bool skip_fresh_prefills,
   const int64_t n = static_cast<int64_t>(items.size());
   if (n == 0) return;
   const bool decode_only = takes_decode_fast_path(p) &&
-                           std::all_of(items.begin(), items.end(), [](const Item& it) { return it.q_end - it.q_begin == 1; });
+                           std::all_of(items.begin(), items.end(),
+                                       [](const Item& it) { return it.q_end - it.q_begin == 1; });
   const int64_t rows = decode_only ? 0 : kQueryTile * (p.num_heads / p.num_kv_heads);
   int64_t total_cost = 0;
   for (const Item& item : items) total_cost += item.cost;
@@ -200,13 +243,13 @@ void run(const Problem<scalar_t>& p, int64_t num_seqs, bool skip_fresh_prefills,
   int64_t next = 0;
   if (num_threads == 1 || total_cost < kSerialCost) {
     Workspace ws(rows, p.head_dim);
-    attend_items(items.data(), n, p, ws, &next);
+    attend_items(items.data(), n, p, ws, &next, 1);
     return;
   }
 #pragma omp parallel num_threads(num_threads)
   {
     Workspace ws(rows, p.head_dim);
-    attend_items(items.data(), n, p, ws, &next);
+    attend_items(items.data(), n, p, ws, &next, num_threads);
   }
 }
 
@@ -238,7 +281,7 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
                      const at::Tensor& v_cache, const at::Tensor& block_tables, const at::Tensor& seq_lens,
                      const at::Tensor& query_start_loc, double scale, bool skip_fresh_prefills,
                      int64_t sliding_window, bool decode_fast_path, int64_t skip_prefills_from,
-                     bool decode_bf16_dot) {
+                     bool decode_bf16_dot, bool decode_prefetch, bool chunked_claims) {
   TORCH_CHECK(sliding_window >= 0, "sliding_window must be >= 0 (0: no window)");
   TORCH_CHECK(skip_prefills_from >= 0, "skip_prefills_from must be >= 0 (0: compute every chunk over context)");
   TORCH_CHECK(query.dim() == 3 && k_cache.dim() == 4, "query must be [T, Hq, D] and the caches "
@@ -275,7 +318,8 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
                         query.size(1), k_cache.size(2), query.size(2), k_cache.size(1),
                         static_cast<float>(scale), sliding_window,
                         decode_fast_path && cpu_has_avx512(),
-                        decode_bf16_dot && std::is_same_v<scalar_t, c10::BFloat16> && cpu_has_avx512_bf16()};
+                        decode_bf16_dot && std::is_same_v<scalar_t, c10::BFloat16> && cpu_has_avx512_bf16(),
+                        decode_prefetch, chunked_claims};
     run(p, num_seqs, skip_fresh_prefills, skip_prefills_from);
   };
   if (dtype == at::kFloat) {
@@ -290,7 +334,8 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
 TORCH_LIBRARY(folovllm_cpu, m) {
   m.def("paged_attention(Tensor(a!) out, Tensor query, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
         "Tensor seq_lens, Tensor query_start_loc, float scale, bool skip_fresh_prefills, "
-        "int sliding_window=0, bool decode_fast_path=True, int skip_prefills_from=0, bool decode_bf16_dot=True) -> ()");
+        "int sliding_window=0, bool decode_fast_path=True, int skip_prefills_from=0, bool decode_bf16_dot=True, "
+        "bool decode_prefetch=True, bool chunked_claims=True) -> ()");
   m.def("prefill_attention(Tensor(a!) out, Tensor q, Tensor k, Tensor v, int[] starts, int[] lens, float scale) -> ()");
   m.def("prefill_attention_available() -> bool");
 }

@@ -11,6 +11,9 @@
 namespace {
 
 constexpr int kKeyTile = 128;     // keys per online-softmax update
+// most keys per update on the decode fast path: a tile's K/V rows and the next tile's, prefetched
+// meanwhile, stay in L1 (64 keys measured 1.1-1.2x faster than 128 over contexts 200-256, alike at 40)
+constexpr int kDecodeKeyTile = 64;
 constexpr int kQueryTile = 16;    // query rows per prefill work item
 constexpr int kMaxDecodeRows = 4; // group heads per decode register block (4 x 128 fp32 accumulators)
 
@@ -37,6 +40,15 @@ struct Problem {
   int64_t sliding_window;  // keys a query sees, itself included; 0 = the whole context
   bool decode_fast_path;  // single-row items take attend_decode_item (AVX-512, head_dim 64 or 128)
   bool bf16_dot;  // the decode fast path scores bf16 keys with vdpbf16ps (AVX-512 BF16)
+  bool prefetch_next;  // the decode fast path prefetches the next tile's K/V rows while a tile computes
+  bool chunked_claims;  // threads claim runs of items (claim_items), not one at a time
+};
+
+// The keys a decode register block reads after the current one: the rest of the same item's keys, or
+// the next item a thread has claimed. Only read for prefetching.
+struct NextKeys {
+  const int64_t* table;
+  int64_t kv_head, first_key, num_keys;
 };
 
 // First key position a query at ``pos`` sees.
@@ -54,11 +66,12 @@ constexpr int64_t kSerialCost = 3 * 256;
 struct Workspace {
   std::vector<float> q, acc, scores, keys, values, row_max, row_sum;
   std::vector<const float*> key_rows, value_rows;
-  std::vector<int64_t> offsets;
+  std::vector<int64_t> offsets, ahead;  // ahead: the next tile's row offsets (prefetch_next)
   Workspace(int64_t rows, int64_t head_dim)
       : q(rows * head_dim), acc(rows * head_dim), scores(std::max<int64_t>(rows, kMaxDecodeRows) * kKeyTile),
         keys(rows ? kKeyTile * head_dim : 0), values(rows ? kKeyTile * head_dim : 0), row_max(rows),
-        row_sum(rows), key_rows(rows ? kKeyTile : 0), value_rows(rows ? kKeyTile : 0), offsets(kKeyTile) {}
+        row_sum(rows), key_rows(rows ? kKeyTile : 0), value_rows(rows ? kKeyTile : 0), offsets(kKeyTile),
+        ahead(kKeyTile) {}
 };
 
 // exp of n scores minus their running max (so every x <= 0), in place.

@@ -2,6 +2,12 @@
 // keep q and the accumulators of a block of group heads in registers and widen K/V rows as they load
 // them. Compiled where GCC can target AVX-512 (FOLO_HAS_AVX512_DECODE); cpu_attention.cpp takes it only when
 // the running CPU has AVX-512, checked per call.
+//
+// A batch's K/V rows sit in blocks scattered over the cache, 128 bytes per row and kv head, so a plain
+// loop stalls on every tile's first loads. With prefetch_next each tile of kDecodeKeyTile keys asks
+// for the next tile's rows (its own item's, or the first of the item its thread runs next), a few per
+// key as it computes, so memory streams the next rows while these are multiplied. Only when loads
+// happen changes: the outputs are the same bits either way.
 #pragma once
 
 #include "cpu_attention.h"
@@ -56,6 +62,36 @@ FOLO_INLINE void prefetch_row(const scalar_t* row) {
     _mm_prefetch(reinterpret_cast<const char*>(row) + b, _MM_HINT_T0);
 }
 
+// Row offsets of keys [t0, t1) of one kv head, walking the block table from t0's block.
+template <typename scalar_t>
+FOLO_INLINE int key_offsets(const Problem<scalar_t>& p, const int64_t* table, int64_t kv_head, int64_t t0,
+                            int64_t t1, int64_t* offsets) {
+  const int64_t token_stride = p.num_kv_heads * p.head_dim;
+  int64_t block = t0 / p.block_size, in_block = t0 % p.block_size;
+  for (int64_t t = t0; t < t1; ++t) {
+    offsets[t - t0] = (table[block] * p.block_size + in_block) * token_stride + kv_head * p.head_dim;
+    if (++in_block == p.block_size) {
+      in_block = 0;
+      ++block;
+    }
+  }
+  return static_cast<int>(t1 - t0);
+}
+
+// Keys per tile for an item reading ``keys`` keys: as few tiles as kDecodeKeyTile allows, of equal size
+// (200 keys: 4 x 50), so no short last tile has to prefetch a whole next tile while it computes.
+FOLO_INLINE int64_t decode_tile(int64_t keys) {
+  const int64_t tiles = (keys + kDecodeKeyTile - 1) / kDecodeKeyTile;
+  return (keys + tiles - 1) / tiles;
+}
+
+// Prefetches the next tile's rows a few at a time while this tile computes: rows [*done, target) of
+// ``ahead`` (offsets into ``cache``), so memory streams the next rows while these are multiplied.
+template <int D, typename scalar_t>
+FOLO_INLINE void prefetch_ahead(const scalar_t* cache, const int64_t* ahead, int* done, int target) {
+  for (; *done < target; ++*done) prefetch_row<D>(cache + ahead[*done]);
+}
+
 // The largest of s[0..n), 16 lanes at a time (masked tail).
 FOLO_AVX512 FOLO_INLINE float max_n(const float* s, int n) {
   __m512 m = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
@@ -66,30 +102,13 @@ FOLO_AVX512 FOLO_INLINE float max_n(const float* s, int n) {
   return _mm512_reduce_max_ps(m);
 }
 
-// s[i] = exp(s[i] - shift) for i < n, in place; returns their sum. The same Cephes polynomial as
-// fast_exp, 16 lanes at a time.
+// s[i] = exp(s[i] - shift) for i < n, in place (exp16, 16 lanes at a time, masked tail); returns their sum.
 FOLO_AVX512 FOLO_INLINE float exp_shifted_sum(float* s, int n, float shift) {
   const __m512 sh = _mm512_set1_ps(shift);
   __m512 total = _mm512_setzero_ps();
   for (int i = 0; i < n; i += 16) {
     const __mmask16 mask = n - i >= 16 ? 0xffff : static_cast<__mmask16>((1u << (n - i)) - 1);
-    const __m512 x = _mm512_sub_ps(_mm512_maskz_loadu_ps(mask, s + i), sh);
-    const __m512 v = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
-    const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(v, _mm512_set1_ps(1.44269504088896341f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m512 r = _mm512_fmadd_ps(k, _mm512_set1_ps(2.12194440e-4f),
-                                     _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693359375f), v));
-    __m512 poly = _mm512_set1_ps(1.9875691500e-4f);
-    poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(1.3981999507e-3f));
-    poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(8.3334519073e-3f));
-    poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(4.1665795894e-2f));
-    poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(1.6666665459e-1f));
-    poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(5.0000001201e-1f));
-    const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(poly, r), r, r), _mm512_set1_ps(1.0f));
-    const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(k), _mm512_set1_epi32(127)), 23);
-    // below exp's float range the result is exactly 0, as in fast_exp
-    const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_GE_OQ) & mask;
-    const __m512 e = _mm512_maskz_mul_ps(live, y, _mm512_castsi512_ps(bits));
+    const __m512 e = _mm512_maskz_mov_ps(mask, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, s + i), sh)));
     _mm512_mask_storeu_ps(s + i, mask, e);
     total = _mm512_add_ps(total, e);
   }
@@ -101,8 +120,10 @@ FOLO_AVX512 FOLO_INLINE float exp_shifted_sum(float* s, int n, float shift) {
 template <int NV, int R>
 FOLO_AVX512_BF16_DOT __attribute__((noinline)) void score_tile_bf16_dot(const Problem<c10::BFloat16>& p,
                                                                       int64_t first_head, int64_t token,
-                                                                      const int64_t* offsets, int n, float* scores) {
+                                                                      const int64_t* offsets, int n, float* scores,
+                                                                      const int64_t* ahead, int num_ahead) {
   constexpr int D = NV * 16, NP = NV / 2;  // a zmm holds 32 bf16: 16 pairs
+  int prefetched = 0;
   __m512bh q[R][NP];
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < NP; ++v)
@@ -110,6 +131,7 @@ FOLO_AVX512_BF16_DOT __attribute__((noinline)) void score_tile_bf16_dot(const Pr
   const __m128 scale = _mm_set1_ps(p.scale);
   int i = 0;
   for (; i + 4 <= n; i += 4) {
+    prefetch_ahead<D>(p.k_cache, ahead, &prefetched, (i + 4) * num_ahead / n);
     __m512bh k[4][NP];
     for (int j = 0; j < 4; ++j)
       for (int v = 0; v < NP; ++v) k[j][v] = (__m512bh)_mm512_loadu_si512(p.k_cache + offsets[i + j] + 32 * v);
@@ -130,17 +152,21 @@ FOLO_AVX512_BF16_DOT __attribute__((noinline)) void score_tile_bf16_dot(const Pr
       scores[r * kKeyTile + i] = _mm512_reduce_add_ps(part) * p.scale;
     }
   }
+  prefetch_ahead<D>(p.k_cache, ahead, &prefetched, num_ahead);
 }
 
 // Decode fast path (AVX-512): one query row, R heads of a kv head's group, head_dim 16 * NV. q and
 // the R accumulators stay in registers, K/V rows are widened as they are loaded, and each loaded
-// K/V row feeds all R heads.
+// K/V row feeds all R heads. With ``next`` (prefetch_next), the rows of the tile that follows (this
+// block's next tile, else ``next``'s first) are prefetched while each tile computes.
 template <int NV, int R, typename scalar_t>
 FOLO_AVX512 FOLO_INLINE void attend_decode_rows(const Problem<scalar_t>& p, const int64_t* table, int64_t kv_head,
                                                 int64_t first_head, int64_t token, int64_t first_key,
-                                                int64_t num_keys, float* scores, int64_t* offsets) {
+                                                int64_t num_keys, const NextKeys* next, Workspace& ws) {
   constexpr int D = NV * 16;
-  const int64_t token_stride = p.num_kv_heads * D;
+  float* scores = ws.scores.data();
+  int64_t* offsets = ws.offsets.data();
+  int64_t* ahead = ws.ahead.data();
   const __m512 scale = _mm512_set1_ps(p.scale);
   __m512 q[R][NV], acc[R][NV];
   float row_max[R], row_sum[R];
@@ -153,27 +179,33 @@ FOLO_AVX512 FOLO_INLINE void attend_decode_rows(const Problem<scalar_t>& p, cons
     row_max[r] = -std::numeric_limits<float>::infinity();
     row_sum[r] = 0.f;
   }
-  // walk the block table key by key (a division per key costs more than the key's dot products)
-  int64_t block = first_key / p.block_size, in_block = first_key % p.block_size;
-  for (int64_t t0 = first_key; t0 < num_keys; t0 += kKeyTile) {
-    const int n = static_cast<int>(std::min<int64_t>(kKeyTile, num_keys - t0));
+  const int64_t tile = decode_tile(num_keys - first_key);
+  for (int64_t t0 = first_key; t0 < num_keys; t0 += tile) {
+    // walk the block table key by key (a division per key costs more than the key's dot products)
+    const int n = key_offsets(p, table, kv_head, t0, std::min<int64_t>(t0 + tile, num_keys), offsets);
     for (int i = 0; i < n; ++i) {
-      offsets[i] = (table[block] * p.block_size + in_block) * token_stride + kv_head * D;
       prefetch_row<D>(p.k_cache + offsets[i]);
       prefetch_row<D>(p.v_cache + offsets[i]);
-      if (++in_block == p.block_size) {
-        in_block = 0;
-        ++block;
-      }
     }
+    int num_ahead = 0;
+    if (next != nullptr) {
+      const int64_t t1 = t0 + tile, next_tile = decode_tile(next->num_keys - next->first_key);
+      num_ahead = t1 < num_keys
+                      ? key_offsets(p, table, kv_head, t1, std::min<int64_t>(t1 + tile, num_keys), ahead)
+                      : key_offsets(p, next->table, next->kv_head, next->first_key,
+                                    std::min<int64_t>(next->first_key + next_tile, next->num_keys), ahead);
+    }
+    int k_ahead = 0, v_ahead = 0;  // rows of ``ahead`` prefetched so far
     int i = 0;
     if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
       if (p.bf16_dot) {
-        score_tile_bf16_dot<NV, R>(p, first_head, token, offsets, n, scores);
+        score_tile_bf16_dot<NV, R>(p, first_head, token, offsets, n, scores, ahead, num_ahead);
         i = n;
+        k_ahead = num_ahead;  // the score tile prefetched them
       }
     }
     for (; i + 4 <= n; i += 4) {  // four keys at a time share one horizontal reduction
+      prefetch_ahead<D>(p.k_cache, ahead, &k_ahead, (i + 4) * num_ahead / n);
       __m512 kv[4][NV];
       for (int j = 0; j < 4; ++j)
         for (int v = 0; v < NV; ++v) kv[j][v] = load16(p.k_cache + offsets[i + j] + 16 * v);
@@ -196,6 +228,7 @@ FOLO_AVX512 FOLO_INLINE void attend_decode_rows(const Problem<scalar_t>& p, cons
         scores[r * kKeyTile + i] = _mm512_reduce_add_ps(part);
       }
     }
+    prefetch_ahead<D>(p.k_cache, ahead, &k_ahead, num_ahead);
     for (int r = 0; r < R; ++r) {
       float* s = scores + r * kKeyTile;
       const float new_max = std::max(row_max[r], max_n(s, n));
@@ -206,6 +239,7 @@ FOLO_AVX512 FOLO_INLINE void attend_decode_rows(const Problem<scalar_t>& p, cons
       for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_mul_ps(acc[r][v], c);
     }
     for (int i = 0; i < n; ++i) {
+      if ((i & 3) == 0) prefetch_ahead<D>(p.v_cache, ahead, &v_ahead, std::min(i + 4, n) * num_ahead / n);
       const scalar_t* val = p.v_cache + offsets[i];
       __m512 vv[NV];
       for (int v = 0; v < NV; ++v) vv[v] = load16(val + 16 * v);
@@ -214,6 +248,7 @@ FOLO_AVX512 FOLO_INLINE void attend_decode_rows(const Problem<scalar_t>& p, cons
         for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_fmadd_ps(w, vv[v], acc[r][v]);
       }
     }
+    prefetch_ahead<D>(p.v_cache, ahead, &v_ahead, num_ahead);
   }
   for (int r = 0; r < R; ++r) {
     scalar_t* dst = p.out + (token * p.num_heads + first_head + r) * D;
@@ -222,11 +257,22 @@ FOLO_AVX512 FOLO_INLINE void attend_decode_rows(const Problem<scalar_t>& p, cons
   }
 }
 
+// The keys an item reads: [first, end).
+FOLO_INLINE NextKeys item_keys(const Item& item, const int64_t* block_tables, int64_t table_width,
+                               const int64_t* seq_lens, const int64_t* query_start_loc, int64_t sliding_window) {
+  const int64_t q_len = query_start_loc[item.seq + 1] - query_start_loc[item.seq];
+  const int64_t context = seq_lens[item.seq] - q_len;
+  return {block_tables + item.seq * table_width, item.kv_head,
+          first_visible_key(context + item.q_begin, sliding_window), context + item.q_end};
+}
+
 // One decode item (a single query row, every head of one kv head's group) in register blocks of at
 // most kMaxDecodeRows heads (half that at head_dim 128, so the accumulators fit the 32 registers).
+// ``next_item``: the item this thread runs after it, whose first keys the last block prefetches
+// (prefetch_next; null: none).
 template <int NV, typename scalar_t>
 FOLO_AVX512 __attribute__((noinline)) void attend_decode_item(const Item& item, const Problem<scalar_t>& p,
-                                                              Workspace& ws) {
+                                                              Workspace& ws, const Item* next_item) {
   constexpr int block = NV <= 4 ? kMaxDecodeRows : kMaxDecodeRows / 2;
   const int64_t group = p.num_heads / p.num_kv_heads;
   const int64_t q_start = p.query_start_loc[item.seq];
@@ -234,11 +280,16 @@ FOLO_AVX512 __attribute__((noinline)) void attend_decode_item(const Item& item, 
   const int64_t pos = p.seq_lens[item.seq] - q_len + item.q_begin;  // the row's position: context + q_begin
   const int64_t* table = p.block_tables + item.seq * p.table_width;
   const int64_t first_key = first_visible_key(pos, p.sliding_window);
+  const NextKeys same{table, item.kv_head, first_key, pos + 1};
+  NextKeys after{};
+  if (p.prefetch_next && next_item != nullptr)
+    after = item_keys(*next_item, p.block_tables, p.table_width, p.seq_lens, p.query_start_loc, p.sliding_window);
   for (int64_t g0 = 0; g0 < group; g0 += block) {
     const int64_t head = item.kv_head * group + g0;
     const int64_t token = q_start + item.q_begin;
+    const NextKeys* next = !p.prefetch_next ? nullptr : g0 + block < group ? &same : next_item ? &after : nullptr;
 #define FOLO_DECODE_ROWS(R) \
-  attend_decode_rows<NV, R>(p, table, item.kv_head, head, token, first_key, pos + 1, ws.scores.data(), ws.offsets.data())
+  attend_decode_rows<NV, R>(p, table, item.kv_head, head, token, first_key, pos + 1, next, ws)
     switch (std::min<int64_t>(block, group - g0)) {
       case 1: FOLO_DECODE_ROWS(1); break;
       case 2: FOLO_DECODE_ROWS(2); break;

@@ -13,6 +13,8 @@
 // torch.get_num_threads() threads.
 #pragma once
 
+#include "cpu_simd.h"
+
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -81,23 +83,6 @@ FOLO_AVX512_BF16_ATTN void pack_kv(const PrefillProblem& p, const PrefillChunk& 
     uint16_t* vdst = vt + (j / 2) * D * 2 + (j % 2);
     for (int64_t d = 0; d < D; ++d) vdst[d * 2] = vrow[d];
   }
-}
-
-// exp(x) for x <= 0 (scores minus their row max), ~1 ulp: fast_exp's polynomial with AVX-512.
-FOLO_AVX512_BF16_ATTN inline __m512 exp16(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-  const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(k, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
-  y = _mm512_fmadd_ps(_mm512_mul_ps(y, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  return _mm512_scalef_ps(y, k);
 }
 
 // scores[4 rows][kTile] = scale * q rows . keys of one packed tile; q rows are kTile-row-padded bf16

@@ -1,5 +1,5 @@
 // Helpers the CPU kernels share (cpu_attention.cpp, cpu_fused_ops.cpp): per-instruction-set builds,
-// bf16 widening, a lane-split dot product and an exp the compiler vectorizes.
+// bf16 widening, a lane-split dot product, an exp the compiler vectorizes and one written with AVX-512.
 //
 // Everything here has internal linkage (an unnamed namespace): each library compiles its own copy under
 // its own floating-point flags (csrc/build.py forbids FMA contraction in cpu_fused_ops.cpp only).
@@ -10,6 +10,11 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define FOLO_HAS_EXP16 1
+#endif
 
 // One compiled copy per instruction set, picked at load time: one binary, correct on any x86-64.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
@@ -65,5 +70,26 @@ FOLO_INLINE float fast_exp(float x) {
   std::memcpy(&scale, &bits, sizeof scale);
   return x < -87.0f ? 0.0f : y * scale;
 }
+
+#ifdef FOLO_HAS_EXP16
+// exp of 16 lanes of attention scores minus their row max (x <= 0), with AVX-512 (call it from
+// functions that target it): fast_exp's polynomial, scaled by 2^k with vscalefps; lanes below -87
+// give exp(-87) rather than 0, which a softmax's sums cannot tell apart.
+__attribute__((target("avx512f"))) inline __m512 exp16(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(k, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
+  y = _mm512_fmadd_ps(_mm512_mul_ps(y, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_scalef_ps(y, k);
+}
+#endif
 
 }  // namespace

@@ -10,6 +10,17 @@ backends each round, over the same KV cache and metadata, so both see the same m
 --kernel-only times the kernel op by itself on decode batches (9 q / 3 kv heads, head_dim 64, bf16),
 its decode fast path on vs off (the general path) alternating each round; process CPU time per call,
 so other jobs on a shared machine inflate it less than wall time.
+
+--decode-prefetch times what the model sees at batch 128: one decode step's 30 layers, each over its own
+cache (together far beyond L3, so K/V stream from memory) with blocks interleaved across sequences as
+they grow together, prefetching the next tile on vs off, alternating each round (process CPU time and
+wall time per step):
+
+    .venv/bin/python scripts/cpu_attention_bench.py --decode-prefetch --threads 1
+
+--claims does the same for how the kernel's threads take work items (runs vs one at a time; at 2 threads):
+
+    .venv/bin/python scripts/cpu_attention_bench.py --claims --threads 2
 """
 from __future__ import annotations
 
@@ -94,14 +105,82 @@ def kernel_only(rounds: int) -> list[dict]:
     return results
 
 
+# (label, batch, shortest context, longest context): contexts spread evenly between the two
+PREFETCH_CASES = [("context 40", 128, 40, 40), ("context 200", 128, 200, 200), ("context 128-256", 128, 128, 256)]
+PREFETCH_LAYERS = 30
+
+
+CLAIM_CASES = [("context 2", 128, 2, 2), ("context 16", 128, 16, 16), ("context 200", 128, 200, 200)]
+
+
+def decode_switch(rounds: int, switch: str) -> list[dict]:
+    """Median ms per 30-layer decode step with one of the kernel's switches off vs on, alternating:
+    ``prefetch`` (decode_prefetch) or ``claims`` (chunked_claims)."""
+    from folovllm.config import CPU_ATTENTION_LIBRARY, load_cpu_attention_library
+    reason = load_cpu_attention_library(CPU_ATTENTION_LIBRARY)
+    if reason is not None:
+        raise SystemExit(reason)
+    gen = torch.Generator().manual_seed(0)
+    heads, kv_heads, head_dim = 9, 3, 64
+    results = []
+    for label, num_seqs, shortest, longest in (PREFETCH_CASES if switch == "prefetch" else CLAIM_CASES):
+        per_seq = blocks_for_tokens(longest, BLOCK_SIZE)
+        shape = (num_seqs * per_seq, BLOCK_SIZE, kv_heads, head_dim)
+        caches = [(torch.randn(shape, generator=gen).bfloat16(), torch.randn(shape, generator=gen).bfloat16())
+                  for _ in range(PREFETCH_LAYERS)]
+        # block j of sequence s: the j-th block handed out while all sequences grow one token a step
+        tables = torch.arange(per_seq)[None, :] * num_seqs + torch.arange(num_seqs)[:, None]
+        lens = torch.linspace(shortest, longest, num_seqs).round().long()
+        queries = [torch.randn(num_seqs, heads, head_dim, generator=gen).bfloat16() for _ in range(PREFETCH_LAYERS)]
+        starts = torch.arange(num_seqs + 1)
+        times: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
+        outputs = {}
+        for round_ in range(rounds + 1):  # round 0 warms up
+            for on in ((False, True) if round_ % 2 else (True, False)):
+                out = torch.empty_like(queries[0])
+                flags = (on, True) if switch == "prefetch" else (True, on)  # (decode_prefetch, chunked_claims)
+                wall, cpu = time.perf_counter(), time.process_time()
+                for query, (k_cache, v_cache) in zip(queries, caches):
+                    torch.ops.folovllm_cpu.paged_attention(out, query, k_cache, v_cache, tables, lens, starts,
+                                                           head_dim ** -0.5, True, 0, True, 0, True, *flags)
+                if round_:
+                    times[on].append(((time.perf_counter() - wall) * 1e3, (time.process_time() - cpu) * 1e3))
+                outputs[on] = out
+        if not torch.equal(outputs[True], outputs[False]):
+            raise SystemExit(f"{label}: {switch} changed the output")
+        med = {("on" if f else "off"): {"wall": statistics.median(w for w, _ in t),
+                                         "cpu": statistics.median(c for _, c in t)} for f, t in times.items()}
+        kv_mb = PREFETCH_LAYERS * 2 * int(lens.sum()) * kv_heads * head_dim * 2 / 1e6
+        results.append({"case": label, "num_seqs": num_seqs, "layers": PREFETCH_LAYERS, "kv_mb_per_step": kv_mb,
+                        "median_ms": med, "cpu_speedup": med["off"]["cpu"] / med["on"]["cpu"],
+                        "wall_speedup": med["off"]["wall"] / med["on"]["wall"]})
+        off, on = med["off"], med["on"]
+        print(f"batch {num_seqs} {label:<16} ({kv_mb:4.0f} MB K/V): {switch} off {off['cpu']:6.2f} ms  "
+              f"on {on['cpu']:6.2f} ms CPU ({off['cpu'] / on['cpu']:.2f}x);  wall "
+              f"{off['wall']:6.2f} / {on['wall']:6.2f} ms ({off['wall'] / on['wall']:.2f}x)", flush=True)
+        del caches
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds per case")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", help="write the results here (JSON)")
     parser.add_argument("--kernel-only", action="store_true", help="time the kernel op alone (decode)")
+    parser.add_argument("--decode-prefetch", action="store_true",
+                        help="30 layers' decode at batch 128, the kernel's next-tile prefetching off vs on")
+    parser.add_argument("--claims", action="store_true",
+                        help="30 layers' decode at batch 128, threads claiming runs of items vs one at a time")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.decode_prefetch or args.claims:
+        results = decode_switch(args.rounds, "prefetch" if args.decode_prefetch else "claims")
+        if args.out:
+            info = {"threads": args.threads, "load_average": os.getloadavg(), "dtype": "bfloat16",
+                    "block_size": BLOCK_SIZE}
+            Path(args.out).write_text(json.dumps([{**r, **info} for r in results], indent=1) + "\n")
+        return
     if args.kernel_only:
         results = kernel_only(args.rounds)
         if args.out:

@@ -2,6 +2,7 @@
 the torch backend, on ragged batches mixing decodes with prefill chunks; and its build story."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -157,6 +158,40 @@ def test_prefill_sdpa_switch_rejects_other_values(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv(cpu_backend.PREFILL_SDPA_ENV, "maybe")
     with pytest.raises(ValueError, match="FOLOVLLM_CPU_PREFILL_SDPA must be 'on' or 'off'"):
         cpu_backend.prefill_sdpa_min_rows()
+
+
+@needs_kernel
+def test_decode_prefetch_switch_reaches_the_kernel_with_the_same_output(monkeypatch: pytest.MonkeyPatch) -> None:
+    query_lens, seq_lens = [1, 1, 1, 4], [300, 129, 9, 40]
+    outputs = {}
+    for switch in ("on", "off"):
+        monkeypatch.setenv(cpu_backend.DECODE_PREFETCH_ENV, switch)
+        assert get_attention_backend(BACKEND)._decode_prefetch is (switch == "on")
+        outputs[switch], ref = run_case(query_lens, seq_lens, 9, 3, 64, 16, torch.bfloat16, backend=BACKEND)
+    assert torch.equal(outputs["on"], outputs["off"])
+    torch.testing.assert_close(outputs["on"].double(), ref, atol=3e-2, rtol=3e-2)
+
+
+@needs_kernel
+def test_chunked_claims_switch_reaches_the_kernel_with_the_same_output(monkeypatch: pytest.MonkeyPatch) -> None:
+    # many small items on two threads: runs of items or one at a time, the same bits
+    query_lens, seq_lens = [1] * 40 + [5], [3 + 7 * i for i in range(40)] + [30]
+    outputs = {}
+    for switch in ("on", "off"):
+        monkeypatch.setenv(cpu_backend.CHUNKED_CLAIMS_ENV, switch)
+        assert get_attention_backend(BACKEND)._chunked_claims is (switch == "on")
+        outputs[switch], ref = run_case(query_lens, seq_lens, 9, 3, 64, 16, torch.bfloat16, backend=BACKEND)
+    assert torch.equal(outputs["on"], outputs["off"])
+    torch.testing.assert_close(outputs["on"].double(), ref, atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.parametrize("env,read", [(cpu_backend.DECODE_PREFETCH_ENV, cpu_backend.decode_prefetch_enabled),
+                                      (cpu_backend.CHUNKED_CLAIMS_ENV, cpu_backend.chunked_claims_enabled)])
+def test_attention_switches_reject_other_values(env: str, read: Callable[[], bool],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(env, "yes")
+    with pytest.raises(ValueError, match=f"{env} must be 'on' or 'off'"):
+        read()
 
 
 @needs_kernel

@@ -18,7 +18,8 @@ DECODE_BATCHES = [([1], [1]), ([1, 1, 1], [127, 128, 129]), ([1, 1], [257, 33]),
 
 def run_kernel(query_lens: list[int], seq_lens: list[int], num_heads: int, num_kv_heads: int, head_dim: int,
                block_size: int, dtype: torch.dtype, sliding_window: int, fast: bool,
-               seed: int = 0, bf16_dot: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+               seed: int = 0, bf16_dot: bool = True, prefetch: bool = True,
+               chunked: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """(kernel output [T, Hq*D], fp64 reference) over a shuffled block table."""
     gen = torch.Generator().manual_seed(seed)
     per_seq = [-(-s // block_size) for s in seq_lens]
@@ -47,7 +48,7 @@ def run_kernel(query_lens: list[int], seq_lens: list[int], num_heads: int, num_k
     out = torch.full_like(query, float("nan"))
     starts = torch.tensor([0, *query_lens]).cumsum(0)
     torch.ops.folovllm_cpu.paged_attention(out, query, k_cache, v_cache, tables, torch.tensor(seq_lens), starts,
-                                           scale, False, sliding_window, fast, 0, bf16_dot)
+                                           scale, False, sliding_window, fast, 0, bf16_dot, prefetch, chunked)
     return out.flatten(1), torch.cat(refs)
 
 
@@ -98,3 +99,43 @@ def test_decode_bf16_dot_products_match_the_widened_scores(head_dim: int, heads:
     torch.testing.assert_close(dot.double(), ref, atol=3e-2, rtol=3e-2)
     widened, _ = run_kernel(query_lens, seq_lens, *heads, head_dim, 16, torch.bfloat16, 0, fast=True, bf16_dot=False)
     torch.testing.assert_close(dot.float(), widened.float(), atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("dtype,bf16_dot", [(torch.bfloat16, True), (torch.bfloat16, False), (torch.float32, True)])
+@pytest.mark.parametrize("head_dim,heads", [(64, (9, 3)), (128, (10, 2)), (64, (5, 1))])  # 1, 2 or 3 register blocks
+@pytest.mark.parametrize("sliding_window", [0, 7, 130])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_decode_prefetch_leaves_the_output_unchanged(dtype: torch.dtype, bf16_dot: bool, head_dim: int,
+                                                      heads: tuple[int, int], sliding_window: int,
+                                                      threads: int) -> None:
+    # prefetching the next tile (of the same item, or of the next one a thread claimed) only moves loads
+    # earlier: the same bits, over items crossing tiles, shorter than one, and a prefill chunk among them
+    query_lens, seq_lens = [1, 1, 1, 1, 3, 1, 1], [300, 129, 1, 40, 19, 256, 5]
+    saved = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        on, ref = run_kernel(query_lens, seq_lens, *heads, head_dim, 16, dtype, sliding_window, fast=True,
+                             bf16_dot=bf16_dot, prefetch=True)
+        off, _ = run_kernel(query_lens, seq_lens, *heads, head_dim, 16, dtype, sliding_window, fast=True,
+                            bf16_dot=bf16_dot, prefetch=False)
+    finally:
+        torch.set_num_threads(saved)
+    assert torch.equal(on, off)
+    torch.testing.assert_close(on.double(), ref, atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.parametrize("seq_lens", [[40, 3], [300, 129, 1, 40] * 8, [2] * 128])
+@pytest.mark.parametrize("prefetch", [True, False])
+def test_chunked_claims_leave_the_output_unchanged(seq_lens: list[int], prefetch: bool) -> None:
+    # runs of items per claim (chunked) or one at a time, on two threads and on one: the same bits
+    saved = torch.get_num_threads()
+    try:
+        outputs = []
+        for threads, chunked in ((2, True), (2, False), (1, True)):
+            torch.set_num_threads(threads)
+            out, _ = run_kernel([1] * len(seq_lens), seq_lens, 9, 3, 64, 16, torch.bfloat16, 0, fast=True,
+                                prefetch=prefetch, chunked=chunked)
+            outputs.append(out)
+    finally:
+        torch.set_num_threads(saved)
+    assert torch.equal(outputs[0], outputs[1]) and torch.equal(outputs[0], outputs[2])
