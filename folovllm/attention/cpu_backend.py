@@ -111,8 +111,9 @@ class CpuAttentionBackend:
             raise RuntimeError(f"the CPU attention library {CPU_ATTENTION_LIBRARY} predates decode prefetching and "
                                "chunked claims: rebuild it with `make kernels`")
         self._last_chunks: tuple[AttentionMetadata, list[tuple[int, int, int]]] | None = None
-        # (length, context, window) -> mask, for that metadata
+        # (length, context, window) -> mask, and window -> the prefill kernel's share, for that metadata
         self._masks: dict[tuple[int, int, int], torch.Tensor] = {}
+        self._splits: dict[int, tuple[list[int], list[int], list[tuple[int, int, int, int]]]] = {}
 
     def forward(
         self,
@@ -140,8 +141,10 @@ class CpuAttentionBackend:
                  self._chunked_claims)
         gqa = num_heads != key.shape[1]
         chunks = self._sdpa_chunks(meta)
-        if self._prefill_kernel and query.dtype == torch.bfloat16 and head_dim in PREFILL_KERNEL_HEAD_DIMS:
-            chunks = run_fresh_chunks(out, query, key, value, chunks, scale, sliding_window)
+        if chunks and self._prefill_kernel and query.dtype == torch.bfloat16 and head_dim in PREFILL_KERNEL_HEAD_DIMS:
+            starts, lens, chunks = self._fresh_split(chunks, sliding_window)
+            if starts:
+                prefill_kernel(out, query, heads_contiguous(key), heads_contiguous(value), starts, lens, scale)
         for seq, start, end, context in chunks:
             if context == 0:
                 k, v = key[start:end], value[start:end]
@@ -164,8 +167,19 @@ class CpuAttentionBackend:
                 if q_len > 1 and (context == 0 or 0 < self._sdpa_from <= q_len):
                     chunks.append((seq, start, start + q_len, context))
                 start += q_len
-            self._last_chunks, self._masks = (meta, chunks), {}
+            self._last_chunks, self._masks, self._splits = (meta, chunks), {}, {}
         return self._last_chunks[1]
+
+    def _fresh_split(self, chunks: list[tuple[int, int, int, int]], sliding_window: int | None
+                     ) -> tuple[list[int], list[int], list[tuple[int, int, int, int]]]:
+        """The first rows and lengths of the chunks the prefill kernel takes (no cached context, no
+        window cutting into them) and the chunks left for SDPA; once per metadata and window."""
+        window = sliding_window or 0
+        if window not in self._splits:
+            fresh = [c for c in chunks if c[3] == 0 and (not window or c[2] - c[1] <= window)]
+            self._splits[window] = ([start for _, start, _, _ in fresh], [end - start for _, start, end, _ in fresh],
+                                    [c for c in chunks if c not in fresh])
+        return self._splits[window]
 
     def _mask(self, length: int, context: int, sliding_window: int | None,
               device: torch.device) -> torch.Tensor | None:
@@ -176,18 +190,6 @@ class CpuAttentionBackend:
         if key not in self._masks:
             self._masks[key] = causal_mask(length, context, sliding_window, device)
         return self._masks[key]
-
-
-def run_fresh_chunks(out: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                     chunks: list[tuple[int, int, int, int]], scale: float,
-                     sliding_window: int | None) -> list[tuple[int, int, int, int]]:
-    """The prefill kernel over the chunks with no cached context that no window cuts into (one call);
-    returns the chunks left for SDPA."""
-    fresh = [c for c in chunks if c[3] == 0 and (sliding_window is None or c[2] - c[1] <= sliding_window)]
-    if fresh:
-        prefill_kernel(out, query, heads_contiguous(key), heads_contiguous(value),
-                       [start for _, start, _, _ in fresh], [end - start for _, start, end, _ in fresh], scale)
-    return [c for c in chunks if c not in fresh]
 
 
 def prefill_kernel(out: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
