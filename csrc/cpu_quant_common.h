@@ -63,13 +63,10 @@ void check_activations(const at::Tensor& x, const at::Tensor& codes, const char*
   TORCH_CHECK(x.dim() >= 1, "x needs a last (input) dimension");
 }
 
-// x [..., K] (bf16 or fp32) -> [..., N] in x's dtype, where run(xb, y) fills y [rows, N] from bf16 rows xb.
-// bf16 x runs as is (y bf16). fp32 x = hi + mid + lo exactly (three bf16 parts hold fp32's 24-bit
-// significand): run as three times the rows into fp32, the three products summed.
+// x [..., K] -> [..., N] in x's dtype, where run(x2, y) fills y [rows, N] from x's rows x2 [rows, K] as they are.
 template <typename Run>
-at::Tensor bf16_rows_gemm(const at::Tensor& x, int64_t N, Run run) {
-  const int64_t K = x.size(-1);
-  if (x.scalar_type() == at::kBFloat16 && x.dim() == 2 && x.is_contiguous() && x.size(0) > 0) {
+at::Tensor rows_gemm(const at::Tensor& x, int64_t N, Run run) {
+  if (x.dim() == 2 && x.is_contiguous() && x.size(0) > 0) {
     // the decode step's case, without the reshapes: at one row this call's own overhead is a good part of it
     at::Tensor y = at::empty({x.size(0), N}, x.options());
     run(x, y);
@@ -77,14 +74,24 @@ at::Tensor bf16_rows_gemm(const at::Tensor& x, int64_t N, Run run) {
   }
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = N;
+  const at::Tensor x2 = x.reshape({-1, x.size(-1)}).contiguous();
+  at::Tensor y = at::empty({x2.size(0), N}, x.options());
+  if (x2.size(0) > 0) run(x2, y);
+  return y.view(shape);
+}
+
+// x [..., K] (bf16 or fp32) -> [..., N] in x's dtype, where run(xb, y) fills y [rows, N] from bf16 rows xb.
+// bf16 x runs as is (y bf16). fp32 x = hi + mid + lo exactly (three bf16 parts hold fp32's 24-bit
+// significand): run as three times the rows into fp32, the three products summed.
+template <typename Run>
+at::Tensor bf16_rows_gemm(const at::Tensor& x, int64_t N, Run run) {
+  if (x.scalar_type() == at::kBFloat16) return rows_gemm(x, N, run);
+  const int64_t K = x.size(-1);
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = N;
   const at::Tensor x2 = x.reshape({-1, K}).contiguous();
   const int64_t M = x2.size(0);
   if (M == 0) return at::empty(shape, x.options());
-  if (x.scalar_type() == at::kBFloat16) {
-    at::Tensor y = at::empty({M, N}, x.options());
-    run(x2, y);
-    return y.view(shape);
-  }
   constexpr int kParts = 3;
   at::Tensor split = at::empty({kParts * M, K}, x.options().dtype(at::kBFloat16));
   const float* src = x2.const_data_ptr<float>();

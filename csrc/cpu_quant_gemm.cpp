@@ -38,18 +38,10 @@ at::Tensor int4_gemm_a8(const at::Tensor& x, const at::Tensor& codes, const at::
   check_activations(x, codes, "int4_gemm_a8");
   TORCH_CHECK(cpu_vnni_supported(), "int4_gemm_a8 needs AVX512_VNNI");
   check_int4_packed(codes, scales, zeros, x.size(-1), group_size);
-  const int64_t K = x.size(-1), N = codes.size(0) * kBlockCols;
-  if (x.dim() == 2 && x.is_contiguous() && x.size(0) > 0) {
-    at::Tensor y = at::empty({x.size(0), N}, x.options());
-    run_int4_a8(x, codes, scales, zeros, group_size, y);
-    return y;
-  }
-  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
-  shape.back() = N;
-  const at::Tensor x2 = x.reshape({-1, K}).contiguous();
-  at::Tensor y = at::empty({x2.size(0), N}, x.options());
-  if (x2.size(0) > 0) run_int4_a8(x2, codes, scales, zeros, group_size, y);
-  return y.view(shape);
+  // fp32 x is rounded to int8 as it is, not split into bf16 parts
+  return rows_gemm(x, codes.size(0) * kBlockCols, [&](const at::Tensor& xb, at::Tensor& y) {
+    run_int4_a8(xb, codes, scales, zeros, group_size, y);
+  });
 }
 
 // x [..., H] -> [..., H]: down(silu_and_mul(gate_up(x))), each int4 matmul with int8 activations when x has

@@ -72,6 +72,14 @@ CONFIG_GROUPS = ("ModelConfig", "LoadConfig", "DeviceConfig", "CacheConfig", "Pa
 NO_EFFECT = "accepted for compatibility, has no effect"
 
 
+def env_switch(name: str) -> bool:
+    """An ``on | off`` environment switch, default on (the engine's FOLOVLLM_* optimization switches)."""
+    value = os.environ.get(name, "on")
+    if value not in ("on", "off"):
+        raise ValueError(f"{name} must be 'on' or 'off', got {value!r}")
+    return value == "on"
+
+
 def knob(default: Any, help: str | None = None, *, choices: list[str] | None = None,
          flag: str | None = None, cli: bool = True, group: str = "FoloVLLM",
          aliases: tuple[str, ...] = (), no_effect: str | None = None,

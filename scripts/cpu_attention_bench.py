@@ -68,17 +68,25 @@ def step_inputs(num_seqs: int, q_len: int, cached: int, vocab: int) -> tuple[tor
     return input_ids, positions, meta
 
 
+HEADS = (9, 3, 64)  # the default model's query heads, KV heads and head_dim
+
+
+def load_kernel() -> torch.Generator:
+    """Loads the CPU attention library (or exits saying why not); a seeded generator for the inputs."""
+    from folovllm.config import CPU_ATTENTION_LIBRARY, load_cpu_attention_library
+    reason = load_cpu_attention_library(CPU_ATTENTION_LIBRARY)
+    if reason is not None:
+        raise SystemExit(reason)
+    return torch.Generator().manual_seed(0)
+
+
 KERNEL_CASES = [(1, 128), (1, 256), (1, 1024), (64, 128), (64, 256), (64, 1024)]  # (sequences, context)
 
 
 def kernel_only(rounds: int) -> list[dict]:
     """Median µs per call of the kernel op, decode fast path on vs off, alternating each round."""
-    from folovllm.config import CPU_ATTENTION_LIBRARY, load_cpu_attention_library
-    reason = load_cpu_attention_library(CPU_ATTENTION_LIBRARY)
-    if reason is not None:
-        raise SystemExit(reason)
-    gen = torch.Generator().manual_seed(0)
-    heads, kv_heads, head_dim = 9, 3, 64
+    gen = load_kernel()
+    heads, kv_heads, head_dim = HEADS
     results = []
     for num_seqs, context in KERNEL_CASES:
         per_seq = blocks_for_tokens(context, BLOCK_SIZE)
@@ -116,12 +124,8 @@ CLAIM_CASES = [("context 2", 128, 2, 2), ("context 16", 128, 16, 16), ("context 
 def decode_switch(rounds: int, switch: str) -> list[dict]:
     """Median ms per 30-layer decode step with one of the kernel's switches off vs on, alternating:
     ``prefetch`` (decode_prefetch) or ``claims`` (chunked_claims)."""
-    from folovllm.config import CPU_ATTENTION_LIBRARY, load_cpu_attention_library
-    reason = load_cpu_attention_library(CPU_ATTENTION_LIBRARY)
-    if reason is not None:
-        raise SystemExit(reason)
-    gen = torch.Generator().manual_seed(0)
-    heads, kv_heads, head_dim = 9, 3, 64
+    gen = load_kernel()
+    heads, kv_heads, head_dim = HEADS
     results = []
     for label, num_seqs, shortest, longest in (PREFETCH_CASES if switch == "prefetch" else CLAIM_CASES):
         per_seq = blocks_for_tokens(longest, BLOCK_SIZE)

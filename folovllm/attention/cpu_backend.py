@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from folovllm.attention.backend import check_sliding_window, register_attention_backend
 from folovllm.attention.metadata import AttentionMetadata
 from folovllm.attention.torch_backend import write_kv_cache
-from folovllm.config import CPU_ATTENTION_LIBRARY, load_cpu_attention_library
+from folovllm.config import CPU_ATTENTION_LIBRARY, env_switch, load_cpu_attention_library
 
 SDPA_MIN_ROWS = 8  # new tokens over cached context from which SDPA is not slower than the kernel
 PREFILL_SDPA_ENV = "FOLOVLLM_CPU_PREFILL_SDPA"
@@ -50,28 +50,17 @@ PREFILL_KERNEL_HEAD_DIMS = (64, 128)
 
 def prefill_sdpa_min_rows() -> int:
     """``SDPA_MIN_ROWS``, or 0 (the kernel computes every chunk over context) when the switch is off."""
-    value = os.environ.get(PREFILL_SDPA_ENV, "on")
-    if value not in ("on", "off"):
-        raise ValueError(f"{PREFILL_SDPA_ENV} must be 'on' or 'off', got {value!r}")
-    return SDPA_MIN_ROWS if value == "on" else 0
-
-
-def on_off_switch(name: str) -> bool:
-    """An on | off environment switch, default on."""
-    value = os.environ.get(name, "on")
-    if value not in ("on", "off"):
-        raise ValueError(f"{name} must be 'on' or 'off', got {value!r}")
-    return value == "on"
+    return SDPA_MIN_ROWS if env_switch(PREFILL_SDPA_ENV) else 0
 
 
 def decode_prefetch_enabled() -> bool:
     """``FOLOVLLM_CPU_DECODE_PREFETCH`` (on | off, default on): decode rows prefetch the next tile's K/V."""
-    return on_off_switch(DECODE_PREFETCH_ENV)
+    return env_switch(DECODE_PREFETCH_ENV)
 
 
 def chunked_claims_enabled() -> bool:
     """``FOLOVLLM_CPU_ATTENTION_CHUNKED_CLAIMS`` (on | off, default on): threads claim runs of work items."""
-    return on_off_switch(CHUNKED_CLAIMS_ENV)
+    return env_switch(CHUNKED_CLAIMS_ENV)
 
 
 def prefill_kernel_enabled() -> bool:

@@ -13,7 +13,6 @@ hook is registered on any of its modules (GPTQ calibration measures inputs with 
 """
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterable
 
 import torch
@@ -21,6 +20,7 @@ from torch import nn
 from torch.nn.modules import module as torch_module
 
 from folovllm.attention.metadata import AttentionMetadata
+from folovllm.config import env_switch
 from folovllm.model.layers import Attention, GatedMLP, KVCache, RMSNorm, Rope, fused_ops
 from folovllm.model.quant.cpu_quant import fused_int4_mlp
 
@@ -29,10 +29,7 @@ DIRECT_CALLS_ENV = "FOLOVLLM_DIRECT_CALLS"
 
 def direct_calls_enabled() -> bool:
     """``FOLOVLLM_DIRECT_CALLS`` (on | off, default on)."""
-    value = os.environ.get(DIRECT_CALLS_ENV, "on")
-    if value not in ("on", "off"):
-        raise ValueError(f"{DIRECT_CALLS_ENV} must be 'on' or 'off', got {value!r}")
-    return value == "on"
+    return env_switch(DIRECT_CALLS_ENV)
 
 
 def hook_tables(modules: Iterable[nn.Module]) -> list[dict]:

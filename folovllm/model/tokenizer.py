@@ -17,12 +17,14 @@ import tempfile
 import transformers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from folovllm.config import env_switch
 from folovllm.model.gguf_loader import open_gguf
 from folovllm.model.loader import default_model_path
 
 logger = logging.getLogger(__name__)
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+TOKENIZER_CACHE_ENV = "FOLOVLLM_TOKENIZER_CACHE"
 _COMPLETE = "folovllm-complete"  # written last: a folder without it is an interrupted save
 
 
@@ -43,13 +45,6 @@ def cache_root() -> str:
     return os.environ.get("FOLOVLLM_CACHE_ROOT") or default
 
 
-def tokenizer_cache_enabled() -> bool:
-    value = os.environ.get("FOLOVLLM_TOKENIZER_CACHE", "on").lower()
-    if value not in ("on", "off", "1", "0"):
-        raise ValueError(f"FOLOVLLM_TOKENIZER_CACHE must be on or off; got {value!r}")
-    return value in ("on", "1")
-
-
 def gguf_tokenizer_cache_dir(path: str) -> str:
     """The cache folder of ``path``'s converted tokenizer (a new one whenever the file changes)."""
     stat = os.stat(path)
@@ -60,7 +55,7 @@ def gguf_tokenizer_cache_dir(path: str) -> str:
 def _gguf_tokenizer(path: str) -> PreTrainedTokenizerBase:
     if not os.path.isfile(path):
         raise ValueError(f"model file {path!r} does not exist (models are never downloaded)")
-    cached = gguf_tokenizer_cache_dir(path) if tokenizer_cache_enabled() else None
+    cached = gguf_tokenizer_cache_dir(path) if env_switch(TOKENIZER_CACHE_ENV) else None
     if cached is not None and os.path.exists(os.path.join(cached, _COMPLETE)):
         return AutoTokenizer.from_pretrained(cached, local_files_only=True)
     folder, filename = os.path.split(os.path.abspath(path))

@@ -85,7 +85,7 @@ def test_unwritable_cache_only_warns(tmp_path, converted_and_cached, caplog):
 def test_switch_off_and_bad_values(monkeypatch, tmp_path):
     monkeypatch.setenv("FOLOVLLM_CACHE_ROOT", str(tmp_path))
     monkeypatch.setenv("FOLOVLLM_TOKENIZER_CACHE", "maybe")
-    with pytest.raises(ValueError, match="FOLOVLLM_TOKENIZER_CACHE must be on or off"):
+    with pytest.raises(ValueError, match="FOLOVLLM_TOKENIZER_CACHE must be 'on' or 'off'"):
         load_tokenizer(default_model_path())
     monkeypatch.setenv("FOLOVLLM_TOKENIZER_CACHE", "off")
     tokenizer = load_tokenizer(default_model_path())

@@ -5,6 +5,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from folovllm.config import env_switch
+
 GPTQ_BITS = (4, 8)
 # The zero-point convention: v1 ("gptq", the common one) stores each zero point minus one, v2 stores it as is.
 _FORMATS = {"gptq": "v1", "v1": "v1", "gptq_v2": "v2", "v2": "v2"}
@@ -42,10 +44,7 @@ def int4_activations_choice() -> str:
 
 def int4_fused_mlp_enabled() -> bool:
     """``FOLOVLLM_INT4_FUSED_MLP`` (on | off, default on)."""
-    value = os.environ.get(INT4_FUSED_MLP_ENV, "on")
-    if value not in ("on", "off"):
-        raise ValueError(f"{INT4_FUSED_MLP_ENV} must be 'on' or 'off', got {value!r}")
-    return value == "on"
+    return env_switch(INT4_FUSED_MLP_ENV)
 
 
 @dataclass(frozen=True)
