@@ -20,11 +20,12 @@ from folovllm.config import EngineConfig
 from folovllm.core.admission import make_admission
 from folovllm.core.kv_cache import KVCacheManager
 from folovllm.core.policy import make_policy
-from folovllm.core.scheduler import Scheduler, SchedulerLimits, SchedulerOutput, is_decode_row
+from folovllm.core.scheduler import Scheduler, SchedulerLimits, SchedulerOutput
 from folovllm.distributed.launch import RankFailedError
 from folovllm.engine.fault_isolation import isolate_faults, subset
 from folovllm.engine.output_processor import OutputProcessor, RequestGroup
-from folovllm.engine.stats import EngineStats, StepStats
+from folovllm.engine.prompt_checks import check_logprobs, check_prompt_length, check_request_ids, truncate_prompt
+from folovllm.engine.stats import EngineStats, StepStats, context_tokens, prefill_pairs
 from folovllm.engine.worker_input import build_step_input
 from folovllm.kv_transfer.base import ConnectorSide, KVConnectorBase
 from folovllm.kv_transfer.setup import kv_transfer_settings, make_connector
@@ -33,7 +34,7 @@ from folovllm.model.hub import resolve_model_files
 from folovllm.model.loader import default_model_path
 from folovllm.model.tokenizer import load_tokenizer
 from folovllm.outputs import RequestOutput
-from folovllm.request import Request, RequestStatus, bad_words_token_ids
+from folovllm.request import Request, RequestStatus
 from folovllm.sample.prompt_logprobs import PromptLogprobsChunk
 from folovllm.sampling_params import SamplingParams
 from folovllm.structured_output import GrammarCache, StructuredOutputManager
@@ -58,63 +59,6 @@ class InFlight:
     context_tokens: int  # tokens its attention reads, summed over the batch (the step trace's cost term)
     pairs: tuple[int, int]  # its prefill chunks' (cached, new) attention pairs (more cost terms)
     started: float  # when the engine step that scheduled it began
-
-
-def check_prompt_length(num_tokens: int, max_model_len: int, what: str = "prompt") -> None:
-    """A prompt needs at least one token and room for at least one generated token."""
-    if num_tokens == 0:
-        raise ValueError(f"the {what} is empty; give at least one token")
-    if num_tokens >= max_model_len:
-        raise ValueError(f"the {what} has {num_tokens} tokens, but max_model_len is {max_model_len} "
-                         "(the prompt plus at least one generated token must fit)")
-
-
-def truncate_prompt(prompt_token_ids: list[int], truncate_prompt_tokens: int | None,
-                    max_model_len: int) -> list[int]:
-    """The prompt's last ``truncate_prompt_tokens`` tokens (-1: ``max_model_len`` of them)."""
-    if truncate_prompt_tokens is None:
-        return prompt_token_ids
-    if truncate_prompt_tokens > max_model_len:
-        raise ValueError(f"truncate_prompt_tokens must be at most max_model_len={max_model_len} "
-                         f"(or -1 for max_model_len), got {truncate_prompt_tokens}")
-    keep = max_model_len if truncate_prompt_tokens == -1 else truncate_prompt_tokens
-    return prompt_token_ids[-keep:]
-
-
-def check_token_ids_in_vocab(params: SamplingParams, vocab_size: int) -> None:
-    """Every token id a request names must be a row of the model's logits."""
-    for name, ids in (("stop_token_ids", params.stop_token_ids),
-                      ("logit_bias", params.logit_bias or ()),
-                      ("allowed_token_ids", params.allowed_token_ids or ())):
-        outside = sorted(t for t in ids if t >= vocab_size)
-        if outside:
-            raise ValueError(f"{name} must be in [0, {vocab_size}) for this model; "
-                             f"out of vocabulary: {outside[:10]}")
-
-
-def context_tokens(sched: SchedulerOutput) -> int:
-    """Tokens the step's attention reads, summed over its requests (computed + new), before it runs."""
-    return sum(r.num_computed_tokens + n for r, n in zip(sched.requests, sched.num_new_tokens))
-
-
-def prefill_cached_pairs(sched: SchedulerOutput) -> int:
-    """(new prompt token, already computed token) pairs of the step's prefill chunks, before it runs:
-    the attention of a prompt's new tokens over the prefix it found cached (or computed in an earlier
-    chunk). Decode rows are left out; ``context_tokens`` covers them."""
-    return sum(n * r.num_computed_tokens for r, n in zip(sched.requests, sched.num_new_tokens)
-               if not is_decode_row(r, n))
-
-
-def prefill_new_pairs(sched: SchedulerOutput) -> int:
-    """(new prompt token, new prompt token) causal pairs of the step's prefill chunks: each chunk's
-    attention over itself, n·(n + 1) / 2 for a chunk of n tokens. It grows with the square of a chunk,
-    so a step of a few long prompts attends over more pairs than one of many short ones."""
-    return sum(n * (n + 1) // 2 for r, n in zip(sched.requests, sched.num_new_tokens) if not is_decode_row(r, n))
-
-
-def prefill_pairs(sched: SchedulerOutput) -> tuple[int, int]:
-    """The step's prefill (cached, new) attention pairs, before it runs."""
-    return prefill_cached_pairs(sched), prefill_new_pairs(sched)
 
 
 class LLMEngine:
@@ -235,14 +179,8 @@ class LLMEngine:
         prompt_text, prompt_ids = self.tokenize(prompt)
         prompt_ids = truncate_prompt(prompt_ids, params.truncate_prompt_tokens, self.max_model_len)
         check_prompt_length(len(prompt_ids), self.max_model_len)
-        vocab = self.vocab_size
-        if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
-            raise ValueError(f"prompt token ids must be in [0, {vocab}); got an id outside")
-        check_token_ids_in_vocab(params, vocab)
-        bad_words = bad_words_token_ids(params.bad_words, self.tokenizer) if params.bad_words else ()
-        if any(t >= vocab for ids in bad_words for t in ids):
-            raise ValueError(f"bad_words must tokenize to ids in [0, {vocab}) for this model")
-        self._check_logprobs(params)
+        bad_words = check_request_ids(prompt_ids, params, self.vocab_size, self.tokenizer)
+        check_logprobs(params, self.config.max_logprobs)
         room = self.max_model_len - len(prompt_ids)
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
         arrival = time.perf_counter() if arrival_time is None else arrival_time
@@ -256,14 +194,6 @@ class LLMEngine:
             self.output_processor.start(sample)
             samples.append(sample)
         return RequestGroup(request_id, prompt_text, prompt_ids, samples)
-
-    def _check_logprobs(self, params: SamplingParams) -> None:
-        limit = self.config.max_logprobs
-        for name in ("logprobs", "prompt_logprobs"):
-            value = getattr(params, name)
-            if limit >= 0 and value is not None and value > limit:
-                raise ValueError(f"{name}={value} is more than this engine's max_logprobs={limit} "
-                                 "(raise it with --max-logprobs)")
 
     def _queue(self, group: RequestGroup) -> None:
         self.groups[group.request_id] = group

@@ -4,6 +4,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from folovllm.core.scheduler import SchedulerOutput, is_decode_row
+
 
 @dataclass
 class StepStats:
@@ -52,3 +54,28 @@ class EngineStats:
     @property
     def prefix_cache_hit_rate(self) -> float:
         return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
+
+
+def context_tokens(sched: SchedulerOutput) -> int:
+    """Tokens the step's attention reads, summed over its requests (computed + new), before it runs."""
+    return sum(r.num_computed_tokens + n for r, n in zip(sched.requests, sched.num_new_tokens))
+
+
+def prefill_cached_pairs(sched: SchedulerOutput) -> int:
+    """(new prompt token, already computed token) pairs of the step's prefill chunks, before it runs:
+    the attention of a prompt's new tokens over the prefix it found cached (or computed in an earlier
+    chunk). Decode rows are left out; ``context_tokens`` covers them."""
+    return sum(n * r.num_computed_tokens for r, n in zip(sched.requests, sched.num_new_tokens)
+               if not is_decode_row(r, n))
+
+
+def prefill_new_pairs(sched: SchedulerOutput) -> int:
+    """(new prompt token, new prompt token) causal pairs of the step's prefill chunks: each chunk's
+    attention over itself, n·(n + 1) / 2 for a chunk of n tokens. It grows with the square of a chunk,
+    so a step of a few long prompts attends over more pairs than one of many short ones."""
+    return sum(n * (n + 1) // 2 for r, n in zip(sched.requests, sched.num_new_tokens) if not is_decode_row(r, n))
+
+
+def prefill_pairs(sched: SchedulerOutput) -> tuple[int, int]:
+    """The step's prefill (cached, new) attention pairs, before it runs."""
+    return prefill_cached_pairs(sched), prefill_new_pairs(sched)

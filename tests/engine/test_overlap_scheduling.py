@@ -123,14 +123,14 @@ def test_final_only_outputs_skip_the_steps_in_between(tiny_llama_dir, prompts):
 
 def test_bad_words_with_overlap(tiny_llama_dir, prompts, monkeypatch):
     """Bad words read the latest outputs: a step with them waits for its pending token (sync step)."""
-    from folovllm.engine import llm_engine
+    from folovllm.engine import prompt_checks
 
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     free = run(make_llm(tiny_llama_dir), prompts[:1], params)[0].token_ids
     word = (free[3], free[4])  # a two-token word the free run completes with its fifth token
     assert all(pair != word for pair in zip(free[:4], free[1:4]))  # and not before
     # the word as token ids: the tiny model's vocabulary is not the tokenizer's
-    monkeypatch.setattr(llm_engine, "bad_words_token_ids", lambda words, tokenizer: (word,))
+    monkeypatch.setattr(prompt_checks, "bad_words_token_ids", lambda words, tokenizer: (word,))
     banned = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, bad_words=["w"])
     results = {overlap: run(make_llm(tiny_llama_dir, overlap_scheduling=overlap), prompts[:1], banned)[0].token_ids
                for overlap in (False, True)}

@@ -3,7 +3,7 @@ among their own new tokens."""
 from types import SimpleNamespace
 
 from folovllm.core.scheduler import SchedulerOutput
-from folovllm.engine.llm_engine import context_tokens, prefill_cached_pairs, prefill_new_pairs
+from folovllm.engine.stats import context_tokens, prefill_cached_pairs, prefill_new_pairs
 
 
 def row(computed: int, total: int, outputs: int) -> SimpleNamespace:

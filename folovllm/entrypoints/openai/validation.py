@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from folovllm.engine.llm_engine import check_prompt_length, truncate_prompt
+from folovllm.engine.prompt_checks import check_prompt_length, truncate_prompt
 from folovllm.entrypoints.openai.chat_template import RESERVED_TEMPLATE_KWARGS, render_chat_text
 from folovllm.entrypoints.openai.errors import bad_request
 from folovllm.entrypoints.openai.protocol import (ChatCompletionRequest, ChatMessage, CompletionRequest,
