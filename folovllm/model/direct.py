@@ -59,6 +59,7 @@ class DirectDecoderLayer:
         self.q_norm = None if attn.q_norm is None else attn.q_norm.weight
         self.k_norm = None if attn.k_norm is None else attn.k_norm.weight
         self.attention, self.scale, self.sliding_window = attn.backend.forward, attn.scale, attn.sliding_window
+        self.backend = attn.backend
 
     def __call__(self, rope: Rope, x: torch.Tensor, residual: torch.Tensor | None, kv_cache: KVCache,
                  meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
