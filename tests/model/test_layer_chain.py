@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
 from folovllm.config import CPU_DECODER_CHAIN_LIBRARY, cpu_decoder_chain_available
 from folovllm.model.layer_chain import LAYER_CHAIN_ENV, layer_chain_enabled
@@ -14,6 +15,7 @@ from folovllm.model.quant.cpu_quant import cpu_quant_unavailable
 from folovllm.model.quant.gptq_config import INT4_FUSED_MLP_ENV
 from tests.model.quant.test_gptq_loading import make_gptq_model, tiny_llama  # noqa: F401 (a fixture)
 from tests.model.test_direct import ENGINE_OPS, NOT_BUILT, prefill_then_decode
+from tests.model.test_model_vs_hf import CONFIGS
 
 torch.set_num_threads(2)
 pytestmark = [pytest.mark.skipif(NOT_BUILT is not None, reason=f"{NOT_BUILT}"),
@@ -88,3 +90,19 @@ def test_switch(folders: tuple[str, str], monkeypatch) -> None:
     monkeypatch.setenv(LAYER_CHAIN_ENV, "yes")
     with pytest.raises(ValueError, match=LAYER_CHAIN_ENV):
         layer_chain_enabled()
+
+
+@pytest.mark.parametrize("config_name", ["qwen2", "qwen3"])  # biases on q/k/v; per-head q/k norms
+def test_qwen_layers_through_the_chain(config_name: str, tmp_path) -> None:
+    torch.manual_seed(0)
+    config = CONFIGS[config_name]()
+    config.vocab_size = 512  # prefill_then_decode's token ids
+    hf_model = AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():
+        for name, param in hf_model.named_parameters():
+            param.copy_(1 + 0.1 * torch.randn_like(param) if "norm" in name else 0.1 * torch.randn_like(param))
+    hf_model.save_pretrained(tmp_path, safe_serialization=True)
+    model = load_model(str(tmp_path), dtype=torch.bfloat16, device="cpu", cpu_bf16_linear=True, **ENGINE_OPS)
+    with_chain, direct, runs = chain_and_direct(model)
+    assert runs == 1
+    assert torch.equal(with_chain, direct)
