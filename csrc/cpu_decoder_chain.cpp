@@ -49,11 +49,21 @@ at::Tensor run_calls(const std::vector<XFirstCall>& calls, at::Tensor x) {
   return x;
 }
 
+// The fixed ops' C++ signatures, as their libraries define them (a typed call skips boxing the arguments).
+using RmsNorm = at::Tensor(const at::Tensor&, const at::Tensor&, double);
+using AddRmsNorm = at::Tensor(at::Tensor&, const at::Tensor&, const at::Tensor&, double);
+using RotaryStoreKv = std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+    const at::Tensor&, int64_t, int64_t, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+    const std::optional<at::Tensor>&, double, at::Tensor&, at::Tensor&, const at::Tensor&);
+using PagedAttention = void(at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                            const at::Tensor&, const at::Tensor&, double, bool, int64_t, bool, int64_t, bool, bool,
+                            bool);
+
 struct Layer {
   at::Tensor norm1, norm2;
   double eps1, eps2;
   int64_t num_heads, num_kv_heads;
-  IValue q_norm, k_norm;  // a weight tensor, or None
+  std::optional<at::Tensor> q_norm, k_norm;
   double qk_eps, scale;
   int64_t sliding_window;  // 0: none
   std::vector<XFirstCall> qkv, o_proj, mlp;
@@ -66,16 +76,16 @@ class DecoderChain : public torch::CustomClassHolder {
       : skip_prefills_from_(skip_prefills_from),
         decode_prefetch_(decode_prefetch),
         chunked_claims_(chunked_claims),
-        rms_norm_(find_op("folovllm_cpu_fused::rms_norm", "")),
-        add_rms_norm_(find_op("folovllm_cpu_fused::add_rms_norm", "")),
-        rotary_store_kv_(find_op("folovllm_cpu_fused::rotary_store_kv", "")),
-        attention_(find_op("folovllm_cpu::paged_attention", "")) {}
+        rms_norm_(find_op("folovllm_cpu_fused::rms_norm", "").typed<RmsNorm>()),
+        add_rms_norm_(find_op("folovllm_cpu_fused::add_rms_norm", "").typed<AddRmsNorm>()),
+        rotary_store_kv_(find_op("folovllm_cpu_fused::rotary_store_kv", "").typed<RotaryStoreKv>()),
+        attention_(find_op("folovllm_cpu::paged_attention", "").typed<PagedAttention>()) {}
 
   void add_layer(at::Tensor norm1, double eps1, at::Tensor norm2, double eps2, int64_t num_heads,
                  int64_t num_kv_heads, std::optional<at::Tensor> q_norm, std::optional<at::Tensor> k_norm,
                  double qk_eps, double scale, int64_t sliding_window) {
     Layer layer{std::move(norm1), std::move(norm2), eps1, eps2, num_heads, num_kv_heads,
-                q_norm ? IValue(*q_norm) : IValue(), k_norm ? IValue(*k_norm) : IValue(),
+                std::move(q_norm), std::move(k_norm),
                 qk_eps, scale, sliding_window, {}, {}, {}};
     layers_.push_back(std::move(layer));
   }
@@ -102,30 +112,25 @@ class DecoderChain : public torch::CustomClassHolder {
                 caches.size());
     bool first = !residual_in.has_value();
     at::Tensor residual = first ? x : *residual_in;
-    Stack stack;
     for (size_t i = 0; i < layers_.size(); ++i) {
       const Layer& layer = layers_[i];
-      const at::Tensor& k_cache = caches[2 * i];
-      const at::Tensor& v_cache = caches[2 * i + 1];
+      at::Tensor& k_cache = caches[2 * i];
+      at::Tensor& v_cache = caches[2 * i + 1];
       if (first) {
-        stack = {x, layer.norm1, layer.eps1};
-        x = call_op(rms_norm_, stack);
+        x = rms_norm_.call(x, layer.norm1, layer.eps1);
         first = false;
       } else {
-        stack = {residual, x, layer.norm1, layer.eps1};
-        x = call_op(add_rms_norm_, stack);
+        x = add_rms_norm_.call(residual, x, layer.norm1, layer.eps1);
       }
-      stack = {run_calls(layer.qkv, x), layer.num_heads, layer.num_kv_heads, cos, sin, layer.q_norm,
-               layer.k_norm, layer.qk_eps, k_cache, v_cache, slot_mapping};
-      rotary_store_kv_.callBoxed(stack);
-      at::Tensor query = stack[0].toTensor().contiguous();  // q is a slice of the fused qkv projection
+      auto qkv = rotary_store_kv_.call(run_calls(layer.qkv, x), layer.num_heads, layer.num_kv_heads, cos, sin,
+                                       layer.q_norm, layer.k_norm, layer.qk_eps, k_cache, v_cache, slot_mapping);
+      at::Tensor query = std::get<0>(qkv).contiguous();  // q is a slice of the fused qkv projection
       at::Tensor out = at::empty_like(query);
-      stack = {out, query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, layer.scale, true,
-               layer.sliding_window, true, skip_prefills_from_, true, decode_prefetch_, chunked_claims_};
-      attention_.callBoxed(stack);
+      attention_.call(out, query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, layer.scale, true,
+                      layer.sliding_window, true, skip_prefills_from_, true, decode_prefetch_, chunked_claims_);
       at::Tensor attended = out.view({query.size(0), query.size(1) * query.size(2)});
-      stack = {residual, run_calls(layer.o_proj, attended), layer.norm2, layer.eps2};
-      x = run_calls(layer.mlp, call_op(add_rms_norm_, stack));
+      x = run_calls(layer.mlp, add_rms_norm_.call(residual, run_calls(layer.o_proj, attended), layer.norm2,
+                                                  layer.eps2));
     }
     return {x, residual};
   }
@@ -133,7 +138,10 @@ class DecoderChain : public torch::CustomClassHolder {
  private:
   int64_t skip_prefills_from_;
   bool decode_prefetch_, chunked_claims_;
-  c10::OperatorHandle rms_norm_, add_rms_norm_, rotary_store_kv_, attention_;
+  c10::TypedOperatorHandle<RmsNorm> rms_norm_;
+  c10::TypedOperatorHandle<AddRmsNorm> add_rms_norm_;
+  c10::TypedOperatorHandle<RotaryStoreKv> rotary_store_kv_;
+  c10::TypedOperatorHandle<PagedAttention> attention_;
   std::vector<Layer> layers_;
 };
 
