@@ -25,12 +25,7 @@ c10::OperatorHandle find_op(const std::string& name, const std::string& overload
   return c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), overload.c_str());
 }
 
-at::Tensor call_op(const c10::OperatorHandle& op, Stack& stack) {
-  op.callBoxed(stack);
-  return stack[0].toTensor();
-}
-
-// op(x, *args): the call a bound linear makes.
+// op(x, *args): the call a bound linear makes (a boxed call: the op and its arguments vary by linear kind).
 struct XFirstCall {
   c10::OperatorHandle op;
   std::vector<IValue> args;
@@ -40,7 +35,8 @@ struct XFirstCall {
     stack.reserve(args.size() + 1);
     stack.emplace_back(x);
     stack.insert(stack.end(), args.begin(), args.end());
-    return call_op(op, stack);
+    op.callBoxed(stack);
+    return stack[0].toTensor();
   }
 };
 

@@ -13,6 +13,7 @@ direct layers). ``FOLOVLLM_CPU_LAYER_CHAIN=off`` never builds one.
 """
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -24,6 +25,8 @@ from folovllm.config import CPU_DECODER_CHAIN_LIBRARY, cpu_decoder_chain_availab
 from folovllm.model.direct import DirectDecoderLayer
 from folovllm.model.layers import KVCache, Rope
 from folovllm.model.op_call import op_call_of
+
+logger = logging.getLogger(__name__)
 
 LAYER_CHAIN_ENV = "FOLOVLLM_CPU_LAYER_CHAIN"
 
@@ -73,7 +76,12 @@ def layer_chain(layers: Sequence[DirectDecoderLayer]) -> LayerChain | None:
     calls = [_layer_calls(layer) for layer in layers]
     if any(c is None for c in calls) or not cpu_decoder_chain_available(CPU_DECODER_CHAIN_LIBRARY):
         return None
-    chain = torch.classes.folovllm_cpu_chain.DecoderChain(*backend.kernel_switches())
+    try:  # looks up the ops it calls, checking their signatures
+        chain = torch.classes.folovllm_cpu_chain.DecoderChain(*backend.kernel_switches())
+    except RuntimeError as exc:
+        logger.warning("cpu_layer_chain: off, since the kernel libraries do not match it (%s): rebuild them "
+                       "with `make kernels`", exc)
+        return None
     for layer, parts in zip(layers, calls):
         chain.add_layer(layer.norm1, layer.eps1, layer.norm2, layer.eps2, layer.num_heads, layer.num_kv_heads,
                         layer.q_norm, layer.k_norm, layer.qk_eps, layer.scale, layer.sliding_window or 0)
