@@ -50,7 +50,14 @@ CPU_GREEDY_HEAD := build/cpu_greedy_head/libfolovllm_cpu_greedy_head.so
 $(CPU_GREEDY_HEAD): csrc/cpu_greedy_head.cpp csrc/build.py $(STAMP)
 	$(PY) csrc/build.py $@ csrc/cpu_greedy_head.cpp
 
-KERNELS := $(CPU_ATTENTION) $(CPU_FUSED_OPS) $(CPU_BF16_LINEAR) $(CPU_QUANT_GEMM) $(CPU_GREEDY_HEAD)
+# A decode step's decoder layers in one call (the layer chain picks it for decode steps once built); it calls
+# the other libraries' ops through the dispatcher, so it depends on none of their sources.
+CPU_DECODER_CHAIN := build/cpu_decoder_chain/libfolovllm_cpu_decoder_chain.so
+
+$(CPU_DECODER_CHAIN): csrc/cpu_decoder_chain.cpp csrc/build.py $(STAMP)
+	$(PY) csrc/build.py $@ csrc/cpu_decoder_chain.cpp
+
+KERNELS := $(CPU_ATTENTION) $(CPU_FUSED_OPS) $(CPU_BF16_LINEAR) $(CPU_QUANT_GEMM) $(CPU_GREEDY_HEAD) $(CPU_DECODER_CHAIN)
 
 kernels: $(KERNELS)
 

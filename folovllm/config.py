@@ -43,6 +43,9 @@ CPU_BF16_LINEAR_LIBRARY = (Path(__file__).resolve().parent.parent / "build" / "c
 # Greedy rows' argmax inside the LM head matmul (csrc/cpu_greedy_head.cpp), built beside them.
 CPU_GREEDY_HEAD_LIBRARY = (Path(__file__).resolve().parent.parent / "build" / "cpu_greedy_head"
                            / "libfolovllm_cpu_greedy_head.so")
+# A decode step's decoder layers in one call (csrc/cpu_decoder_chain.cpp), built beside them.
+CPU_DECODER_CHAIN_LIBRARY = (Path(__file__).resolve().parent.parent / "build" / "cpu_decoder_chain"
+                             / "libfolovllm_cpu_decoder_chain.so")
 
 logger = logging.getLogger(__name__)
 
@@ -535,6 +538,13 @@ def _on_unless(switch: str, reason: str | None) -> bool:
 def cpu_fused_ops_available(path: Path) -> bool:
     """Whether the fused CPU ops load; the reason they do not is logged once per process."""
     return _on_unless("cpu_fused_ops", load_cpu_fused_ops_library(path))
+
+
+@functools.cache
+def cpu_decoder_chain_available(path: Path) -> bool:
+    """Whether the decoder layer chain's library loads (after the kernels' libraries whose ops it calls);
+    the reason it does not is logged once per process."""
+    return _on_unless("cpu_layer_chain", load_op_library(path, "the CPU decoder layer chain"))
 
 
 def _load_avx512_bf16_library(path: Path, what: str, namespace: str) -> str | None:

@@ -17,7 +17,9 @@ its ratio to bf16, and weight MiB (all and linear layers). The models run as the
 CPU: the CPU attention kernel, the fused ops and, for bf16 linears, the bf16 linear kernel (``bf16-onednn``
 is bf16 on oneDNN's prepacked linears instead); ``--no-engine-cpu-ops`` runs torch attention, unfused
 ops and oneDNN. The ``-modules`` variants run their decoder layers through the ``nn.Module`` calls
-(``FOLOVLLM_DIRECT_CALLS=off``) instead of the direct op calls (``model/direct.py``) the others use.
+(``FOLOVLLM_DIRECT_CALLS=off``) instead of the direct op calls (``model/direct.py``) the others use; the
+``-nochain`` variants make those direct calls from Python (``FOLOVLLM_CPU_LAYER_CHAIN=off``) instead of the
+one C++ call per step (``model/layer_chain.py``) the others make for decode steps.
 ``--only NAME ...`` times a subset beside bf16.
 """
 from __future__ import annotations
@@ -42,6 +44,7 @@ from folovllm.config import CPU_BF16_LINEAR_LIBRARY, cpu_bf16_linear_available  
 from folovllm.model.loader import default_model_path, load_model  # noqa: E402
 from folovllm.model.quant.gptq_config import INT4_ACTIVATIONS_ENV, INT4_FUSED_MLP_ENV, KERNEL_ENV  # noqa: E402
 from folovllm.model.direct import DIRECT_CALLS_ENV  # noqa: E402
+from folovllm.model.layer_chain import LAYER_CHAIN_ENV  # noqa: E402
 from tests.helpers import make_attn_metadata  # noqa: E402
 from folovllm.quantize.run import QuantizeArgs, quantize  # noqa: E402
 
@@ -109,10 +112,12 @@ def main() -> None:
     variants = {  # name: (path, quantization, load_quantized, quantize_lm_head, FOLOVLLM_QUANT_KERNEL)
         "bf16": (gguf, "auto", False, "off", "auto"),  # the engine's default CPU path
         "bf16-modules": (gguf, "auto", False, "off", "auto"),  # FOLOVLLM_DIRECT_CALLS=off
+        "bf16-nochain": (gguf, "auto", False, "off", "auto"),  # FOLOVLLM_CPU_LAYER_CHAIN=off
         "bf16-onednn": (gguf, "auto", False, "off", "auto"),  # bf16 linears on oneDNN (--no-cpu-bf16-linear)
         "gptq-4bit-g128": (gptq4, "auto", False, "off", "auto"),
         "gptq-4bit-g128-int8head": (gptq4, "auto", False, "on", "auto"),
         "gptq-4bit-g128-int8head-modules": (gptq4, "auto", False, "on", "auto"),  # FOLOVLLM_DIRECT_CALLS=off
+        "gptq-4bit-g128-int8head-nochain": (gptq4, "auto", False, "on", "auto"),  # FOLOVLLM_CPU_LAYER_CHAIN=off
         "gptq-4bit-g128-int8head-a8": (gptq4, "auto", False, "on", "auto"),  # FOLOVLLM_INT4_ACTIVATIONS=int8
         "gptq-4bit-g128-int8head-a8auto": (gptq4, "auto", False, "on", "auto"),  # FOLOVLLM_INT4_ACTIVATIONS=auto
         "gptq-4bit-g128-int8head-unfused": (gptq4, "auto", False, "on", "auto"),  # FOLOVLLM_INT4_FUSED_MLP=off
@@ -130,6 +135,7 @@ def main() -> None:
                   "cpu_bf16_linear": cpu_bf16_linear_available(CPU_BF16_LINEAR_LIBRARY)} if args.engine_cpu_ops else {}
     models = {name: load_variant(path() if callable(path) else path, q, packed, head, kernel,
                                  direct_calls="off" if name.endswith("-modules") else "on",
+                                 layer_chain="off" if name.endswith("-nochain") else "on",
                                  int4_activations={"a8": "int8", "a8auto": "auto"}.get(name.rsplit("-", 1)[-1], "bf16"),
                                  fused_mlp="off" if name.endswith("-unfused") else "on",
                                  **(engine_ops | ({"cpu_bf16_linear": False} if name == "bf16-onednn" else {})))
@@ -175,12 +181,12 @@ def main() -> None:
 
 def load_variant(path: str, quantization: str, load_quantized: bool, quantize_lm_head: str,
                  quant_kernel: str, direct_calls: str = "on", int4_activations: str = "bf16", fused_mlp: str = "on",
-                 **engine_ops: Any) -> CausalLM:
+                 layer_chain: str = "on", **engine_ops: Any) -> CausalLM:
     """The bf16 model as a variant loads it, with ``FOLOVLLM_QUANT_KERNEL``, ``FOLOVLLM_DIRECT_CALLS``,
-    ``FOLOVLLM_INT4_ACTIVATIONS`` and ``FOLOVLLM_INT4_FUSED_MLP`` set while its kernels and its layers' calls
-    are picked."""
+    ``FOLOVLLM_INT4_ACTIVATIONS``, ``FOLOVLLM_INT4_FUSED_MLP`` and ``FOLOVLLM_CPU_LAYER_CHAIN`` set while its
+    kernels and its layers' calls are picked."""
     settings = {KERNEL_ENV: quant_kernel, DIRECT_CALLS_ENV: direct_calls, INT4_ACTIVATIONS_ENV: int4_activations,
-                INT4_FUSED_MLP_ENV: fused_mlp}
+                INT4_FUSED_MLP_ENV: fused_mlp, LAYER_CHAIN_ENV: layer_chain}
     saved = {name: os.environ.get(name) for name in settings}
     os.environ.update(settings)
     try:

@@ -147,6 +147,16 @@ class CpuAttentionBackend:
                 attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=gqa)[0].transpose(0, 1)
         return out.view(num_tokens, num_heads * head_dim)
 
+    def kernel_switches(self) -> tuple[int, bool, bool]:
+        """(skip_prefills_from, decode_prefetch, chunked_claims): what ``forward`` passes the kernel besides
+        the step's tensors, for callers that call the kernel op themselves (``model/layer_chain.py``)."""
+        return self._sdpa_from, self._decode_prefetch, self._chunked_claims
+
+    def kernel_takes_whole_step(self, meta: AttentionMetadata) -> bool:
+        """Whether ``forward`` on this step (K/V stored already) is the kernel op alone: no prefill chunk
+        goes to SDPA or the prefill kernel (true of every decode-only step)."""
+        return not self._sdpa_chunks(meta)
+
     def _sdpa_chunks(self, meta: AttentionMetadata) -> list[tuple[int, int, int, int]]:
         """(sequence, first row, end row, cached context) of the prefill chunks the kernel leaves to SDPA."""
         if self._last_chunks is None or self._last_chunks[0] is not meta:

@@ -9,7 +9,8 @@ so its outputs are bit-identical to the modules'.
 It only stands in for layers that are exactly the shared pieces with the fused CPU ops
 (``direct_layer`` returns None otherwise), and the model falls back to the module calls whenever a
 hook is registered on any of its modules (GPTQ calibration measures inputs with forward pre-hooks).
-``FOLOVLLM_DIRECT_CALLS=off`` always calls the modules.
+``FOLOVLLM_DIRECT_CALLS=off`` always calls the modules. Decode steps on the CPU attention kernel go one
+step further: ``model/layer_chain.py`` makes these layers' op calls from C++, one call per step.
 """
 from __future__ import annotations
 
@@ -59,6 +60,7 @@ class DirectDecoderLayer:
         self.q_norm = None if attn.q_norm is None else attn.q_norm.weight
         self.k_norm = None if attn.k_norm is None else attn.k_norm.weight
         self.attention, self.scale, self.sliding_window = attn.backend.forward, attn.scale, attn.sliding_window
+        self.backend = attn.backend
 
     def __call__(self, rope: Rope, x: torch.Tensor, residual: torch.Tensor | None, kv_cache: KVCache,
                  meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:

@@ -16,6 +16,7 @@ from folovllm.attention.backend import AttentionBackend
 from folovllm.attention.metadata import AttentionMetadata
 from folovllm.model.arch import SLIDING, ArchConfig
 from folovllm.model.direct import DirectDecoderLayer, direct_calls_enabled, direct_layer, hook_tables
+from folovllm.model.layer_chain import LayerChain, layer_chain
 from folovllm.model.layers import (
     Attention,
     CausalLM,
@@ -73,6 +74,7 @@ class LlamaModel(nn.Module):
         )
         self.direct_layers: list[DirectDecoderLayer] | None = None  # set by use_direct_calls, after loading
         self.hook_tables: list[dict] = []  # any hook in these sends a step through the modules
+        self.layer_chain: LayerChain | None = None  # the direct layers as one C++ call, for decode steps
 
     def use_direct_calls(self, enabled: bool) -> None:
         """Run the decoder layers as direct op calls (``model/direct.py``) when every layer has that form;
@@ -80,6 +82,7 @@ class LlamaModel(nn.Module):
         direct = [direct_layer(layer, LlamaDecoderLayer.forward) for layer in self.layers] if enabled else []
         self.direct_layers = direct if direct and all(d is not None for d in direct) else None
         self.hook_tables = hook_tables(self.modules()) if self.direct_layers is not None else []
+        self.layer_chain = layer_chain(self.direct_layers) if self.direct_layers is not None else None
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[KVCache], meta: AttentionMetadata
@@ -88,6 +91,10 @@ class LlamaModel(nn.Module):
         rope = self.rotary_emb(positions, x.dtype)
         layers: Sequence[Callable] = self.layers
         if self.direct_layers is not None and x.is_contiguous() and not any(self.hook_tables):
+            if self.layer_chain is not None and self.layer_chain.runs(meta):
+                x, residual = self.layer_chain(rope, x, kv_caches, meta)
+                x, _ = self.norm(x, residual)
+                return x
             layers = self.direct_layers
         for layer, kv_cache in zip(layers, kv_caches, strict=True):
             x, residual = layer(rope, x, residual, kv_cache, meta)
