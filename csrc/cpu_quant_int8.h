@@ -33,7 +33,7 @@ QG_TARGET QG_INLINE __m512bh widen_int8(const int8_t* p) {
 // sets (even and odd pairs) keep the dot-product chains independent when R is small.
 template <int R, int C, bool Tiled, typename S, typename Out>
 QG_TARGET void int8_tile(const c10::BFloat16* x, int64_t K, const int8_t* codes, int64_t stride,
-                         const c10::BFloat16* tile, const S* scales, Out* y, int64_t N) {
+                         const c10::BFloat16* tile, const S* scales, Out* y, int64_t N, const int8_t* codes_end) {
   constexpr int kSets = R * C >= 12 ? 1 : 2;  // enough independent chains already with one set
   __m512 acc[kSets][R][C];
   for (int a = 0; a < kSets; ++a)
@@ -55,7 +55,7 @@ QG_TARGET void int8_tile(const c10::BFloat16* x, int64_t K, const int8_t* codes,
   int64_t kp = 0;
   for (; kp + 2 <= pairs; kp += 2) {
     if constexpr (!Tiled)
-      for (int c = 0; c < C; ++c) prefetch_ahead(codes + c * stride + kp * 32);
+      for (int c = 0; c < C; ++c) prefetch_ahead(codes + c * stride + kp * 32, codes_end);
     step(std::integral_constant<int, 0>{}, kp);
     step(std::integral_constant<int, 1>{}, kp + 1);
   }
@@ -70,14 +70,14 @@ QG_TARGET void int8_tile(const c10::BFloat16* x, int64_t K, const int8_t* codes,
 
 template <int C, bool Tiled, typename S, typename Out>
 QG_TARGET void int8_rows(int rows, const c10::BFloat16* x, int64_t K, const int8_t* codes, int64_t stride,
-                         const c10::BFloat16* tile, const S* scales, Out* y, int64_t N) {
+                         const c10::BFloat16* tile, const S* scales, Out* y, int64_t N, const int8_t* codes_end) {
   switch (rows) {
-    case 6: int8_tile<6, C, Tiled>(x, K, codes, stride, tile, scales, y, N); break;
-    case 5: int8_tile<5, C, Tiled>(x, K, codes, stride, tile, scales, y, N); break;
-    case 4: int8_tile<4, C, Tiled>(x, K, codes, stride, tile, scales, y, N); break;
-    case 3: int8_tile<3, C, Tiled>(x, K, codes, stride, tile, scales, y, N); break;
-    case 2: int8_tile<2, C, Tiled>(x, K, codes, stride, tile, scales, y, N); break;
-    default: int8_tile<1, C, Tiled>(x, K, codes, stride, tile, scales, y, N); break;
+    case 6: int8_tile<6, C, Tiled>(x, K, codes, stride, tile, scales, y, N, codes_end); break;
+    case 5: int8_tile<5, C, Tiled>(x, K, codes, stride, tile, scales, y, N, codes_end); break;
+    case 4: int8_tile<4, C, Tiled>(x, K, codes, stride, tile, scales, y, N, codes_end); break;
+    case 3: int8_tile<3, C, Tiled>(x, K, codes, stride, tile, scales, y, N, codes_end); break;
+    case 2: int8_tile<2, C, Tiled>(x, K, codes, stride, tile, scales, y, N, codes_end); break;
+    default: int8_tile<1, C, Tiled>(x, K, codes, stride, tile, scales, y, N, codes_end); break;
   }
 }
 
@@ -89,6 +89,8 @@ QG_TARGET void int8_blocks(const c10::BFloat16* x, int64_t M, int64_t K, const i
   const bool tiled = M > kInt8DirectRows;
   const int64_t col_step = tiled ? kInt8TileCols : kInt8Cols;
   std::vector<c10::BFloat16> tile(tiled ? K * kInt8TileCols * kBlockCols : 0);
+  const int8_t* codes_end = codes + b1 * stride;  // this thread's last weight byte, + 1
+  if (!tiled) prefetch_start(codes + b0 * stride, codes_end);
   for (int64_t b = b0; b < b1; b += col_step) {
     const int cols = static_cast<int>(std::min<int64_t>(col_step, b1 - b));
     const int8_t* cb = codes + b * stride;
@@ -103,12 +105,12 @@ QG_TARGET void int8_blocks(const c10::BFloat16* x, int64_t M, int64_t K, const i
       const c10::BFloat16* xr = x + m * K;
       Out* yr = y + m * N + b * kBlockCols;
       const S* sb = scales + b * kBlockCols;
-      if (tiled && cols == 4) int8_rows<4, true>(rows, xr, K, cb, stride, tile.data(), sb, yr, N);
-      else if (tiled && cols == 3) int8_rows<3, true>(rows, xr, K, cb, stride, tile.data(), sb, yr, N);
-      else if (tiled && cols == 2) int8_rows<2, true>(rows, xr, K, cb, stride, tile.data(), sb, yr, N);
-      else if (tiled) int8_rows<1, true>(rows, xr, K, cb, stride, tile.data(), sb, yr, N);
-      else if (cols == 2) int8_rows<2, false>(rows, xr, K, cb, stride, nullptr, sb, yr, N);
-      else int8_rows<1, false>(rows, xr, K, cb, stride, nullptr, sb, yr, N);
+      if (tiled && cols == 4) int8_rows<4, true>(rows, xr, K, cb, stride, tile.data(), sb, yr, N, codes_end);
+      else if (tiled && cols == 3) int8_rows<3, true>(rows, xr, K, cb, stride, tile.data(), sb, yr, N, codes_end);
+      else if (tiled && cols == 2) int8_rows<2, true>(rows, xr, K, cb, stride, tile.data(), sb, yr, N, codes_end);
+      else if (tiled) int8_rows<1, true>(rows, xr, K, cb, stride, tile.data(), sb, yr, N, codes_end);
+      else if (cols == 2) int8_rows<2, false>(rows, xr, K, cb, stride, nullptr, sb, yr, N, codes_end);
+      else int8_rows<1, false>(rows, xr, K, cb, stride, nullptr, sb, yr, N, codes_end);
     }
   }
 }
