@@ -119,7 +119,6 @@ QG_TARGET void gemm_blocks(const c10::BFloat16* x, int64_t M, int64_t K, const f
   const int64_t block_stride = (K / kChunkK) * kBlockCols;
   const int64_t sz_stride = groups * kBlockCols;
   const uint32_t* codes_end = codes + b1 * block_stride;  // this thread's last weight byte, + 1
-  if (M <= kRowBlock) prefetch_start(codes + b0 * block_stride, codes_end);
   for (int64_t b = b0; b < b1; b += kColBlocks) {
     const int cols = static_cast<int>(std::min<int64_t>(kColBlocks, b1 - b));
     for (int64_t m = 0; m < M; m += kRowBlock) {

@@ -128,7 +128,6 @@ QG_TARGET void int8_blocks(const c10::BFloat16* x, int64_t M, int64_t K, const i
   const int64_t col_step = tiled ? kInt8TileCols : kInt8Cols;
   std::vector<c10::BFloat16> tile(tiled ? K * kInt8TileCols * kBlockCols : 0);
   const int8_t* codes_end = codes + b1 * stride;  // this thread's last weight byte, + 1
-  if (!tiled) prefetch_start(codes + b0 * stride, codes_end);
   for (int64_t b = b0; b < b1; b += col_step) {
     const int cols = static_cast<int>(std::min<int64_t>(col_step, b1 - b));
     const int8_t* cb = codes + b * stride;
