@@ -7,9 +7,11 @@ For each SmolLM2-135M linear shape it makes 30 layers' worth of random packed in
 layout, bf16 scales and zeros) and calls ``int4_gemm`` on them in turn, as a decode step does, so the
 weights come from memory and not from a cache ("streamed"); "hot" calls one layer's weights over and
 over (what the kernel does with no memory to wait for). The int8 head (49152 x 576, 28 MiB) runs
-``int8_argmax`` over three copies in turn. A plain read of a 256 MiB tensor (``sum``) gives the memory's
-rate at the same thread count. Reports median microseconds per call and GB/s of weight bytes read
-(codes + scales + zeros), with rounds alternating between cases in one process.
+``int8_argmax`` over three copies in turn, with the argmax inside the matmul's loop and, "logits+argmax",
+the matmul's logits then torch's argmax (``fused=False``, ``FOLOVLLM_INT8_FUSED_ARGMAX=off``). A plain read of a 256 MiB tensor (``sum``) gives the memory's
+rate at the same thread count. Reports median microseconds per call (wall and this thread's CPU time)
+and GB/s of weight bytes read (codes + scales + zeros; of CPU time at one thread, of wall time at more),
+with rounds alternating between cases in one process.
 """
 from __future__ import annotations
 
@@ -68,6 +70,7 @@ def cases(rows: int, gen: torch.Generator) -> dict[str, tuple[Callable[[int], ob
               torch.rand(n, generator=gen) * 0.01) for _ in range(HEAD_COPIES)]
     x = torch.randn(rows, k, generator=gen).to(torch.bfloat16)
     out["head int8_argmax"] = (lambda i: ops.int8_argmax(x, *heads[i]), HEAD_COPIES, nbytes(*heads[0]))
+    out["head logits+argmax"] = (lambda i: ops.int8_argmax(x, *heads[i], False), HEAD_COPIES, nbytes(*heads[0]))
     block = torch.ones(READ_BYTES // 4, dtype=torch.float32)
     out["memory read (sum)"] = (lambda i: block.sum(), 1, READ_BYTES)
     return out
@@ -127,12 +130,15 @@ def main() -> None:
                     call(i)
             for _ in range(args.rounds):
                 time_round(table, args.passes, wall, cpu)
-            print(f"rows {rows}, {threads} thread(s): median us/call (wall, this thread's CPU), GB/s of weights (wall)")
+            # one thread: its CPU time leaves out the time other processes held the core (a loaded machine)
+            basis = "this thread's CPU" if threads == 1 else "wall"
+            print(f"rows {rows}, {threads} thread(s): median us/call (wall, this thread's CPU), GB/s of weights ({basis})")
             for name, (_, _, size) in table.items():
                 w, c = statistics.median(wall[name]), statistics.median(cpu[name])
-                print(f"  {name:24s} {1e6 * w:9.1f} {1e6 * c:9.1f}  {size / w / 1e9:6.1f} GB/s  ({size / 1024:.0f} KiB)")
+                rate = size / (c if threads == 1 else w) / 1e9
+                print(f"  {name:24s} {1e6 * w:9.1f} {1e6 * c:9.1f}  {rate:6.1f} GB/s  ({size / 1024:.0f} KiB)")
                 results.append({"rows": rows, "threads": threads, "case": name, "wall_us": 1e6 * w,
-                                "cpu_us": 1e6 * c, "bytes": size, "gb_per_s": size / w / 1e9})
+                                "cpu_us": 1e6 * c, "bytes": size, "gb_per_s": rate, "gb_per_s_of": basis})
     if args.out:
         args.out.write_text(json.dumps(results, indent=1) + "\n")
 
