@@ -8,8 +8,8 @@ layout, bf16 scales and zeros) and calls ``int4_gemm`` on them in turn, as a dec
 weights come from memory and not from a cache ("streamed"); "hot" calls one layer's weights over and
 over (what the kernel does with no memory to wait for). The int8 head (49152 x 576, 28 MiB) runs
 ``int8_argmax`` over three copies in turn, with the argmax inside the matmul's loop and, "logits+argmax",
-the matmul's logits then torch's argmax (``fused=False``, ``FOLOVLLM_INT8_FUSED_ARGMAX=off``). A plain read of a 256 MiB tensor (``sum``) gives the memory's
-rate at the same thread count. Reports median microseconds per call (wall and this thread's CPU time)
+the matmul's logits then torch's argmax (``fused=False``, ``FOLOVLLM_INT8_FUSED_ARGMAX=off``). A plain
+read of a 256 MiB tensor (``sum``) gives the memory's rate at the same thread count. Reports median microseconds per call (wall and this thread's CPU time)
 and GB/s of weight bytes read (codes + scales + zeros; of CPU time at one thread, of wall time at more),
 with rounds alternating between cases in one process.
 """
@@ -132,7 +132,8 @@ def main() -> None:
                 time_round(table, args.passes, wall, cpu)
             # one thread: its CPU time leaves out the time other processes held the core (a loaded machine)
             basis = "this thread's CPU" if threads == 1 else "wall"
-            print(f"rows {rows}, {threads} thread(s): median us/call (wall, this thread's CPU), GB/s of weights ({basis})")
+            print(f"rows {rows}, {threads} thread(s): median us/call (wall, this thread's CPU), "
+                  f"GB/s of weights ({basis})")
             for name, (_, _, size) in table.items():
                 w, c = statistics.median(wall[name]), statistics.median(cpu[name])
                 rate = size / (c if threads == 1 else w) / 1e9

@@ -52,30 +52,28 @@ def move_weights_to_huge_pages(module: nn.Module) -> int:
     """Moves ``module``'s CPU parameters and buffers into one huge-page block; returns the bytes moved."""
     tensors = [t for t in (*module.parameters(), *module.buffers())  # oneDNN's packed weights have no storage
                if t is not None and t.device.type == "cpu" and t.layout == torch.strided and not t.is_mkldnn]
-    storages: dict[int, tuple[torch.UntypedStorage, int]] = {}  # data_ptr -> (storage, byte offset in block)
-    size = 0
+    groups: dict[int, list[torch.Tensor]] = {}  # storage data_ptr -> the tensors on it
     for t in tensors:
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in storages and storage.nbytes() > 0:
-            storages[storage.data_ptr()] = (storage, size)
-            size += -(-storage.nbytes() // ALIGN) * ALIGN
+        if t.untyped_storage().nbytes() > 0:
+            groups.setdefault(t.untyped_storage().data_ptr(), []).append(t)
+    offsets, size = {}, 0  # each storage's byte offset in the block
+    for ptr, group in groups.items():
+        offsets[ptr] = size
+        size += -(-group[0].untyped_storage().nbytes() // ALIGN) * ALIGN
     if size == 0:
         return 0
     # room to start the first storage on a 2 MiB boundary, so the block's huge pages cover all of it
     raw = torch.empty(size + HUGE_PAGE, dtype=torch.uint8)
     skip = (-raw.data_ptr()) % HUGE_PAGE
-    block = raw[skip:skip + size]
-    advised = _advise_huge_pages(block)
+    advised = _advise_huge_pages(raw[skip:skip + size])
+    target = raw.untyped_storage()
     with torch.no_grad():
-        for storage, offset in storages.values():
-            block[offset:offset + storage.nbytes()].copy_(_bytes_of(storage))
-        target = raw.untyped_storage()
-        for t in tensors:
-            entry = storages.get(t.untyped_storage().data_ptr())
-            if entry is None:
-                continue
-            byte_offset = skip + entry[1] + t.storage_offset() * t.element_size()
-            t.set_(target, byte_offset // t.element_size(), t.shape, t.stride())
+        for ptr, group in groups.items():  # one storage at a time: each old one can go as soon as it moved
+            storage = group[0].untyped_storage()
+            start = skip + offsets[ptr]
+            raw[start:start + storage.nbytes()].copy_(_bytes_of(storage))
+            for t in group:
+                t.set_(target, (start + t.storage_offset() * t.element_size()) // t.element_size(), t.shape, t.stride())
     logger.info("weights: %.1f MiB moved into one block%s", size / 2**20,
                 " on 2 MiB pages" if advised else " (the kernel declined 2 MiB pages)")
     return size
