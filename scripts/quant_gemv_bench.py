@@ -11,7 +11,8 @@ over (what the kernel does with no memory to wait for). The int8 head (49152 x 5
 the matmul's logits then torch's argmax (``fused=False``, ``FOLOVLLM_INT8_FUSED_ARGMAX=off``). A plain
 read of a 256 MiB tensor (``sum``) gives the memory's rate at the same thread count. Reports median microseconds per call (wall and this thread's CPU time)
 and GB/s of weight bytes read (codes + scales + zeros; of CPU time at one thread, of wall time at more),
-with rounds alternating between cases in one process.
+with rounds alternating between cases in one process. The weights sit on 2 MiB pages as the engine's
+do (``FOLOVLLM_HUGE_PAGE_WEIGHTS=off``: separate tensors on 4 KiB pages).
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from folovllm.model.huge_pages import huge_page_weights_enabled, move_weights_to_huge_pages  # noqa: E402
 from folovllm.model.quant.cpu_quant import cpu_quant_unavailable  # noqa: E402
 
 SHAPES = {"qkv": (576, 960), "o": (576, 576), "gate_up": (576, 3072), "down": (1536, 576)}
@@ -71,6 +73,12 @@ def cases(rows: int, gen: torch.Generator) -> dict[str, tuple[Callable[[int], ob
     x = torch.randn(rows, k, generator=gen).to(torch.bfloat16)
     out["head int8_argmax"] = (lambda i: ops.int8_argmax(x, *heads[i]), HEAD_COPIES, nbytes(*heads[0]))
     out["head logits+argmax"] = (lambda i: ops.int8_argmax(x, *heads[i], False), HEAD_COPIES, nbytes(*heads[0]))
+    if huge_page_weights_enabled():  # as the engine holds them (FOLOVLLM_HUGE_PAGE_WEIGHTS=off: separate tensors)
+        holder = torch.nn.Module()
+        weights = [t for layer in layers for parts in layer.values() for t in parts] + [t for h in heads for t in h]
+        for i, t in enumerate(weights):
+            holder.register_buffer(f"w{i}", t)
+        move_weights_to_huge_pages(holder)
     block = torch.ones(READ_BYTES // 4, dtype=torch.float32)
     out["memory read (sum)"] = (lambda i: block.sum(), 1, READ_BYTES)
     return out
