@@ -5,7 +5,8 @@
 //   int4_mlp    down(silu(gate) * up) for a merged int4 gate_up projection and an int4 down projection:
 //               one call for the three (the SiLU-mul is the fused-ops library's own op, called here)
 //   int8_gemm   y = x W^T, W int8 with one scale per output                  (cpu_quant_int8.h)
-//   int8_argmax each row's first largest entry of int8_gemm's y: the int8 LM head's greedy token
+//   int8_argmax each row's first largest entry of int8_gemm's y: the int8 LM head's greedy token (bf16 x:
+//               in the matmul's own loop, y never written)
 //   supported   whether this CPU runs them (AVX512F/BW/VL/DQ and AVX512_BF16)
 //   supported_a8  whether it runs int4_gemm_a8 as well (AVX512_VNNI)
 //
@@ -69,11 +70,19 @@ at::Tensor int8_gemm(const at::Tensor& x, const at::Tensor& codes, const at::Ten
 }
 
 // x [M, K] -> [M] int64: each row's argmax of int8_gemm(x) (torch's argmax: the first of equal values),
-// without handing the logits back to Python for the sampler.
-at::Tensor int8_argmax(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales) {
+// without handing the logits back to Python for the sampler. fused (bf16 x only): the kernel keeps each
+// row's best as it goes (ArgmaxRows), the logits never written; else int8_gemm's logits, then torch's argmax.
+at::Tensor int8_argmax(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, bool fused) {
   TORCH_CHECK(x.dim() == 2, "int8_argmax takes x [rows, K]");
   if (x.size(0) == 0) return at::empty({0}, x.options().dtype(at::kLong));
-  return int8_gemm(x, codes, scales).to(at::kFloat).argmax(-1);  // torch reduces fp32 faster than bf16
+  if (!fused || x.scalar_type() != at::kBFloat16)
+    return int8_gemm(x, codes, scales).to(at::kFloat).argmax(-1);  // torch reduces fp32 faster than bf16
+  check_activations(x, codes, "int8_argmax");
+  check_int8_packed(codes, scales, x.size(-1));
+  const at::Tensor xb = x.contiguous();
+  at::Tensor ids = at::empty({x.size(0)}, x.options().dtype(at::kLong));
+  run_int8_argmax(xb, codes, scales, ids);
+  return ids;
 }
 
 bool supported() { return cpu_supported(); }
@@ -87,7 +96,7 @@ TORCH_LIBRARY(folovllm_cpu_quant, m) {
   m.def("int4_mlp(Tensor x, Tensor gate_up_codes, Tensor gate_up_scales, Tensor gate_up_zeros, int gate_up_group, "
         "Tensor down_codes, Tensor down_scales, Tensor down_zeros, int down_group, int a8_rows) -> Tensor");
   m.def("int8_gemm(Tensor x, Tensor codes, Tensor scales) -> Tensor");
-  m.def("int8_argmax(Tensor x, Tensor codes, Tensor scales) -> Tensor");
+  m.def("int8_argmax(Tensor x, Tensor codes, Tensor scales, bool fused=True) -> Tensor");
   m.def("supported() -> bool", &supported);
   m.def("supported_a8() -> bool", &supported_a8);
 }

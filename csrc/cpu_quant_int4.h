@@ -45,7 +45,7 @@ QG_TARGET QG_INLINE __m512bh unpack_pair(__m512i lanes) {
 template <int R, int C, int A, typename S, typename Out>
 QG_TARGET void tile(const c10::BFloat16* x, int64_t K, const float* xsum, int64_t groups, const uint32_t* codes,
                     int64_t block_stride, const S* scales, const S* zeros, int64_t sz_stride, int64_t group_size,
-                    Out* y, int64_t N) {
+                    Out* y, int64_t N, const uint32_t* codes_end) {
   __m512 out[R][C];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) out[r][c] = _mm512_setzero_ps();
@@ -62,7 +62,7 @@ QG_TARGET void tile(const c10::BFloat16* x, int64_t K, const float* xsum, int64_
     for (int64_t ch = chunk0; ch < chunk1; ++ch) {
       __m512i lanes[C];
       for (int c = 0; c < C; ++c) {
-        prefetch_ahead(codes + c * block_stride + ch * kBlockCols);
+        prefetch_ahead(codes + c * block_stride + ch * kBlockCols, codes_end);
         lanes[c] = _mm512_loadu_si512(codes + c * block_stride + ch * kBlockCols);
       }
       const int64_t pair0 = ch * (kChunkK / 2);
@@ -102,12 +102,12 @@ QG_TARGET void tile(const c10::BFloat16* x, int64_t K, const float* xsum, int64_
 template <int C, typename S, typename Out>
 QG_TARGET void rows_tile(int rows, const c10::BFloat16* x, int64_t K, const float* xsum, int64_t groups,
                          const uint32_t* codes, int64_t block_stride, const S* scales, const S* zeros,
-                         int64_t sz_stride, int64_t group_size, Out* y, int64_t N) {
+                         int64_t sz_stride, int64_t group_size, Out* y, int64_t N, const uint32_t* codes_end) {
   switch (rows) {
-    case 4: tile<4, C, 2>(x, K, xsum, groups, codes, block_stride, scales, zeros, sz_stride, group_size, y, N); break;
-    case 3: tile<3, C, 1>(x, K, xsum, groups, codes, block_stride, scales, zeros, sz_stride, group_size, y, N); break;
-    case 2: tile<2, C, 2>(x, K, xsum, groups, codes, block_stride, scales, zeros, sz_stride, group_size, y, N); break;
-    default: tile<1, C, 4>(x, K, xsum, groups, codes, block_stride, scales, zeros, sz_stride, group_size, y, N); break;
+    case 4: tile<4, C, 2>(x, K, xsum, groups, codes, block_stride, scales, zeros, sz_stride, group_size, y, N, codes_end); break;
+    case 3: tile<3, C, 1>(x, K, xsum, groups, codes, block_stride, scales, zeros, sz_stride, group_size, y, N, codes_end); break;
+    case 2: tile<2, C, 2>(x, K, xsum, groups, codes, block_stride, scales, zeros, sz_stride, group_size, y, N, codes_end); break;
+    default: tile<1, C, 4>(x, K, xsum, groups, codes, block_stride, scales, zeros, sz_stride, group_size, y, N, codes_end); break;
   }
 }
 
@@ -118,6 +118,7 @@ QG_TARGET void gemm_blocks(const c10::BFloat16* x, int64_t M, int64_t K, const f
                            int64_t N, int64_t b0, int64_t b1) {
   const int64_t block_stride = (K / kChunkK) * kBlockCols;
   const int64_t sz_stride = groups * kBlockCols;
+  const uint32_t* codes_end = codes + b1 * block_stride;  // this thread's last weight byte, + 1
   for (int64_t b = b0; b < b1; b += kColBlocks) {
     const int cols = static_cast<int>(std::min<int64_t>(kColBlocks, b1 - b));
     for (int64_t m = 0; m < M; m += kRowBlock) {
@@ -129,9 +130,9 @@ QG_TARGET void gemm_blocks(const c10::BFloat16* x, int64_t M, int64_t K, const f
       const S* zb = zeros + b * sz_stride;
       Out* yr = y + m * N + b * kBlockCols;
       if (cols == 2)
-        rows_tile<2>(rows, xr, K, sr, groups, cb, block_stride, sb, zb, sz_stride, group_size, yr, N);
+        rows_tile<2>(rows, xr, K, sr, groups, cb, block_stride, sb, zb, sz_stride, group_size, yr, N, codes_end);
       else
-        rows_tile<1>(rows, xr, K, sr, groups, cb, block_stride, sb, zb, sz_stride, group_size, yr, N);
+        rows_tile<1>(rows, xr, K, sr, groups, cb, block_stride, sb, zb, sz_stride, group_size, yr, N, codes_end);
     }
   }
 }

@@ -10,22 +10,28 @@ the tokens equal the sampler's argmax of ``compute_logits`` (the engine's ``cpu_
 
 An int8 LM head (``quant/lm_head.py``) has its own: ``int8_argmax`` (csrc/cpu_quant_gemm.cpp) runs the
 head's int8 matmul and takes each row's argmax in the same call, so the step's tokens come back without
-the logits going through the sampler; the same logits, so the same tokens.
+the logits going through the sampler; the same logits, so the same tokens. For bf16 hidden states it keeps
+each row's best logit inside the matmul's loop, the logits never written (``FOLOVLLM_INT8_FUSED_ARGMAX``,
+on by default; off: the matmul's logits, then torch's argmax).
 """
 from __future__ import annotations
 
 import torch
 
-from folovllm.config import CPU_GREEDY_HEAD_LIBRARY, cpu_greedy_head_available
+from folovllm.config import CPU_GREEDY_HEAD_LIBRARY, cpu_greedy_head_available, env_switch
 from folovllm.model.cpu_packed import PackedLinearMethod
 from folovllm.model.layers import CausalLM
 from folovllm.model.quant.kernels import Int8ChannelKernel
 
 
-class GreedyHead:
-    """Callable: hidden [N, hidden] (bf16) -> each row's greedy token id [N] (int64): ``op(hidden, *head)``."""
+INT8_FUSED_ARGMAX_ENV = "FOLOVLLM_INT8_FUSED_ARGMAX"
 
-    def __init__(self, op, *head: torch.Tensor) -> None:
+
+class GreedyHead:
+    """Callable: hidden [N, hidden] (bf16) -> each row's greedy token id [N] (int64): ``op(hidden, *head)``
+    (``head``: the packed head's tensors, and the op's options after them)."""
+
+    def __init__(self, op, *head: torch.Tensor | bool) -> None:
         self.op, self.head = op, head
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -37,7 +43,8 @@ def int8_greedy_head(kernel: Int8ChannelKernel, vocab_size: int) -> GreedyHead |
     per-channel offsets, a padded vocabulary)."""
     if not kernel.ours or kernel.reference or kernel.offsets is not None or kernel.scales.numel() != vocab_size:
         return None
-    return GreedyHead(torch.ops.folovllm_cpu_quant.int8_argmax.default, kernel.codes, kernel.scales)
+    return GreedyHead(torch.ops.folovllm_cpu_quant.int8_argmax.default, kernel.codes, kernel.scales,
+                      env_switch(INT8_FUSED_ARGMAX_ENV))
 
 
 def greedy_head_for(model: torch.nn.Module) -> GreedyHead | None:

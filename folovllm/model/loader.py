@@ -20,6 +20,7 @@ from folovllm.distributed.group import TPGroup
 from folovllm.model.arch import ArchConfig
 from folovllm.model.gguf_loader import gguf_arch_config, gguf_int4_layers, iter_gguf_weights, open_gguf
 from folovllm.model.layers import CausalLM
+from folovllm.model.huge_pages import huge_page_weights_enabled, move_weights_to_huge_pages
 from folovllm.model.linear import LinearBase, WeightConfig
 from folovllm.model.cpu_packed import cpu_prepack_supported, select_linear_method
 from folovllm.model.quant.gguf_int4 import GGUFInt4LinearMethod
@@ -170,6 +171,8 @@ def load_model(
         else:
             module.load_weights(_iter_safetensors(model))
         module.process_weights_after_loading()
+        if device.type == "cpu" and huge_page_weights_enabled():
+            move_weights_to_huge_pages(module)
     logger.info("%s: %.1f MiB of weights (%s%s%s)", arch.architecture, module.weight_bytes() / 2**20,
                 quant_method, (", bf16 linear kernel" if bf16_linear else ", CPU-prepacked") if prepack else "",
                 ", int8 LM head" if int8_head else "")
