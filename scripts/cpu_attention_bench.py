@@ -73,7 +73,7 @@ HEADS = (9, 3, 64)  # the default model's query heads, KV heads and head_dim
 
 def load_kernel() -> torch.Generator:
     """Loads the CPU attention library (or exits saying why not); a seeded generator for the inputs."""
-    from folovllm.config import CPU_ATTENTION_LIBRARY, load_cpu_attention_library
+    from folovllm.kernel_libraries import CPU_ATTENTION_LIBRARY, load_cpu_attention_library
     reason = load_cpu_attention_library(CPU_ATTENTION_LIBRARY)
     if reason is not None:
         raise SystemExit(reason)

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from folovllm.attention.cpu_backend import causal_mask, gather_sequence  # noqa: E402
-from folovllm.config import CPU_ATTENTION_LIBRARY, load_cpu_attention_library  # noqa: E402
+from folovllm.kernel_libraries import CPU_ATTENTION_LIBRARY, load_cpu_attention_library  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 9, 3, 64, 16
 CASES = [(384, 56), (512, 24), (1024, 64), (400, 16), (400, 8), (400, 4), (2000, 8), (2000, 128)]

@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from folovllm.model.linear import LinearBase  # noqa: E402
 from folovllm.model.layers import CausalLM  # noqa: E402
-from folovllm.config import CPU_BF16_LINEAR_LIBRARY, cpu_bf16_linear_available  # noqa: E402
+from folovllm.kernel_libraries import CPU_BF16_LINEAR_LIBRARY, cpu_bf16_linear_available  # noqa: E402
 from folovllm.model.loader import default_model_path, load_model  # noqa: E402
 from folovllm.model.quant.gptq_config import INT4_ACTIVATIONS_ENV, INT4_FUSED_MLP_ENV, KERNEL_ENV  # noqa: E402
 from folovllm.model.direct import DIRECT_CALLS_ENV  # noqa: E402

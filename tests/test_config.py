@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import folovllm.config
-from folovllm.config import CPU_ATTENTION_LIBRARY, EngineConfig, load_cpu_attention_library, usable_cores
+from folovllm.config import EngineConfig, usable_cores
+from folovllm.kernel_libraries import CPU_ATTENTION_LIBRARY, load_cpu_attention_library
 
 
 def test_resolve_decides_every_auto_on_cpu() -> None:
@@ -22,7 +23,7 @@ def test_resolve_decides_every_auto_on_cpu() -> None:
 def test_auto_falls_back_to_torch_with_one_line_when_the_cpu_kernel_is_not_built(
         tmp_path, monkeypatch, caplog) -> None:
     monkeypatch.setattr(folovllm.config, "CPU_ATTENTION_LIBRARY", tmp_path / "missing.so")
-    with caplog.at_level("INFO", logger="folovllm.config"):
+    with caplog.at_level("INFO", logger="folovllm.kernel_libraries"):
         assert EngineConfig(device="cpu").resolve().attention_backend == "torch"
         assert EngineConfig(device="cpu").resolve().attention_backend == "torch"
     assert [r.getMessage() for r in caplog.records if "make kernels" in r.getMessage()] == [

@@ -38,7 +38,8 @@ import torch.nn.functional as F
 from folovllm.attention.backend import check_sliding_window, register_attention_backend
 from folovllm.attention.metadata import AttentionMetadata
 from folovllm.attention.torch_backend import write_kv_cache
-from folovllm.config import CPU_ATTENTION_LIBRARY, env_switch, load_cpu_attention_library
+from folovllm.config import env_switch
+from folovllm.kernel_libraries import CPU_ATTENTION_LIBRARY, load_cpu_attention_library
 
 SDPA_MIN_ROWS = 8  # new tokens over cached context from which SDPA is not slower than the kernel
 PREFILL_SDPA_ENV = "FOLOVLLM_CPU_PREFILL_SDPA"

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from folovllm.config import CPU_GREEDY_HEAD_LIBRARY, cpu_greedy_head_available, env_switch
+from folovllm.config import env_switch
+from folovllm.kernel_libraries import CPU_GREEDY_HEAD_LIBRARY, cpu_greedy_head_available
 from folovllm.model.cpu_packed import PackedLinearMethod
 from folovllm.model.layers import CausalLM
 from folovllm.model.quant.kernels import Int8ChannelKernel

@@ -21,7 +21,8 @@ import torch
 
 from folovllm.attention.cpu_backend import CpuAttentionBackend
 from folovllm.attention.metadata import AttentionMetadata
-from folovllm.config import CPU_DECODER_CHAIN_LIBRARY, cpu_decoder_chain_available, env_switch
+from folovllm.config import env_switch
+from folovllm.kernel_libraries import CPU_DECODER_CHAIN_LIBRARY, cpu_decoder_chain_available
 from folovllm.model.direct import DirectDecoderLayer
 from folovllm.model.layers import KVCache, Rope
 from folovllm.model.op_call import op_call_of

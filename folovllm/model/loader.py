@@ -14,8 +14,7 @@ import torch
 from safetensors import safe_open
 
 from folovllm.attention.backend import AttentionBackend, get_attention_backend
-from folovllm.config import (CPU_BF16_LINEAR_LIBRARY, CPU_FUSED_OPS_LIBRARY, cpu_bf16_linear_available,
-                             cpu_fused_ops_available)
+from folovllm.kernel_libraries import CPU_BF16_LINEAR_LIBRARY, CPU_FUSED_OPS_LIBRARY, cpu_bf16_linear_available, cpu_fused_ops_available
 from folovllm.distributed.group import TPGroup
 from folovllm.model.arch import ArchConfig
 from folovllm.model.gguf_loader import gguf_arch_config, gguf_int4_layers, iter_gguf_weights, open_gguf

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import folovllm.attention.cpu_backend as cpu_backend
 from folovllm.attention.backend import get_attention_backend
-from folovllm.config import CPU_ATTENTION_LIBRARY, load_cpu_attention_library
+from folovllm.kernel_libraries import CPU_ATTENTION_LIBRARY, load_cpu_attention_library
 from tests.attention.paged_reference import reference_attention, run_case
 from tests.helpers import make_attn_metadata
 

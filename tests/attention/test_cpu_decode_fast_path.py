@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from folovllm.config import CPU_ATTENTION_LIBRARY, load_cpu_attention_library
+from folovllm.kernel_libraries import CPU_ATTENTION_LIBRARY, load_cpu_attention_library
 from tests.attention.paged_reference import reference_attention
 
 NOT_BUILT = load_cpu_attention_library(CPU_ATTENTION_LIBRARY)

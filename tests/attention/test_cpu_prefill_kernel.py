@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import folovllm.attention.cpu_backend as cpu_backend
-from folovllm.config import CPU_ATTENTION_LIBRARY, load_cpu_attention_library
+from folovllm.kernel_libraries import CPU_ATTENTION_LIBRARY, load_cpu_attention_library
 from tests.attention.paged_reference import reference_attention, run_case
 
 torch.set_num_threads(2)

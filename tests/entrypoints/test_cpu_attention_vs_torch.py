@@ -3,7 +3,7 @@
 import pytest
 
 from folovllm import LLM, SamplingParams
-from folovllm.config import CPU_ATTENTION_LIBRARY, load_cpu_attention_library
+from folovllm.kernel_libraries import CPU_ATTENTION_LIBRARY, load_cpu_attention_library
 from tests.tolerance import BF16_TOP2_TOLERANCE, TOP2_TOLERANCE, assert_greedy_match
 
 NOT_BUILT = load_cpu_attention_library(CPU_ATTENTION_LIBRARY)

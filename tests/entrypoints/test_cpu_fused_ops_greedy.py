@@ -6,7 +6,8 @@ from transformers import LlamaConfig, Qwen3Config
 
 import folovllm.config
 from folovllm import LLM, SamplingParams
-from folovllm.config import CPU_FUSED_OPS_LIBRARY, EngineConfig, load_cpu_fused_ops_library
+from folovllm.config import EngineConfig
+from folovllm.kernel_libraries import CPU_FUSED_OPS_LIBRARY, load_cpu_fused_ops_library
 from folovllm.model.layers import Attention, GatedMLP, RMSNorm
 from folovllm.model.loader import load_model
 from tests.engine.conftest import make_llm, random_prompts, tiny_llama_dir  # noqa: F401
@@ -88,7 +89,7 @@ def test_switch_reaches_the_model_and_keeps_greedy_tokens(tiny_llama_dir, dtype:
 
 def test_missing_library_turns_the_switch_off_with_one_line(tmp_path, monkeypatch, caplog) -> None:
     monkeypatch.setattr(folovllm.config, "CPU_FUSED_OPS_LIBRARY", tmp_path / "missing.so")
-    with caplog.at_level("INFO", logger="folovllm.config"):
+    with caplog.at_level("INFO", logger="folovllm.kernel_libraries"):
         assert not EngineConfig(device="cpu").resolve().cpu_fused_ops
         assert not EngineConfig(device="cpu").resolve().cpu_fused_ops
     assert [r.getMessage() for r in caplog.records if "cpu_fused_ops" in r.getMessage()] == [

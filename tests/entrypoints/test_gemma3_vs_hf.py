@@ -9,7 +9,7 @@ import torch
 
 from folovllm import LLM, SamplingParams
 from folovllm.bench.gpu_runs import save_tokenizer
-from folovllm.config import CPU_ATTENTION_LIBRARY, load_cpu_attention_library
+from folovllm.kernel_libraries import CPU_ATTENTION_LIBRARY, load_cpu_attention_library
 from tests.model.test_gemma3 import random_hf_model, tiny_gemma3_config
 from tests.tolerance import assert_greedy_match, top2_gaps
 

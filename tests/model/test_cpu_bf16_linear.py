@@ -10,7 +10,8 @@ import torch.nn.functional as F
 
 import folovllm.config
 from folovllm import LLM, SamplingParams
-from folovllm.config import CPU_BF16_LINEAR_LIBRARY, EngineConfig, load_cpu_bf16_linear_library
+from folovllm.config import EngineConfig
+from folovllm.kernel_libraries import CPU_BF16_LINEAR_LIBRARY, load_cpu_bf16_linear_library
 from folovllm.model.cpu_packed import PackedLinearMethod, pack_linear_weight, packed_linear, select_linear_method
 from folovllm.model.linear import LinearBase, MergedColumnParallelLinear, QKVParallelLinear, WeightConfig
 from folovllm.model.linear_method import UnquantizedLinearMethod
@@ -141,7 +142,7 @@ def test_switch_is_off_without_the_library_or_off_the_bf16_prepacked_path(tmp_pa
     assert not EngineConfig(device="cpu", cpu_prepack=False).resolve().cpu_bf16_linear
     assert not EngineConfig(device="cpu", cpu_bf16_linear=False).resolve().cpu_bf16_linear
     monkeypatch.setattr(folovllm.config, "CPU_BF16_LINEAR_LIBRARY", tmp_path / "missing.so")
-    with caplog.at_level("INFO", logger="folovllm.config"):
+    with caplog.at_level("INFO", logger="folovllm.kernel_libraries"):
         assert not EngineConfig(device="cpu").resolve().cpu_bf16_linear
         assert not EngineConfig(device="cpu").resolve().cpu_bf16_linear
     assert [r.getMessage() for r in caplog.records if "cpu_bf16_linear" in r.getMessage()] == [

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from folovllm.config import CPU_FUSED_OPS_LIBRARY, load_cpu_fused_ops_library
+from folovllm.kernel_libraries import CPU_FUSED_OPS_LIBRARY, load_cpu_fused_ops_library
 from folovllm.model.layers import RMSNorm, RotaryEmbedding, apply_rotary
 from folovllm.model.linear import WeightConfig
 

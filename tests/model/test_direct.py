@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from folovllm.config import CPU_ATTENTION_LIBRARY, CPU_FUSED_OPS_LIBRARY, load_cpu_attention_library, \
-    load_cpu_fused_ops_library
+from folovllm.kernel_libraries import CPU_ATTENTION_LIBRARY, CPU_FUSED_OPS_LIBRARY, load_cpu_attention_library, load_cpu_fused_ops_library
 from folovllm.model.direct import DIRECT_CALLS_ENV, direct_calls_enabled
 from folovllm.model.layers import CausalLM
 from folovllm.model.loader import load_model

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, Gemma3TextConfig
 
-from folovllm.config import CPU_ATTENTION_LIBRARY, load_cpu_attention_library
+from folovllm.kernel_libraries import CPU_ATTENTION_LIBRARY, load_cpu_attention_library
 from folovllm.model.arch import FULL, SLIDING, ArchConfig
 from folovllm.model.layers import CausalLM
 from folovllm.model.loader import load_model

@@ -10,8 +10,8 @@ import torch
 
 import folovllm.config
 from folovllm import SamplingParams
-from folovllm.config import (CPU_BF16_LINEAR_LIBRARY, CPU_GREEDY_HEAD_LIBRARY, EngineConfig,
-                             load_cpu_bf16_linear_library, load_cpu_greedy_head_library)
+from folovllm.config import EngineConfig
+from folovllm.kernel_libraries import CPU_BF16_LINEAR_LIBRARY, CPU_GREEDY_HEAD_LIBRARY, load_cpu_bf16_linear_library, load_cpu_greedy_head_library
 from folovllm.model.cpu_packed import pack_linear_weight, packed_linear
 from folovllm.model.greedy_head import greedy_head_for
 from folovllm.model.loader import load_model
@@ -106,7 +106,7 @@ def test_switch_is_off_without_the_library_or_the_bf16_kernel(tmp_path, monkeypa
     assert not EngineConfig(device="cpu", cpu_bf16_linear=False).resolve().cpu_greedy_head
     assert not EngineConfig(device="cpu", dtype="float32").resolve().cpu_greedy_head
     monkeypatch.setattr(folovllm.config, "CPU_GREEDY_HEAD_LIBRARY", tmp_path / "missing.so")
-    with caplog.at_level("INFO", logger="folovllm.config"):
+    with caplog.at_level("INFO", logger="folovllm.kernel_libraries"):
         assert not EngineConfig(device="cpu").resolve().cpu_greedy_head
     assert [r.getMessage() for r in caplog.records if "cpu_greedy_head" in r.getMessage()] == [
         f"cpu_greedy_head: off, since the greedy LM head kernel is not built ({tmp_path / 'missing.so'} is "

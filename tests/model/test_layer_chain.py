@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from folovllm.config import CPU_DECODER_CHAIN_LIBRARY, cpu_decoder_chain_available
+from folovllm.kernel_libraries import CPU_DECODER_CHAIN_LIBRARY, cpu_decoder_chain_available
 from folovllm.model.layer_chain import LAYER_CHAIN_ENV, layer_chain_enabled
 from folovllm.model.layers import CausalLM
 from folovllm.model.loader import load_model

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from folovllm.config import load_op_library
+from folovllm.kernel_libraries import load_op_library
 from folovllm.model.op_call import tag_op_call
 from folovllm.model.quant.gptq_config import (
     INT4_A8_MIN_ROWS,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from folovllm.config import CPU_FUSED_OPS_LIBRARY, load_cpu_fused_ops_library
+from folovllm.kernel_libraries import CPU_FUSED_OPS_LIBRARY, load_cpu_fused_ops_library
 from folovllm.model.greedy_head import INT8_FUSED_ARGMAX_ENV, greedy_head_for
 from folovllm.model.loader import load_model
 from folovllm.model.quant.cpu_quant import cpu_quant_unavailable, pack_int8
