@@ -11,7 +11,7 @@ cached prefix and whose decode steps have one or two rows. Then a dozen lone one
 the API server's time per request (from sending to the engine step that takes it), and a few bursts of
 one-token requests sent at once by bench serve's own client (a connection each) its time per request
 of a burst (from sending to the engine step that has taken the whole burst, less the lone request's
-time, per request), which the profile keeps for the simulator. About three minutes on a quiet 2-core
+time, per request after the first), which the profile keeps for the simulator. About three minutes on a quiet 2-core
 machine.
 """
 from __future__ import annotations
@@ -88,8 +88,9 @@ def send_bursts(port: int, num: int = 5) -> list[float]:
 
 def api_server_burst_s(trace: Path, sends: list[float], lone_s: float) -> float:
     """Median over the bursts of (time from sending a burst to the start of the engine step that has taken
-    all of it, less the lone request's ``lone_s``) / ``BURST_SIZE``; 0 if that comes out negative. The
-    step is the one whose prefill tokens, summed from the send on, reach the burst's."""
+    all of it, less the lone request's ``lone_s``) / (``BURST_SIZE`` - 1): the simulator delays a burst of N
+    by N - 1 times this beyond a lone request's delay; 0 if that comes out negative. The step is the one
+    whose prefill tokens, summed from the send on, reach the burst's."""
     records = [json.loads(line) for line in trace.read_text().splitlines() if line.strip()]
     steps = sorted((r["time"] - r["duration_s"], r["num_prefill_tokens"]) for r in records if r["num_scheduled"])
     per_request = []
@@ -100,7 +101,7 @@ def api_server_burst_s(trace: Path, sends: list[float], lone_s: float) -> float:
                 continue
             taken += prefill
             if taken >= BURST_SIZE * BURST_PROMPT_LEN:
-                per_request.append((start - send - lone_s) / BURST_SIZE)
+                per_request.append((start - send - lone_s) / (BURST_SIZE - 1))
                 break
     return max(0.0, float(np.median(per_request))) if per_request else 0.0
 
@@ -147,7 +148,7 @@ def main() -> int:
     api_server_ms = api_server_s(trace, sends) * 1e3
     burst_ms = api_server_burst_s(trace, bursts, api_server_ms / 1e3) * 1e3
     print(f"API server: {api_server_ms:.2f} ms from sending a lone request to its engine step, {burst_ms:.2f} ms "
-          f"more per request of a burst of {BURST_SIZE}", flush=True)
+          f"more per request after the first of a burst of {BURST_SIZE}", flush=True)
     subprocess.run([*CLI, "simulate", "calibrate", "--trace", str(trace), "--out", args.out,
                     "--name", Path(PROFILE).stem, "--num-kv-blocks", str(args.num_kv_blocks),
                     "--max-model-len", str(MAX_MODEL_LEN), "--model", "SmolLM2-135M-Instruct",

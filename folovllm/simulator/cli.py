@@ -67,7 +67,7 @@ def add_deployment_args(parser: argparse.ArgumentParser) -> None:
                         "together arrive together (default: the linear profile's api_server_s, 0 for the roofline)")
     k.add_argument("--api-server-burst-ms", type=float, default=None,
                    help="more API server time per request of a burst: N requests sent at one instant reach a "
-                        "replica together, N times this later (default: the linear profile's "
+                        "replica together, N - 1 times this later than a lone one (default: the linear profile's "
                         "api_server_burst_s, 0 for the roofline)")
 
 
