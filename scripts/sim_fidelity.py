@@ -269,6 +269,9 @@ def main() -> int:
         run_live(folder, args.live_repeats, args.smoke, int(profile["defaults"]["max_model_len"]),
                  threads_args(args.num_threads), args.burst_runs)
     model = load_linear_profile(profile_path)
+    if args.machine_speed and not model.speed_probe:
+        print(f"{profile_path.name} has no machine-speed probe (fitted before it existed): comparing at the "
+              "calibration's speed; scripts/sim_calibrate.py records one", flush=True)
     rows = []
     for index, (name, argv) in enumerate(workloads(args.smoke, folder).items()):
         real_jsons, sim_json = live_files(folder, name), folder / f"{name}-sim.json"
