@@ -1,5 +1,5 @@
-"""scripts/sim_calibrate.py's API server figures read from a step trace, as the simulator applies them; sim_fidelity.py's
-machine-speed factors from the probes around a workload."""
+"""scripts/sim_calibrate.py's API server figures read from a step trace, as the simulator applies them;
+scripts/sim_fidelity.py's machine-speed factors from the probes around a workload."""
 import importlib.util
 import json
 import sys
