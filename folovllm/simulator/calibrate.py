@@ -241,7 +241,8 @@ def format_fit(model: LinearCostModel) -> str:
     if model.api_server_s:
         lines.append(f"  API server {model.api_server_s * 1e3:.2f} ms per request (before the engine has it)")
     if model.api_server_burst_s:
-        lines.append(f"  and {model.api_server_burst_s * 1e3:.2f} ms more per request of a burst after the first (sent at one instant)")
+        lines.append(f"  and {model.api_server_burst_s * 1e3:.2f} ms more per request of a burst after the first "
+                     "(sent at one instant)")
     if model.speed_probe:
         lines.append(f"  machine-speed probe: one-row decode step {model.speed_probe['decode_step_s'] * 1e3:.2f} ms, "
                      f"prefill step {model.speed_probe['prefill_step_s'] * 1e3:.1f} ms")
