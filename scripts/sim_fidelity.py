@@ -19,10 +19,12 @@ live runs minutes later (one-row decode steps 7.0 ms against 6.0, the prefill st
 than the 15 % bar leaves. So each repeat runs a fixed probe (folovllm/simulator/speed.py: three lone
 512-token prompts decoding 32 tokens each) before each workload and after the last, as
 scripts/sim_calibrate.py does along the calibration; a workload's probes (before and after it) over the
-calibration's give a decode and a prefill factor, and the simulator runs with the profile's terms scaled
-by them (the median over the repeats). That normalises the machine's speed, measured apart from the
-workload; it is not fitted on the workload's steps. The figures at the calibration's speed are printed
-and kept beside them (``sim_at_calibration_speed``); ``--no-machine-speed`` compares with those alone.
+calibration's give a decode and a prefill factor, and the simulator runs once per repeat with the
+profile's terms scaled by that repeat's factors; the median of those runs is the simulator at the live
+speed. That normalises the machine's speed, measured apart from the workload; it is not fitted on the
+workload's steps. Both comparisons are printed and kept (``sim_at_calibration_speed``,
+``sim_at_live_speed``); the headline (``sim``, ``rel_error``) is the profile as fitted unless
+``--machine-speed``.
 
 The burst's median TTFT is the end of its second ~0.6 s prefill step: about a second of machine time,
 where the other workloads average over 40 s. The speed of this shared 2-core machine drifts by 20-30 %
@@ -252,10 +254,10 @@ def main() -> int:
     parser.add_argument("--burst-runs", type=int, default=3,
                         help="burst runs per live repeat (seeds 12, 13, ...; the same steps): the burst's "
                              "figures hang on a second of machine time, so it takes more runs for a stable median")
-    parser.add_argument("--no-machine-speed", dest="machine_speed", action="store_false",
-                        help="compare with the profile as fitted, not scaled to the machine speed the live runs' "
-                             "probes measured (folovllm/simulator/speed.py); the scaled comparison is the default "
-                             "when the profile and the live runs both have probes")
+    parser.add_argument("--machine-speed", action="store_true",
+                        help="compare with the simulator at the machine speed the live runs' probes measured "
+                             "(folovllm/simulator/speed.py) instead of the profile as fitted; both are printed and "
+                             "kept whenever the profile and the live runs have probes")
     parser.add_argument("--reuse-real", metavar="DIR", default=None,
                         help="take the live runs from an earlier run's folder (printed at its end) instead of "
                              "starting a server: to compare another profile against the same measurements")
@@ -269,9 +271,9 @@ def main() -> int:
         run_live(folder, args.live_repeats, args.smoke, int(profile["defaults"]["max_model_len"]),
                  threads_args(args.num_threads), args.burst_runs)
     model = load_linear_profile(profile_path)
-    if args.machine_speed and not model.speed_probe:
-        print(f"{profile_path.name} has no machine-speed probe (fitted before it existed): comparing at the "
-              "calibration's speed; scripts/sim_calibrate.py records one", flush=True)
+    if not model.speed_probe:
+        print(f"{profile_path.name} has no machine-speed probe (fitted before it existed): no comparison at the "
+              "live runs' speed; scripts/sim_calibrate.py records one", flush=True)
     rows = []
     for index, (name, argv) in enumerate(workloads(args.smoke, folder).items()):
         real_jsons, sim_json = live_files(folder, name), folder / f"{name}-sim.json"
@@ -281,20 +283,27 @@ def main() -> int:
         api = [] if args.api_server_ms is None else ["--api-server-ms", str(args.api_server_ms)]
         if args.api_server_burst_ms is not None:
             api += ["--api-server-burst-ms", str(args.api_server_burst_ms)]
-        sim = raw = simulate(profile_path, argv, api, sim_json)
-        factors = workload_speed(folder, index, model.speed_probe) if args.machine_speed else []
-        if factors:  # the median factor over the repeats: the simulator stands for their median
-            median = {k: float(np.median([f[k] for f in factors])) for k in factors[0]}
-            scaled_path = folder / f"{name}-profile-at-live-speed.json"
-            scaled(model, median).save(scaled_path)
-            sim = simulate(scaled_path, argv, api, folder / f"{name}-sim-at-live-speed.json")
+        sim = at_calibration = simulate(profile_path, argv, api, sim_json)
+        factors = workload_speed(folder, index, model.speed_probe)
+        if factors:  # one simulation per live repeat, at its probes' speed; compared by the median
+            runs = []
+            for repeat, factor in enumerate(factors):
+                scaled_path = folder / f"{name}-profile-at-live-speed-{repeat}.json"
+                scaled(model, factor).save(scaled_path)
+                runs.append(simulate(scaled_path, argv, api, folder / f"{name}-sim-at-live-speed-{repeat}.json"))
+            at_live = {k: float(np.median([run[k] for run in runs])) for k in at_calibration}
+            sim = at_live if args.machine_speed else at_calibration
         live = [{**figures(json.loads(p.read_text())[0]), "traced_over_priced": run_speed(model, p)}
                 for p in real_jsons]
         steps = live_steps(folder, name)
         row = row_for(name, argv, live, sim, price_steps(model, steps) if steps else None)
+        row["sim_speed"] = "live" if factors and args.machine_speed else "calibration"
         if factors:
-            row.update(machine_speed=median, machine_speed_runs=factors, sim_at_calibration_speed=raw,
-                       rel_error_at_calibration_speed=relative(raw, row["real"]))
+            median = {k: float(np.median([f[k] for f in factors])) for k in factors[0]}
+            row.update(machine_speed=median, machine_speed_runs=factors, sim_runs_at_live_speed=runs,
+                       sim_at_live_speed=at_live, rel_error_at_live_speed=relative(at_live, row["real"]),
+                       sim_at_calibration_speed=at_calibration,
+                       rel_error_at_calibration_speed=relative(at_calibration, row["real"]))
         rows.append(row)
     print(f"{'workload':<15}{'metric':<17}{'real':>10}{'live min-max':>16}{'sim':>10}{'error':>9}")
     for row in rows:
@@ -304,10 +313,12 @@ def main() -> int:
             print(f"{row['workload']:<15}{key:<17}{row['real'][key]:>10.1f}{f'{low:.1f}-{high:.1f}':>16}"
                   f"{row['sim'][key]:>10.1f}{'n/a' if err is None else f'{err:+.0%}':>9}")
         if "machine_speed" in row:
-            speed, raw = row["machine_speed"], row["rel_error_at_calibration_speed"]
-            print(f"  sim at the live probes' machine speed (decode x{speed['decode']:.3f}, prefill "
-                  f"x{speed['prefill']:.3f} of the calibration's); at the calibration's speed: "
-                  + ", ".join(f"{k} {v:+.0%}" for k, v in raw.items() if v is not None))
+            other = "calibration" if row["sim_speed"] == "live" else "live"
+            speed, errors = row["machine_speed"], row[f"rel_error_at_{other}_speed"]
+            print(f"  sim at the {row['sim_speed']} speed; the live probes' machine speed: decode "
+                  f"x{speed['decode']:.3f}, prefill x{speed['prefill']:.3f} of the calibration's (median over the "
+                  f"repeats; one simulation per repeat at its own); at the {other} speed: "
+                  + ", ".join(f"{k} {v:+.0%}" for k, v in errors.items() if v is not None))
         if len(row["real_runs"]) > 1 and all(r["traced_over_priced"] for r in row["real_runs"]):
             print("  live runs, median TTFT ms (traced / priced step time): " + ", ".join(
                 f"{r['median_ttft_ms']:.0f} ({r['traced_over_priced']:.2f})" for r in row["real_runs"]))
