@@ -271,6 +271,9 @@ def main() -> int:
         run_live(folder, args.live_repeats, args.smoke, int(profile["defaults"]["max_model_len"]),
                  threads_args(args.num_threads), args.burst_runs)
     model = load_linear_profile(profile_path)
+    if args.machine_speed and not model.speed_probe:
+        raise SystemExit(f"--machine-speed: {profile_path.name} has no machine-speed probe (fitted before it "
+                         "existed); fit it again with scripts/sim_calibrate.py")
     if not model.speed_probe:
         print(f"{profile_path.name} has no machine-speed probe (fitted before it existed): no comparison at the "
               "live runs' speed; scripts/sim_calibrate.py records one", flush=True)
@@ -285,6 +288,9 @@ def main() -> int:
             api += ["--api-server-burst-ms", str(args.api_server_burst_ms)]
         sim = at_calibration = simulate(profile_path, argv, api, sim_json)
         factors = workload_speed(folder, index, model.speed_probe)
+        if args.machine_speed and not factors:
+            raise SystemExit(f"--machine-speed: {folder} has no probes around {name} (live runs from before "
+                             "the probe existed)")
         if factors:  # one simulation per live repeat, at its probes' speed; compared by the median
             runs = []
             for repeat, factor in enumerate(factors):
