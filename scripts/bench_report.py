@@ -144,6 +144,19 @@ def sim_fidelity_table(path: Path) -> str:
         cells = [f"{fmt(row['real'][k])}{live_spread(row, k)} / {fmt(row['sim'][k])} ({row['rel_error'][k]:+.0%})"
                  for k in ("output_tok_s", "median_ttft_ms", "median_tpot_ms")]
         lines.append(f"| {row['workload']} | " + " | ".join(cells) + " |")
+    scaled = [row for row in result["rows"] if "machine_speed" in row]
+    if scaled:
+        live = scaled[0].get("sim_speed") == "live"
+        other = "calibration" if live else "live"
+        lines += ["", ("Sim: the profile scaled to the machine speed the live runs' probes measured (one simulation "
+                       "per live repeat, their median). " if live else "Sim: the profile as fitted. ")
+                  + "The live probes' decode / prefill speed over the calibration's, and the errors at the "
+                  + ("calibration's" if live else "live runs'") + " speed: " + "; ".join(
+                      f"{row['workload']} (×{row['machine_speed']['decode']:.2f} / "
+                      f"×{row['machine_speed']['prefill']:.2f}) " + ", ".join(
+                          f"{row[f'rel_error_at_{other}_speed'][k]:+.0%}"
+                          for k in ("output_tok_s", "median_ttft_ms", "median_tpot_ms"))
+                      for row in scaled) + "."]
     repeats = {row.get("live_repeats", 1) for row in result["rows"]}
     if repeats != {1}:
         lines += ["", f"Real: the median of {', '.join(map(str, sorted(repeats)))} live runs (a fresh server per "

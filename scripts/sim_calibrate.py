@@ -11,8 +11,10 @@ cached prefix and whose decode steps have one or two rows. Then a dozen lone one
 the API server's time per request (from sending to the engine step that takes it), and a few bursts of
 one-token requests sent at once by bench serve's own client (a connection each) its time per request
 of a burst (from sending to the engine step that has taken the whole burst, less the lone request's
-time, per request), which the profile keeps for the simulator. About three minutes on a quiet 2-core
-machine.
+time, per request after the first), which the profile keeps for the simulator. About three minutes on a quiet 2-core
+machine. Before each workload and after the last it runs the machine-speed probe
+(folovllm/simulator/speed.py) and keeps the mean of those in the profile, so that scripts/sim_fidelity.py can
+compare its live runs at the same machine speed.
 """
 from __future__ import annotations
 
@@ -29,10 +31,11 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from sim_fidelity import CLI, PROFILE, ROOT, start_server, threads_args
+from sim_fidelity import CLI, PROFILE, ROOT, send_probe, start_server, threads_args
 
 from folovllm.bench.datasets import ServeRequest
 from folovllm.bench.serve import run_benchmark
+from folovllm.simulator.speed import combine, probe_of
 
 MAX_MODEL_LEN = 2048
 NUM_KV_BLOCKS = 5825  # what `folovllm serve --max-model-len 2048` allocates on the calibration machine
@@ -88,8 +91,9 @@ def send_bursts(port: int, num: int = 5) -> list[float]:
 
 def api_server_burst_s(trace: Path, sends: list[float], lone_s: float) -> float:
     """Median over the bursts of (time from sending a burst to the start of the engine step that has taken
-    all of it, less the lone request's ``lone_s``) / ``BURST_SIZE``; 0 if that comes out negative. The
-    step is the one whose prefill tokens, summed from the send on, reach the burst's."""
+    all of it, less the lone request's ``lone_s``) / (``BURST_SIZE`` - 1): the simulator delays a burst of N
+    by N - 1 times this beyond a lone request's delay; 0 if that comes out negative. The step is the one
+    whose prefill tokens, summed from the send on, reach the burst's."""
     records = [json.loads(line) for line in trace.read_text().splitlines() if line.strip()]
     steps = sorted((r["time"] - r["duration_s"], r["num_prefill_tokens"]) for r in records if r["num_scheduled"])
     per_request = []
@@ -100,9 +104,15 @@ def api_server_burst_s(trace: Path, sends: list[float], lone_s: float) -> float:
                 continue
             taken += prefill
             if taken >= BURST_SIZE * BURST_PROMPT_LEN:
-                per_request.append((start - send - lone_s) / BURST_SIZE)
+                per_request.append((start - send - lone_s) / (BURST_SIZE - 1))
                 break
     return max(0.0, float(np.median(per_request))) if per_request else 0.0
+
+
+def steps_between(trace: Path, start: float, end: float) -> list[dict]:
+    """The traced steps that ended between ``start`` and ``end``."""
+    records = (json.loads(line) for line in trace.read_text().splitlines() if line.strip())
+    return [r for r in records if start <= r["time"] <= end]
 
 
 def api_server_s(trace: Path, sends: list[float]) -> float:
@@ -130,13 +140,16 @@ def main() -> int:
     folder = Path(tempfile.mkdtemp(prefix="sim-calibrate-"))
     trace = folder / "steps.jsonl"
     proc, port = start_server(MAX_MODEL_LEN, trace, threads_args(args.num_threads))
+    probes = []
     try:
-        for name, argv in WORKLOADS.items():
+        for index, (name, argv) in enumerate(WORKLOADS.items()):
+            probes.append(send_probe(port, index))
             print(f"calibration workload {name}", flush=True)
             done = subprocess.run([*CLI, "bench", "serve", "--port", str(port), "--no-progress", *argv], cwd=ROOT,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
             if done.returncode != 0:
                 raise SystemExit(f"bench serve failed on {name}:\n{done.stderr}")
+        probes.append(send_probe(port, len(WORKLOADS)))
         sends = send_lone_requests(port)
         bursts = send_bursts(port)
     finally:
@@ -144,15 +157,19 @@ def main() -> int:
         proc.wait(timeout=60)
     if args.keep_trace:
         shutil.copyfile(trace, args.keep_trace)
+    speed = combine([probe_of(steps_between(trace, *window)) for window in probes])
+    print(f"machine-speed probe: one-row decode step {speed['decode_step_s'] * 1e3:.2f} ms, prefill step "
+          f"{speed['prefill_step_s'] * 1e3:.1f} ms (the mean of {len(probes)} probes)", flush=True)
     api_server_ms = api_server_s(trace, sends) * 1e3
     burst_ms = api_server_burst_s(trace, bursts, api_server_ms / 1e3) * 1e3
     print(f"API server: {api_server_ms:.2f} ms from sending a lone request to its engine step, {burst_ms:.2f} ms "
-          f"more per request of a burst of {BURST_SIZE}", flush=True)
+          f"more per request after the first of a burst of {BURST_SIZE}", flush=True)
     subprocess.run([*CLI, "simulate", "calibrate", "--trace", str(trace), "--out", args.out,
                     "--name", Path(PROFILE).stem, "--num-kv-blocks", str(args.num_kv_blocks),
                     "--max-model-len", str(MAX_MODEL_LEN), "--model", "SmolLM2-135M-Instruct",
                     "--weighting", args.weighting, "--api-server-ms", f"{api_server_ms:.4f}",
-                    "--api-server-burst-ms", f"{burst_ms:.4f}",
+                    "--api-server-burst-ms", f"{burst_ms:.4f}", "--speed-probe-ms",
+                    f"{speed['decode_step_s'] * 1e3:.4f}", f"{speed['prefill_step_s'] * 1e3:.4f}",
                     "--prefill-knee", args.prefill_knee], cwd=ROOT, check=True)
     print(f"the trace is in {trace}")
     return 0

@@ -14,6 +14,18 @@ summed predicted / traced step time by prefill size (which steps the cost model 
 Workloads: a Poisson stream of mixed lengths, a burst, and a shared-prefix multi-turn stream (JSONL
 with arrival times, so both sides replay the same trace).
 
+Machine speed: the decode speed of this shared machine moved by 15-20 % between the calibration and the
+live runs minutes later (one-row decode steps 7.0 ms against 6.0, the prefill steps alike in both), more
+than the 15 % bar leaves. So each repeat runs a fixed probe (folovllm/simulator/speed.py: three lone
+512-token prompts decoding 32 tokens each) before each workload and after the last, as
+scripts/sim_calibrate.py does along the calibration; a workload's probes (before and after it) over the
+calibration's give a decode and a prefill factor, and the simulator runs once per repeat with the
+profile's terms scaled by that repeat's factors; the median of those runs is the simulator at the live
+speed. That normalises the machine's speed, measured apart from the workload; it is not fitted on the
+workload's steps. Both comparisons are printed and kept (``sim_at_calibration_speed``,
+``sim_at_live_speed``); the headline (``sim``, ``rel_error``) is the profile as fitted unless
+``--machine-speed``.
+
 The burst's median TTFT is the end of its second ~0.6 s prefill step: about a second of machine time,
 where the other workloads average over 40 s. The speed of this shared 2-core machine drifts by 20-30 %
 over seconds, so one burst run measures the moment more than the engine; each live repeat therefore
@@ -41,6 +53,8 @@ CLI = [sys.executable, "-m", "folovllm.entrypoints.cli"]
 sys.path.insert(0, str(ROOT))
 from folovllm.simulator.calibrate import format_buckets, price_steps  # noqa: E402
 from folovllm.simulator.cost_model import load_linear_profile  # noqa: E402
+from folovllm.simulator.speed import (PROBE_OUTPUT_LEN, PROBE_PROMPT_LEN, PROBE_REQUESTS, combine,  # noqa: E402
+                                      probe_of, scaled, speed_factors)
 
 
 def workloads(smoke: bool, folder: Path) -> dict[str, list[str]]:
@@ -94,6 +108,20 @@ def start_server(max_model_len: int, trace: Path | None = None,
     raise RuntimeError("folovllm serve did not start")
 
 
+def send_probe(port: int, seed: int) -> list[float]:
+    """The machine-speed probe (folovllm/simulator/speed.py): ``PROBE_REQUESTS`` lone fresh prompts, one after
+    another; returns its window (perf_counter, shared with the server's step trace)."""
+    rng = np.random.default_rng(1_000_000 + seed)  # fresh ids each probe: no prefix-cache hit
+    started = time.perf_counter()
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=300) as http:
+        model = http.get("/v1/models").json()["data"][0]["id"]
+        for _ in range(PROBE_REQUESTS):
+            prompt = [int(t) for t in rng.integers(1000, 30000, size=PROBE_PROMPT_LEN)]
+            http.post("/v1/completions", json={"model": model, "prompt": prompt, "max_tokens": PROBE_OUTPUT_LEN,
+                                               "temperature": 0.0, "ignore_eos": True}).raise_for_status()
+    return [started, time.perf_counter()]
+
+
 def threads_args(num_threads: int | None) -> list[str]:
     return [] if num_threads is None else ["--num-threads", str(num_threads)]
 
@@ -127,7 +155,8 @@ def run_live(folder: Path, repeats: int, smoke: bool, max_model_len: int, serve_
         proc, port = start_server(max_model_len, trace, serve_args)
         windows = {}
         try:
-            for name, argv in workloads(smoke, folder).items():
+            for index, (name, argv) in enumerate(workloads(smoke, folder).items()):
+                windows[f"probe-{index}"] = send_probe(port, 100 * repeat + index)
                 print(f"live repeat {repeat + 1}/{repeats}: {name}", flush=True)
                 started = time.perf_counter()
                 for run in range(burst_runs if name == "burst" else 1):
@@ -138,6 +167,7 @@ def run_live(folder: Path, repeats: int, smoke: bool, max_model_len: int, serve_
                                    check=True, stdout=subprocess.DEVNULL)
                     windows[stem] = [run_started, time.perf_counter()]
                 windows[name] = [started, time.perf_counter()]
+            windows[f"probe-{index + 1}"] = send_probe(port, 100 * repeat + index + 1)
         finally:
             proc.terminate()
             proc.wait(timeout=60)
@@ -175,13 +205,35 @@ def run_speed(model, real_json: Path) -> float | None:
     return check["measured_s"] / check["predicted_s"] if check and check["predicted_s"] > 0 else None
 
 
+def workload_speed(folder: Path, index: int, calibration: dict[str, float]) -> list[dict[str, float]]:
+    """Per live repeat, the machine-speed factors (folovllm/simulator/speed.py) of the workload ``index``: its
+    probes just before and after it, against the profile's ``calibration`` probe. Empty without probes."""
+    factors = []
+    for path in sorted(folder.glob("windows-*.json")):
+        keys = [f"probe-{index}", f"probe-{index + 1}"]
+        if not calibration or not all(k in json.loads(path.read_text()) for k in keys):
+            continue
+        factors.append(speed_factors(combine([probe_of(steps_within(path, k)) for k in keys]), calibration))
+    return factors
+
+
+def simulate(profile_path: Path, argv: list[str], api: list[str], out: Path) -> dict[str, float]:
+    subprocess.run([*CLI, "simulate", "run", "--profile", str(profile_path), "--output-json", str(out),
+                    *api, *argv], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+    return figures(json.loads(out.read_text())[0])
+
+
+def relative(sim: dict[str, float], real: dict[str, float]) -> dict[str, float | None]:
+    return {k: (sim[k] - real[k]) / real[k] if real[k] else None for k in real}
+
+
 def row_for(name: str, argv: list[str], live: list[dict[str, float]], sim: dict[str, float],
             step_check: dict | None) -> dict:
     real = {k: float(np.median([run[k] for run in live])) for k in sim}
     return {"workload": name, "args": argv, "real": real, "sim": sim, "live_repeats": len(live),
             "real_runs": live, "real_spread": {k: [min(run[k] for run in live), max(run[k] for run in live)]
                                                for k in sim},
-            "rel_error": {k: (sim[k] - real[k]) / real[k] if real[k] else None for k in real},
+            "rel_error": relative(sim, real),
             "steps": step_check}
 
 
@@ -202,6 +254,10 @@ def main() -> int:
     parser.add_argument("--burst-runs", type=int, default=3,
                         help="burst runs per live repeat (seeds 12, 13, ...; the same steps): the burst's "
                              "figures hang on a second of machine time, so it takes more runs for a stable median")
+    parser.add_argument("--machine-speed", action="store_true",
+                        help="compare with the simulator at the machine speed the live runs' probes measured "
+                             "(folovllm/simulator/speed.py) instead of the profile as fitted; both are printed and "
+                             "kept whenever the profile and the live runs have probes")
     parser.add_argument("--reuse-real", metavar="DIR", default=None,
                         help="take the live runs from an earlier run's folder (printed at its end) instead of "
                              "starting a server: to compare another profile against the same measurements")
@@ -215,8 +271,14 @@ def main() -> int:
         run_live(folder, args.live_repeats, args.smoke, int(profile["defaults"]["max_model_len"]),
                  threads_args(args.num_threads), args.burst_runs)
     model = load_linear_profile(profile_path)
+    if args.machine_speed and not model.speed_probe:
+        raise SystemExit(f"--machine-speed: {profile_path.name} has no machine-speed probe (fitted before it "
+                         "existed); fit it again with scripts/sim_calibrate.py")
+    if not model.speed_probe:
+        print(f"{profile_path.name} has no machine-speed probe (fitted before it existed): no comparison at the "
+              "live runs' speed; scripts/sim_calibrate.py records one", flush=True)
     rows = []
-    for name, argv in workloads(args.smoke, folder).items():
+    for index, (name, argv) in enumerate(workloads(args.smoke, folder).items()):
         real_jsons, sim_json = live_files(folder, name), folder / f"{name}-sim.json"
         if not real_jsons:
             raise SystemExit(f"{folder} has no live runs of {name}: --reuse-real takes the folder of an earlier "
@@ -224,13 +286,31 @@ def main() -> int:
         api = [] if args.api_server_ms is None else ["--api-server-ms", str(args.api_server_ms)]
         if args.api_server_burst_ms is not None:
             api += ["--api-server-burst-ms", str(args.api_server_burst_ms)]
-        subprocess.run([*CLI, "simulate", "run", "--profile", str(profile_path), "--output-json", str(sim_json),
-                        *api, *argv], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+        sim = at_calibration = simulate(profile_path, argv, api, sim_json)
+        factors = workload_speed(folder, index, model.speed_probe)
+        if args.machine_speed and not factors:
+            raise SystemExit(f"--machine-speed: {folder} has no probes around {name} (live runs from before "
+                             "the probe existed)")
+        if factors:  # one simulation per live repeat, at its probes' speed; compared by the median
+            runs = []
+            for repeat, factor in enumerate(factors):
+                scaled_path = folder / f"{name}-profile-at-live-speed-{repeat}.json"
+                scaled(model, factor).save(scaled_path)
+                runs.append(simulate(scaled_path, argv, api, folder / f"{name}-sim-at-live-speed-{repeat}.json"))
+            at_live = {k: float(np.median([run[k] for run in runs])) for k in at_calibration}
+            sim = at_live if args.machine_speed else at_calibration
         live = [{**figures(json.loads(p.read_text())[0]), "traced_over_priced": run_speed(model, p)}
                 for p in real_jsons]
         steps = live_steps(folder, name)
-        rows.append(row_for(name, argv, live, figures(json.loads(sim_json.read_text())[0]),
-                            price_steps(model, steps) if steps else None))
+        row = row_for(name, argv, live, sim, price_steps(model, steps) if steps else None)
+        row["sim_speed"] = "live" if factors and args.machine_speed else "calibration"
+        if factors:
+            median = {k: float(np.median([f[k] for f in factors])) for k in factors[0]}
+            row.update(machine_speed=median, machine_speed_runs=factors, sim_runs_at_live_speed=runs,
+                       sim_at_live_speed=at_live, rel_error_at_live_speed=relative(at_live, row["real"]),
+                       sim_at_calibration_speed=at_calibration,
+                       rel_error_at_calibration_speed=relative(at_calibration, row["real"]))
+        rows.append(row)
     print(f"{'workload':<15}{'metric':<17}{'real':>10}{'live min-max':>16}{'sim':>10}{'error':>9}")
     for row in rows:
         for key in row["real"]:
@@ -238,6 +318,13 @@ def main() -> int:
             low, high = row["real_spread"][key]
             print(f"{row['workload']:<15}{key:<17}{row['real'][key]:>10.1f}{f'{low:.1f}-{high:.1f}':>16}"
                   f"{row['sim'][key]:>10.1f}{'n/a' if err is None else f'{err:+.0%}':>9}")
+        if "machine_speed" in row:
+            other = "calibration" if row["sim_speed"] == "live" else "live"
+            speed, errors = row["machine_speed"], row[f"rel_error_at_{other}_speed"]
+            print(f"  sim at the {row['sim_speed']} speed; the live probes' machine speed: decode "
+                  f"x{speed['decode']:.3f}, prefill x{speed['prefill']:.3f} of the calibration's (median over the "
+                  f"repeats; one simulation per repeat at its own); at the {other} speed: "
+                  + ", ".join(f"{k} {v:+.0%}" for k, v in errors.items() if v is not None))
         if len(row["real_runs"]) > 1 and all(r["traced_over_priced"] for r in row["real_runs"]):
             print("  live runs, median TTFT ms (traced / priced step time): " + ", ".join(
                 f"{r['median_ttft_ms']:.0f} ({r['traced_over_priced']:.2f})" for r in row["real_runs"]))

@@ -10,6 +10,7 @@ import asyncio
 import dataclasses
 import logging
 import multiprocessing
+import os
 import queue
 import threading
 from collections import Counter
@@ -131,6 +132,10 @@ class ProcessCore:
     def attach(self, loop: asyncio.AbstractEventLoop, on_message: OnMessage) -> None:
         self._loop = loop
         loop.add_reader(self._conn.fileno(), self._read, on_message)
+        # uvloop makes a watched fd non-blocking; then a message larger than the pipe's buffer, or one
+        # the child is still writing on a loaded machine, reads as EAGAIN halfway, which looked like a
+        # death. Once poll() says a message has begun, recv() waits for its end.
+        os.set_blocking(self._conn.fileno(), True)
 
     def _read(self, on_message: OnMessage) -> None:
         try:

@@ -211,14 +211,15 @@ def format_buckets(rows: list[dict[str, Any]]) -> str:
 
 def calibrate(trace: str | Path, out: str | Path, name: str, defaults: dict[str, Any] | None = None,
               weighting: str = "absolute", api_server_s: float = 0.0, knee: int | str = "auto",
-              api_server_burst_s: float = 0.0) -> LinearCostModel:
+              api_server_burst_s: float = 0.0, speed_probe: dict[str, float] | None = None) -> LinearCostModel:
     """Fits ``trace``, writes the profile to ``out`` and returns it. ``api_server_s`` and
     ``api_server_burst_s`` (measured outside the trace) are kept in the profile for the simulator's API
-    server."""
+    server, ``speed_probe`` (``speed.py``) for comparing live runs at the calibration's machine speed."""
     shapes, durations = read_trace_shapes(trace)
     model = fit_linear(shapes, durations, name, defaults, source=str(trace), weighting=weighting,
                        between_steps_s=busy_gap_s(trace), knee=knee)
     model.api_server_s, model.api_server_burst_s = api_server_s, api_server_burst_s
+    model.speed_probe = dict(speed_probe or {})
     model.save(out)
     return model
 
@@ -240,7 +241,11 @@ def format_fit(model: LinearCostModel) -> str:
     if model.api_server_s:
         lines.append(f"  API server {model.api_server_s * 1e3:.2f} ms per request (before the engine has it)")
     if model.api_server_burst_s:
-        lines.append(f"  and {model.api_server_burst_s * 1e3:.2f} ms more per request of a burst (sent at one instant)")
+        lines.append(f"  and {model.api_server_burst_s * 1e3:.2f} ms more per request of a burst after the first "
+                     "(sent at one instant)")
+    if model.speed_probe:
+        lines.append(f"  machine-speed probe: one-row decode step {model.speed_probe['decode_step_s'] * 1e3:.2f} ms, "
+                     f"prefill step {model.speed_probe['prefill_step_s'] * 1e3:.1f} ms")
     if fit.get("zeroed_terms"):
         lines.append(f"  would fit negative (held at 0): {', '.join(fit['zeroed_terms'])}")
     return "\n".join(lines)

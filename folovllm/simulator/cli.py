@@ -67,7 +67,7 @@ def add_deployment_args(parser: argparse.ArgumentParser) -> None:
                         "together arrive together (default: the linear profile's api_server_s, 0 for the roofline)")
     k.add_argument("--api-server-burst-ms", type=float, default=None,
                    help="more API server time per request of a burst: N requests sent at one instant reach a "
-                        "replica together, N times this later (default: the linear profile's "
+                        "replica together, N - 1 times this later than a lone one (default: the linear profile's "
                         "api_server_burst_s, 0 for the roofline)")
 
 
@@ -156,6 +156,10 @@ def add_calibrate_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-server-burst-ms", type=float, default=0.0,
                         help="the API server's measured time per request of a burst (requests sent at one "
                              "instant), kept in the profile (scripts/sim_calibrate.py measures it)")
+    parser.add_argument("--speed-probe-ms", type=float, nargs=2, default=None, metavar=("DECODE", "PREFILL"),
+                        help="the machine-speed probe's one-row decode step and prefill step measured with the "
+                             "trace, kept in the profile (scripts/sim_calibrate.py measures them; "
+                             "folovllm/simulator/speed.py)")
     parser.add_argument("--weighting", choices=("absolute", "sqrt", "relative"), default="absolute",
                         help="least squares of each step's error in seconds (default: the long prefill steps "
                              "that set TTFT count most), of its relative error, or of error² / duration (sqrt)")
@@ -182,8 +186,11 @@ def run_calibrate(args: argparse.Namespace) -> int:
 
     defaults = {k: v for k, v in (("num_kv_blocks", args.num_kv_blocks), ("max_model_len", args.max_model_len),
                                   ("model", args.model)) if v is not None}
+    speed_probe = None if args.speed_probe_ms is None else {
+        "decode_step_s": args.speed_probe_ms[0] / 1000.0, "prefill_step_s": args.speed_probe_ms[1] / 1000.0}
     model = calibrate(args.trace, args.out, args.name or Path(args.out).stem, defaults, args.weighting,
-                      args.api_server_ms / 1000.0, args.prefill_knee, args.api_server_burst_ms / 1000.0)
+                      args.api_server_ms / 1000.0, args.prefill_knee, args.api_server_burst_ms / 1000.0,
+                      speed_probe)
     print(format_fit(model))
     print(f"wrote {args.out}")
     return 0

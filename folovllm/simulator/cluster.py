@@ -48,8 +48,9 @@ class ClusterSpec:
     # the API server's own time per request before a replica has it (HTTP, validation, the engine core's
     # inbox): a delay, so requests sent together reach the replica together
     api_server_s: float = 0.0
-    # requests sent at the same instant (a burst) reach the replica together, later by this much per request
-    # of the burst: the client opens a connection and sends each in turn, the server takes each in turn
+    # requests sent at the same instant (a burst of N) reach the replica together, later by this much per
+    # request after the first, N - 1 times: the client opens a connection and sends each in turn, the
+    # server takes each in turn; a lone request pays none of it
     api_server_burst_s: float = 0.0
 
     def __post_init__(self) -> None:
@@ -99,7 +100,7 @@ class Cluster:
         max_tokens = min(spec.output_len, self.max_model_len - spec.prompt_len)
         request = TrackedRequest(spec.index, str(spec.index), spec.prompt_token_ids(), now,
                                  1 if self.spec.pd else max_tokens, spec, max_tokens)
-        delay = self.spec.api_server_s + self.spec.api_server_burst_s * sent_together
+        delay = self.spec.api_server_s + self.spec.api_server_burst_s * (sent_together - 1)
         if delay > 0:  # a latency, not a queue: requests sent together arrive together
             heapq.heappush(self._events, (now + delay, next(self._seq), 2, request))
             return

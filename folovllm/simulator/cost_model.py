@@ -77,6 +77,9 @@ class LinearCostModel:
     api_server_s: float = 0.0
     api_server_burst_s: float = 0.0  # the API server's time per request of a burst (sent at one instant)
     prefill_knee_tokens: int = 0  # where the below-knee prefill term stops counting (0: no such term)
+    # the machine-speed probe measured when the trace was recorded (``speed.py``; empty: none), so that live
+    # runs elsewhere or later can be compared at the same machine speed
+    speed_probe: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         missing = [t for t in LINEAR_TERMS if t not in self.coefficients and t not in OPTIONAL_TERMS]

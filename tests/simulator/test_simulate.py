@@ -202,13 +202,14 @@ def test_a_burst_reaches_the_replica_together_later_by_its_size(tmp_path):
     args = sim_args(tmp_path, "--dataset", "jsonl", "--dataset-path", str(path), "--api-server-ms", "2",
                     "--api-server-burst-ms", "0.5")
     steps = first_steps(args)
-    # four sent at 0: all in the first step, 2 + 4 x 0.5 ms after; the lone one at 1 s: 2 + 0.5 ms after
-    assert steps[0].start == pytest.approx(0.004) and [r for r, _ in steps[0].scheduled] == ["0", "1", "2", "3"]
+    # four sent at 0: all in the first step, 2 + 3 x 0.5 ms after (the first of a burst pays none of the
+    # burst term); the lone one at 1 s: 2 ms after, as a request alone
+    assert steps[0].start == pytest.approx(0.0035) and [r for r, _ in steps[0].scheduled] == ["0", "1", "2", "3"]
     lone = next(s for s in steps if ("4", 32) in s.scheduled)
-    assert lone.start == pytest.approx(1.0025)
+    assert lone.start == pytest.approx(1.002)
     profiled = tmp_path / "with-burst.json"
     LinearCostModel("test", PROFILE, defaults={"num_kv_blocks": 2048, "max_model_len": 4096},
                     api_server_s=0.002, api_server_burst_s=0.0005).save(profiled)
     args = sim_args(tmp_path, "--dataset", "jsonl", "--dataset-path", str(path))
     args.profile = str(profiled)
-    assert first_steps(args)[0].start == pytest.approx(0.004)  # the profile's figures are the default
+    assert first_steps(args)[0].start == pytest.approx(0.0035)  # the profile's figures are the default
