@@ -48,3 +48,18 @@ def test_model_outputs_unchanged(tiny_llama, tmp_path, monkeypatch) -> None:  # 
         with torch.no_grad():
             logits.append((model.compute_logits(hidden), layer(hidden)))
     assert torch.equal(logits[0][0], logits[1][0]) and torch.equal(logits[0][1], logits[1][1])
+
+
+def test_freed_storages_go_back_to_the_os(monkeypatch) -> None:
+    """Each storage of TRIM_BYTES or more that moved is followed by one malloc_trim, so the heap holes the
+    old copies leave do not stay resident; smaller ones are not."""
+    from folovllm.model import huge_pages
+
+    calls = []
+    monkeypatch.setattr(huge_pages, "_release_freed_memory", lambda: calls.append(1))
+    module = nn.Module()
+    module.register_buffer("big", torch.zeros(huge_pages.TRIM_BYTES, dtype=torch.uint8))
+    module.register_buffer("big_view", module.big[8:])  # shares the big storage: moved (and trimmed) once
+    module.register_buffer("small", torch.zeros(100))
+    move_weights_to_huge_pages(module)
+    assert len(calls) == 1
