@@ -13,13 +13,15 @@ in calls of 16 rows or more (``auto``: batch 64 and prefill, not one stream). Th
 each layer's int4 MLP as three ops (``FOLOVLLM_INT4_FUSED_MLP=off``) instead of one. Then it times every variant in
 alternating rounds in this one process: a decode step (forward + logits) of one stream and of a batch
 of 64 streams, each at a 64-token context, and a 256-token prefill. Reported: median tok/s per variant,
-its ratio to bf16, and weight MiB (all and linear layers). The models run as the engine runs them on
+its ratio to bf16's median (and each round's ratio to bf16 in that round), and weight MiB (all and linear layers). The models run as the engine runs them on
 CPU: the CPU attention kernel, the fused ops and, for bf16 linears, the bf16 linear kernel (``bf16-onednn``
 is bf16 on oneDNN's prepacked linears instead); ``--no-engine-cpu-ops`` runs torch attention, unfused
 ops and oneDNN. The ``-modules`` variants run their decoder layers through the ``nn.Module`` calls
 (``FOLOVLLM_DIRECT_CALLS=off``) instead of the direct op calls (``model/direct.py``) the others use; the
 ``-nochain`` variants make those direct calls from Python (``FOLOVLLM_CPU_LAYER_CHAIN=off``) instead of the
-one C++ call per step (``model/layer_chain.py``) the others make for decode steps.
+one C++ call per step (``model/layer_chain.py``) the others make for decode steps. The ``-smallpages``
+variants leave their weights where loading put them, on 4 KiB pages (``FOLOVLLM_HUGE_PAGE_WEIGHTS=off``),
+instead of in one block on 2 MiB pages (``model/huge_pages.py``).
 ``--only NAME ...`` times a subset beside bf16.
 """
 from __future__ import annotations
@@ -45,6 +47,7 @@ from folovllm.model.loader import default_model_path, load_model  # noqa: E402
 from folovllm.model.quant.gptq_config import INT4_ACTIVATIONS_ENV, INT4_FUSED_MLP_ENV, KERNEL_ENV  # noqa: E402
 from folovllm.model.direct import DIRECT_CALLS_ENV  # noqa: E402
 from folovllm.model.layer_chain import LAYER_CHAIN_ENV  # noqa: E402
+from folovllm.model.huge_pages import HUGE_PAGE_WEIGHTS_ENV  # noqa: E402
 from tests.helpers import make_attn_metadata  # noqa: E402
 from folovllm.quantize.run import QuantizeArgs, quantize  # noqa: E402
 
@@ -92,7 +95,7 @@ class StepTimer:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=5, help="decode steps timed per round (median kept)")
+    parser.add_argument("--steps", type=int, default=15, help="decode steps timed per round (median kept)")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--context", type=int, default=64)
     parser.add_argument("--prefill", type=int, default=256)
@@ -113,11 +116,13 @@ def main() -> None:
         "bf16": (gguf, "auto", False, "off", "auto"),  # the engine's default CPU path
         "bf16-modules": (gguf, "auto", False, "off", "auto"),  # FOLOVLLM_DIRECT_CALLS=off
         "bf16-nochain": (gguf, "auto", False, "off", "auto"),  # FOLOVLLM_CPU_LAYER_CHAIN=off
+        "bf16-smallpages": (gguf, "auto", False, "off", "auto"),  # FOLOVLLM_HUGE_PAGE_WEIGHTS=off
         "bf16-onednn": (gguf, "auto", False, "off", "auto"),  # bf16 linears on oneDNN (--no-cpu-bf16-linear)
         "gptq-4bit-g128": (gptq4, "auto", False, "off", "auto"),
         "gptq-4bit-g128-int8head": (gptq4, "auto", False, "on", "auto"),
         "gptq-4bit-g128-int8head-modules": (gptq4, "auto", False, "on", "auto"),  # FOLOVLLM_DIRECT_CALLS=off
         "gptq-4bit-g128-int8head-nochain": (gptq4, "auto", False, "on", "auto"),  # FOLOVLLM_CPU_LAYER_CHAIN=off
+        "gptq-4bit-g128-int8head-smallpages": (gptq4, "auto", False, "on", "auto"),  # FOLOVLLM_HUGE_PAGE_WEIGHTS=off
         "gptq-4bit-g128-int8head-a8": (gptq4, "auto", False, "on", "auto"),  # FOLOVLLM_INT4_ACTIVATIONS=int8
         "gptq-4bit-g128-int8head-a8auto": (gptq4, "auto", False, "on", "auto"),  # FOLOVLLM_INT4_ACTIVATIONS=auto
         "gptq-4bit-g128-int8head-unfused": (gptq4, "auto", False, "on", "auto"),  # FOLOVLLM_INT4_FUSED_MLP=off
@@ -136,6 +141,7 @@ def main() -> None:
     models = {name: load_variant(path() if callable(path) else path, q, packed, head, kernel,
                                  direct_calls="off" if name.endswith("-modules") else "on",
                                  layer_chain="off" if name.endswith("-nochain") else "on",
+                                 huge_pages="off" if name.endswith("-smallpages") else "on",
                                  int4_activations={"a8": "int8", "a8auto": "auto"}.get(name.rsplit("-", 1)[-1], "bf16"),
                                  fused_mlp="off" if name.endswith("-unfused") else "on",
                                  **(engine_ops | ({"cpu_bf16_linear": False} if name == "bf16-onednn" else {})))
@@ -169,24 +175,27 @@ def main() -> None:
             med = statistics.median(rates[name][kind])
             entry[f"{kind}_tok_s"], entry[f"{kind}_ratio"] = med, med / base[kind]
             entry[f"{kind}_spread"] = [min(rates[name][kind]), max(rates[name][kind])]
+            # each round's ratio to bf16's in the same round: how much of the ratio is the machine's drift
+            entry[f"{kind}_round_ratios"] = [r / b for r, b in zip(rates[name][kind], rates["bf16"][kind])]
         result["variants"][name] = entry
         print(f"{name:15s} one stream {entry['one_stream_tok_s']:6.1f} tok/s ({entry['one_stream_ratio']:4.2f}x)  "
               f"batch {args.batch} {entry['batch_tok_s']:6.0f} ({entry['batch_ratio']:4.2f}x)  "
               f"prefill {entry['prefill_tok_s']:6.0f} ({entry['prefill_ratio']:4.2f}x)  "
               f"weights {all_mib:6.1f} MiB (-{entry['weight_drop']:.0%}), linears {linear_mib:6.1f} MiB "
               f"(-{entry['linear_drop']:.0%})")
+        print(f"{'':15s} one stream per round: " + " ".join(f"{r:.2f}x" for r in entry["one_stream_round_ratios"]))
     if args.out:
         args.out.write_text(json.dumps(result, indent=2) + "\n")
 
 
 def load_variant(path: str, quantization: str, load_quantized: bool, quantize_lm_head: str,
                  quant_kernel: str, direct_calls: str = "on", int4_activations: str = "bf16", fused_mlp: str = "on",
-                 layer_chain: str = "on", **engine_ops: Any) -> CausalLM:
+                 layer_chain: str = "on", huge_pages: str = "on", **engine_ops: Any) -> CausalLM:
     """The bf16 model as a variant loads it, with ``FOLOVLLM_QUANT_KERNEL``, ``FOLOVLLM_DIRECT_CALLS``,
-    ``FOLOVLLM_INT4_ACTIVATIONS``, ``FOLOVLLM_INT4_FUSED_MLP`` and ``FOLOVLLM_CPU_LAYER_CHAIN`` set while its
-    kernels and its layers' calls are picked."""
+    ``FOLOVLLM_INT4_ACTIVATIONS``, ``FOLOVLLM_INT4_FUSED_MLP``, ``FOLOVLLM_CPU_LAYER_CHAIN`` and
+    ``FOLOVLLM_HUGE_PAGE_WEIGHTS`` set while its kernels, its layers' calls and its weights' memory are picked."""
     settings = {KERNEL_ENV: quant_kernel, DIRECT_CALLS_ENV: direct_calls, INT4_ACTIVATIONS_ENV: int4_activations,
-                INT4_FUSED_MLP_ENV: fused_mlp, LAYER_CHAIN_ENV: layer_chain}
+                INT4_FUSED_MLP_ENV: fused_mlp, LAYER_CHAIN_ENV: layer_chain, HUGE_PAGE_WEIGHTS_ENV: huge_pages}
     saved = {name: os.environ.get(name) for name in settings}
     os.environ.update(settings)
     try:
