@@ -198,3 +198,28 @@ def test_our_gptq_checkpoint_matches_transformers(tiny_llama, tmp_path: Path) ->
         expected = hf(torch.tensor([PROMPT])).logits[0].float()
     ours = prefill_logits(load_model(gptq_dir, dtype=torch.float32, device="cpu"), PROMPT)
     torch.testing.assert_close(ours, expected, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.slow
+def test_gptqmodel_checkpoint_loads_in_ours(tiny_llama, tmp_path: Path) -> None:
+    """A checkpoint that GPTQModel quantizes and writes (asymmetric, act-order, groups of 32) loads here and
+    gives the logits GPTQModel's own model gives. GPTQModel needs a newer torch than the CPU torch this
+    project pins, so this runs only where it is installed."""
+    gptqmodel = pytest.importorskip(
+        "gptqmodel", reason="GPTQModel is not installed: it needs torch >= 2.14.1 and this project pins torch 2.13.0")
+    config, state, tokenizer_folder = tiny_llama
+    tokenizer = {p.name: p.read_text() for p in tokenizer_folder.iterdir() if p.is_file()}
+    dense_dir = write_folder(tmp_path / "dense", config, state, tokenizer)
+    quantized = gptqmodel.GPTQModel.load(dense_dir, gptqmodel.QuantizeConfig(bits=4, group_size=32, sym=False,
+                                                                             desc_act=True), device="cpu")
+    gen = torch.Generator().manual_seed(0)
+    calibration = [{"input_ids": ids, "attention_mask": [1] * len(ids)}
+                   for ids in torch.randint(3, 512, (16, 48), generator=gen).tolist()]
+    quantized.quantize(calibration, batch_size=1)
+    out = tmp_path / "gptqmodel"
+    quantized.save(str(out))
+    reloaded = gptqmodel.GPTQModel.load(str(out), device="cpu")
+    with torch.no_grad():
+        expected = reloaded.model(torch.tensor([PROMPT])).logits[0].float()
+    ours = prefill_logits(load_model(str(out), dtype=torch.float32, device="cpu"), PROMPT)
+    torch.testing.assert_close(ours, expected, rtol=2e-2, atol=2e-2)
