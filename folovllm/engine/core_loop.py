@@ -65,11 +65,12 @@ class EngineInfo:
     cache_config: dict[str, str] = field(default_factory=dict)  # LLMEngine.cache_config_info()
     data_parallel_size: int = 1  # engine replicas behind the server (their snapshots say which is which)
     kv_role: str | None = None  # PD disaggregation: the engine's --kv-role
+    weight_bytes: int = 0  # the model's weights as this engine holds them (quantized: packed)
 
 
 def engine_info(engine: LLMEngine) -> EngineInfo:
     return EngineInfo(engine.model_path, engine.max_model_len, engine.default_sampling, engine.cache_config_info(),
-                      kv_role=engine.config.kv_role)
+                      kv_role=engine.config.kv_role, weight_bytes=engine.model.weight_bytes())
 
 
 @dataclass

@@ -138,7 +138,7 @@ def test_a_failing_engine_thread_is_reported_as_dead(caplog):
 
     stub = SimpleNamespace(model_path="stub", max_model_len=8, default_sampling={}, device=torch.device("meta"),
                            has_unfinished_requests=broken, cache_config_info=dict,
-                           config=SimpleNamespace(kv_role=None))
+                           config=SimpleNamespace(kv_role=None), model=SimpleNamespace(weight_bytes=lambda: 0))
     died = threading.Event()
 
     async def scenario():

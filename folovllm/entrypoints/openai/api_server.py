@@ -93,7 +93,8 @@ def build_app(core: ProcessCore | ThreadCore | DataParallelCore, tokenizer, conf
     shutdown. ``tokenizer`` is the server's own (chat templates, /tokenize, logprob text)."""
     state = state or ServerState()
     metrics = ServerMetrics(config.model_name, config.metrics_prefix, core.info.max_model_len,
-                            core.info.cache_config, num_engines=core.info.data_parallel_size)
+                            core.info.cache_config, num_engines=core.info.data_parallel_size,
+                            weight_bytes=core.info.weight_bytes)
 
     def on_engine_death(error: EngineDeadError) -> None:
         metrics.reset_gauges()

@@ -98,7 +98,8 @@ class ServerMetrics:
     server's total; ``request_rejected_total`` happens before any replica and has no such label."""
 
     def __init__(self, model_name: str, prefix: str = "vllm", max_model_len: int = 2048,
-                 cache_config: dict[str, str] | None = None, num_engines: int = 1) -> None:
+                 cache_config: dict[str, str] | None = None, num_engines: int = 1,
+                 weight_bytes: int | None = None) -> None:
         if prefix not in METRICS_PREFIXES:
             raise ValueError(f"--metrics-prefix must be one of {', '.join(METRICS_PREFIXES)}; got {prefix!r}")
         disable_created_metrics()  # prometheus_client's switch is process-wide; every server wants it off
@@ -184,6 +185,11 @@ class ServerMetrics:
                                [*cache_config, "engine"], registry=r)
             for e in range(num_engines):
                 info_gauge.labels(**cache_config, engine=str(e)).set(1)
+        if weight_bytes:  # the replicas load the same model
+            weights = Gauge(f"{prefix}:model_weight_bytes", "Bytes of model weights an engine holds "
+                            "(quantized weights as packed)", ["model_name", "engine"], registry=r)
+            for e in range(num_engines):
+                weights.labels(model_name, str(e)).set(weight_bytes)
         self._model_name = model_name
         self._last_token_time: dict[str, float] = {}  # request id -> when its latest token came
 

@@ -68,6 +68,8 @@ def test_metric_names_and_types_match_vllms(http):
         if name.removeprefix("vllm:") in EMITTED:  # cache_config_info: its labels are the config's
             wanted = {"engine"} if name == "vllm:cache_config_info" else {"model_name", "engine"}
             assert all(wanted <= set(s.labels) for s in family.samples), name
+    weights = families["vllm:model_weight_bytes"].samples[0]
+    assert weights.labels["model_name"] == "smol" and weights.value > 4 * 134e6  # float32: 4 bytes a weight, 135M of them
     info = families["vllm:cache_config_info"].samples[0].labels
     assert info["block_size"] == "16" and info["enable_prefix_caching"] == "True"
     reasons = {s.labels["finished_reason"] for s in families["vllm:request_success"].samples}

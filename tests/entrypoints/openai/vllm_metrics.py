@@ -65,7 +65,8 @@ NOT_EMITTED: dict[str, str] = {
 # Ours alone (kept under the chosen prefix): error responses given before reaching the engine.
 OWN: dict[str, str] = {"request_rejected": "counter", "kv_transfer_loads": "counter",
                        "kv_transfer_load_failures": "counter", "kv_transfer_sends": "counter",
-                       "kv_transfer_recv_bytes": "counter", "kv_transfer_recv_seconds": "counter"}
+                       "kv_transfer_recv_bytes": "counter", "kv_transfer_recv_seconds": "counter",
+                       "model_weight_bytes": "gauge"}
 
 # Every series the queries of vLLM's example Grafana dashboards name (vllm-project/vllm,
 # examples/online_serving/prometheus_grafana/grafana.json at 004f771f and
