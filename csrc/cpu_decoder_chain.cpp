@@ -99,22 +99,20 @@ class DecoderChain : public torch::CustomClassHolder {
 
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
 
-  // x [T, hidden] (and the residual stream, None before the first layer) through every layer; caches holds
-  // each layer's k_cache then v_cache. Returns (x, residual) as the last layer leaves them.
-  std::tuple<at::Tensor, at::Tensor> run(at::Tensor x, std::optional<at::Tensor> residual_in, at::Tensor cos,
+  // The embeddings x [T, hidden] through every layer; caches holds each layer's k_cache then v_cache.
+  // Returns (x, residual) as the last layer leaves them.
+  std::tuple<at::Tensor, at::Tensor> run(at::Tensor x, at::Tensor cos,
                                          at::Tensor sin, std::vector<at::Tensor> caches, at::Tensor slot_mapping,
                                          at::Tensor block_tables, at::Tensor seq_lens, at::Tensor query_start_loc) {
     TORCH_CHECK(caches.size() == 2 * layers_.size(), "expected ", 2 * layers_.size(), " cache tensors, got ",
                 caches.size());
-    bool first = !residual_in.has_value();
-    at::Tensor residual = first ? x : *residual_in;
+    at::Tensor residual = x;
     for (size_t i = 0; i < layers_.size(); ++i) {
       const Layer& layer = layers_[i];
       at::Tensor& k_cache = caches[2 * i];
       at::Tensor& v_cache = caches[2 * i + 1];
-      if (first) {
+      if (i == 0) {  // the residual stream starts as the embeddings
         x = rms_norm_.call(x, layer.norm1, layer.eps1);
-        first = false;
       } else {
         x = add_rms_norm_.call(residual, x, layer.norm1, layer.eps1);
       }

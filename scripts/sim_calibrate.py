@@ -31,7 +31,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from sim_fidelity import CLI, PROFILE, ROOT, send_probe, start_server, threads_args
+from sim_fidelity import CLI, PROFILE, ROOT, send_probe, start_server, steps_between, threads_args
 
 from folovllm.bench.datasets import ServeRequest
 from folovllm.bench.serve import run_benchmark
@@ -107,12 +107,6 @@ def api_server_burst_s(trace: Path, sends: list[float], lone_s: float) -> float:
                 per_request.append((start - send - lone_s) / (BURST_SIZE - 1))
                 break
     return max(0.0, float(np.median(per_request))) if per_request else 0.0
-
-
-def steps_between(trace: Path, start: float, end: float) -> list[dict]:
-    """The traced steps that ended between ``start`` and ``end``."""
-    records = (json.loads(line) for line in trace.read_text().splitlines() if line.strip())
-    return [r for r in records if start <= r["time"] <= end]
 
 
 def api_server_s(trace: Path, sends: list[float]) -> float:

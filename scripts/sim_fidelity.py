@@ -177,7 +177,11 @@ def run_live(folder: Path, repeats: int, smoke: bool, max_model_len: int, serve_
 def steps_within(windows_path: Path, key: str) -> list[dict]:
     """The traced steps of the window ``key`` (a workload, or one live run's file stem) in a repeat."""
     start, end = json.loads(windows_path.read_text()).get(key, [0.0, -1.0])
-    trace = trace_of(windows_path)
+    return steps_between(trace_of(windows_path), start, end)
+
+
+def steps_between(trace: Path, start: float, end: float) -> list[dict]:
+    """The steps of the step trace ``trace`` that ended between ``start`` and ``end`` (perf_counter)."""
     with open(trace, encoding="utf-8") as f:
         return [r for line in f if line.strip() and start <= (r := json.loads(line))["time"] <= end]
 

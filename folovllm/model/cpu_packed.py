@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from folovllm.model.linear_method import LinearMethod, UnquantizedLinearMethod, get_linear_method
-from folovllm.model.op_call import tag_op_call
+from folovllm.model.op_call import bound_op_call
 
 UNQUANTIZED = "unquantized"
 BF16_KERNEL_ROWS = 64  # the bf16 kernel packs weights in blocks of this many output rows
@@ -79,7 +79,7 @@ class PackedLinearMethod(UnquantizedLinearMethod):
             onednn = torch.ops.mkldnn._linear_pointwise.default
             return lambda x: onednn(x, packed, bias, "none", [], "")
         kernel = torch.ops.folovllm_cpu_linear.linear.default
-        return tag_op_call(lambda x: kernel(x, packed, bias), kernel, packed, bias)
+        return bound_op_call(kernel, packed, bias)
 
 
 def select_linear_method(quantization: str, quant_config: dict | None, dtype: torch.dtype,

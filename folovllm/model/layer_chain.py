@@ -51,7 +51,7 @@ class LayerChain:
                  meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
         """(x, residual) after every layer, from the embeddings ``x``: what the direct layers' loop returns."""
         caches = [cache for kv in kv_caches for cache in kv]
-        return self._run(x, None, rope[0], rope[1], caches, meta.slot_mapping, meta.block_tables, meta.seq_lens,
+        return self._run(x, rope[0], rope[1], caches, meta.slot_mapping, meta.block_tables, meta.seq_lens,
                          meta.query_start_loc)
 
 

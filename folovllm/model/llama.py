@@ -89,15 +89,13 @@ class LlamaModel(nn.Module):
     ) -> torch.Tensor:
         x, residual = self.embed_tokens(input_ids), None
         rope = self.rotary_emb(positions, x.dtype)
-        layers: Sequence[Callable] = self.layers
-        if self.direct_layers is not None and x.is_contiguous() and not any(self.hook_tables):
-            if self.layer_chain is not None and self.layer_chain.runs(meta):
-                x, residual = self.layer_chain(rope, x, kv_caches, meta)
-                x, _ = self.norm(x, residual)
-                return x
-            layers = self.direct_layers
-        for layer, kv_cache in zip(layers, kv_caches, strict=True):
-            x, residual = layer(rope, x, residual, kv_cache, meta)
+        direct = self.direct_layers is not None and x.is_contiguous() and not any(self.hook_tables)
+        if direct and self.layer_chain is not None and self.layer_chain.runs(meta):
+            x, residual = self.layer_chain(rope, x, kv_caches, meta)
+        else:
+            layers: Sequence[Callable] = self.direct_layers if direct else self.layers
+            for layer, kv_cache in zip(layers, kv_caches, strict=True):
+                x, residual = layer(rope, x, residual, kv_cache, meta)
         x, _ = self.norm(x, residual)
         return x
 

@@ -161,25 +161,18 @@ def test_prefill_sdpa_switch_rejects_other_values(monkeypatch: pytest.MonkeyPatc
 
 
 @needs_kernel
-def test_decode_prefetch_switch_reaches_the_kernel_with_the_same_output(monkeypatch: pytest.MonkeyPatch) -> None:
-    query_lens, seq_lens = [1, 1, 1, 4], [300, 129, 9, 40]
-    outputs = {}
-    for switch in ("on", "off"):
-        monkeypatch.setenv(cpu_backend.DECODE_PREFETCH_ENV, switch)
-        assert get_attention_backend(BACKEND)._decode_prefetch is (switch == "on")
-        outputs[switch], ref = run_case(query_lens, seq_lens, 9, 3, 64, 16, torch.bfloat16, backend=BACKEND)
-    assert torch.equal(outputs["on"], outputs["off"])
-    torch.testing.assert_close(outputs["on"].double(), ref, atol=3e-2, rtol=3e-2)
-
-
-@needs_kernel
-def test_chunked_claims_switch_reaches_the_kernel_with_the_same_output(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("env, attribute, query_lens, seq_lens", [
+    (cpu_backend.DECODE_PREFETCH_ENV, "_decode_prefetch", [1, 1, 1, 4], [300, 129, 9, 40]),
     # many small items on two threads: runs of items or one at a time, the same bits
-    query_lens, seq_lens = [1] * 40 + [5], [3 + 7 * i for i in range(40)] + [30]
+    (cpu_backend.CHUNKED_CLAIMS_ENV, "_chunked_claims", [1] * 40 + [5], [3 + 7 * i for i in range(40)] + [30]),
+])
+def test_attention_switch_reaches_the_kernel_with_the_same_output(env: str, attribute: str, query_lens: list[int],
+                                                                  seq_lens: list[int],
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     outputs = {}
     for switch in ("on", "off"):
-        monkeypatch.setenv(cpu_backend.CHUNKED_CLAIMS_ENV, switch)
-        assert get_attention_backend(BACKEND)._chunked_claims is (switch == "on")
+        monkeypatch.setenv(env, switch)
+        assert getattr(get_attention_backend(BACKEND), attribute) is (switch == "on")
         outputs[switch], ref = run_case(query_lens, seq_lens, 9, 3, 64, 16, torch.bfloat16, backend=BACKEND)
     assert torch.equal(outputs["on"], outputs["off"])
     torch.testing.assert_close(outputs["on"].double(), ref, atol=3e-2, rtol=3e-2)

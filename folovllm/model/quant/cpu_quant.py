@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from folovllm.kernel_libraries import load_op_library
-from folovllm.model.op_call import tag_op_call
+from folovllm.model.op_call import bound_op_call
 from folovllm.model.quant.gptq_config import (
     INT4_A8_MIN_ROWS,
     INT4_ACTIVATIONS,
@@ -143,7 +143,7 @@ class CpuInt4Kernel(nn.Module):
         codes, scales, zeros = (self._buffers[name] for name in self.part_names[0])
         if self.activations != "auto":  # one op for every call
             op = ops.int4_gemm_a8.default if self.activations == "int8" else ops.int4_gemm.default
-            return tag_op_call(lambda x: op(x, codes, scales, zeros, group_size), op, codes, scales, zeros, group_size)
+            return bound_op_call(op, codes, scales, zeros, group_size)
         a16, a8 = ops.int4_gemm.default, ops.int4_gemm_a8.default
         return lambda x: (a8 if x.numel() >= a8_rows * x.shape[-1] else a16)(x, codes, scales, zeros, group_size)
 
@@ -181,6 +181,5 @@ def fused_int4_mlp(gate_up: nn.Module, down: nn.Module) -> Callable[[torch.Tenso
         [k._buffers[name] for name in k.part_names[0]] for k in kernels)
     gu_group, dn_group = kernels[0].group_size, kernels[1].group_size
     op, a8_rows = torch.ops.folovllm_cpu_quant.int4_mlp.default, kernels[0].a8_rows
-    args = (gu_codes, gu_scales, gu_zeros, gu_group, dn_codes, dn_scales, dn_zeros, dn_group, a8_rows)
-    return tag_op_call(lambda x: op(x, gu_codes, gu_scales, gu_zeros, gu_group, dn_codes, dn_scales, dn_zeros,
-                                    dn_group, a8_rows), op, *args)
+    return bound_op_call(op, gu_codes, gu_scales, gu_zeros, gu_group, dn_codes, dn_scales, dn_zeros, dn_group,
+                         a8_rows)

@@ -29,7 +29,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from folovllm.model.op_call import tag_op_call
+from folovllm.model.op_call import bound_op_call
 from folovllm.model.quant.cpu_quant import (
     CpuInt4Kernel,
     cpu_int4_fits,
@@ -101,7 +101,7 @@ class Int8ChannelKernel(nn.Module):
         if not self.ours or self.offsets is not None:
             return self.forward
         op, codes, scales = torch.ops.folovllm_cpu_quant.int8_gemm.default, self.codes, self.scales
-        return tag_op_call(lambda x: op(x, codes, scales), op, codes, scales)
+        return bound_op_call(op, codes, scales)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.reference:
