@@ -54,7 +54,7 @@ $(CPU_GREEDY_HEAD): csrc/cpu_greedy_head.cpp csrc/build.py $(STAMP)
 # the other libraries' ops through the dispatcher, so it depends on none of their sources.
 CPU_DECODER_CHAIN := build/cpu_decoder_chain/libfolovllm_cpu_decoder_chain.so
 
-$(CPU_DECODER_CHAIN): csrc/cpu_decoder_chain.cpp csrc/build.py $(STAMP)
+$(CPU_DECODER_CHAIN): csrc/cpu_decoder_chain.cpp csrc/cpu_decoder_team.h csrc/cpu_quant_common.h csrc/cpu_quant_int4.h csrc/build.py $(STAMP)
 	$(PY) csrc/build.py $@ csrc/cpu_decoder_chain.cpp
 
 KERNELS := $(CPU_ATTENTION) $(CPU_FUSED_OPS) $(CPU_BF16_LINEAR) $(CPU_QUANT_GEMM) $(CPU_GREEDY_HEAD) $(CPU_DECODER_CHAIN)

@@ -6,11 +6,22 @@
 // Per layer: rms_norm (first layer) or add_rms_norm, the qkv linear, rotary_store_kv, paged_attention,
 // the o_proj linear, add_rms_norm, the MLP. A linear or MLP is a chain of "x-first" calls: op(x, *args),
 // each taking the previous call's output (a linear of any kind; gate_up, silu_and_mul, down; a fused MLP).
+//
+// Where every linear is an int4 matmul with bf16 activations and the step is small (a few rows, attention
+// the kernel would run on one thread anyway), run_team runs the step on one team of threads instead
+// (cpu_decoder_team.h): the same ops for everything but the matmuls, the matmuls' own kernel code split
+// by columns, the same bits.
+#include "cpu_decoder_team.h"
+
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/custom_class.h>
 #include <torch/library.h>
 
+#include <omp.h>
+
+#include <exception>
+#include <limits>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -29,6 +40,8 @@ c10::OperatorHandle find_op(const std::string& name, const std::string& overload
 struct XFirstCall {
   c10::OperatorHandle op;
   std::vector<IValue> args;
+
+  bool is(const char* name) const { return op.operator_name().name == name; }
 
   at::Tensor operator()(const at::Tensor& x) const {
     Stack stack;
@@ -51,6 +64,7 @@ using AddRmsNorm = at::Tensor(at::Tensor&, const at::Tensor&, const at::Tensor&,
 using RotaryStoreKv = std::tuple<at::Tensor, at::Tensor, at::Tensor>(
     const at::Tensor&, int64_t, int64_t, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
     const std::optional<at::Tensor>&, double, at::Tensor&, at::Tensor&, const at::Tensor&);
+using SiluAndMul = at::Tensor(const at::Tensor&);
 using PagedAttention = void(at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                             const at::Tensor&, const at::Tensor&, double, bool, int64_t, bool, int64_t, bool, bool,
                             bool);
@@ -65,16 +79,53 @@ struct Layer {
   std::vector<XFirstCall> qkv, o_proj, mlp;
 };
 
+// A layer's linears as the team runs them; rows_below: the most rows + 1 its MLP runs with bf16 activations.
+struct TeamLayer {
+  Int4Weight qkv, o_proj, gate_up, down;
+  int64_t rows_below = std::numeric_limits<int64_t>::max();
+};
+
+Int4Weight int4_weight(const std::vector<IValue>& args, size_t first) {
+  return {args[first].toTensor(), args[first + 1].toTensor(), args[first + 2].toTensor(), args[first + 3].toInt()};
+}
+
+// The layer's linears where each is one int4_gemm call with bf16 activations and its MLP is int4_mlp or
+// int4_gemm, silu_and_mul, int4_gemm; else none.
+std::optional<TeamLayer> team_layer(const Layer& layer) {
+  auto single_int4 = [](const std::vector<XFirstCall>& calls) {
+    return calls.size() == 1 && calls[0].is("folovllm_cpu_quant::int4_gemm");
+  };
+  if (!single_int4(layer.qkv) || !single_int4(layer.o_proj)) return std::nullopt;
+  TeamLayer team{int4_weight(layer.qkv[0].args, 0), int4_weight(layer.o_proj[0].args, 0), {}, {}};
+  const auto& mlp = layer.mlp;
+  if (mlp.size() == 1 && mlp[0].is("folovllm_cpu_quant::int4_mlp")) {
+    team.gate_up = int4_weight(mlp[0].args, 0);
+    team.down = int4_weight(mlp[0].args, 4);
+    team.rows_below = mlp[0].args[8].toInt();
+  } else if (mlp.size() == 3 && mlp[0].is("folovllm_cpu_quant::int4_gemm") &&
+             mlp[1].is("folovllm_cpu_fused::silu_and_mul") && mlp[2].is("folovllm_cpu_quant::int4_gemm")) {
+    team.gate_up = int4_weight(mlp[0].args, 0);
+    team.down = int4_weight(mlp[2].args, 0);
+  } else {
+    return std::nullopt;
+  }
+  return team;
+}
+
 class DecoderChain : public torch::CustomClassHolder {
  public:
-  // The attention kernel's switches, as the CPU attention backend passes them.
-  DecoderChain(int64_t skip_prefills_from, bool decode_prefetch, bool chunked_claims)
+  // The attention kernel's switches, as the CPU attention backend passes them; team_attention_cost: the
+  // team takes a step whose attention costs less than this (query rows x keys, summed over sequences and
+  // kv heads; 0: never).
+  DecoderChain(int64_t skip_prefills_from, bool decode_prefetch, bool chunked_claims, int64_t team_attention_cost)
       : skip_prefills_from_(skip_prefills_from),
         decode_prefetch_(decode_prefetch),
         chunked_claims_(chunked_claims),
+        team_attention_cost_(team_attention_cost),
         rms_norm_(find_op("folovllm_cpu_fused::rms_norm", "").typed<RmsNorm>()),
         add_rms_norm_(find_op("folovllm_cpu_fused::add_rms_norm", "").typed<AddRmsNorm>()),
         rotary_store_kv_(find_op("folovllm_cpu_fused::rotary_store_kv", "").typed<RotaryStoreKv>()),
+        silu_and_mul_(find_op("folovllm_cpu_fused::silu_and_mul", "").typed<SiluAndMul>()),
         attention_(find_op("folovllm_cpu::paged_attention", "").typed<PagedAttention>()) {}
 
   void add_layer(at::Tensor norm1, double eps1, at::Tensor norm2, double eps2, int64_t num_heads,
@@ -84,6 +135,7 @@ class DecoderChain : public torch::CustomClassHolder {
                 std::move(q_norm), std::move(k_norm),
                 qk_eps, scale, sliding_window, {}, {}, {}};
     layers_.push_back(std::move(layer));
+    team_.reset();
   }
 
   // Appends op(x, *args) to the last layer's "qkv", "o_proj" or "mlp" calls.
@@ -95,9 +147,24 @@ class DecoderChain : public torch::CustomClassHolder {
                                    : part == "mlp" ? &layer.mlp : nullptr;
     TORCH_CHECK(calls != nullptr, "part must be qkv, o_proj or mlp; got ", part);
     calls->push_back(XFirstCall{find_op(op, overload), std::move(args)});
+    team_.reset();
   }
 
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
+
+  // Whether a step of `rows` rows with these sequence lengths would run on the team.
+  bool team_takes(int64_t rows, const at::Tensor& seq_lens, const at::Tensor& query_start_loc) {
+    if (team_attention_cost_ <= 0 || rows > kTeamMaxRows || !cpu_supported()) return false;
+    const std::vector<TeamLayer>& team = team_layers();
+    if (team.empty()) return false;
+    for (const TeamLayer& layer : team)
+      if (rows >= layer.rows_below) return false;
+    const auto* lens = seq_lens.const_data_ptr<int64_t>();
+    const auto* starts = query_start_loc.const_data_ptr<int64_t>();
+    int64_t cost = 0;
+    for (int64_t s = 0; s < seq_lens.numel(); ++s) cost += (starts[s + 1] - starts[s]) * lens[s];
+    return cost * layers_[0].num_kv_heads < team_attention_cost_;
+  }
 
   // The embeddings x [T, hidden] through every layer; caches holds each layer's k_cache then v_cache.
   // Returns (x, residual) as the last layer leaves them.
@@ -106,6 +173,10 @@ class DecoderChain : public torch::CustomClassHolder {
                                          at::Tensor block_tables, at::Tensor seq_lens, at::Tensor query_start_loc) {
     TORCH_CHECK(caches.size() == 2 * layers_.size(), "expected ", 2 * layers_.size(), " cache tensors, got ",
                 caches.size());
+    if (x.scalar_type() == at::kBFloat16 && x.dim() == 2 && x.is_contiguous() &&
+        seq_lens.scalar_type() == at::kLong && query_start_loc.scalar_type() == at::kLong &&
+        team_takes(x.size(0), seq_lens, query_start_loc))
+      return run_team(x, cos, sin, caches, slot_mapping, block_tables, seq_lens, query_start_loc);
     at::Tensor residual = x;
     for (size_t i = 0; i < layers_.size(); ++i) {
       const Layer& layer = layers_[i];
@@ -116,13 +187,8 @@ class DecoderChain : public torch::CustomClassHolder {
       } else {
         x = add_rms_norm_.call(residual, x, layer.norm1, layer.eps1);
       }
-      auto qkv = rotary_store_kv_.call(run_calls(layer.qkv, x), layer.num_heads, layer.num_kv_heads, cos, sin,
-                                       layer.q_norm, layer.k_norm, layer.qk_eps, k_cache, v_cache, slot_mapping);
-      at::Tensor query = std::get<0>(qkv).contiguous();  // q is a slice of the fused qkv projection
-      at::Tensor out = at::empty_like(query);
-      attention_.call(out, query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, layer.scale, true,
-                      layer.sliding_window, true, skip_prefills_from_, true, decode_prefetch_, chunked_claims_);
-      at::Tensor attended = out.view({query.size(0), query.size(1) * query.size(2)});
+      const at::Tensor attended = attend(layer, run_calls(layer.qkv, x), k_cache, v_cache, cos, sin, slot_mapping,
+                                         block_tables, seq_lens, query_start_loc);
       x = run_calls(layer.mlp, add_rms_norm_.call(residual, run_calls(layer.o_proj, attended), layer.norm2,
                                                   layer.eps2));
     }
@@ -130,20 +196,141 @@ class DecoderChain : public torch::CustomClassHolder {
   }
 
  private:
+  static constexpr int64_t kTeamMaxRows = 8;
+
+  // Rotary embedding and K/V store, then attention: [T, q heads x head_dim] from the layer's qkv projection.
+  at::Tensor attend(const Layer& layer, const at::Tensor& qkv_out, at::Tensor& k_cache, at::Tensor& v_cache,
+                    const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& slot_mapping,
+                    const at::Tensor& block_tables, const at::Tensor& seq_lens, const at::Tensor& query_start_loc) {
+    auto qkv = rotary_store_kv_.call(qkv_out, layer.num_heads, layer.num_kv_heads, cos, sin, layer.q_norm,
+                                     layer.k_norm, layer.qk_eps, k_cache, v_cache, slot_mapping);
+    at::Tensor query = std::get<0>(qkv).contiguous();  // q is a slice of the fused qkv projection
+    at::Tensor out = at::empty_like(query);
+    attention_.call(out, query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, layer.scale, true,
+                    layer.sliding_window, true, skip_prefills_from_, true, decode_prefetch_, chunked_claims_);
+    return out.view({query.size(0), query.size(1) * query.size(2)});
+  }
+
+  // Each layer's linears for the team; empty where a layer's are not all plain int4 matmuls or the layers'
+  // shapes differ (the team's outputs are allocated once per step).
+  const std::vector<TeamLayer>& team_layers() {
+    if (!team_) {
+      team_.emplace();
+      for (const Layer& layer : layers_) {
+        std::optional<TeamLayer> team = team_layer(layer);
+        if (!team) {
+          team_->clear();
+          break;
+        }
+        team_->push_back(std::move(*team));
+      }
+      for (const TeamLayer& layer : *team_) {
+        const TeamLayer& first = team_->front();
+        if (layer.qkv.N() != first.qkv.N() || layer.o_proj.N() != first.o_proj.N() ||
+            layer.gate_up.N() != first.gate_up.N() || layer.down.N() != first.down.N()) {
+          team_->clear();
+          break;
+        }
+      }
+    }
+    return *team_;
+  }
+
+  // run() on the team (see the file's head): the first thread runs the ops between the matmuls, every
+  // thread its columns of each matmul, a barrier after each part; a waiting thread prefetches its columns
+  // of the next matmul. An op's error stops every thread at the next barrier and is raised after.
+  std::tuple<at::Tensor, at::Tensor> run_team(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                                              std::vector<at::Tensor>& caches, const at::Tensor& slot_mapping,
+                                              const at::Tensor& block_tables, const at::Tensor& seq_lens,
+                                              const at::Tensor& query_start_loc) {
+    const std::vector<TeamLayer>& team = *team_;
+    const int64_t M = x.size(0), L = static_cast<int64_t>(layers_.size());
+    const TeamLayer& shapes = team.front();
+    at::Tensor qkv_out = at::empty({M, shapes.qkv.N()}, x.options());
+    at::Tensor o_out = at::empty({M, shapes.o_proj.N()}, x.options());
+    at::Tensor gate_up_out = at::empty({M, shapes.gate_up.N()}, x.options());
+    at::Tensor down_out = at::empty({M, shapes.down.N()}, x.options());
+    int64_t most_groups = 0;
+    for (const TeamLayer& layer : team)
+      for (const Int4Weight* w : {&layer.qkv, &layer.o_proj, &layer.gate_up, &layer.down})
+        most_groups = std::max(most_groups, w->groups());
+    at::Tensor residual = x, hidden, attended, act;  // what the first thread's ops hand the matmuls
+    std::exception_ptr error;
+    std::atomic<bool> failed{false};
+    std::optional<SpinBarrier> barrier;
+#pragma omp parallel num_threads(std::max(1, at::get_num_threads()))
+    {
+      const int t = omp_get_thread_num(), n = omp_get_num_threads();  // n: fewer than asked where nested
+#pragma omp single
+      barrier.emplace(n);
+      std::vector<float> xsum(M * most_groups);
+      SlicePrefetch prefetch;
+      auto meet = [&] {
+        barrier->wait(prefetch);
+        return !failed.load(std::memory_order_relaxed);
+      };
+      auto on_first = [&](auto&& op) {
+        if (t == 0) {
+          try {
+            op();
+          } catch (...) {
+            error = std::current_exception();
+            failed.store(true, std::memory_order_relaxed);
+          }
+        }
+        return meet();
+      };
+      // This thread's columns of out = in W^T; then it prefetches its columns of `next` while it waits.
+      auto matmul = [&](const Int4Weight& w, const at::Tensor& in, at::Tensor& out, const Int4Weight* next) {
+        const auto* xp = in.const_data_ptr<c10::BFloat16>();
+        group_sums(xp, M, w.K(), w.group_size, xsum.data());
+        w.run(xp, M, xsum.data(), out.mutable_data_ptr<c10::BFloat16>(), t, n);
+        prefetch = next != nullptr ? next->slice_of(t, n) : SlicePrefetch{};
+        return meet();
+      };
+      for (int64_t i = 0; i < L; ++i) {
+        const Layer& layer = layers_[i];
+        const TeamLayer& linears = team[i];
+        if (!on_first([&] {
+              hidden = i == 0 ? rms_norm_.call(x, layer.norm1, layer.eps1)
+                              : add_rms_norm_.call(residual, down_out, layer.norm1, layer.eps1);
+            }))
+          break;
+        if (!matmul(linears.qkv, hidden, qkv_out, &linears.o_proj)) break;
+        if (!on_first([&] {
+              attended = attend(layer, qkv_out, caches[2 * i], caches[2 * i + 1], cos, sin, slot_mapping,
+                                block_tables, seq_lens, query_start_loc);
+            }))
+          break;
+        if (!matmul(linears.o_proj, attended, o_out, &linears.gate_up)) break;
+        if (!on_first([&] { hidden = add_rms_norm_.call(residual, o_out, layer.norm2, layer.eps2); })) break;
+        if (!matmul(linears.gate_up, hidden, gate_up_out, &linears.down)) break;
+        if (!on_first([&] { act = silu_and_mul_.call(gate_up_out); })) break;
+        if (!matmul(linears.down, act, down_out, i + 1 < L ? &team[i + 1].qkv : nullptr)) break;
+      }
+    }
+    if (error) std::rethrow_exception(error);
+    return {down_out, residual};
+  }
+
   int64_t skip_prefills_from_;
   bool decode_prefetch_, chunked_claims_;
+  int64_t team_attention_cost_;
   c10::TypedOperatorHandle<RmsNorm> rms_norm_;
   c10::TypedOperatorHandle<AddRmsNorm> add_rms_norm_;
   c10::TypedOperatorHandle<RotaryStoreKv> rotary_store_kv_;
+  c10::TypedOperatorHandle<SiluAndMul> silu_and_mul_;
   c10::TypedOperatorHandle<PagedAttention> attention_;
   std::vector<Layer> layers_;
+  std::optional<std::vector<TeamLayer>> team_;  // team_layers(), built on first use
 };
 
 }  // namespace
 
 TORCH_LIBRARY(folovllm_cpu_chain, m) {
   m.class_<DecoderChain>("DecoderChain")
-      .def(torch::init<int64_t, bool, bool>())
+      .def(torch::init<int64_t, bool, bool, int64_t>())
+      .def("team_takes", &DecoderChain::team_takes)
       .def("add_layer", &DecoderChain::add_layer)
       .def("add_call", &DecoderChain::add_call)
       .def("num_layers", &DecoderChain::num_layers)

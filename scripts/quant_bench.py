@@ -19,7 +19,9 @@ is bf16 on oneDNN's prepacked linears instead); ``--no-engine-cpu-ops`` runs tor
 ops and oneDNN. The ``-modules`` variants run their decoder layers through the ``nn.Module`` calls
 (``FOLOVLLM_DIRECT_CALLS=off``) instead of the direct op calls (``model/direct.py``) the others use; the
 ``-nochain`` variants make those direct calls from Python (``FOLOVLLM_CPU_LAYER_CHAIN=off``) instead of the
-one C++ call per step (``model/layer_chain.py``) the others make for decode steps. The ``-smallpages``
+one C++ call per step (``model/layer_chain.py``) the others make for decode steps; the ``-noteam`` variant
+keeps its one-stream steps on the chain's op calls (``FOLOVLLM_CPU_CHAIN_TEAM=off``) instead of the one team
+of threads the chain runs a small int4 step on. The ``-smallpages``
 variants leave their weights where loading put them, on 4 KiB pages (``FOLOVLLM_HUGE_PAGE_WEIGHTS=off``),
 instead of in one block on 2 MiB pages (``model/huge_pages.py``).
 ``--only NAME ...`` times a subset beside bf16.
@@ -46,7 +48,7 @@ from folovllm.kernel_libraries import CPU_BF16_LINEAR_LIBRARY, cpu_bf16_linear_a
 from folovllm.model.loader import default_model_path, load_model  # noqa: E402
 from folovllm.model.quant.gptq_config import INT4_ACTIVATIONS_ENV, INT4_FUSED_MLP_ENV, KERNEL_ENV  # noqa: E402
 from folovllm.model.direct import DIRECT_CALLS_ENV  # noqa: E402
-from folovllm.model.layer_chain import LAYER_CHAIN_ENV  # noqa: E402
+from folovllm.model.layer_chain import CHAIN_TEAM_ENV, LAYER_CHAIN_ENV  # noqa: E402
 from folovllm.model.huge_pages import HUGE_PAGE_WEIGHTS_ENV  # noqa: E402
 from tests.helpers import make_attn_metadata  # noqa: E402
 from folovllm.quantize.run import QuantizeArgs, quantize  # noqa: E402
@@ -122,6 +124,7 @@ def main() -> None:
         "gptq-4bit-g128-int8head": (gptq4, "auto", False, "on", "auto"),
         "gptq-4bit-g128-int8head-modules": (gptq4, "auto", False, "on", "auto"),  # FOLOVLLM_DIRECT_CALLS=off
         "gptq-4bit-g128-int8head-nochain": (gptq4, "auto", False, "on", "auto"),  # FOLOVLLM_CPU_LAYER_CHAIN=off
+        "gptq-4bit-g128-int8head-noteam": (gptq4, "auto", False, "on", "auto"),  # FOLOVLLM_CPU_CHAIN_TEAM=off
         "gptq-4bit-g128-int8head-smallpages": (gptq4, "auto", False, "on", "auto"),  # FOLOVLLM_HUGE_PAGE_WEIGHTS=off
         "gptq-4bit-g128-int8head-a8": (gptq4, "auto", False, "on", "auto"),  # FOLOVLLM_INT4_ACTIVATIONS=int8
         "gptq-4bit-g128-int8head-a8auto": (gptq4, "auto", False, "on", "auto"),  # FOLOVLLM_INT4_ACTIVATIONS=auto
@@ -141,6 +144,7 @@ def main() -> None:
     models = {name: load_variant(path() if callable(path) else path, q, packed, head, kernel,
                                  direct_calls="off" if name.endswith("-modules") else "on",
                                  layer_chain="off" if name.endswith("-nochain") else "on",
+                                 chain_team="off" if name.endswith("-noteam") else "on",
                                  huge_pages="off" if name.endswith("-smallpages") else "on",
                                  int4_activations={"a8": "int8", "a8auto": "auto"}.get(name.rsplit("-", 1)[-1], "bf16"),
                                  fused_mlp="off" if name.endswith("-unfused") else "on",
@@ -190,12 +194,14 @@ def main() -> None:
 
 def load_variant(path: str, quantization: str, load_quantized: bool, quantize_lm_head: str,
                  quant_kernel: str, direct_calls: str = "on", int4_activations: str = "bf16", fused_mlp: str = "on",
-                 layer_chain: str = "on", huge_pages: str = "on", **engine_ops: Any) -> CausalLM:
+                 layer_chain: str = "on", huge_pages: str = "on", chain_team: str = "on",
+                 **engine_ops: Any) -> CausalLM:
     """The bf16 model as a variant loads it, with ``FOLOVLLM_QUANT_KERNEL``, ``FOLOVLLM_DIRECT_CALLS``,
-    ``FOLOVLLM_INT4_ACTIVATIONS``, ``FOLOVLLM_INT4_FUSED_MLP``, ``FOLOVLLM_CPU_LAYER_CHAIN`` and
-    ``FOLOVLLM_HUGE_PAGE_WEIGHTS`` set while its kernels, its layers' calls and its weights' memory are picked."""
+    ``FOLOVLLM_INT4_ACTIVATIONS``, ``FOLOVLLM_INT4_FUSED_MLP``, ``FOLOVLLM_CPU_LAYER_CHAIN``,
+    ``FOLOVLLM_CPU_CHAIN_TEAM`` and ``FOLOVLLM_HUGE_PAGE_WEIGHTS`` set while its kernels, its layers' calls and its weights' memory are picked."""
     settings = {KERNEL_ENV: quant_kernel, DIRECT_CALLS_ENV: direct_calls, INT4_ACTIVATIONS_ENV: int4_activations,
-                INT4_FUSED_MLP_ENV: fused_mlp, LAYER_CHAIN_ENV: layer_chain, HUGE_PAGE_WEIGHTS_ENV: huge_pages}
+                INT4_FUSED_MLP_ENV: fused_mlp, LAYER_CHAIN_ENV: layer_chain, HUGE_PAGE_WEIGHTS_ENV: huge_pages,
+                CHAIN_TEAM_ENV: chain_team}
     saved = {name: os.environ.get(name) for name in settings}
     os.environ.update(settings)
     try:
