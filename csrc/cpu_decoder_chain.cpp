@@ -19,6 +19,7 @@
 #include <torch/library.h>
 
 #include <omp.h>
+#include <x86intrin.h>
 
 #include <exception>
 #include <limits>
@@ -86,26 +87,40 @@ struct TeamLayer {
 };
 
 Int4Weight int4_weight(const std::vector<IValue>& args, size_t first) {
-  return {args[first].toTensor(), args[first + 1].toTensor(), args[first + 2].toTensor(), args[first + 3].toInt()};
+  return {args[first].toTensor(), args[first + 1].toTensor(), args[first + 2].toTensor(), args[first + 3].toInt(), {}};
 }
 
-// The layer's linears where each is one int4_gemm call with bf16 activations and its MLP is int4_mlp or
-// int4_gemm, silu_and_mul, int4_gemm; else none.
+// An int4_gemm or int4_gemm_perm call's weight; none for other calls.
+std::optional<Int4Weight> int4_call(const XFirstCall& call) {
+  if (call.is("folovllm_cpu_quant::int4_gemm")) return int4_weight(call.args, 0);
+  if (call.is("folovllm_cpu_quant::int4_gemm_perm")) {
+    const at::Tensor perm = call.args[4].toTensor();
+    if (perm.scalar_type() != at::kLong || !perm.is_contiguous()) return std::nullopt;
+    Int4Weight weight = int4_weight(call.args, 0);
+    weight.perm = perm;
+    return weight;
+  }
+  return std::nullopt;
+}
+
+// The layer's linears where each is one int4_gemm (or int4_gemm_perm) call with bf16 activations and its MLP
+// is int4_mlp or int4 gate_up, silu_and_mul, int4 down; else none.
 std::optional<TeamLayer> team_layer(const Layer& layer) {
   auto single_int4 = [](const std::vector<XFirstCall>& calls) {
-    return calls.size() == 1 && calls[0].is("folovllm_cpu_quant::int4_gemm");
+    return calls.size() == 1 ? int4_call(calls[0]) : std::nullopt;
   };
-  if (!single_int4(layer.qkv) || !single_int4(layer.o_proj)) return std::nullopt;
-  TeamLayer team{int4_weight(layer.qkv[0].args, 0), int4_weight(layer.o_proj[0].args, 0), {}, {}};
+  const std::optional<Int4Weight> qkv = single_int4(layer.qkv), o_proj = single_int4(layer.o_proj);
+  if (!qkv || !o_proj) return std::nullopt;
+  TeamLayer team{*qkv, *o_proj, {}, {}};
   const auto& mlp = layer.mlp;
   if (mlp.size() == 1 && mlp[0].is("folovllm_cpu_quant::int4_mlp")) {
     team.gate_up = int4_weight(mlp[0].args, 0);
     team.down = int4_weight(mlp[0].args, 4);
     team.rows_below = mlp[0].args[8].toInt();
-  } else if (mlp.size() == 3 && mlp[0].is("folovllm_cpu_quant::int4_gemm") &&
-             mlp[1].is("folovllm_cpu_fused::silu_and_mul") && mlp[2].is("folovllm_cpu_quant::int4_gemm")) {
-    team.gate_up = int4_weight(mlp[0].args, 0);
-    team.down = int4_weight(mlp[2].args, 0);
+  } else if (mlp.size() == 3 && mlp[1].is("folovllm_cpu_fused::silu_and_mul") && int4_call(mlp[0]) &&
+             int4_call(mlp[2])) {
+    team.gate_up = *int4_call(mlp[0]);
+    team.down = *int4_call(mlp[2]);
   } else {
     return std::nullopt;
   }
@@ -197,6 +212,8 @@ class DecoderChain : public torch::CustomClassHolder {
 
  private:
   static constexpr int64_t kTeamMaxRows = 8;
+  static constexpr double kWaitShare = 0.25;
+  static constexpr int64_t kSoloSteps = 256;
 
   // Rotary embedding and K/V store, then attention: [T, q heads x head_dim] from the layer's qkv projection.
   at::Tensor attend(const Layer& layer, const at::Tensor& qkv_out, at::Tensor& k_cache, at::Tensor& v_cache,
@@ -239,6 +256,11 @@ class DecoderChain : public torch::CustomClassHolder {
   // run() on the team (see the file's head): the first thread runs the ops between the matmuls, every
   // thread its columns of each matmul, a barrier after each part; a waiting thread prefetches its columns
   // of the next matmul. An op's error stops every thread at the next barrier and is raised after.
+  //
+  // On a machine whose cores are taken by other work, the team's threads share cores: every barrier then
+  // waits for a sleeping thread's turn, and a step takes several times as long as on one thread. When the
+  // first thread spent more than kWaitShare of the step waiting at barriers (~2 % on an idle machine), the
+  // next kSoloSteps steps run on it alone (the same bits); then the team is tried again.
   std::tuple<at::Tensor, at::Tensor> run_team(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                                               std::vector<at::Tensor>& caches, const at::Tensor& slot_mapping,
                                               const at::Tensor& block_tables, const at::Tensor& seq_lens,
@@ -258,15 +280,22 @@ class DecoderChain : public torch::CustomClassHolder {
     std::exception_ptr error;
     std::atomic<bool> failed{false};
     std::optional<SpinBarrier> barrier;
-#pragma omp parallel num_threads(std::max(1, at::get_num_threads()))
+    const int threads = solo_steps_left_ > 0 ? 1 : std::max(1, at::get_num_threads());
+    solo_steps_left_ = std::max<int64_t>(0, solo_steps_left_ - 1);
+    const uint64_t start = __rdtsc();
+    uint64_t first_waited = 0;  // the first thread's time at barriers, in TSC ticks
+#pragma omp parallel num_threads(threads)
     {
       const int t = omp_get_thread_num(), n = omp_get_num_threads();  // n: fewer than asked where nested
 #pragma omp single
       barrier.emplace(n);
       std::vector<float> xsum(M * most_groups);
+      std::vector<c10::BFloat16> gathered;  // x's columns in act-order
       SlicePrefetch prefetch;
       auto meet = [&] {
+        const uint64_t arrived = t == 0 ? __rdtsc() : 0;
         barrier->wait(prefetch);
+        if (t == 0) first_waited += __rdtsc() - arrived;
         return !failed.load(std::memory_order_relaxed);
       };
       auto on_first = [&](auto&& op) {
@@ -282,7 +311,7 @@ class DecoderChain : public torch::CustomClassHolder {
       };
       // This thread's columns of out = in W^T; then it prefetches its columns of `next` while it waits.
       auto matmul = [&](const Int4Weight& w, const at::Tensor& in, at::Tensor& out, const Int4Weight* next) {
-        const auto* xp = in.const_data_ptr<c10::BFloat16>();
+        const auto* xp = w.permuted(in.const_data_ptr<c10::BFloat16>(), M, gathered);
         group_sums(xp, M, w.K(), w.group_size, xsum.data());
         w.run(xp, M, xsum.data(), out.mutable_data_ptr<c10::BFloat16>(), t, n);
         prefetch = next != nullptr ? next->slice_of(t, n) : SlicePrefetch{};
@@ -309,6 +338,8 @@ class DecoderChain : public torch::CustomClassHolder {
         if (!matmul(linears.down, act, down_out, i + 1 < L ? &team[i + 1].qkv : nullptr)) break;
       }
     }
+    if (threads > 1 && static_cast<double>(first_waited) > kWaitShare * static_cast<double>(__rdtsc() - start))
+      solo_steps_left_ = kSoloSteps;
     if (error) std::rethrow_exception(error);
     return {down_out, residual};
   }
@@ -316,6 +347,7 @@ class DecoderChain : public torch::CustomClassHolder {
   int64_t skip_prefills_from_;
   bool decode_prefetch_, chunked_claims_;
   int64_t team_attention_cost_;
+  int64_t solo_steps_left_ = 0;  // steps the team runs on one thread, after a step that shared its cores
   c10::TypedOperatorHandle<RmsNorm> rms_norm_;
   c10::TypedOperatorHandle<AddRmsNorm> add_rms_norm_;
   c10::TypedOperatorHandle<RotaryStoreKv> rotary_store_kv_;

@@ -63,10 +63,23 @@ struct SlicePrefetch {
   }
 };
 
-// One int4 linear as the op int4_gemm takes it (cpu_quant.pack_int4's layout), split by column blocks.
+// One int4 linear as the op int4_gemm takes it (cpu_quant.pack_int4's layout), split by column blocks;
+// perm: int4_gemm_perm's permutation of x's columns (act-order), or undefined.
 struct Int4Weight {
   at::Tensor codes, scales, zeros;
   int64_t group_size = 0;
+  at::Tensor perm;
+
+  // x [M, K]'s columns in perm's order into `out` (int4_gemm_perm's index_select); x itself without perm.
+  const c10::BFloat16* permuted(const c10::BFloat16* x, int64_t M, std::vector<c10::BFloat16>& out) const {
+    if (!perm.defined()) return x;
+    const int64_t k = K();
+    const int64_t* order = perm.const_data_ptr<int64_t>();
+    out.resize(M * k);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t j = 0; j < k; ++j) out[m * k + j] = x[m * k + order[j]];
+    return out.data();
+  }
 
   int64_t K() const { return codes.size(1) * kChunkK; }
   int64_t N() const { return codes.size(0) * kBlockCols; }

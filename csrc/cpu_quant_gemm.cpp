@@ -1,5 +1,6 @@
 // Weight-only quantized matmuls for CPU (AVX512_BF16), registered as torch.ops.folovllm_cpu_quant.*:
 //   int4_gemm   y = x W^T, W 4-bit with a scale and zero per group of inputs  (cpu_quant_int4.h)
+//   int4_gemm_perm  int4_gemm of x's columns permuted first (act-order: the weight's rows were permuted at load)
 //   int4_gemm_a8  int4_gemm with the activations rounded to int8 per row and group, on AVX512_VNNI
 //                 byte dot products (cpu_quant_int4_a8.h)
 //   int4_mlp    down(silu(gate) * up) for a merged int4 gate_up projection and an int4 down projection:
@@ -31,6 +32,13 @@ at::Tensor int4_gemm(const at::Tensor& x, const at::Tensor& codes, const at::Ten
   return bf16_rows_gemm(x, codes.size(0) * kBlockCols, [&](const at::Tensor& xb, at::Tensor& y) {
     run_int4(xb, codes, scales, zeros, group_size, y);
   });
+}
+
+// x [..., K] -> [..., N]: int4_gemm(x.index_select(-1, perm)), one op where Python made two calls
+at::Tensor int4_gemm_perm(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
+                          const at::Tensor& zeros, int64_t group_size, const at::Tensor& perm) {
+  TORCH_CHECK(perm.dim() == 1 && perm.size(0) == x.size(-1), "perm must be [K], a permutation of x's columns");
+  return int4_gemm(x.index_select(-1, perm), codes, scales, zeros, group_size);
 }
 
 // x [..., K] -> [..., N], activations rounded to int8
@@ -92,6 +100,7 @@ bool supported_a8() { return cpu_vnni_supported(); }
 
 TORCH_LIBRARY(folovllm_cpu_quant, m) {
   m.def("int4_gemm(Tensor x, Tensor codes, Tensor scales, Tensor zeros, int group_size) -> Tensor");
+  m.def("int4_gemm_perm(Tensor x, Tensor codes, Tensor scales, Tensor zeros, int group_size, Tensor perm) -> Tensor");
   m.def("int4_gemm_a8(Tensor x, Tensor codes, Tensor scales, Tensor zeros, int group_size) -> Tensor");
   m.def("int4_mlp(Tensor x, Tensor gate_up_codes, Tensor gate_up_scales, Tensor gate_up_zeros, int gate_up_group, "
         "Tensor down_codes, Tensor down_scales, Tensor down_zeros, int down_group, int a8_rows) -> Tensor");
@@ -103,6 +112,7 @@ TORCH_LIBRARY(folovllm_cpu_quant, m) {
 
 TORCH_LIBRARY_IMPL(folovllm_cpu_quant, CPU, m) {
   m.impl("int4_gemm", &int4_gemm);
+  m.impl("int4_gemm_perm", &int4_gemm_perm);
   m.impl("int4_gemm_a8", &int4_gemm_a8);
   m.impl("int4_mlp", &int4_mlp);
   m.impl("int8_gemm", &int8_gemm);

@@ -24,6 +24,8 @@ keeps its one-stream steps on the chain's op calls (``FOLOVLLM_CPU_CHAIN_TEAM=of
 of threads the chain runs a small int4 step on. The ``-smallpages``
 variants leave their weights where loading put them, on 4 KiB pages (``FOLOVLLM_HUGE_PAGE_WEIGHTS=off``),
 instead of in one block on 2 MiB pages (``model/huge_pages.py``).
+The ``-actorder`` variant is a GPTQ act-order checkpoint (what ``folovllm quantize`` writes by default): each
+int4 matmul first gathers its input's columns in the checkpoint's order.
 ``--only NAME ...`` times a subset beside bf16.
 """
 from __future__ import annotations
@@ -54,9 +56,15 @@ from tests.helpers import make_attn_metadata  # noqa: E402
 from folovllm.quantize.run import QuantizeArgs, quantize  # noqa: E402
 
 
-def write_gptq_folder(folder: Path, bits: int, group_size: int) -> str:
-    """The default model as a GPTQ checkpoint folder, written by ``folovllm quantize --method rtn``."""
-    quantize(QuantizeArgs(out=str(folder), method="rtn", bits=bits, group_size=group_size, sym=True))
+def write_gptq_folder(folder: Path, bits: int, group_size: int, act_order: bool = False) -> str:
+    """The default model as a GPTQ checkpoint folder, written by ``folovllm quantize --method rtn``; with
+    ``act_order``, by GPTQ (asymmetric, act-order: ``quantize``'s defaults) on a short calibration (4 x 128
+    tokens, no range search), which is enough for speed: only the layout (g_idx) matters there."""
+    if act_order:
+        quantize(QuantizeArgs(out=str(folder), method="gptq", bits=bits, group_size=group_size, act_order=True,
+                              num_samples=4, seq_len=128, clip="off"))
+    else:
+        quantize(QuantizeArgs(out=str(folder), method="rtn", bits=bits, group_size=group_size, sym=True))
     return str(folder)
 
 
@@ -130,6 +138,8 @@ def main() -> None:
         "gptq-4bit-g128-int8head-a8auto": (gptq4, "auto", False, "on", "auto"),  # FOLOVLLM_INT4_ACTIVATIONS=auto
         "gptq-4bit-g128-int8head-unfused": (gptq4, "auto", False, "on", "auto"),  # FOLOVLLM_INT4_FUSED_MLP=off
         "gptq-4bit-g128-int8head-torchkernel": (gptq4, "auto", False, "on", "torch"),
+        "gptq-4bit-g128-actorder-int8head": (lambda: write_gptq_folder(tmp / "gptq4ao", 4, 128, act_order=True),
+                                             "auto", False, "on", "auto"),
         "gptq-8bit-g128": (lambda: write_gptq_folder(tmp / "gptq8", 8, 128), "auto", False, "off", "auto"),
         "int8": (gguf, "int8", False, "off", "auto"),
         "int8-int8head": (gguf, "int8", False, "on", "auto"),

@@ -27,6 +27,12 @@ def folders(tiny_llama, tmp_path_factory) -> tuple[str, str]:  # noqa: F811
     return make_gptq_model(tiny_llama, tmp_path_factory.mktemp("team"))
 
 
+@pytest.fixture(scope="module")
+def act_order(tiny_llama, tmp_path_factory) -> str:  # noqa: F811
+    """A GPTQ 4-bit g32 asymmetric act-order folder (each linear's input columns permuted per call)."""
+    return make_gptq_model(tiny_llama, tmp_path_factory.mktemp("act-order"), sym=False, desc_act=True)[0]
+
+
 def chain_with_team(model: CausalLM, team: str, monkeypatch) -> object:
     monkeypatch.setenv(CHAIN_TEAM_ENV, team)
     chain = layer_chain(model.model.direct_layers)
@@ -39,19 +45,28 @@ def decode_meta(rows: int, context: int, blocks: int = 4) -> object:
     return make_attn_metadata([1] * rows, [context] * rows, tables, 16)
 
 
-@pytest.mark.parametrize("fused_mlp", ["on", "off"])
-def test_small_int4_steps_run_on_the_team_with_the_same_bits(folders: tuple[str, str], fused_mlp: str,
-                                                            monkeypatch) -> None:
+@pytest.mark.parametrize(("checkpoint", "fused_mlp", "threads"),
+                         [("plain", "on", 2), ("plain", "off", 2), ("plain", "on", 1), ("act-order", "on", 2)])
+def test_small_int4_steps_run_on_the_team_with_the_same_bits(folders: tuple[str, str], act_order: str, checkpoint: str,
+                                                            fused_mlp: str, threads: int, monkeypatch) -> None:
     monkeypatch.setenv(INT4_FUSED_MLP_ENV, fused_mlp)
-    model = load_model(folders[0], dtype=torch.bfloat16, device="cpu", quantize_lm_head="on", **ENGINE_OPS)
+    folder = folders[0] if checkpoint == "plain" else act_order
+    model = load_model(folder, dtype=torch.bfloat16, device="cpu", quantize_lm_head="on", **ENGINE_OPS)
     team, ops = chain_with_team(model, "on", monkeypatch), chain_with_team(model, "off", monkeypatch)
     assert team.on_team(2, decode_meta(2, 14)) and not ops.on_team(2, decode_meta(2, 14))
     logits = {}
-    for name, chain in {"team": team, "ops": ops, "direct": None}.items():
-        model.model.layer_chain = chain
-        logits[name] = prefill_then_decode(model)  # its decode step: 2 rows, contexts 14 and 6
+    torch.set_num_threads(threads)
+    try:
+        for name, chain in {"team": team, "ops": ops, "direct": None}.items():
+            model.model.layer_chain = chain
+            logits[name] = prefill_then_decode(model)  # its decode step: 2 rows, contexts 14 and 6
+        model.model.use_direct_calls(False)  # the modules' forward: act-order's gather, then int4_gemm
+        logits["modules"] = prefill_then_decode(model)
+    finally:
+        torch.set_num_threads(2)
     assert torch.equal(logits["team"], logits["ops"])
     assert torch.equal(logits["team"], logits["direct"])
+    assert torch.equal(logits["team"], logits["modules"])
 
 
 def test_steps_the_team_leaves(folders: tuple[str, str], monkeypatch) -> None:

@@ -136,11 +136,16 @@ class CpuInt4Kernel(nn.Module):
         return len(self.part_names)
 
     def direct(self) -> Callable[[torch.Tensor], torch.Tensor]:
-        """``forward`` as one call of the op where that is all it does (one part, no permutation)."""
-        if self.perm is not None or self.num_parts != 1:
+        """``forward`` as one call of the op where that is all it does (one part; a permutation of x's
+        columns with bf16 activations: ``int4_gemm_perm``, the gather and the matmul in one op)."""
+        if self.num_parts != 1:
             return self.forward
         ops, group_size, a8_rows = torch.ops.folovllm_cpu_quant, self.group_size, self.a8_rows
         codes, scales, zeros = (self._buffers[name] for name in self.part_names[0])
+        if self.perm is not None:
+            if self.activations != "bf16" or not hasattr(ops, "int4_gemm_perm"):  # (a library built before it)
+                return self.forward
+            return bound_op_call(ops.int4_gemm_perm.default, codes, scales, zeros, group_size, self.perm)
         if self.activations != "auto":  # one op for every call
             op = ops.int4_gemm_a8.default if self.activations == "int8" else ops.int4_gemm.default
             return bound_op_call(op, codes, scales, zeros, group_size)
