@@ -19,7 +19,6 @@
 #include <torch/library.h>
 
 #include <omp.h>
-#include <x86intrin.h>
 
 #include <exception>
 #include <limits>
@@ -212,8 +211,6 @@ class DecoderChain : public torch::CustomClassHolder {
 
  private:
   static constexpr int64_t kTeamMaxRows = 8;
-  static constexpr double kWaitShare = 0.25;
-  static constexpr int64_t kSoloSteps = 256;
 
   // Rotary embedding and K/V store, then attention: [T, q heads x head_dim] from the layer's qkv projection.
   at::Tensor attend(const Layer& layer, const at::Tensor& qkv_out, at::Tensor& k_cache, at::Tensor& v_cache,
@@ -256,11 +253,6 @@ class DecoderChain : public torch::CustomClassHolder {
   // run() on the team (see the file's head): the first thread runs the ops between the matmuls, every
   // thread its columns of each matmul, a barrier after each part; a waiting thread prefetches its columns
   // of the next matmul. An op's error stops every thread at the next barrier and is raised after.
-  //
-  // On a machine whose cores are taken by other work, the team's threads share cores: every barrier then
-  // waits for a sleeping thread's turn, and a step takes several times as long as on one thread. When the
-  // first thread spent more than kWaitShare of the step waiting at barriers (~2 % on an idle machine), the
-  // next kSoloSteps steps run on it alone (the same bits); then the team is tried again.
   std::tuple<at::Tensor, at::Tensor> run_team(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                                               std::vector<at::Tensor>& caches, const at::Tensor& slot_mapping,
                                               const at::Tensor& block_tables, const at::Tensor& seq_lens,
@@ -280,11 +272,7 @@ class DecoderChain : public torch::CustomClassHolder {
     std::exception_ptr error;
     std::atomic<bool> failed{false};
     std::optional<SpinBarrier> barrier;
-    const int threads = solo_steps_left_ > 0 ? 1 : std::max(1, at::get_num_threads());
-    solo_steps_left_ = std::max<int64_t>(0, solo_steps_left_ - 1);
-    const uint64_t start = __rdtsc();
-    uint64_t first_waited = 0;  // the first thread's time at barriers, in TSC ticks
-#pragma omp parallel num_threads(threads)
+#pragma omp parallel num_threads(std::max(1, at::get_num_threads()))
     {
       const int t = omp_get_thread_num(), n = omp_get_num_threads();  // n: fewer than asked where nested
 #pragma omp single
@@ -293,9 +281,7 @@ class DecoderChain : public torch::CustomClassHolder {
       std::vector<c10::BFloat16> gathered;  // x's columns in act-order
       SlicePrefetch prefetch;
       auto meet = [&] {
-        const uint64_t arrived = t == 0 ? __rdtsc() : 0;
         barrier->wait(prefetch);
-        if (t == 0) first_waited += __rdtsc() - arrived;
         return !failed.load(std::memory_order_relaxed);
       };
       auto on_first = [&](auto&& op) {
@@ -338,8 +324,6 @@ class DecoderChain : public torch::CustomClassHolder {
         if (!matmul(linears.down, act, down_out, i + 1 < L ? &team[i + 1].qkv : nullptr)) break;
       }
     }
-    if (threads > 1 && static_cast<double>(first_waited) > kWaitShare * static_cast<double>(__rdtsc() - start))
-      solo_steps_left_ = kSoloSteps;
     if (error) std::rethrow_exception(error);
     return {down_out, residual};
   }
@@ -347,7 +331,6 @@ class DecoderChain : public torch::CustomClassHolder {
   int64_t skip_prefills_from_;
   bool decode_prefetch_, chunked_claims_;
   int64_t team_attention_cost_;
-  int64_t solo_steps_left_ = 0;  // steps the team runs on one thread, after a step that shared its cores
   c10::TypedOperatorHandle<RmsNorm> rms_norm_;
   c10::TypedOperatorHandle<AddRmsNorm> add_rms_norm_;
   c10::TypedOperatorHandle<RotaryStoreKv> rotary_store_kv_;
