@@ -35,7 +35,7 @@ $(CPU_FUSED_OPS): csrc/cpu_fused_ops.cpp $(CPU_SIMD) csrc/build.py $(STAMP)
 # The bf16 linear kernel (cpu_bf16_linear auto-enables it on CPUs with AVX-512 BF16 once built).
 CPU_BF16_LINEAR := build/cpu_bf16_linear/libfolovllm_cpu_bf16_linear.so
 
-$(CPU_BF16_LINEAR): csrc/cpu_bf16_linear.cpp csrc/build.py $(STAMP)
+$(CPU_BF16_LINEAR): csrc/cpu_bf16_linear.cpp csrc/cpu_bf16_linear_kernel.h csrc/build.py $(STAMP)
 	$(PY) csrc/build.py $@ csrc/cpu_bf16_linear.cpp
 
 # The W4A16 matmul (4-bit linears pick it on CPU once built; FOLOVLLM_QUANT_KERNEL=torch turns it off).
@@ -54,7 +54,7 @@ $(CPU_GREEDY_HEAD): csrc/cpu_greedy_head.cpp csrc/build.py $(STAMP)
 # the other libraries' ops through the dispatcher, so it depends on none of their sources.
 CPU_DECODER_CHAIN := build/cpu_decoder_chain/libfolovllm_cpu_decoder_chain.so
 
-$(CPU_DECODER_CHAIN): csrc/cpu_decoder_chain.cpp csrc/cpu_decoder_team.h csrc/cpu_quant_common.h csrc/cpu_quant_int4.h csrc/build.py $(STAMP)
+$(CPU_DECODER_CHAIN): csrc/cpu_decoder_chain.cpp csrc/cpu_decoder_team.h csrc/cpu_bf16_linear_kernel.h csrc/cpu_quant_common.h csrc/cpu_quant_int4.h csrc/build.py $(STAMP)
 	$(PY) csrc/build.py $@ csrc/cpu_decoder_chain.cpp
 
 KERNELS := $(CPU_ATTENTION) $(CPU_FUSED_OPS) $(CPU_BF16_LINEAR) $(CPU_QUANT_GEMM) $(CPU_GREEDY_HEAD) $(CPU_DECODER_CHAIN)

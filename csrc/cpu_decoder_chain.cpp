@@ -7,7 +7,7 @@
 // the o_proj linear, add_rms_norm, the MLP. A linear or MLP is a chain of "x-first" calls: op(x, *args),
 // each taking the previous call's output (a linear of any kind; gate_up, silu_and_mul, down; a fused MLP).
 //
-// Where every linear is an int4 matmul with bf16 activations and the step is small (a few rows, attention
+// Where every linear is an int4 matmul with bf16 activations or our bf16 linear and the step is small (a few rows, attention
 // the kernel would run on one thread anyway), run_team runs the step on one team of threads instead
 // (cpu_decoder_team.h): the same ops for everything but the matmuls, the matmuls' own kernel code split
 // by columns, the same bits.
@@ -22,6 +22,7 @@
 
 #include <exception>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -81,48 +82,46 @@ struct Layer {
 
 // A layer's linears as the team runs them; rows_below: the most rows + 1 its MLP runs with bf16 activations.
 struct TeamLayer {
-  Int4Weight qkv, o_proj, gate_up, down;
+  std::shared_ptr<const TeamLinear> qkv, o_proj, gate_up, down;
   int64_t rows_below = std::numeric_limits<int64_t>::max();
 };
 
-Int4Weight int4_weight(const std::vector<IValue>& args, size_t first) {
-  return {args[first].toTensor(), args[first + 1].toTensor(), args[first + 2].toTensor(), args[first + 3].toInt(), {}};
+std::shared_ptr<const TeamLinear> int4_linear(const std::vector<IValue>& args, size_t first, at::Tensor perm = {}) {
+  return std::make_shared<Int4Linear>(args[first].toTensor(), args[first + 1].toTensor(), args[first + 2].toTensor(),
+                                      args[first + 3].toInt(), std::move(perm));
 }
 
-// An int4_gemm or int4_gemm_perm call's weight; none for other calls.
-std::optional<Int4Weight> int4_call(const XFirstCall& call) {
-  if (call.is("folovllm_cpu_quant::int4_gemm")) return int4_weight(call.args, 0);
+// The linear a call makes where the team can split it: int4_gemm, int4_gemm_perm, or the bf16 linear
+// without a bias; else none.
+std::shared_ptr<const TeamLinear> team_linear(const XFirstCall& call) {
+  if (call.is("folovllm_cpu_quant::int4_gemm")) return int4_linear(call.args, 0);
   if (call.is("folovllm_cpu_quant::int4_gemm_perm")) {
-    const at::Tensor perm = call.args[4].toTensor();
-    if (perm.scalar_type() != at::kLong || !perm.is_contiguous()) return std::nullopt;
-    Int4Weight weight = int4_weight(call.args, 0);
-    weight.perm = perm;
-    return weight;
+    at::Tensor perm = call.args[4].toTensor();
+    if (perm.scalar_type() != at::kLong || !perm.is_contiguous()) return nullptr;
+    return int4_linear(call.args, 0, std::move(perm));
   }
-  return std::nullopt;
+  if (call.is("folovllm_cpu_linear::linear") && call.args[1].isNone())
+    return std::make_shared<Bf16Linear>(call.args[0].toTensor());
+  return nullptr;
 }
 
-// The layer's linears where each is one int4_gemm (or int4_gemm_perm) call with bf16 activations and its MLP
-// is int4_mlp or int4 gate_up, silu_and_mul, int4 down; else none.
+// The layer's linears where each is one call the team splits (team_linear) and its MLP is int4_mlp or
+// gate_up, silu_and_mul, down; else none.
 std::optional<TeamLayer> team_layer(const Layer& layer) {
-  auto single_int4 = [](const std::vector<XFirstCall>& calls) {
-    return calls.size() == 1 ? int4_call(calls[0]) : std::nullopt;
+  auto single = [](const std::vector<XFirstCall>& calls) {
+    return calls.size() == 1 ? team_linear(calls[0]) : nullptr;
   };
-  const std::optional<Int4Weight> qkv = single_int4(layer.qkv), o_proj = single_int4(layer.o_proj);
-  if (!qkv || !o_proj) return std::nullopt;
-  TeamLayer team{*qkv, *o_proj, {}, {}};
+  TeamLayer team{single(layer.qkv), single(layer.o_proj), nullptr, nullptr};
   const auto& mlp = layer.mlp;
   if (mlp.size() == 1 && mlp[0].is("folovllm_cpu_quant::int4_mlp")) {
-    team.gate_up = int4_weight(mlp[0].args, 0);
-    team.down = int4_weight(mlp[0].args, 4);
+    team.gate_up = int4_linear(mlp[0].args, 0);
+    team.down = int4_linear(mlp[0].args, 4);
     team.rows_below = mlp[0].args[8].toInt();
-  } else if (mlp.size() == 3 && mlp[1].is("folovllm_cpu_fused::silu_and_mul") && int4_call(mlp[0]) &&
-             int4_call(mlp[2])) {
-    team.gate_up = *int4_call(mlp[0]);
-    team.down = *int4_call(mlp[2]);
-  } else {
-    return std::nullopt;
+  } else if (mlp.size() == 3 && mlp[1].is("folovllm_cpu_fused::silu_and_mul")) {
+    team.gate_up = team_linear(mlp[0]);
+    team.down = team_linear(mlp[2]);
   }
+  if (!team.qkv || !team.o_proj || !team.gate_up || !team.down) return std::nullopt;
   return team;
 }
 
@@ -240,8 +239,8 @@ class DecoderChain : public torch::CustomClassHolder {
       }
       for (const TeamLayer& layer : *team_) {
         const TeamLayer& first = team_->front();
-        if (layer.qkv.N() != first.qkv.N() || layer.o_proj.N() != first.o_proj.N() ||
-            layer.gate_up.N() != first.gate_up.N() || layer.down.N() != first.down.N()) {
+        if (layer.qkv->N() != first.qkv->N() || layer.o_proj->N() != first.o_proj->N() ||
+            layer.gate_up->N() != first.gate_up->N() || layer.down->N() != first.down->N()) {
           team_->clear();
           break;
         }
@@ -260,14 +259,10 @@ class DecoderChain : public torch::CustomClassHolder {
     const std::vector<TeamLayer>& team = *team_;
     const int64_t M = x.size(0), L = static_cast<int64_t>(layers_.size());
     const TeamLayer& shapes = team.front();
-    at::Tensor qkv_out = at::empty({M, shapes.qkv.N()}, x.options());
-    at::Tensor o_out = at::empty({M, shapes.o_proj.N()}, x.options());
-    at::Tensor gate_up_out = at::empty({M, shapes.gate_up.N()}, x.options());
-    at::Tensor down_out = at::empty({M, shapes.down.N()}, x.options());
-    int64_t most_groups = 0;
-    for (const TeamLayer& layer : team)
-      for (const Int4Weight* w : {&layer.qkv, &layer.o_proj, &layer.gate_up, &layer.down})
-        most_groups = std::max(most_groups, w->groups());
+    at::Tensor qkv_out = at::empty({M, shapes.qkv->N()}, x.options());
+    at::Tensor o_out = at::empty({M, shapes.o_proj->N()}, x.options());
+    at::Tensor gate_up_out = at::empty({M, shapes.gate_up->N()}, x.options());
+    at::Tensor down_out = at::empty({M, shapes.down->N()}, x.options());
     at::Tensor residual = x, hidden, attended, act;  // what the first thread's ops hand the matmuls
     std::exception_ptr error;
     std::atomic<bool> failed{false};
@@ -277,8 +272,7 @@ class DecoderChain : public torch::CustomClassHolder {
       const int t = omp_get_thread_num(), n = omp_get_num_threads();  // n: fewer than asked where nested
 #pragma omp single
       barrier.emplace(n);
-      std::vector<float> xsum(M * most_groups);
-      std::vector<c10::BFloat16> gathered;  // x's columns in act-order
+      TeamScratch scratch;
       SlicePrefetch prefetch;
       auto meet = [&] {
         barrier->wait(prefetch);
@@ -296,10 +290,8 @@ class DecoderChain : public torch::CustomClassHolder {
         return meet();
       };
       // This thread's columns of out = in W^T; then it prefetches its columns of `next` while it waits.
-      auto matmul = [&](const Int4Weight& w, const at::Tensor& in, at::Tensor& out, const Int4Weight* next) {
-        const auto* xp = w.permuted(in.const_data_ptr<c10::BFloat16>(), M, gathered);
-        group_sums(xp, M, w.K(), w.group_size, xsum.data());
-        w.run(xp, M, xsum.data(), out.mutable_data_ptr<c10::BFloat16>(), t, n);
+      auto matmul = [&](const TeamLinear& w, const at::Tensor& in, at::Tensor& out, const TeamLinear* next) {
+        w.run(in.const_data_ptr<c10::BFloat16>(), M, out.mutable_data_ptr<c10::BFloat16>(), t, n, scratch);
         prefetch = next != nullptr ? next->slice_of(t, n) : SlicePrefetch{};
         return meet();
       };
@@ -311,17 +303,17 @@ class DecoderChain : public torch::CustomClassHolder {
                               : add_rms_norm_.call(residual, down_out, layer.norm1, layer.eps1);
             }))
           break;
-        if (!matmul(linears.qkv, hidden, qkv_out, &linears.o_proj)) break;
+        if (!matmul(*linears.qkv, hidden, qkv_out, linears.o_proj.get())) break;
         if (!on_first([&] {
               attended = attend(layer, qkv_out, caches[2 * i], caches[2 * i + 1], cos, sin, slot_mapping,
                                 block_tables, seq_lens, query_start_loc);
             }))
           break;
-        if (!matmul(linears.o_proj, attended, o_out, &linears.gate_up)) break;
+        if (!matmul(*linears.o_proj, attended, o_out, linears.gate_up.get())) break;
         if (!on_first([&] { hidden = add_rms_norm_.call(residual, o_out, layer.norm2, layer.eps2); })) break;
-        if (!matmul(linears.gate_up, hidden, gate_up_out, &linears.down)) break;
+        if (!matmul(*linears.gate_up, hidden, gate_up_out, linears.down.get())) break;
         if (!on_first([&] { act = silu_and_mul_.call(gate_up_out); })) break;
-        if (!matmul(linears.down, act, down_out, i + 1 < L ? &team[i + 1].qkv : nullptr)) break;
+        if (!matmul(*linears.down, act, down_out, i + 1 < L ? team[i + 1].qkv.get() : nullptr)) break;
       }
     }
     if (error) std::rethrow_exception(error);

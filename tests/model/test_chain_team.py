@@ -1,5 +1,5 @@
-"""The layer chain's team of threads (csrc/cpu_decoder_team.h): small int4 decode steps on the team give the
-op calls' bits; the steps it leaves (many rows, long attention, other linears); an op's error inside the
+"""The layer chain's team of threads (csrc/cpu_decoder_team.h): small decode steps on the team (int4, act-order
+int4, bf16 linears) give the op calls' bits; the steps it leaves (many rows, long attention, other linears); an op's error inside the
 team is raised, and the next step runs; the switch."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from folovllm.model.layer_chain import CHAIN_TEAM_ENV, TEAM_ATTENTION_COST, chai
 from folovllm.model.layers import CausalLM
 from folovllm.model.loader import load_model
 from folovllm.model.quant.cpu_quant import cpu_quant_unavailable
-from folovllm.model.quant.gptq_config import INT4_FUSED_MLP_ENV
+from folovllm.model.quant.gptq_config import INT4_ACTIVATIONS_ENV, INT4_FUSED_MLP_ENV
 from tests.helpers import make_attn_metadata
 from tests.model.quant.test_gptq_loading import make_gptq_model, tiny_llama  # noqa: F401 (a fixture)
 from tests.model.test_direct import ENGINE_OPS, prefill_then_decode
@@ -46,12 +46,16 @@ def decode_meta(rows: int, context: int, blocks: int = 4) -> object:
 
 
 @pytest.mark.parametrize(("checkpoint", "fused_mlp", "threads"),
-                         [("plain", "on", 2), ("plain", "off", 2), ("plain", "on", 1), ("act-order", "on", 2)])
+                         [("plain", "on", 2), ("plain", "off", 2), ("plain", "on", 1), ("act-order", "on", 2),
+                          ("bf16", "on", 2)])
 def test_small_int4_steps_run_on_the_team_with_the_same_bits(folders: tuple[str, str], act_order: str, checkpoint: str,
                                                             fused_mlp: str, threads: int, monkeypatch) -> None:
     monkeypatch.setenv(INT4_FUSED_MLP_ENV, fused_mlp)
-    folder = folders[0] if checkpoint == "plain" else act_order
-    model = load_model(folder, dtype=torch.bfloat16, device="cpu", quantize_lm_head="on", **ENGINE_OPS)
+    if checkpoint == "bf16":  # the same weights dequantized, on the bf16 linear kernel
+        model = load_model(folders[1], dtype=torch.bfloat16, device="cpu", cpu_bf16_linear=True, **ENGINE_OPS)
+    else:
+        folder = folders[0] if checkpoint == "plain" else act_order
+        model = load_model(folder, dtype=torch.bfloat16, device="cpu", quantize_lm_head="on", **ENGINE_OPS)
     team, ops = chain_with_team(model, "on", monkeypatch), chain_with_team(model, "off", monkeypatch)
     assert team.on_team(2, decode_meta(2, 14)) and not ops.on_team(2, decode_meta(2, 14))
     logits = {}
@@ -77,8 +81,9 @@ def test_steps_the_team_leaves(folders: tuple[str, str], monkeypatch) -> None:
     assert chain.on_team(1, decode_meta(1, longest, blocks=-(-longest // 16)))
     assert not chain.on_team(1, decode_meta(1, longest + 1, blocks=-(-(longest + 1) // 16)))
     assert not chain.on_team(9, decode_meta(9, 4))  # more rows than it splits well
-    bf16 = load_model(folders[1], dtype=torch.bfloat16, device="cpu", cpu_bf16_linear=True, **ENGINE_OPS)
-    assert not chain_with_team(bf16, "on", monkeypatch).on_team(1, decode_meta(1, 4))  # not int4 linears
+    monkeypatch.setenv(INT4_ACTIVATIONS_ENV, "int8")  # int4 matmuls on int8 activations: not split by the team
+    a8 = load_model(folders[0], dtype=torch.bfloat16, device="cpu", **ENGINE_OPS)
+    assert not chain_with_team(a8, "on", monkeypatch).on_team(1, decode_meta(1, 4))
 
 
 def test_an_error_inside_the_team_is_raised_and_the_next_step_runs(folders: tuple[str, str], monkeypatch) -> None:
