@@ -7,8 +7,8 @@
 // the o_proj linear, add_rms_norm, the MLP. A linear or MLP is a chain of "x-first" calls: op(x, *args),
 // each taking the previous call's output (a linear of any kind; gate_up, silu_and_mul, down; a fused MLP).
 //
-// Where every linear is an int4 matmul with bf16 activations or our bf16 linear and the step is small (a few rows, attention
-// the kernel would run on one thread anyway), run_team runs the step on one team of threads instead
+// Where every linear is an int4 matmul with bf16 activations or our bf16 linear and the step is small (a few
+// rows, short attention: team_takes), run_team runs the step on one team of threads instead
 // (cpu_decoder_team.h): the same ops for everything but the matmuls, the matmuls' own kernel code split
 // by columns, the same bits.
 #include "cpu_decoder_team.h"
@@ -265,7 +265,6 @@ class DecoderChain : public torch::CustomClassHolder {
     at::Tensor down_out = at::empty({M, shapes.down->N()}, x.options());
     at::Tensor residual = x, hidden, attended, act;  // what the first thread's ops hand the matmuls
     std::exception_ptr error;
-    std::atomic<bool> failed{false};
     std::optional<SpinBarrier> barrier;
 #pragma omp parallel num_threads(std::max(1, at::get_num_threads()))
     {
@@ -274,17 +273,14 @@ class DecoderChain : public torch::CustomClassHolder {
       barrier.emplace(n);
       TeamScratch scratch;
       SlicePrefetch prefetch;
-      auto meet = [&] {
-        barrier->wait(prefetch);
-        return !failed.load(std::memory_order_relaxed);
-      };
+      auto meet = [&] { return !barrier->wait(prefetch); };  // false: stop, an op failed
       auto on_first = [&](auto&& op) {
         if (t == 0) {
           try {
             op();
           } catch (...) {
             error = std::current_exception();
-            failed.store(true, std::memory_order_relaxed);
+            barrier->stop();
           }
         }
         return meet();

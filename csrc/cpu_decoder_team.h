@@ -22,18 +22,23 @@ namespace {
 // A barrier for the team. A phase of a one-token step is microseconds long, so a waiting thread spins,
 // and while it waits it calls idle() until idle() says there is nothing more to do. One that has waited
 // long (its partner lost its core to other work on a busy machine) sleeps until the last one arrives.
+// stop() (a thread whose op failed, before it arrives) makes this wait return true for every thread, and
+// only this one: the last to arrive latches it before it releases the others.
 class SpinBarrier {
  public:
   explicit SpinBarrier(int threads) : threads_(threads) {}
 
+  void stop() { stop_asked_.store(true, std::memory_order_relaxed); }
+
   template <typename Idle>
-  void wait(Idle&& idle) {
+  bool wait(Idle&& idle) {
     const int generation = generation_.load(std::memory_order_acquire);
     if (arrived_.fetch_add(1, std::memory_order_acq_rel) + 1 == threads_) {
       arrived_.store(0, std::memory_order_relaxed);
+      stopping_ = stop_asked_.load(std::memory_order_relaxed);
       generation_.store(generation + 1, std::memory_order_release);
       generation_.notify_all();
-      return;
+      return stopping_;
     }
     bool busy = true;
     for (int64_t spins = 0; generation_.load(std::memory_order_acquire) == generation;) {
@@ -45,6 +50,7 @@ class SpinBarrier {
         generation_.wait(generation, std::memory_order_acquire);
       }
     }
+    return stopping_;  // written before the release this thread saw, and not again until it arrives next
   }
 
  private:
@@ -52,6 +58,8 @@ class SpinBarrier {
   const int threads_;
   alignas(64) std::atomic<int> arrived_{0};
   alignas(64) std::atomic<int> generation_{0};
+  std::atomic<bool> stop_asked_{false};
+  bool stopping_ = false;
 };
 
 // Prefetches [next, end) into L2 a few lines per call: a waiting thread's idle work.

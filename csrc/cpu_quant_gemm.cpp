@@ -6,6 +6,7 @@
 //   int4_mlp    down(silu(gate) * up) for a merged int4 gate_up projection and an int4 down projection:
 //               one call for the three (the SiLU-mul is the fused-ops library's own op, called here)
 //   int8_gemm   y = x W^T, W int8 with one scale per output                  (cpu_quant_int8.h)
+//   int8_rows   rows of an int8_gemm weight, dequantized (q * scale): the embedding lookup of a tied int8 head
 //   int8_argmax each row's first largest entry of int8_gemm's y: the int8 LM head's greedy token (bf16 x:
 //               in the matmul's own loop, y never written)
 //   supported   whether this CPU runs them (AVX512F/BW/VL/DQ and AVX512_BF16)
@@ -19,6 +20,7 @@
 #include "cpu_quant_int4_a8.h"
 #include "cpu_quant_int8.h"
 
+#include <ATen/Dispatch.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
@@ -93,6 +95,46 @@ at::Tensor int8_argmax(const at::Tensor& x, const at::Tensor& codes, const at::T
   return ids;
 }
 
+// ids [...] -> [..., K] in dtype: row id of the packed int8 weight [N / 16, K / 2, 16, 2] times its scale,
+// each value float(q) * float(scale) rounded once to dtype (what the codes' gather, two casts, a multiply
+// and a cast in torch give; one op where those were about ten).
+at::Tensor dequantized_int8_rows(const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& ids,
+                                 at::ScalarType dtype) {
+  TORCH_CHECK(codes.scalar_type() == at::kChar && codes.dim() == 4 && codes.size(2) == kBlockCols &&
+                  codes.size(3) == 2 && codes.is_contiguous(), "codes must be int8 [N / 16, K / 2, 16, 2], contiguous");
+  TORCH_CHECK(scales.dim() == 1 && scales.size(0) == codes.size(0) * kBlockCols, "scales must be [N]");
+  TORCH_CHECK(ids.scalar_type() == at::kLong, "ids must be int64");
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf,
+              "int8_rows returns float32, bfloat16 or float16");
+  const int64_t N = scales.size(0), pairs = codes.size(1), K = 2 * pairs;
+  const at::Tensor flat = ids.reshape({-1}).contiguous();
+  TORCH_CHECK(scales.is_contiguous() && (scales.scalar_type() == at::kFloat || scales.scalar_type() == at::kBFloat16 ||
+                                         scales.scalar_type() == at::kHalf), "scales must be float32, bfloat16 or float16");
+  auto scale_of = [&](int64_t r) -> float {  // one row's scale as float (exact from any of the three)
+    if (scales.scalar_type() == at::kBFloat16) return static_cast<float>(scales.const_data_ptr<c10::BFloat16>()[r]);
+    if (scales.scalar_type() == at::kHalf) return static_cast<float>(scales.const_data_ptr<c10::Half>()[r]);
+    return scales.const_data_ptr<float>()[r];
+  };
+  std::vector<int64_t> shape(ids.sizes().begin(), ids.sizes().end());
+  shape.push_back(K);
+  at::Tensor out = at::empty({flat.numel(), K}, codes.options().dtype(dtype));
+  const int64_t* rows = flat.const_data_ptr<int64_t>();
+  const int8_t* q = codes.const_data_ptr<int8_t>();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, dtype, "int8_rows", [&] {
+    scalar_t* dst = out.mutable_data_ptr<scalar_t>();
+    for (int64_t i = 0; i < flat.numel(); ++i) {
+      const int64_t r = rows[i];
+      TORCH_CHECK(r >= 0 && r < N, "int8_rows: id ", r, " out of range [0, ", N, ")");
+      const int8_t* block = q + (r / kBlockCols) * pairs * kBlockCols * 2 + (r % kBlockCols) * 2;
+      const float s = scale_of(r);
+      for (int64_t p = 0; p < pairs; ++p)
+        for (int j = 0; j < 2; ++j)
+          dst[i * K + 2 * p + j] = static_cast<scalar_t>(static_cast<float>(block[p * kBlockCols * 2 + j]) * s);
+    }
+  });
+  return out.view(shape);
+}
+
 bool supported() { return cpu_supported(); }
 bool supported_a8() { return cpu_vnni_supported(); }
 
@@ -105,6 +147,7 @@ TORCH_LIBRARY(folovllm_cpu_quant, m) {
   m.def("int4_mlp(Tensor x, Tensor gate_up_codes, Tensor gate_up_scales, Tensor gate_up_zeros, int gate_up_group, "
         "Tensor down_codes, Tensor down_scales, Tensor down_zeros, int down_group, int a8_rows) -> Tensor");
   m.def("int8_gemm(Tensor x, Tensor codes, Tensor scales) -> Tensor");
+  m.def("int8_rows(Tensor codes, Tensor scales, Tensor ids, ScalarType dtype) -> Tensor");
   m.def("int8_argmax(Tensor x, Tensor codes, Tensor scales, bool fused=True) -> Tensor");
   m.def("supported() -> bool", &supported);
   m.def("supported_a8() -> bool", &supported_a8);
@@ -116,5 +159,6 @@ TORCH_LIBRARY_IMPL(folovllm_cpu_quant, CPU, m) {
   m.impl("int4_gemm_a8", &int4_gemm_a8);
   m.impl("int4_mlp", &int4_mlp);
   m.impl("int8_gemm", &int8_gemm);
+  m.impl("int8_rows", &dequantized_int8_rows);
   m.impl("int8_argmax", &int8_argmax);
 }

@@ -10,6 +10,7 @@ import torch
 from folovllm.config import EngineConfig
 from folovllm.model.layers import CausalLM
 from folovllm.model.loader import load_model
+from folovllm.model.quant.cpu_quant import cpu_quant_unavailable
 from folovllm.model.quant.kernels import Int8ChannelKernel
 from folovllm.model.quant.int8 import quantize_int8_per_channel
 from folovllm.model.quant.lm_head import Int8HeadMethod, int8_rows, resolve_quantize_lm_head
@@ -92,3 +93,18 @@ def test_bad_choice_is_named(tmp_path: Path) -> None:
         _tiny(tmp_path, True, torch.float32, "int4")
     with pytest.raises(ValueError, match="quantize_lm_head must be one of auto, on, off"):
         EngineConfig(quantize_lm_head="yes")
+
+
+@pytest.mark.skipif(cpu_quant_unavailable() is not None, reason=f"{cpu_quant_unavailable()}")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_int8_rows_op_equals_the_torch_ops(dtype: torch.dtype) -> None:
+    weight = torch.randn(96, 64) * torch.logspace(-3, 1, 96)[:, None]
+    kernel = Int8ChannelKernel(*quantize_int8_per_channel(weight, torch.bfloat16), None, "auto")
+    assert kernel.ours
+    ids = torch.tensor([[5, 17, 95], [0, 16, 31]])
+    by_op = int8_rows(kernel, ids, dtype)
+    by_torch = (kernel.code_rows(ids).float() * kernel.scales[ids].float().unsqueeze(-1)).to(dtype)
+    assert by_op.dtype == dtype and by_op.shape == (2, 3, 64)
+    assert torch.equal(by_op, by_torch)
+    with pytest.raises(RuntimeError, match="out of range"):
+        torch.ops.folovllm_cpu_quant.int8_rows(kernel.codes, kernel.scales, torch.tensor([96]), dtype)
