@@ -19,8 +19,8 @@ is bf16 on oneDNN's prepacked linears instead); ``--no-engine-cpu-ops`` runs tor
 ops and oneDNN. The ``-modules`` variants run their decoder layers through the ``nn.Module`` calls
 (``FOLOVLLM_DIRECT_CALLS=off``) instead of the direct op calls (``model/direct.py``) the others use; the
 ``-nochain`` variants make those direct calls from Python (``FOLOVLLM_CPU_LAYER_CHAIN=off``) instead of the
-one C++ call per step (``model/layer_chain.py``) the others make for decode steps; the ``-noteam`` variant
-keeps its one-stream steps on the chain's op calls (``FOLOVLLM_CPU_CHAIN_TEAM=off``) instead of the one team
+one C++ call per step (``model/layer_chain.py``) the others make for decode steps; the ``-noteam`` variants
+keep their one-stream steps on the chain's op calls (``FOLOVLLM_CPU_CHAIN_TEAM=off``) instead of the one team
 of threads the chain runs a small int4 step on. The ``-smallpages``
 variants leave their weights where loading put them, on 4 KiB pages (``FOLOVLLM_HUGE_PAGE_WEIGHTS=off``),
 instead of in one block on 2 MiB pages (``model/huge_pages.py``).
@@ -126,6 +126,7 @@ def main() -> None:
         "bf16": (gguf, "auto", False, "off", "auto"),  # the engine's default CPU path
         "bf16-modules": (gguf, "auto", False, "off", "auto"),  # FOLOVLLM_DIRECT_CALLS=off
         "bf16-nochain": (gguf, "auto", False, "off", "auto"),  # FOLOVLLM_CPU_LAYER_CHAIN=off
+        "bf16-noteam": (gguf, "auto", False, "off", "auto"),  # FOLOVLLM_CPU_CHAIN_TEAM=off
         "bf16-smallpages": (gguf, "auto", False, "off", "auto"),  # FOLOVLLM_HUGE_PAGE_WEIGHTS=off
         "bf16-onednn": (gguf, "auto", False, "off", "auto"),  # bf16 linears on oneDNN (--no-cpu-bf16-linear)
         "gptq-4bit-g128": (gptq4, "auto", False, "off", "auto"),
