@@ -62,11 +62,17 @@ class ModelRunner:
         self.decode_inputs = (DecodeInputBuffers(block_size)
                               if device.type == "cpu" and decode_input_buffers_enabled() else None)
 
-    @torch.inference_mode()
     def launch(self, step: StepInput, generators: list[torch.Generator | None],
                previous: LaunchedStep | None = None) -> LaunchedStep:
-        """Queues the step's forward and sampling. ``generators``: one per sampling row (None: the
-        default RNG); ``previous`` holds the tokens its inputs still await."""
+        """Queues the step's forward and sampling, in inference mode. ``generators``: one per sampling row
+        (None: the default RNG); ``previous`` holds the tokens its inputs still await."""
+        if torch.is_inference_mode_enabled():  # entered once by a loop over steps (run_until_finished)
+            return self._launch(step, generators, previous)
+        with torch.inference_mode():
+            return self._launch(step, generators, previous)
+
+    def _launch(self, step: StepInput, generators: list[torch.Generator | None],
+                previous: LaunchedStep | None) -> LaunchedStep:
         batch = self._prepare(step)
         if batch.pending_inputs:
             self._fill_pending_inputs(batch, previous)
