@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import torch
 
 from folovllm.model.greedy_head import GreedyHead
-from folovllm.sample.prompt_logprobs import DEFAULT_SLICE_ROWS, PromptLogprobsTensors, compute_prompt_logprobs
 from folovllm.sample.metadata import is_plain_greedy_row
+from folovllm.sample.prompt_logprobs import DEFAULT_SLICE_ROWS, PromptLogprobsTensors, compute_prompt_logprobs
 from folovllm.sample.sampler import Sampler, TokenLogprobs, build_sampling_batch
 from folovllm.tensors import to_device
 from folovllm.worker.cuda_graphs import CudaGraphRunner
@@ -66,7 +66,7 @@ class ModelRunner:
                previous: LaunchedStep | None = None) -> LaunchedStep:
         """Queues the step's forward and sampling, in inference mode. ``generators``: one per sampling row
         (None: the default RNG); ``previous`` holds the tokens its inputs still await."""
-        if torch.is_inference_mode_enabled():  # entered once by a loop over steps (run_until_finished)
+        if torch.is_inference_mode_enabled():  # entered once by a loop over steps (run_until_finished, core loop)
             return self._launch(step, generators, previous)
         with torch.inference_mode():
             return self._launch(step, generators, previous)
