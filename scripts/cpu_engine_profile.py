@@ -131,7 +131,7 @@ def main() -> None:
     runner.sampler.sample = timed(runner.sampler.sample, "sample", totals)
     if runner.greedy_head is not None:  # plain-greedy steps: logits and argmax in one kernel (cpu_greedy_head)
         runner.greedy_head = timed(runner.greedy_head, "greedy head", totals)
-    model_runner.prepare_step_batch = timed(model_runner.prepare_step_batch, "prepare inputs", totals)
+    runner._prepare = timed(runner._prepare, "prepare inputs", totals)  # built anew or in the decode buffers
     model_runner.build_sampling_batch = timed(model_runner.build_sampling_batch, "sampling batch", totals)
     runner.launch = timed(runner.launch, "runner.launch", totals)
     rng = random.Random(0)

@@ -26,7 +26,6 @@ from folovllm.bench.gpu_runs import SMOKE_CONFIG, save_placeholder_tokenizer  # 
 from folovllm.engine.output_delta import DeltaEncoder  # noqa: E402
 from folovllm.engine.output_processor import OutputProcessor  # noqa: E402
 from folovllm.paging import blocks_for_tokens  # noqa: E402
-from folovllm.worker import model_runner  # noqa: E402
 
 
 def timed(owner, name: str, totals: collections.Counter, key: str) -> None:
@@ -62,7 +61,7 @@ def main() -> None:
     engine = llm.llm_engine
     totals: collections.Counter = collections.Counter()
     timed(engine.scheduler, "schedule", totals, "schedule")
-    timed(model_runner, "prepare_step_batch", totals, "prepare inputs")
+    timed(engine.worker.runner, "_prepare", totals, "prepare inputs")  # built anew or in the decode buffers
     timed(engine.worker.runner, "_forward", totals, "forward")
     timed(OutputProcessor, "make_output", totals, "build outputs")
     timed(engine, "_resolve", totals, "append tokens + stops")

@@ -13,6 +13,8 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import torch
+
 from folovllm.distributed.launch import RankFailedError
 from folovllm.engine.errors import EngineError, EngineShutdownError
 from folovllm.engine.llm_engine import LLMEngine, PromptInput
@@ -105,6 +107,11 @@ def snapshot(engine: LLMEngine) -> EngineSnapshot:
 
 def run_core_loop(engine: LLMEngine, inbox: Inbox, emit: Callable[[IterationMessage], None]) -> None:
     """Sleeps while there is no work; otherwise applies the queued ops and steps, one message each."""
+    with torch.inference_mode():  # once for the whole loop, as run_until_finished: not by the worker each step
+        _loop(engine, inbox, emit)
+
+
+def _loop(engine: LLMEngine, inbox: Inbox, emit: Callable[[IterationMessage], None]) -> None:
     deltas = DeltaEncoder()
     while True:
         message = IterationMessage()

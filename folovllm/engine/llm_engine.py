@@ -25,7 +25,7 @@ from folovllm.distributed.launch import RankFailedError
 from folovllm.engine.fault_isolation import isolate_faults, subset
 from folovllm.engine.output_processor import OutputProcessor, RequestGroup
 from folovllm.engine.prompt_checks import check_logprobs, check_prompt_length, check_request_ids, truncate_prompt
-from folovllm.engine.stats import EngineStats, StepStats, context_tokens, prefill_pairs
+from folovllm.engine.stats import EngineStats, StepStats, step_cost_terms
 from folovllm.engine.worker_input import build_step_input
 from folovllm.kv_transfer.base import ConnectorSide, KVConnectorBase
 from folovllm.kv_transfer.setup import kv_transfer_settings, make_connector
@@ -298,8 +298,7 @@ class LLMEngine:
         parts that run, end the requests it fails on. Synchronous: nothing stays in flight."""
         logger.error("a step of %d requests failed; looking for the request(s) it fails on",
                      len(sched.requests), exc_info=error)
-        num_decode = sched.num_decode_tokens()
-        context, pairs = context_tokens(sched), prefill_pairs(sched)
+        num_decode, context, pairs = step_cost_terms(sched)
         live = subset(sched, [i for i, r in enumerate(sched.requests) if not r.status.finished])
         parts, culprits = isolate_faults(live, self._launch)
         wait_s = sum(self._take_tokens(step, touched) for _, step in parts)
@@ -343,8 +342,7 @@ class LLMEngine:
     def _launch(self, sched: SchedulerOutput) -> InFlight:
         """Hands a scheduled batch to the worker; its tokens count as pending until ``_resolve``.
         Nothing changes if the worker raises, so a failed batch can be launched again in parts."""
-        num_decode = sched.num_decode_tokens()  # before num_computed_tokens moves
-        context, pairs = context_tokens(sched), prefill_pairs(sched)
+        num_decode, context, pairs = step_cost_terms(sched)  # before num_computed_tokens moves
         step_input, sampled = build_step_input(sched, self._finished_ids, self.structured)
         launched = self.worker.launch(step_input)
         self._finished_ids = []

@@ -4,6 +4,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
+import torch
+
 from folovllm.outputs import RequestOutput
 
 if TYPE_CHECKING:
@@ -21,7 +23,12 @@ def run_until_finished(engine: LLMEngine, request_ids: Iterable[str], *,
     None once it has nothing left to add. While it has more, an idle engine keeps calling it (it may
     sleep until the next arrival). ``on_step``: called after each step with that step's outputs.
     """
-    wanted = set(request_ids)
+    with torch.inference_mode():  # once for the whole loop: entering it costs the worker tens of µs a step
+        return _run(engine, set(request_ids), arrivals, on_step)
+
+
+def _run(engine: LLMEngine, wanted: set[str], arrivals: Callable[[], list[str] | None] | None,
+         on_step: Callable[[list[RequestOutput]], None] | None) -> dict[str, RequestOutput]:
     finished: dict[str, RequestOutput] = {}
     more_to_come = arrivals is not None
     while True:

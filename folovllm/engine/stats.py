@@ -76,6 +76,16 @@ def prefill_new_pairs(sched: SchedulerOutput) -> int:
     return sum(n * (n + 1) // 2 for r, n in zip(sched.requests, sched.num_new_tokens) if not is_decode_row(r, n))
 
 
-def prefill_pairs(sched: SchedulerOutput) -> tuple[int, int]:
-    """The step's prefill (cached, new) attention pairs, before it runs."""
-    return prefill_cached_pairs(sched), prefill_new_pairs(sched)
+def step_cost_terms(sched: SchedulerOutput) -> tuple[int, int, tuple[int, int]]:
+    """(decode tokens, ``context_tokens``, (``prefill_cached_pairs``, ``prefill_new_pairs``)) of the step,
+    before it runs, in one pass over its requests (the engine records them every step)."""
+    num_decode = context = cached_pairs = new_pairs = 0
+    for request, n in zip(sched.requests, sched.num_new_tokens):
+        computed = request.num_computed_tokens
+        context += computed + n
+        if is_decode_row(request, n):
+            num_decode += 1
+        else:
+            cached_pairs += n * computed
+            new_pairs += n * (n + 1) // 2
+    return num_decode, context, (cached_pairs, new_pairs)

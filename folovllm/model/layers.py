@@ -100,10 +100,19 @@ class RotaryEmbedding(nn.Module):
         cos, sin = freqs.cos(), freqs.sin()
         # full-width cos and sign-folded sin: rotary is then two multiplies and an add per tensor
         self.register_buffer("cos_sin", torch.cat([cos, cos, -sin, sin], dim=-1), persistent=False)
+        # dtype -> (the buffer it was made from, the table in that dtype as [positions, 1, 2 * head_dim]): a
+        # step's lookup is then one gather, with the values of gathering then casting; not a buffer itself,
+        # it is remade when the buffer is replaced (``Module.to``)
+        self._cos_sin_as: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> Rope:
         """cos and signed sin (-sin | sin) per token, [T, 1, head_dim] each; looked up once per step."""
-        cos, signed_sin = self.cos_sin[positions].to(dtype).unsqueeze(1).chunk(2, dim=-1)
+        source, table = self._cos_sin_as.get(dtype, (None, None))
+        if source is not self.cos_sin:
+            source = self.cos_sin
+            table = source.to(dtype).unsqueeze(1)
+            self._cos_sin_as[dtype] = source, table
+        cos, signed_sin = table[positions].chunk(2, dim=-1)
         return cos, signed_sin
 
 

@@ -26,6 +26,7 @@ __all__ = [
     "LogitsProcessor",
     "MinTokensProcessor",
     "PenaltiesProcessor",
+    "adjusts_row",
     "build_logits_processors",
 ]
 
@@ -248,6 +249,15 @@ def build_logits_processors(rows: Sequence[SamplingRow], vocab_size: int,
         if processor is not None:
             processors.append(processor)
     return processors
+
+
+def adjusts_row(row: SamplingRow) -> bool:
+    """Whether a batch holding this row gets some processor (the ``build`` conditions above, for one row);
+    a test keeps the two in step."""
+    params = row.params
+    return (row.allowed_token_bitmask is not None or params.allowed_token_ids is not None
+            or bool(row.bad_words_token_ids) or bool(params.logit_bias) or params.has_penalties
+            or (row.num_output_tokens < params.min_tokens and bool(row.stop_token_ids)))
 
 
 def _ends_with(tokens: Sequence[int], suffix: Sequence[int]) -> bool:

@@ -6,11 +6,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from folovllm.sample.logits_processors import LogitsProcessor, build_logits_processors
+from folovllm.sample.logits_processors import LogitsProcessor, adjusts_row, build_logits_processors
 from folovllm.sample.rows import SamplingRow
 from folovllm.tensors import to_device
 
-__all__ = ["SamplingBatch", "SamplingRow", "build_sampling_batch"]
+__all__ = ["SamplingBatch", "SamplingRow", "build_sampling_batch", "is_plain_greedy_row"]
 
 
 @dataclass
@@ -44,6 +44,12 @@ class SamplingBatch:
     def is_plain_greedy(self) -> bool:
         """All rows greedy with nothing to adjust or report: the sampler just takes argmax."""
         return self.all_greedy and not self.processors and self.max_num_logprobs is None
+
+
+def is_plain_greedy_row(row: SamplingRow) -> bool:
+    """Greedy with nothing to adjust or report: a batch of only such rows is ``is_plain_greedy``, known
+    without building it."""
+    return row.params.greedy and row.params.logprobs is None and not adjusts_row(row)
 
 
 def build_sampling_batch(

@@ -7,35 +7,21 @@ scheduling); a token still on the device is fed to the next step straight from d
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-from folovllm.attention.metadata import AttentionMetadata
 from folovllm.model.greedy_head import GreedyHead
-from folovllm.sample.prompt_logprobs import (DEFAULT_SLICE_ROWS, PromptLogprobsBatch, PromptLogprobsTensors,
-                                             compute_prompt_logprobs)
-from folovllm.sample.sampler import Sampler, SamplingRow, TokenLogprobs, build_sampling_batch
+from folovllm.sample.metadata import is_plain_greedy_row
+from folovllm.sample.prompt_logprobs import DEFAULT_SLICE_ROWS, PromptLogprobsTensors, compute_prompt_logprobs
+from folovllm.sample.sampler import Sampler, TokenLogprobs, build_sampling_batch
 from folovllm.tensors import to_device
 from folovllm.worker.cuda_graphs import CudaGraphRunner
+from folovllm.worker.decode_inputs import DecodeInputBuffers, decode_input_buffers_enabled, is_decode_only
+from folovllm.worker.step_batch import StepBatch, prepare_step_batch
 from folovllm.worker.step_input import StepInput, StepOutput
 
 KVCaches = list[tuple[torch.Tensor, torch.Tensor]]
-
-
-@dataclass
-class StepBatch:
-    """The model inputs of one step: every scheduled token end to end, no padding."""
-
-    input_ids: torch.Tensor  # [num_tokens]
-    positions: torch.Tensor  # [num_tokens]
-    attn_metadata: AttentionMetadata
-    logits_indices: torch.Tensor  # rows of the hidden states whose next token is sampled
-    sampling_rows: list[SamplingRow]  # the settings of those rows, in order
-    sampling_request_ids: list[str]  # the requests they belong to
-    # Rows whose input token is still pending on the device (overlap): (row, request id).
-    pending_inputs: list[tuple[int, str]] = field(default_factory=list)
-    prompt_logprobs: PromptLogprobsBatch | None = None  # prefill rows whose next prompt token is scored
 
 
 @dataclass
@@ -52,66 +38,6 @@ class LaunchedStep:
 
     def row_of(self) -> dict[str, int]:
         return {rid: i for i, rid in enumerate(self.request_ids)}
-
-
-def prepare_step_batch(step: StepInput, block_size: int, device: torch.device) -> StepBatch:
-    input_ids: list[int] = []
-    positions: list[int] = []
-    slot_mapping: list[int] = []
-    query_start_loc = [0]
-    seq_lens: list[int] = []
-    query_lens: list[int] = []
-    block_tables: list[list[int]] = []
-    logits_indices: list[int] = []
-    sampling_rows: list[SamplingRow] = []
-    sampling_request_ids: list[str] = []
-    pending_inputs: list[tuple[int, str]] = []
-    prompt_logprobs = PromptLogprobsBatch([], [], [], [])
-    for request in step.requests:
-        if request.prompt_logprobs is not None:  # the chunk's first rows predict the next prompt tokens
-            first_row = len(input_ids)
-            prompt_logprobs.request_ids.append(request.request_id)
-            prompt_logprobs.requests.append(request.prompt_logprobs)
-            prompt_logprobs.row_indices.extend(range(first_row, first_row + len(
-                request.prompt_logprobs.target_token_ids)))
-            prompt_logprobs.target_token_ids.extend(request.prompt_logprobs.target_token_ids)
-        input_ids.extend(request.new_token_ids)
-        for _ in range(request.num_pending_tokens):  # not known yet: on the device
-            pending_inputs.append((len(input_ids), request.request_id))
-            input_ids.append(0)
-        num_new, table = request.num_new_tokens, request.block_table
-        start = request.num_computed_tokens
-        end = start + num_new
-        positions.extend(range(start, end))
-        slot_mapping.extend(table[pos // block_size] * block_size + pos % block_size
-                            for pos in range(start, end))
-        query_start_loc.append(query_start_loc[-1] + num_new)
-        query_lens.append(num_new)
-        seq_lens.append(end)
-        block_tables.append(table)
-        if request.sampling is not None:  # caught up: this step's last logits give the next token
-            logits_indices.append(query_start_loc[-1] - 1)
-            sampling_rows.append(request.sampling)
-            sampling_request_ids.append(request.request_id)
-
-    max_blocks = max(len(t) for t in block_tables)
-    tables = [t + [0] * (max_blocks - len(t)) for t in block_tables]
-
-    def as_tensor(values: list) -> torch.Tensor:
-        return to_device(values, torch.int64, device)
-
-    meta = AttentionMetadata(
-        slot_mapping=as_tensor(slot_mapping),
-        query_start_loc=as_tensor(query_start_loc),
-        seq_lens=as_tensor(seq_lens),
-        block_tables=as_tensor(tables),
-        query_lens=query_lens,
-        seq_lens_list=seq_lens,
-        block_size=block_size,
-    )
-    return StepBatch(as_tensor(input_ids), as_tensor(positions), meta, as_tensor(logits_indices),
-                     sampling_rows, sampling_request_ids, pending_inputs,
-                     prompt_logprobs if prompt_logprobs.requests else None)
 
 
 class ModelRunner:
@@ -132,13 +58,22 @@ class ModelRunner:
         self.device = device
         self.sampler = Sampler()
         self.vocab_size = model.arch.vocab_size
+        # decode-only steps' inputs in reused host buffers (worker/decode_inputs.py); None: always built anew
+        self.decode_inputs = (DecodeInputBuffers(block_size)
+                              if device.type == "cpu" and decode_input_buffers_enabled() else None)
 
-    @torch.inference_mode()
     def launch(self, step: StepInput, generators: list[torch.Generator | None],
                previous: LaunchedStep | None = None) -> LaunchedStep:
-        """Queues the step's forward and sampling. ``generators``: one per sampling row (None: the
-        default RNG); ``previous`` holds the tokens its inputs still await."""
-        batch = prepare_step_batch(step, self.block_size, self.device)
+        """Queues the step's forward and sampling, in inference mode. ``generators``: one per sampling row
+        (None: the default RNG); ``previous`` holds the tokens its inputs still await."""
+        if torch.is_inference_mode_enabled():  # entered once by a loop over steps (run_until_finished, core loop)
+            return self._launch(step, generators, previous)
+        with torch.inference_mode():
+            return self._launch(step, generators, previous)
+
+    def _launch(self, step: StepInput, generators: list[torch.Generator | None],
+                previous: LaunchedStep | None) -> LaunchedStep:
+        batch = self._prepare(step)
         if batch.pending_inputs:
             self._fill_pending_inputs(batch, previous)
         hidden = self._forward(batch)
@@ -150,14 +85,18 @@ class ModelRunner:
             prompt_logprobs = compute_prompt_logprobs(hidden, batch.prompt_logprobs, self.model.compute_logits)
         if not batch.sampling_rows:
             return LaunchedStep([], None, None, prompt_logprobs=prompt_logprobs)
-        sampling_batch = build_sampling_batch(batch.sampling_rows, generators, self.vocab_size, self.device)
-        if self.greedy_head is not None and sampling_batch.is_plain_greedy:
-            token_ids = self.greedy_head(hidden[batch.logits_indices])
-            logprobs: list[TokenLogprobs | None] = [None] * sampling_batch.num_rows
+        sampled_hidden = _sampled_rows(hidden, batch)
+        if self.greedy_head is not None and all(is_plain_greedy_row(row) for row in batch.sampling_rows):
+            # the head's tokens are the sampler's argmax; the sampling batch would go unread
+            token_ids = self.greedy_head(sampled_hidden)
+            logprobs: list[TokenLogprobs | None] = [None] * len(batch.sampling_rows)
+            needs_sync = False
         else:
-            logits = self.model.compute_logits(hidden[batch.logits_indices])
+            sampling_batch = build_sampling_batch(batch.sampling_rows, generators, self.vocab_size, self.device)
+            logits = self.model.compute_logits(sampled_hidden)
             token_ids, logprobs = self.sampler.sample(logits, sampling_batch)
-        launched = LaunchedStep(batch.sampling_request_ids, token_ids, logprobs, sampling_batch.needs_sync,
+            needs_sync = sampling_batch.needs_sync
+        launched = LaunchedStep(batch.sampling_request_ids, token_ids, logprobs, needs_sync,
                                 prompt_logprobs=prompt_logprobs)
         if self.device.type == "cuda":  # start the copy home now; resolve() only waits for it
             launched.host_token_ids = torch.empty(token_ids.shape, dtype=token_ids.dtype, pin_memory=True)
@@ -189,7 +128,7 @@ class ModelRunner:
             for start in range(0, len(rows), DEFAULT_SLICE_ROWS):
                 self.model.compute_logits(hidden[rows[start:start + DEFAULT_SLICE_ROWS]])
         if batch.sampling_rows:
-            self.model.compute_logits(hidden[batch.logits_indices])
+            self.model.compute_logits(_sampled_rows(hidden, batch))
 
     @staticmethod
     def _fill_pending_inputs(batch: StepBatch, previous: LaunchedStep | None) -> None:
@@ -202,6 +141,11 @@ class ModelRunner:
         src = to_device([rows[rid] for _, rid in batch.pending_inputs], torch.int64, device)
         batch.input_ids[dst] = previous.token_ids[src].to(batch.input_ids.dtype)
 
+    def _prepare(self, step: StepInput) -> StepBatch:
+        if self.decode_inputs is not None and is_decode_only(step):
+            return self.decode_inputs.prepare(step)
+        return prepare_step_batch(step, self.block_size, self.device)
+
     def _forward(self, batch: StepBatch) -> torch.Tensor:
         """Hidden states of the step: a CUDA graph replay for decode-only batches that fit one."""
         ids, positions, meta = batch.input_ids, batch.positions, batch.attn_metadata
@@ -209,3 +153,10 @@ class ModelRunner:
             return self.cuda_graphs.run(ids, positions, meta)
         return self.model(ids, positions, self.kv_caches, meta)
 
+
+def _sampled_rows(hidden: torch.Tensor, batch: StepBatch) -> torch.Tensor:
+    """The hidden states whose next token is sampled: all of them as they are when every row samples
+    (the logits rows are distinct and increasing, so as many as there are rows is every row in order)."""
+    if len(batch.sampling_rows) == hidden.shape[0]:
+        return hidden
+    return hidden[batch.logits_indices]

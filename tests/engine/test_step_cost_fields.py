@@ -3,7 +3,7 @@ among their own new tokens."""
 from types import SimpleNamespace
 
 from folovllm.core.scheduler import SchedulerOutput
-from folovllm.engine.stats import context_tokens, prefill_cached_pairs, prefill_new_pairs
+from folovllm.engine.stats import context_tokens, prefill_cached_pairs, prefill_new_pairs, step_cost_terms
 
 
 def row(computed: int, total: int, outputs: int) -> SimpleNamespace:
@@ -19,6 +19,9 @@ def test_cached_pairs_count_prefill_chunks_over_computed_tokens_only():
     assert prefill_cached_pairs(sched) == 56 * 384 + 256 * 512
     assert context_tokens(sched) == 440 + 300 + 768 + 500
     assert prefill_new_pairs(sched) == (56 * 57 + 300 * 301 + 256 * 257) // 2  # each chunk over itself, causal
+    assert step_cost_terms(sched) == (sched.num_decode_tokens(), context_tokens(sched),
+                                      (prefill_cached_pairs(sched), prefill_new_pairs(sched))) == (1, 2008, (
+                                          56 * 384 + 256 * 512, (56 * 57 + 300 * 301 + 256 * 257) // 2))
 
 
 def test_a_one_token_prompt_chunk_over_a_cached_prefix_is_prefill():
@@ -26,3 +29,4 @@ def test_a_one_token_prompt_chunk_over_a_cached_prefix_is_prefill():
     sched = SchedulerOutput(requests=[row(399, 400, 0)], num_new_tokens=[1])
     assert sched.num_decode_tokens() == 0
     assert prefill_cached_pairs(sched) == 399
+    assert step_cost_terms(sched) == (0, 400, (399, 1))

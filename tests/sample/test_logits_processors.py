@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from folovllm.sample.logits_processors import (LOGITS_PROCESSORS, AllowedTokenIdsProcessor, BadWordsProcessor,
                                                GrammarBitmaskProcessor, LogitBiasProcessor, MinTokensProcessor,
-                                               PenaltiesProcessor, build_logits_processors)
-from folovllm.sample.metadata import SamplingRow, build_sampling_batch
+                                               PenaltiesProcessor, adjusts_row, build_logits_processors)
+from folovllm.sample.metadata import SamplingRow, build_sampling_batch, is_plain_greedy_row
 from folovllm.sample.sampler import Sampler
 from folovllm.sampling_params import SamplingParams
 
@@ -150,3 +150,24 @@ def test_grammar_bitmask_keeps_the_allowed_tokens_of_constrained_rows_only() -> 
     grammar.apply(masked)
     assert torch.isfinite(masked[1]).nonzero().flatten().tolist() == [1, 3, 33]
     assert torch.isfinite(masked[[0, 2]]).all()
+
+
+@settings(max_examples=200, deadline=None)
+@given(temperature=st.sampled_from([0.0, 0.7]), logprobs=st.sampled_from([None, 2]),
+       repetition=st.sampled_from([1.0, 1.2]), presence=st.sampled_from([0.0, 0.5]),
+       min_tokens=st.integers(0, 3), num_output=st.integers(0, 4), stop=st.sampled_from([(), (2,)]),
+       bias=st.sampled_from([None, {}, {3: 1.0}]), allowed=st.sampled_from([None, [1, 2]]),
+       bad_words=st.sampled_from([(), ((4,),)]), bitmask=st.booleans())
+def test_plain_greedy_row_agrees_with_the_built_batch(temperature, logprobs, repetition, presence, min_tokens,
+                                                      num_output, stop, bias, allowed, bad_words, bitmask) -> None:
+    params = SamplingParams(temperature=temperature, logprobs=logprobs, repetition_penalty=repetition,
+                            presence_penalty=presence, min_tokens=min_tokens, logit_bias=bias,
+                            allowed_token_ids=allowed)
+    row = SamplingRow(params, num_output_tokens=num_output, stop_token_ids=stop, output_token_ids=[4],
+                      bad_words_token_ids=bad_words,
+                      allowed_token_bitmask=np.full(1, -1, dtype=np.int32) if bitmask else None)
+    assert adjusts_row(row) == bool(build_logits_processors([row], 8, "cpu"))
+    plain = SamplingRow(SamplingParams(temperature=0.0))
+    for rows in ([row], [plain, row]):
+        assert build_sampling_batch(rows, [None] * len(rows), 8, "cpu").is_plain_greedy == \
+            all(is_plain_greedy_row(r) for r in rows)
