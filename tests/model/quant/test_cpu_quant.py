@@ -134,3 +134,18 @@ def test_direct_calls_equal_forward() -> None:
     int8 = Int8ChannelKernel(torch.randint(-127, 128, (32, 64), dtype=torch.int8), torch.rand(32).bfloat16(), None,
                              "folovllm")
     assert torch.equal(int8.direct()(x), int8(x))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("m", [1, 5, 64])
+def test_act_order_direct_call_is_one_op_with_forwards_values(m: int, dtype: torch.dtype) -> None:
+    """With a permutation of x's columns, ``direct()`` is one ``int4_gemm_perm`` call: forward's gather and
+    matmul, the same values; a permutation that does not fit is refused."""
+    codes, scales, zeros = _weights(32, 64, 32, 0)
+    perm = torch.randperm(64, generator=torch.Generator().manual_seed(m))
+    kernel = CpuInt4Kernel([codes], [scales], [zeros], 32, dtype, perm, activations="bf16")
+    x = torch.randn(2, m, 64).to(dtype)
+    assert kernel.direct().op_call[0] == torch.ops.folovllm_cpu_quant.int4_gemm_perm.default
+    assert torch.equal(kernel.direct()(x), kernel(x))
+    with pytest.raises(RuntimeError, match="outside"):
+        torch.ops.folovllm_cpu_quant.int4_gemm_perm(x, *kernel.direct().op_call[1][:4], perm + 1)
