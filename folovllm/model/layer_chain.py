@@ -11,8 +11,8 @@ bf16, int4 and int8 kernels, the fused int4 MLP) and the layers share one CPU at
 only steps whose attention is the kernel op alone (decode-only steps; a prefill chunk goes through the
 direct layers). ``FOLOVLLM_CPU_LAYER_CHAIN=off`` never builds one.
 
-Where every linear is an int4 matmul with bf16 activations, a step of a few rows whose attention is short
-runs on one team of threads that stays together for the whole step (csrc/cpu_decoder_team.h): the
+Where every linear is an int4 matmul with bf16 activations (act-order ones too) or our bf16 linear, a step
+of a few rows whose attention is short runs on one team of threads that stays together for the whole step (csrc/cpu_decoder_team.h): the
 matmuls split by columns, the ops between them on the first thread while the others prefetch their
 columns of the next matmul; the same bits. ``FOLOVLLM_CPU_CHAIN_TEAM=off`` keeps those steps on the ops.
 """
