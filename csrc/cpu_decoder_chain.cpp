@@ -95,11 +95,7 @@ std::shared_ptr<const TeamLinear> int4_linear(const std::vector<IValue>& args, s
 // without a bias; else none.
 std::shared_ptr<const TeamLinear> team_linear(const XFirstCall& call) {
   if (call.is("folovllm_cpu_quant::int4_gemm")) return int4_linear(call.args, 0);
-  if (call.is("folovllm_cpu_quant::int4_gemm_perm")) {
-    at::Tensor perm = call.args[4].toTensor();
-    if (perm.scalar_type() != at::kLong || !perm.is_contiguous()) return nullptr;
-    return int4_linear(call.args, 0, std::move(perm));
-  }
+  if (call.is("folovllm_cpu_quant::int4_gemm_perm")) return int4_linear(call.args, 0, call.args[4].toTensor());
   if (call.is("folovllm_cpu_linear::linear") && call.args[1].isNone())
     return std::make_shared<Bf16Linear>(call.args[0].toTensor());
   return nullptr;

@@ -97,41 +97,17 @@ inline std::pair<int64_t, int64_t> share_of(int64_t count, int64_t step, int t, 
   return {std::min(count, runs * t / threads * step), std::min(count, runs * (t + 1) / threads * step)};
 }
 
-// out[k] = x[order[k]] for one row of K bf16 values, 16 at a time with AVX-512 gathers: a 4-byte load at
-// x + order[k] keeps x[order[k]] in its low half. Element K - 1 is copied apart, since its 4-byte load
-// would pass the row's end.
-QG_TARGET inline void gather_row(const c10::BFloat16* x, const int32_t* order, int64_t K, c10::BFloat16* out) {
-  const __m512i last = _mm512_set1_epi32(static_cast<int32_t>(K - 1));
-  int64_t k = 0;
-  for (; k + 16 <= K; k += 16) {
-    const __m512i index = _mm512_loadu_si512(order + k);
-    const __mmask16 inside = _mm512_cmpneq_epi32_mask(index, last);
-    const __m512i words = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), inside, index, x, 2);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + k), _mm512_cvtepi32_epi16(words));
-    if (inside != 0xFFFF)
-      for (int j = 0; j < 16; ++j)
-        if (order[k + j] == K - 1) out[k + j] = x[K - 1];
-  }
-  for (; k < K; ++k) out[k] = x[order[k]];
-}
-
 // int4_gemm's weight (cpu_quant.pack_int4's layout); perm: int4_gemm_perm's permutation of x's columns
 // (act-order), or undefined. Threads split the 16-column blocks in pairs, as gemm_blocks walks them.
 struct Int4Linear final : TeamLinear {
   at::Tensor codes, scales, zeros;
   int64_t group_size = 0;
-  std::vector<int32_t> order;  // perm as 32-bit indices, for the gathers; empty without one
+  at::Tensor perm;
 
-  Int4Linear(at::Tensor codes, at::Tensor scales, at::Tensor zeros, int64_t group_size, const at::Tensor& perm)
-      : codes(std::move(codes)), scales(std::move(scales)), zeros(std::move(zeros)), group_size(group_size) {
-    if (perm.defined()) {
-      const int64_t* p = perm.const_data_ptr<int64_t>();
-      for (int64_t k = 0; k < perm.numel(); ++k) {
-        TORCH_CHECK(p[k] >= 0 && p[k] < K(), "perm holds ", p[k], ", outside [0, ", K(), ")");
-        order.push_back(static_cast<int32_t>(p[k]));
-      }
-      TORCH_CHECK(static_cast<int64_t>(order.size()) == K(), "perm must hold K = ", K(), " indices");
-    }
+  Int4Linear(at::Tensor codes, at::Tensor scales, at::Tensor zeros, int64_t group_size, at::Tensor perm)
+      : codes(std::move(codes)), scales(std::move(scales)), zeros(std::move(zeros)), group_size(group_size),
+        perm(std::move(perm)) {
+    if (this->perm.defined()) check_permutation(this->perm, K());
   }
 
   int64_t K() const { return codes.size(1) * kChunkK; }
@@ -152,9 +128,10 @@ struct Int4Linear final : TeamLinear {
   void run(const c10::BFloat16* x, int64_t M, c10::BFloat16* y, int t, int threads,
            TeamScratch& scratch) const override {
     const int64_t k = K();
-    if (!order.empty()) {  // int4_gemm_perm's gather
+    if (perm.defined()) {  // int4_gemm_perm's gather
+      const int64_t* order = perm.const_data_ptr<int64_t>();
       scratch.gathered.resize(M * k);
-      for (int64_t m = 0; m < M; ++m) gather_row(x + m * k, order.data(), k, scratch.gathered.data() + m * k);
+      for (int64_t m = 0; m < M; ++m) gather_row(x + m * k, order, k, scratch.gathered.data() + m * k);
       x = scratch.gathered.data();
     }
     scratch.xsum.resize(M * groups());

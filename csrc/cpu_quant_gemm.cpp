@@ -36,32 +36,30 @@ at::Tensor int4_gemm(const at::Tensor& x, const at::Tensor& codes, const at::Ten
   });
 }
 
-// x [M, K]'s columns in perm's order: x.index_select(-1, perm)'s values, by a plain loop per row (torch's
-// index_select along the last dimension took 1-3 ns an element: ~100-270 us of a 64-row call).
-template <typename T>
-void gather_columns(const T* x, const int64_t* perm, int64_t M, int64_t K, T* out) {
-  at::parallel_for(0, M, std::max<int64_t>(1, 16384 / std::max<int64_t>(K, 1)), [&](int64_t m0, int64_t m1) {
-    for (int64_t m = m0; m < m1; ++m)
-      for (int64_t k = 0; k < K; ++k) out[m * K + k] = x[m * K + perm[k]];
-  });
-}
-
-// x [..., K] -> [..., N]: int4_gemm(x.index_select(-1, perm)), one op where Python made two calls
+// x [..., K] -> [..., N]: int4_gemm(x.index_select(-1, perm)), one op where Python made two calls. The
+// gather is a loop per row (gather_row for bf16): torch's index_select along the last dimension took
+// 1-3 ns an element, ~100-270 us of a 64-row call.
 at::Tensor int4_gemm_perm(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
                           const at::Tensor& zeros, int64_t group_size, const at::Tensor& perm) {
   check_activations(x, codes, "int4_gemm_perm");
   const int64_t K = x.size(-1);
-  TORCH_CHECK(perm.dim() == 1 && perm.size(0) == K && perm.scalar_type() == at::kLong,
-              "perm must be int64 [K], a permutation of x's columns");
-  const at::Tensor order = perm.contiguous();
-  const int64_t* p = order.const_data_ptr<int64_t>();
-  for (int64_t k = 0; k < K; ++k) TORCH_CHECK(p[k] >= 0 && p[k] < K, "perm holds ", p[k], ", outside [0, ", K, ")");
+  check_permutation(perm, K);
+  const int64_t* order = perm.const_data_ptr<int64_t>();
   const at::Tensor xc = x.reshape({-1, K}).contiguous();
   at::Tensor gathered = at::empty(xc.sizes(), xc.options());
-  if (xc.scalar_type() == at::kBFloat16)
-    gather_columns(xc.const_data_ptr<c10::BFloat16>(), p, xc.size(0), K, gathered.mutable_data_ptr<c10::BFloat16>());
-  else
-    gather_columns(xc.const_data_ptr<float>(), p, xc.size(0), K, gathered.mutable_data_ptr<float>());
+  const bool bf16 = xc.scalar_type() == at::kBFloat16;
+  at::parallel_for(0, xc.size(0), std::max<int64_t>(1, 16384 / std::max<int64_t>(K, 1)), [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m) {
+      if (bf16) {
+        gather_row(xc.const_data_ptr<c10::BFloat16>() + m * K, order, K,
+                   gathered.mutable_data_ptr<c10::BFloat16>() + m * K);
+      } else {
+        const float* row = xc.const_data_ptr<float>() + m * K;
+        float* out = gathered.mutable_data_ptr<float>() + m * K;
+        for (int64_t k = 0; k < K; ++k) out[k] = row[order[k]];
+      }
+    }
+  });
   return int4_gemm(gathered.view(x.sizes()), codes, scales, zeros, group_size);
 }
 

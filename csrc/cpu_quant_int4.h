@@ -155,6 +155,33 @@ QG_TARGET void group_sums(const c10::BFloat16* x, int64_t M, int64_t K, int64_t 
     }
 }
 
+// perm must be int64 [K] with every index in [0, K): int4_gemm_perm's permutation of x's columns.
+void check_permutation(const at::Tensor& perm, int64_t K) {
+  TORCH_CHECK(perm.dim() == 1 && perm.size(0) == K && perm.scalar_type() == at::kLong && perm.is_contiguous(),
+              "perm must be a contiguous int64 [K], a permutation of x's columns (K = ", K, ")");
+  const int64_t* p = perm.const_data_ptr<int64_t>();
+  const auto [low, high] = std::minmax_element(p, p + K);
+  TORCH_CHECK(K == 0 || (*low >= 0 && *high < K), "perm holds indices outside [0, ", K, ")");
+}
+
+// out[k] = x[order[k]] for one row of K bf16 values, 8 at a time with AVX-512 gathers: a 4-byte load at
+// x + order[k] keeps x[order[k]] in its low half. Element K - 1 is copied apart, since its 4-byte load
+// would pass the row's end.
+QG_TARGET inline void gather_row(const c10::BFloat16* x, const int64_t* order, int64_t K, c10::BFloat16* out) {
+  const __m512i last = _mm512_set1_epi64(K - 1);
+  int64_t k = 0;
+  for (; k + 8 <= K; k += 8) {
+    const __m512i index = _mm512_loadu_si512(order + k);
+    const __mmask8 inside = _mm512_cmpneq_epi64_mask(index, last);
+    const __m256i words = _mm512_mask_i64gather_epi32(_mm256_setzero_si256(), inside, index, x, 2);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + k), _mm256_cvtepi32_epi16(words));
+    if (inside != 0xFF)
+      for (int j = 0; j < 8; ++j)
+        if (order[k + j] == K - 1) out[k + j] = x[K - 1];
+  }
+  for (; k < K; ++k) out[k] = x[order[k]];
+}
+
 void check_int4_packed(const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& zeros, int64_t K,
                   int64_t group_size) {
   TORCH_CHECK(codes.scalar_type() == at::kInt && codes.dim() == 3 && codes.size(2) == kBlockCols &&
