@@ -14,11 +14,16 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import importlib
 import inspect
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
 
 ROOT = Path(__file__).resolve().parent.parent
 NAMES = ROOT / "scripts" / "vllm_names.json"
@@ -86,18 +91,30 @@ class _StubCore:
     def __init__(self) -> None:
         from folovllm.engine.core_loop import EngineInfo
 
-        self.info = EngineInfo("stub", 16)
+        # a cache config and weights, as a real engine reports: the server registers their series only then
+        self.info = EngineInfo("stub", 16, cache_config={"block_size": "16"}, weight_bytes=1)
 
 
-def _routes() -> set[str]:
-    """``METHOD /path`` of every route the app documents (its OpenAPI schema sees included routers too)."""
+@functools.cache
+def _app() -> FastAPI:
+    """The server's app over a stub engine, with the server's default settings (metrics prefix included)."""
     from folovllm.entrypoints.openai.api_server import ServerConfig, build_app
     from folovllm.model.loader import default_model_path
     from folovllm.model.tokenizer import load_tokenizer
 
     # the default model's tokenizer: the app reads its vocabulary (structured outputs) when built
-    app = build_app(_StubCore(), load_tokenizer(default_model_path()), ServerConfig(model_names=["stub"]))
-    return {f"{method.upper()} {path}" for path, methods in app.openapi()["paths"].items() for method in methods}
+    return build_app(_StubCore(), load_tokenizer(default_model_path()), ServerConfig(model_names=["stub"]))
+
+
+def _routes() -> set[str]:
+    """``METHOD /path`` of every route the app documents (its OpenAPI schema sees included routers too)."""
+    paths = _app().openapi()["paths"]
+    return {f"{method.upper()} {path}" for path, methods in paths.items() for method in methods}
+
+
+def served_metrics() -> set[str]:
+    """The metric families the server's /metrics registry holds (counters without ``_total``)."""
+    return {family.name for family in _app().state.metrics.registry.collect()}
 
 
 def _endpoint_rows(names: list[str]) -> list[tuple[str, ...]]:
@@ -125,14 +142,8 @@ def _request_field_rows(names: list[str], model) -> list[tuple[str, ...]]:
 
 
 def _metric_rows(names: list[str]) -> list[tuple[str, ...]]:
-    from folovllm.entrypoints.openai.metrics import ServerMetrics
-
-    ours = {family.name for family in ServerMetrics("stub").registry.collect()}
-    rows = []
-    for name in names:
-        mine = "folovllm:" + name.split(":", 1)[1]
-        rows.append((f"`{name}`", YES if mine in ours else NO, f"`{mine}`" if mine in ours else ""))
-    return rows
+    served = served_metrics()
+    return [(f"`{name}`", YES, f"`{name}`") if name in served else (f"`{name}`", NO, "") for name in names]
 
 
 # -- offline API, sampling params, bench result keys -------------------------------------------------
