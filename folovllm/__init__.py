@@ -1,4 +1,8 @@
 """FoloVLLM: a small LLM inference and serving engine (continuous batching, paged KV cache)."""
+from folovllm import envs
+
+envs.cap_torch_kernels()  # before torch runs a kernel: a FOLOVLLM_CPU_ISA cap holds for torch's kernels too
+
 from folovllm.beam_search import BeamSearchParams
 from folovllm.inputs import PromptType, TextPrompt, TokensPrompt
 from folovllm.outputs import CompletionOutput, RequestOutput

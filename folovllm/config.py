@@ -6,7 +6,6 @@ Each field's metadata carries its command-line help (and choices, or a flag name
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import logging
 import os
 import re
@@ -15,10 +14,7 @@ from typing import Any
 
 import torch
 
-from folovllm.kernel_libraries import (CPU_ATTENTION_LIBRARY, CPU_BF16_LINEAR_LIBRARY, CPU_FUSED_OPS_LIBRARY,
-                                       CPU_GREEDY_HEAD_LIBRARY, auto_cpu_attention_backend,
-                                       cpu_bf16_linear_available, cpu_fused_ops_available,
-                                       cpu_greedy_head_available)
+from folovllm.platforms import platform_for, resolve_device
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _SIZE_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20, "mb": 2**20,
@@ -62,14 +58,6 @@ CONFIG_GROUPS = ("ModelConfig", "LoadConfig", "DeviceConfig", "CacheConfig", "Pa
 NO_EFFECT = "accepted for compatibility, has no effect"
 
 
-def env_switch(name: str) -> bool:
-    """An ``on | off`` environment switch, default on (the engine's FOLOVLLM_* optimization switches)."""
-    value = os.environ.get(name, "on")
-    if value not in ("on", "off"):
-        raise ValueError(f"{name} must be 'on' or 'off', got {value!r}")
-    return value == "on"
-
-
 def knob(default: Any, help: str | None = None, *, choices: list[str] | None = None,
          flag: str | None = None, cli: bool = True, group: str = "FoloVLLM",
          aliases: tuple[str, ...] = (), no_effect: str | None = None,
@@ -108,7 +96,7 @@ class EngineConfig:
                                 group="ModelConfig")
     trust_remote_code: bool = knob(False, "FoloVLLM runs its own model code only", group="ModelConfig",
                                    no_effect="code from a model repository is never run")
-    dtype: str = knob("auto", "auto = bfloat16; half = float16, float = float32",
+    dtype: str = knob("auto", "auto = the platform's choice (bfloat16); half = float16, float = float32",
                       choices=["auto", *_DTYPES], group="ModelConfig")
     seed: int = knob(0, "seed for dummy weights and torch", group="ModelConfig")
     max_model_len: int | None = knob(None, "longest prompt + output (default: the model's maximum)",
@@ -216,8 +204,8 @@ class EngineConfig:
     kv_transfer_timeout: float = knob(120.0, "seconds a producer holds a finished request's KV for its "
                                              "consumer, and a consumer waits for a pull", group="KVTransferConfig")
     # -- FoloVLLM's own knobs ---------------------------------------------------------------------
-    attention_backend: str = knob("auto", "auto: triton on CUDA; on CPU cpu when its kernel is built "
-                                          "(make kernels), else torch")
+    attention_backend: str = knob("auto", "auto: triton on CUDA; on CPU cpu when its kernel runs at the CPU's "
+                                          "tier (make kernels builds it), else torch")
     overlap_scheduling: bool | str = knob(
         "auto", "do not schedule step N+1 while the device runs step N "
                 "(default: overlap on CUDA, where the device runs asynchronously)", flag="--no-overlap")
@@ -242,19 +230,6 @@ class EngineConfig:
     structured_outputs_backend: str = knob(
         "auto", "the library that compiles structured-output constraints (auto = xgrammar)",
         choices=["auto", "xgrammar"], group="StructuredOutputsConfig", aliases=("--guided-decoding-backend",))
-    cpu_prepack: bool = knob(True, "CPU: keep linear weights plain instead of prepacked for oneDNN (ablation)",
-                             flag="--no-cpu-prepack")
-    cpu_fused_ops: bool = knob(
-        True, "CPU: run residual add + RMSNorm, rotary + KV-cache store and SiLU-mul as fused C++ ops "
-        "(built by `make kernels`; on when the library loads, else off with one log line)")
-    cpu_bf16_linear: bool = knob(
-        True, "CPU: bfloat16 linear layers and LM head run FoloVLLM's AVX-512 BF16 kernel instead of oneDNN, "
-        "which streams the weights faster at small batch (built by `make kernels`; on when the library loads "
-        "and the CPU has AVX-512 BF16, else off with one log line)")
-    cpu_greedy_head: bool = knob(
-        True, "CPU: when every row of a step is plain greedy, take each row's argmax inside the LM head matmul "
-        "instead of writing the logits (with cpu_bf16_linear; built by `make kernels`; on when the library "
-        "loads, else off with one log line)")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", DTYPE_ALIASES.get(self.dtype, self.dtype))
@@ -382,61 +357,43 @@ class EngineConfig:
 
         ``device``: the device the engine resolved to (default: this config's own), so that the
         settings the user gave are judged, not those ``resolve`` derived (e.g. eager mode under TP)."""
-        device = device or self.device
+        platform = platform_for(resolve_device(device or self.device))
         lines = []
         for f in dataclasses.fields(self):
             reason = f.metadata.get("no_effect")
             if reason and getattr(self, f.name) not in (f.default, None, False):
                 flag = "--" + f.name.replace("_", "-")
                 lines.append(f"{NO_EFFECT}: {flag}={getattr(self, f.name)} ({reason})")
-        if not device.startswith("cuda"):
-            if self.enforce_eager:
-                lines.append(f"{NO_EFFECT}: --enforce-eager on {device} (CUDA graphs are CUDA-only)")
-            if self.gpu_memory_utilization != _default("gpu_memory_utilization"):
-                lines.append(f"{NO_EFFECT}: --gpu-memory-utilization on {device} (--kv-cache-memory "
-                             "sizes the KV cache there)")
+        if self.enforce_eager and not platform.captures_graphs:
+            lines.append(f"{NO_EFFECT}: --enforce-eager on {platform.name} (CUDA graphs are CUDA-only)")
+        if self.gpu_memory_utilization != _default("gpu_memory_utilization") and not platform.profiles_memory:
+            lines.append(f"{NO_EFFECT}: --gpu-memory-utilization on {platform.name} (--kv-cache-memory "
+                         "sizes the KV cache there)")
         return lines
 
     def resolve(self) -> EngineConfig:
         """This config with every ``auto`` decided for this machine (the one place that decides).
 
-        device: cuda if available, else cpu. dtype: bfloat16. attention_backend: triton on CUDA when
-        triton is installed; on CPU the cpu kernel when it is built and loads, else torch.
-        structured_outputs_backend: xgrammar. load_quantized: off (see its help). overlap_scheduling: on
-        CUDA only; on CPU the forward runs synchronously, so overlapping would only hand each token out
-        one step later. num_threads: the cores this process may run on (its CPU affinity, which a
-        container or taskset narrows).
-        Names of registered pieces (attention backend, policy, admission) are checked where they
-        are looked up, when the engine builds them.
+        device: cuda if available, else cpu. The device's platform (``folovllm/platforms``) decides dtype,
+        the attention backend (triton on CUDA when installed; on CPU our kernel where it runs at the CPU's
+        tier, else torch) and overlap scheduling (on CUDA only: on CPU the forward runs synchronously, so
+        overlapping would only hand each token out one step later). structured_outputs_backend: xgrammar.
+        load_quantized: off (see its help). num_threads: the cores this process may run on (its CPU
+        affinity, which a container or taskset narrows). Names of registered pieces (attention backend,
+        policy, admission) are checked where they are looked up, when the engine builds them.
         """
-        device = self.device
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        on_cuda = torch.device(device).type == "cuda"
-        dtype = "bfloat16" if self.dtype == "auto" else self.dtype
-        if dtype == "float16" and not on_cuda:
-            raise ValueError("float16 is not supported on CPU; use bfloat16 or float32")
-        backend = self.attention_backend
-        if backend == "auto":
-            if on_cuda:
-                backend = "triton" if importlib.util.find_spec("triton") is not None else "torch"
-            else:
-                backend = auto_cpu_attention_backend(CPU_ATTENTION_LIBRARY)
-        overlap = on_cuda if self.overlap_scheduling == "auto" else bool(self.overlap_scheduling)
+        device = resolve_device(self.device)
+        platform = platform_for(device)
+        dtype = platform.resolve_dtype(self.dtype)
+        backend = platform.auto_attention_backend() if self.attention_backend == "auto" else self.attention_backend
+        overlap = platform.asynchronous if self.overlap_scheduling == "auto" else bool(self.overlap_scheduling)
         enforce_eager = self.enforce_eager
         if self.tensor_parallel_size > 1:
             overlap, enforce_eager = self._tensor_parallel_settings(device, overlap)
         structured = "xgrammar" if self.structured_outputs_backend == "auto" else self.structured_outputs_backend
-        fused_ops = self.cpu_fused_ops and not on_cuda and cpu_fused_ops_available(CPU_FUSED_OPS_LIBRARY)
-        bf16_linear = (self.cpu_bf16_linear and self.cpu_prepack and not on_cuda and dtype == "bfloat16"
-                       and cpu_bf16_linear_available(CPU_BF16_LINEAR_LIBRARY))
-        greedy_head = (self.cpu_greedy_head and bf16_linear and self.tensor_parallel_size == 1
-                       and cpu_greedy_head_available(CPU_GREEDY_HEAD_LIBRARY))
         # 4-bit GGUF weights win one-stream decode on CPU but lose batched decode and prefill to bf16
         load_quantized = "off" if self.load_quantized == "auto" else self.load_quantized
         return dataclasses.replace(self, device=device, dtype=dtype, attention_backend=backend,
-                                   cpu_fused_ops=fused_ops, cpu_bf16_linear=bf16_linear,
-                                   cpu_greedy_head=greedy_head,
                                    overlap_scheduling=overlap, enforce_eager=enforce_eager,
                                    load_quantized=load_quantized,
                                    num_threads=self.num_threads or usable_cores(),
@@ -448,13 +405,14 @@ class EngineConfig:
         The other ranks learn a step's input tokens from the host, so a token still on rank 0's device
         (overlap) cannot reach them; decode CUDA graphs are not captured with collectives inside.
         """
-        if device.startswith("cuda:"):
-            raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size} places rank r on cuda:r; "
-                             f"pass device='cuda' instead of {device!r}")
-        if device == "cuda" and torch.cuda.device_count() < self.ranks_per_node:
+        platform = platform_for(device)
+        if platform.device.index is not None:
+            raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size} places rank r on device r; "
+                             f"pass device={platform.name!r} instead of {device!r}")
+        visible = platform.visible_devices()
+        if visible is not None and visible < self.ranks_per_node:
             raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size} over nnodes={self.nnodes} needs "
-                             f"{self.ranks_per_node} CUDA devices on each node; "
-                             f"{torch.cuda.device_count()} are visible")
+                             f"{self.ranks_per_node} {platform.name} devices on each node; {visible} are visible")
         if self.overlap_scheduling is True:
             raise ValueError("overlap scheduling does not work with tensor_parallel_size > 1; "
                              "leave overlap_scheduling at 'auto' or pass --no-overlap")

@@ -78,7 +78,7 @@ def start_server(port: int) -> subprocess.Popen:
 def export_tokenizer(out: Path) -> None:
     """The served model's tokenizer as a HF folder: lm-eval counts context tokens with it."""
     code = ("import sys; from folovllm.model.loader import default_model_path; "
-            "from folovllm.model.tokenizer import load_tokenizer; "
+            "from folovllm.model.loader.tokenizer import load_tokenizer; "
             "load_tokenizer(default_model_path()).save_pretrained(sys.argv[1])")
     subprocess.run([str(MAIN_PYTHON), "-c", code, str(out)], cwd=ROOT, check=True)
 

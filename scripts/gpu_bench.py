@@ -29,7 +29,6 @@ import platform
 import random
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 import traceback
@@ -40,14 +39,28 @@ from typing import Any
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from folovllm import LLM  # noqa: E402
-from folovllm.bench import hf_baseline  # noqa: E402
-from folovllm.bench.results import build_result  # noqa: E402
-from folovllm.bench.workloads import BenchRequest  # noqa: E402
-from folovllm.paging import blocks_for_tokens  # noqa: E402
-from folovllm.bench.gpu_runs import (GPU_SCALE, SMOKE_SCALE, SMOKE_CONFIG, Run, sync, free_device_memory, copy_bandwidth, save_tokenizer, nano_vllm_requests, seed000_requests, run_workload, versions, bar_rows, format_table)  # noqa: E402
+from folovllm import LLM
+from folovllm.bench import hf_baseline
+from folovllm.bench.gpu_runs import (
+    GPU_SCALE,
+    SMOKE_CONFIG,
+    SMOKE_SCALE,
+    Run,
+    bar_rows,
+    copy_bandwidth,
+    format_table,
+    free_device_memory,
+    nano_vllm_requests,
+    run_workload,
+    save_tokenizer,
+    seed000_requests,
+    sync,
+    versions,
+)
+from folovllm.bench.results import build_result
+from folovllm.bench.workloads import BenchRequest
+from folovllm.paging import blocks_for_tokens
 
 QWEN3_CONFIG = ROOT / "benchmarks/configs/qwen3-0.6b/config.json"
 DEFAULT_OUTPUT = ROOT / "docs/results/gpu-bench.json"

@@ -31,11 +31,19 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from sim_fidelity import CLI, PROFILE, ROOT, send_probe, start_server, steps_between, threads_args
-
 from folovllm.bench.datasets import ServeRequest
 from folovllm.bench.serve import run_benchmark
+from folovllm.simulator.live import (
+    CLI,
+    PROFILE,
+    send_probe,
+    start_server,
+    steps_between,
+    threads_args,
+)
 from folovllm.simulator.speed import combine, probe_of
+
+ROOT = Path(__file__).resolve().parent.parent
 
 MAX_MODEL_LEN = 2048
 NUM_KV_BLOCKS = 5825  # what `folovllm serve --max-model-len 2048` allocates on the calibration machine

@@ -37,24 +37,27 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import httpx
 import numpy as np
 
+from folovllm.simulator.calibrate import format_buckets, price_steps
+from folovllm.simulator.cost_model import load_linear_profile
+from folovllm.simulator.live import (
+    CLI,
+    PROFILE,
+    send_probe,
+    start_server,
+    steps_between,
+    threads_args,
+)
+from folovllm.simulator.speed import combine, probe_of, scaled, speed_factors
+
 ROOT = Path(__file__).resolve().parent.parent
-PROFILE = ROOT / "folovllm" / "simulator" / "profiles" / "cpu-smollm2-135m.json"
-CLI = [sys.executable, "-m", "folovllm.entrypoints.cli"]
-sys.path.insert(0, str(ROOT))
-from folovllm.simulator.calibrate import format_buckets, price_steps  # noqa: E402
-from folovllm.simulator.cost_model import load_linear_profile  # noqa: E402
-from folovllm.simulator.speed import (PROBE_OUTPUT_LEN, PROBE_PROMPT_LEN, PROBE_REQUESTS, combine,  # noqa: E402
-                                      probe_of, scaled, speed_factors)
 
 
 def workloads(smoke: bool, folder: Path) -> dict[str, list[str]]:
@@ -83,47 +86,6 @@ def multi_turn_jsonl(path: Path, num: int, turns: int = 4) -> Path:
     lines.sort(key=lambda r: r["arrival_s"])
     path.write_text("".join(json.dumps(r) + "\n" for r in lines))
     return path
-
-
-def start_server(max_model_len: int, trace: Path | None = None,
-                 serve_args: list[str] | None = None) -> tuple[subprocess.Popen, int]:
-    """``folovllm serve`` on a free port (with ``trace``: writing its step trace there; ``serve_args``: more
-    of its options); waits for /health."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    traced = ["--trace", str(trace)] if trace is not None else []
-    proc = subprocess.Popen([*CLI, "serve", "--port", str(port), "--max-model-len", str(max_model_len),
-                             "--log-level", "warning", *traced, *(serve_args or [])],
-                            cwd=ROOT, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return proc, port
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise RuntimeError("folovllm serve did not start")
-
-
-def send_probe(port: int, seed: int) -> list[float]:
-    """The machine-speed probe (folovllm/simulator/speed.py): ``PROBE_REQUESTS`` lone fresh prompts, one after
-    another; returns its window (perf_counter, shared with the server's step trace)."""
-    rng = np.random.default_rng(1_000_000 + seed)  # fresh ids each probe: no prefix-cache hit
-    started = time.perf_counter()
-    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=300) as http:
-        model = http.get("/v1/models").json()["data"][0]["id"]
-        for _ in range(PROBE_REQUESTS):
-            prompt = [int(t) for t in rng.integers(1000, 30000, size=PROBE_PROMPT_LEN)]
-            http.post("/v1/completions", json={"model": model, "prompt": prompt, "max_tokens": PROBE_OUTPUT_LEN,
-                                               "temperature": 0.0, "ignore_eos": True}).raise_for_status()
-    return [started, time.perf_counter()]
-
-
-def threads_args(num_threads: int | None) -> list[str]:
-    return [] if num_threads is None else ["--num-threads", str(num_threads)]
 
 
 def figures(result: dict) -> dict[str, float]:
@@ -178,12 +140,6 @@ def steps_within(windows_path: Path, key: str) -> list[dict]:
     """The traced steps of the window ``key`` (a workload, or one live run's file stem) in a repeat."""
     start, end = json.loads(windows_path.read_text()).get(key, [0.0, -1.0])
     return steps_between(trace_of(windows_path), start, end)
-
-
-def steps_between(trace: Path, start: float, end: float) -> list[dict]:
-    """The steps of the step trace ``trace`` that ended between ``start`` and ``end`` (perf_counter)."""
-    with open(trace, encoding="utf-8") as f:
-        return [r for line in f if line.strip() and start <= (r := json.loads(line))["time"] <= end]
 
 
 def trace_of(windows_path: Path) -> Path:

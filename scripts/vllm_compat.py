@@ -28,7 +28,6 @@ if TYPE_CHECKING:
 ROOT = Path(__file__).resolve().parent.parent
 NAMES = ROOT / "scripts" / "vllm_names.json"
 DOC = ROOT / "docs" / "vllm-compatibility.md"
-sys.path.insert(0, str(ROOT))
 
 YES, ALIAS, NO_EFFECT_STATUS, NO = "yes", "alias", "accepted, no effect", "no"
 
@@ -100,7 +99,7 @@ def _app() -> FastAPI:
     """The server's app over a stub engine, with the server's default settings (metrics prefix included)."""
     from folovllm.entrypoints.openai.api_server import ServerConfig, build_app
     from folovllm.model.loader import default_model_path
-    from folovllm.model.tokenizer import load_tokenizer
+    from folovllm.model.loader.tokenizer import load_tokenizer
 
     # the default model's tokenizer: the app reads its vocabulary (structured outputs) when built
     return build_app(_StubCore(), load_tokenizer(default_model_path()), ServerConfig(model_names=["stub"]))
@@ -175,7 +174,11 @@ def _sampling_rows(names: list[str]) -> list[tuple[str, ...]]:
 def _bench_key_rows(names: list[str]) -> list[tuple[str, ...]]:
     from folovllm.bench.datasets import ServeRequest
     from folovllm.bench.serve_client import RequestOutcome
-    from folovllm.bench.serve_results import build_serve_result, vllm_result_fields, vllm_run_fields
+    from folovllm.bench.serve_results import (
+        build_serve_result,
+        vllm_result_fields,
+        vllm_run_fields,
+    )
 
     outcomes = [RequestOutcome(ServeRequest([1], 2, 1), 0.0, 1.0, [0.5, 1.0], 1, 2)]
     result = build_serve_result(outcomes, name="stub", engine="stub", model="stub", config={},
@@ -192,7 +195,10 @@ def _bench_key_rows(names: list[str]) -> list[tuple[str, ...]]:
 def render_docs() -> str:
     """The whole page, from the code and scripts/vllm_names.json."""
     from folovllm.entrypoints.cli import build_parser
-    from folovllm.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
+    from folovllm.entrypoints.openai.protocol import (
+        ChatCompletionRequest,
+        CompletionRequest,
+    )
 
     names = json.loads(NAMES.read_text())
     parser = build_parser()

@@ -1,8 +1,10 @@
 """Small shared test utilities."""
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+from collections.abc import Iterator
 
 import torch
 
@@ -104,3 +106,36 @@ def run_ranks(fn, size: int, *args) -> None:
 
     store = rendezvous_store(size)  # kept alive while the ranks run: they rendezvous through it
     mp.spawn(_rank_entry, args=(fn, store.port, size, args), nprocs=size, join=True)
+
+
+@contextlib.contextmanager
+def switches(**values: str) -> Iterator[None]:
+    """FOLOVLLM_* variables (``CPU_FUSED_OPS="off"`` sets FOLOVLLM_CPU_FUSED_OPS) for the block: the engines
+    and platforms built inside read them."""
+    names = {f"FOLOVLLM_{key}": value for key, value in values.items()}
+    previous = {name: os.environ.get(name) for name in names}
+    os.environ.update(names)
+    try:
+        yield
+    finally:
+        for name, value in previous.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def cpu_model(path: str, dtype: torch.dtype, switch_values: dict[str, str] | None = None, **load_kwargs):
+    """A model as the engine's worker builds it on the CPU platform: loaded with the platform's kernels, its
+    weights placed, then compiled into its forms; ``switch_values`` (as ``switches`` takes them) hold while the
+    platform decides."""
+    from folovllm.compilation import compile_model
+    from folovllm.model.loader import load_model
+    from folovllm.platforms import platform_for
+
+    with switches(**(switch_values or {})):
+        platform = platform_for("cpu")
+        model = load_model(path, dtype=dtype, device="cpu", platform=platform, **load_kwargs)
+        platform.place_weights(model)
+        compile_model(model, platform)
+    return model

@@ -1,7 +1,7 @@
 """The package's imports run one way: CLI -> bench/server/simulator -> engine -> core/worker ->
-model/attention/sample, engine/server -> structured_output, CLI -> quantize -> model, and CLI -> proxy;
-the config and the small shared modules depend on nothing in the package (the config only on the
-kernel libraries' loader, which itself depends on nothing)."""
+compilation -> model/attention/sample -> platforms -> envs, engine/server -> structured_output,
+CLI -> quantize -> model, and CLI -> proxy; the config asks the platforms only; the small shared modules
+depend on nothing in the package."""
 from __future__ import annotations
 
 import ast
@@ -14,7 +14,12 @@ PACKAGE = Path(__file__).resolve().parent.parent / "folovllm"
 # What each part may not import (by dotted prefix); a part is a module or a subpackage.
 FORBIDDEN = {
     "config": ["folovllm"],
-    "kernel_libraries": ["folovllm"],
+    "envs": ["folovllm"],
+    # what each device decides, the CPU's tiers and its kernel library: below every part that asks
+    "platforms": ["folovllm"],
+    # a loaded model's faster forms: the worker builds them; they know the model, never the engine
+    "compilation": ["folovllm.entrypoints", "folovllm.bench", "folovllm.engine", "folovllm.core",
+                    "folovllm.worker", "folovllm.quantize", "folovllm.structured_output"],
     "registry": ["folovllm"],
     "paging": ["folovllm"],
     "inputs": ["folovllm"],
@@ -28,7 +33,7 @@ FORBIDDEN = {
     "worker": ["folovllm.entrypoints", "folovllm.bench", "folovllm.engine", "folovllm.quantize",
                "folovllm.structured_output"],
     "model": ["folovllm.entrypoints", "folovllm.bench", "folovllm.engine", "folovllm.core",
-              "folovllm.worker", "folovllm.quantize", "folovllm.structured_output"],
+              "folovllm.worker", "folovllm.quantize", "folovllm.structured_output", "folovllm.compilation"],
     "attention": ["folovllm.entrypoints", "folovllm.bench", "folovllm.engine", "folovllm.core",
                   "folovllm.worker", "folovllm.model", "folovllm.quantize", "folovllm.structured_output"],
     "sample": ["folovllm.entrypoints", "folovllm.bench", "folovllm.engine", "folovllm.core",
@@ -62,7 +67,7 @@ FORBIDDEN = {
                  "folovllm.worker"],
 }
 # Exceptions to FORBIDDEN: what a part may import even so.
-ALLOWED = {"config": ["folovllm.kernel_libraries"]}
+ALLOWED = {"config": ["folovllm.platforms", "folovllm.envs"], "platforms": ["folovllm.platforms", "folovllm.envs"]}
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -72,7 +77,8 @@ def imported_modules(path: Path) -> set[str]:
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module)
+            if node.module != "folovllm":  # ``from folovllm import envs`` imports folovllm.envs, named below
+                names.add(node.module)
             names.update(f"{node.module}.{alias.name}" for alias in node.names)
     return names
 

@@ -3,7 +3,11 @@ from __future__ import annotations
 
 import pytest
 
-from folovllm.core.admission import ADMISSION_MODES, ReserveAdmission, admission_mode_names
+from folovllm.core.admission import (
+    ADMISSION_MODES,
+    ReserveAdmission,
+    admission_mode_names,
+)
 from folovllm.core.policy import FairSharePolicy, make_policy, policy_names
 from folovllm.registry import Registry
 

@@ -1,81 +1,39 @@
 """Paged attention with a C++ kernel for CPU that reads K/V in place through the block table.
 
-The kernel (csrc/cpu_attention.cpp, built by ``make kernels``) runs decode rows and prefill chunks over
-cached context in a single call per layer, flash-style over key tiles with fp32 accumulation; the torch
-backend instead gathers every sequence's blocks into contiguous tensors each step. A prefill chunk with no
-cached context has its K/V contiguous already: it goes to SDPA, whose GEMM tiles beat the kernel there.
-A chunk of ``SDPA_MIN_ROWS`` or more new tokens over cached context (a prefix-cache hit, a later chunk
-of a long prompt) goes to SDPA too: its blocks are gathered once and a causal mask offset by the
-context is applied, about twice as fast as the kernel's per-tile loop there
-(scripts/cpu_prefix_prefill_bench.py).
-``FOLOVLLM_CPU_PREFILL_SDPA=off`` keeps every chunk over context in the kernel.
+The kernel (``torch.ops.folovllm.paged_attention``, csrc/cpu/attention.cpp) runs decode rows and prefill
+chunks over cached context in a single call per layer, flash-style over key tiles with fp32 accumulation;
+the torch backend instead gathers every sequence's blocks into contiguous tensors each step. A prefill chunk
+with no cached context has its K/V contiguous already: it goes to SDPA, whose GEMM tiles beat the kernel
+there. A chunk of ``SDPA_MIN_ROWS`` or more new tokens over cached context (a prefix-cache hit, a later
+chunk of a long prompt) goes to SDPA too: its blocks are gathered once and a causal mask offset by the
+context is applied, about twice as fast as the kernel's per-tile loop there.
 
-Fresh bfloat16 chunks (head_dim 64 or 128, no sliding window cutting into them) go to the library's
-own causal prefill kernel instead (csrc/cpu_attention_prefill.h, AVX-512 BF16): all of a step's in one
-call, written into the output in place, about 5x faster than SDPA's CPU flash kernel there
-(scripts/cpu_prefill_bench.py). ``FOLOVLLM_CPU_PREFILL_ATTENTION=sdpa`` sends them to SDPA.
+Fresh bfloat16 chunks (head_dim 64 or 128, no sliding window cutting into them) go to the library's own
+causal prefill kernel instead (csrc/cpu/attention_prefill.h, the avx512_bf16 tier): all of a step's in one
+call, written into the output in place, about 5x faster than SDPA's CPU flash kernel there.
+``FOLOVLLM_CPU_PREFILL_ATTENTION=sdpa`` sends them to SDPA.
 
-Decode rows prefetch the K/V rows of the tile they read next (their own next tile, or the next
-sequence's first) while a tile computes, so a batch's scattered cache blocks stream from memory
-instead of stalling each load: 2.2-2.6x faster decode attention at batch 128 over contexts 40-256 on
-one thread (scripts/cpu_attention_bench.py --decode-prefetch; in the engine, scripts/cpu_engine_profile.py
---compare decode-prefetch). ``FOLOVLLM_CPU_DECODE_PREFETCH=off`` turns it off; the outputs are the same
-bits either way.
-
-The kernel's threads take their work items (a sequence's kv head, for decodes) in runs that shrink as
-items run out, not one at a time: at batch 128, claiming each sub-microsecond item moved the shared
-counter between the two cores about as often as it computed (2 threads, batch 128, 30 layers: 1.8x
-faster at context 2, 1.06x at 16, alike at 200; scripts/cpu_attention_bench.py --claims).
-``FOLOVLLM_CPU_ATTENTION_CHUNKED_CLAIMS=off`` claims one at a time; the outputs are the same bits either way.
+Decode rows prefetch the K/V rows of the tile they read next (their own next tile, or the next sequence's
+first) while a tile computes, so a batch's scattered cache blocks stream from memory instead of stalling
+each load (2.2-2.6x faster decode attention at batch 128 over contexts 40-256 on one thread); the kernel's
+threads take their work items in runs that shrink as items run out, not one at a time (at batch 128,
+claiming each sub-microsecond item moved the shared counter between the two cores about as often as it
+computed). Both change only when loads and claims happen: the outputs are the same bits either way, and
+the backend's ``decode_prefetch`` / ``chunked_claims`` arguments turn them off for the tests that say so.
 """
 from __future__ import annotations
-
-import os
 
 import torch
 import torch.nn.functional as F
 
+from folovllm import envs
 from folovllm.attention.backend import check_sliding_window, register_attention_backend
 from folovllm.attention.metadata import AttentionMetadata
 from folovllm.attention.torch_backend import write_kv_cache
-from folovllm.config import env_switch
-from folovllm.kernel_libraries import CPU_ATTENTION_LIBRARY, load_cpu_attention_library
+from folovllm.platforms import kernel_library
 
 SDPA_MIN_ROWS = 8  # new tokens over cached context from which SDPA is not slower than the kernel
-PREFILL_SDPA_ENV = "FOLOVLLM_CPU_PREFILL_SDPA"
-PREFILL_ATTENTION_ENV = "FOLOVLLM_CPU_PREFILL_ATTENTION"
-DECODE_PREFETCH_ENV = "FOLOVLLM_CPU_DECODE_PREFETCH"
-CHUNKED_CLAIMS_ENV = "FOLOVLLM_CPU_ATTENTION_CHUNKED_CLAIMS"
 PREFILL_KERNEL_HEAD_DIMS = (64, 128)
-
-
-def prefill_sdpa_min_rows() -> int:
-    """``SDPA_MIN_ROWS``, or 0 (the kernel computes every chunk over context) when the switch is off."""
-    return SDPA_MIN_ROWS if env_switch(PREFILL_SDPA_ENV) else 0
-
-
-def decode_prefetch_enabled() -> bool:
-    """``FOLOVLLM_CPU_DECODE_PREFETCH`` (on | off, default on): decode rows prefetch the next tile's K/V."""
-    return env_switch(DECODE_PREFETCH_ENV)
-
-
-def chunked_claims_enabled() -> bool:
-    """``FOLOVLLM_CPU_ATTENTION_CHUNKED_CLAIMS`` (on | off, default on): threads claim runs of work items."""
-    return env_switch(CHUNKED_CLAIMS_ENV)
-
-
-def prefill_kernel_enabled() -> bool:
-    """Whether fresh bf16 chunks go to the prefill kernel ("kernel", where the CPU has AVX-512 BF16)
-    or to SDPA ("sdpa")."""
-    value = os.environ.get(PREFILL_ATTENTION_ENV, "kernel")
-    if value not in ("kernel", "sdpa"):
-        raise ValueError(f"{PREFILL_ATTENTION_ENV} must be 'kernel' or 'sdpa', got {value!r}")
-    if value == "sdpa":
-        return False
-    if not hasattr(torch.ops.folovllm_cpu, "prefill_attention_available"):
-        raise RuntimeError(f"the CPU attention library {CPU_ATTENTION_LIBRARY} predates its prefill kernel: rebuild "
-                           f"it with `make kernels` (or set {PREFILL_ATTENTION_ENV}=sdpa)")
-    return bool(torch.ops.folovllm_cpu.prefill_attention_available())
 
 
 @register_attention_backend("cpu")
@@ -87,19 +45,20 @@ class CpuAttentionBackend:
     a new one each step).
     """
 
-    def __init__(self) -> None:
-        reason = load_cpu_attention_library(CPU_ATTENTION_LIBRARY)
-        if reason is not None:
-            raise RuntimeError(f"attention_backend 'cpu' is unavailable: {reason} "
+    def __init__(self, sdpa_from: int = SDPA_MIN_ROWS, decode_prefetch: bool = True,
+                 chunked_claims: bool = True) -> None:
+        """``sdpa_from``: chunks of this many new tokens over cached context go to SDPA (0: the kernel takes
+        every one); ``decode_prefetch``, ``chunked_claims``: the kernel's (see the module doc)."""
+        if not kernel_library.has_kernel("paged_attention"):
+            raise RuntimeError("attention_backend 'cpu' is unavailable: "
+                               f"{kernel_library.load() or 'the CPU tier is below avx2'} "
                                "(or choose attention_backend 'torch')")
-        self._op = torch.ops.folovllm_cpu.paged_attention
-        self._sdpa_from = prefill_sdpa_min_rows()
-        self._prefill_kernel = prefill_kernel_enabled()
-        self._decode_prefetch = decode_prefetch_enabled()
-        self._chunked_claims = chunked_claims_enabled()
-        if "chunked_claims" not in str(self._op.default._schema):
-            raise RuntimeError(f"the CPU attention library {CPU_ATTENTION_LIBRARY} predates decode prefetching and "
-                               "chunked claims: rebuild it with `make kernels`")
+        self._op = torch.ops.folovllm.paged_attention
+        self._sdpa_from = sdpa_from
+        self._prefill_kernel = (envs.value("FOLOVLLM_CPU_PREFILL_ATTENTION") == "kernel"
+                                and kernel_library.has_kernel("prefill_attention"))
+        self._decode_prefetch = decode_prefetch
+        self._chunked_claims = chunked_claims
         self._last_chunks: tuple[AttentionMetadata, list[tuple[int, int, int]]] | None = None
         # (length, context, window) -> mask, and window -> the prefill kernel's share, for that metadata
         self._masks: dict[tuple[int, int, int], torch.Tensor] = {}
@@ -118,9 +77,6 @@ class CpuAttentionBackend:
         kv_stored: bool = False,
     ) -> torch.Tensor:
         num_tokens, num_heads, head_dim = query.shape
-        if query.device.type != "cpu":
-            raise ValueError(f"the cpu attention backend runs on CPU tensors; got {query.device}: use "
-                             "attention_backend 'triton' or 'torch'")
         check_sliding_window(sliding_window)
         if not kv_stored:  # the fused rotary op stored them already
             write_kv_cache(key, value, k_cache, v_cache, meta.slot_mapping)
@@ -194,8 +150,8 @@ class CpuAttentionBackend:
 
 def prefill_kernel(out: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                    starts: list[int], lens: list[int], scale: float) -> None:
-    """out[s:s+n] = causal attention of query over key/value rows [s, s+n) for each chunk (bf16, AVX-512 BF16)."""
-    torch.ops.folovllm_cpu.prefill_attention(out, query, key, value, starts, lens, scale)
+    """out[s:s+n] = causal attention of query over key/value rows [s, s+n) for each chunk (bf16)."""
+    torch.ops.folovllm.prefill_attention(out, query, key, value, starts, lens, scale)
 
 
 def heads_contiguous(x: torch.Tensor) -> torch.Tensor:

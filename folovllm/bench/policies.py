@@ -132,7 +132,7 @@ def run_policies(args: argparse.Namespace) -> list[dict[str, Any]]:
     from folovllm import LLM
     from folovllm.engine.args import engine_config_from_args
     from folovllm.model.loader import default_model_path
-    from folovllm.model.tokenizer import load_tokenizer
+    from folovllm.model.loader.tokenizer import load_tokenizer
 
     base = vars(engine_config_from_args(args))
 

@@ -133,9 +133,9 @@ def run_multi_turn(args: argparse.Namespace, make_llm, allowed: np.ndarray) -> l
 def run_prefix_workload(args: argparse.Namespace) -> list[dict[str, Any]]:
     from folovllm import LLM
     from folovllm.engine.args import engine_config_from_args
-    from folovllm.model.hub import resolve_model_files
     from folovllm.model.loader import default_model_path, load_arch_config
-    from folovllm.model.tokenizer import load_tokenizer
+    from folovllm.model.loader.hub import resolve_model_files
+    from folovllm.model.loader.tokenizer import load_tokenizer
 
     config = resolve_model_files(engine_config_from_args(args))
 

@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from folovllm.platforms import platform_for
+
 LATENCY_KEYS = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")
 
 
@@ -104,6 +106,14 @@ def kv_cache_summary(stats: dict[str, Any] | None) -> dict[str, Any] | None:
     }
 
 
+def platform_info(device: str) -> dict[str, str] | None:
+    """What a local device is (a CPU: its model and tier, ``Platform.describe``); None for a remote server."""
+    try:
+        return platform_for(device).describe()
+    except (RuntimeError, ValueError, AssertionError):  # "remote", or a device this process does not have
+        return None
+
+
 def build_result(
     *,
     name: str,
@@ -134,6 +144,7 @@ def build_result(
         "model": model,
         "dtype": dtype,
         "device": device,
+        "platform": platform_info(device),
         "config": config,
         "num_requests": len(timings),
         "input_tokens": input_tokens,

@@ -22,11 +22,24 @@ from tqdm import tqdm
 from folovllm.bench import datasets as ds
 from folovllm.bench.arrivals import arrival_offsets, parse_rates
 from folovllm.bench.results import write_results
-from folovllm.bench.serve_client import (ENDPOINT_PATHS, RequestOutcome, ServedModel, auth_headers,
-                                         fetch_models, send_request)
-from folovllm.bench.serve_results import (build_serve_result, format_serve_result, latency_samples_ms,
-                                          parse_goodput, parse_metric_percentiles, parse_percentile_metrics,
-                                          vllm_result_fields, vllm_run_fields)
+from folovllm.bench.serve_client import (
+    ENDPOINT_PATHS,
+    RequestOutcome,
+    ServedModel,
+    auth_headers,
+    fetch_models,
+    send_request,
+)
+from folovllm.bench.serve_results import (
+    build_serve_result,
+    format_serve_result,
+    latency_samples_ms,
+    parse_goodput,
+    parse_metric_percentiles,
+    parse_percentile_metrics,
+    vllm_result_fields,
+    vllm_run_fields,
+)
 from folovllm.bench.serve_workload import add_workload_args, build_workload_requests
 from folovllm.bench.structured import format_overhead, load_schema, overhead_summary, schema_body
 

@@ -71,12 +71,18 @@ def timed_generate(llm: LLM, prompts: list[list[int]], lens: list[int]) -> tuple
     return time.perf_counter() - start, [list(o.outputs[0].token_ids) for o in outputs]
 
 
+def prompt_id_range(vocab_size: int) -> tuple[int, int]:
+    """Random prompts' token ids: [1000, 20000) for a real vocabulary, its upper part for a tiny one."""
+    return min(1000, vocab_size // 4), min(20000, vocab_size)
+
+
 def compare_switch(engines: dict[bool, LLM], workloads: dict[str, SwitchWorkload], names: list[str],
-                   rounds: int, threads: int) -> dict[str, Any]:
+                   rounds: int, threads: int, vocab_size: int = 20000) -> dict[str, Any]:
     """Time ``names`` on ``engines[True]`` (switch on) and ``engines[False]`` over ``rounds`` alternating
     rounds; prints one line per workload and returns the results (medians, ratio, samples)."""
     rng = random.Random(0)
-    prompts = {n: [[rng.randrange(1000, 20000) for _ in range(workloads[n].prompt_len)]
+    low, high = prompt_id_range(vocab_size)
+    prompts = {n: [[rng.randrange(low, high) for _ in range(workloads[n].prompt_len)]
                    for _ in range(workloads[n].requests)] for n in names}
     for llm in engines.values():  # warm-up
         timed_generate(llm, prompts[names[0]][:1], [4])

@@ -16,11 +16,6 @@ COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=10)
 BACKENDS = ("gloo", "nccl")
 
 
-def backend_for(device: torch.device) -> str:
-    """NCCL between CUDA devices, gloo between CPU processes."""
-    return "nccl" if device.type == "cuda" else "gloo"
-
-
 class TPGroup:
     """rank / size and the collectives of tensor parallelism over one process group.
 

@@ -17,10 +17,9 @@ import time
 from collections.abc import AsyncIterator, Callable
 
 from folovllm.engine.core_client import ProcessCore, ThreadCore
-from folovllm.engine.dp_core import DataParallelCore
 from folovllm.engine.core_loop import AbortOp, AddOp, EngineInfo, EngineSnapshot, IterationMessage, StopOp
-from folovllm.engine.errors import (EngineDeadError, EngineError, EngineShutdownError,
-                                    RequestFailedError)
+from folovllm.engine.dp_core import DataParallelCore
+from folovllm.engine.errors import EngineDeadError, EngineError, EngineShutdownError, RequestFailedError
 from folovllm.engine.llm_engine import PromptInput
 from folovllm.engine.output_delta import DeltaDecoder
 from folovllm.outputs import RequestOutput

@@ -16,8 +16,6 @@ import threading
 from collections import Counter
 from collections.abc import Callable
 
-import torch
-
 from folovllm.config import EngineConfig
 from folovllm.distributed.launch import RankFailedError, describe_exit
 from folovllm.engine.core_loop import EngineInfo, IterationMessage, Op, engine_info, run_core_loop
@@ -73,8 +71,8 @@ class ThreadCore:
 
     def attach(self, loop: asyncio.AbstractEventLoop, on_message: OnMessage) -> None:
         def run() -> None:
-            if self.engine.device.type == "cpu":  # OpenMP's thread count is per thread: set it here too
-                torch.set_num_threads(self.engine.config.threads_per_rank)
+            # OpenMP's thread count is per thread: set it on this thread too
+            self.engine.platform.set_threads(self.engine.config.threads_per_rank)
             def emit(message: IterationMessage) -> None:
                 loop.call_soon_threadsafe(on_message, _detached(message))
 

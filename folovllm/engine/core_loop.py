@@ -68,11 +68,13 @@ class EngineInfo:
     data_parallel_size: int = 1  # engine replicas behind the server (their snapshots say which is which)
     kv_role: str | None = None  # PD disaggregation: the engine's --kv-role
     weight_bytes: int = 0  # the model's weights as this engine holds them (quantized: packed)
+    platform: dict[str, str] = field(default_factory=dict)  # LLMEngine.platform_info: device, CPU tier
 
 
 def engine_info(engine: LLMEngine) -> EngineInfo:
     return EngineInfo(engine.model_path, engine.max_model_len, engine.default_sampling, engine.cache_config_info(),
-                      kv_role=engine.config.kv_role, weight_bytes=engine.model.weight_bytes())
+                      kv_role=engine.config.kv_role, weight_bytes=engine.model.weight_bytes(),
+                      platform=engine.platform_info)
 
 
 @dataclass

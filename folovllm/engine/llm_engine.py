@@ -29,11 +29,12 @@ from folovllm.engine.stats import EngineStats, StepStats, step_cost_terms
 from folovllm.engine.worker_input import build_step_input
 from folovllm.kv_transfer.base import ConnectorSide, KVConnectorBase
 from folovllm.kv_transfer.setup import kv_transfer_settings, make_connector
-from folovllm.model.generation_config import default_sampling_overrides
-from folovllm.model.hub import resolve_model_files
 from folovllm.model.loader import default_model_path
-from folovllm.model.tokenizer import load_tokenizer
+from folovllm.model.loader.generation_config import default_sampling_overrides
+from folovllm.model.loader.hub import resolve_model_files
+from folovllm.model.loader.tokenizer import load_tokenizer
 from folovllm.outputs import RequestOutput
+from folovllm.platforms import platform_for
 from folovllm.request import Request, RequestStatus
 from folovllm.sample.prompt_logprobs import PromptLogprobsChunk
 from folovllm.sampling_params import SamplingParams
@@ -73,6 +74,10 @@ class LLMEngine:
         for line in given.ignored_settings(config.device):  # what the user set, not what resolve derived
             logger.warning(line)
         self.device = config.torch_device
+        self.platform = platform_for(self.device)
+        # what runs this engine: the device, and on a CPU its tier (start-up log, /metrics, result JSON)
+        self.platform_info = self.platform.describe()
+        logger.info("platform: %s", ", ".join(f"{k}={v}" for k, v in self.platform_info.items()))
         self.model_path = config.model or default_model_path()
         self.worker = (TensorParallelWorker(config, self.model_path) if config.tensor_parallel_size > 1
                        else Worker(config, self.model_path))

@@ -6,6 +6,7 @@ import logging
 import sys
 import time
 
+from folovllm import envs
 from folovllm.config import EngineConfig
 from folovllm.engine.args import add_engine_args, add_model_positional, engine_config_from_args
 
@@ -118,8 +119,18 @@ def _add_simulate(sub: argparse._SubParsersAction) -> None:
     sweep.set_defaults(func=_simulate_sweep)
 
 
+class _HelpEnv(argparse.Action):
+    """``--help-env``: prints the FOLOVLLM_* environment variables (``folovllm/envs.py``) and exits."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values, option_string=None):
+        print(envs.describe())
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="folovllm", description=__doc__)
+    parser.add_argument("--help-env", action=_HelpEnv, nargs=0,
+                        help="list the FOLOVLLM_* environment variables (the platform's switches) and exit")
     sub = parser.add_subparsers(dest="command", required=True)
 
     gen = sub.add_parser("generate", help="generate text for one or more prompts")
@@ -177,6 +188,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_policies_args(policies)
     policies.set_defaults(func=lambda args: _run_bench(run_policies, args))
+    switch = bench_sub.add_parser("switch", help="one setting's two values end to end, alternating rounds "
+                                                 "(a FOLOVLLM_* variable or an engine setting)")
+    from folovllm.bench.switch import add_bench_switch_args, run_bench_switch
+
+    add_bench_switch_args(switch)
+    switch.set_defaults(func=lambda args: _run_bench(run_bench_switch, args))
+    kernel = bench_sub.add_parser("kernel", help="our kernels against what they replace, at a model's shapes")
+    from folovllm.bench.kernels import add_kernel_args, run_bench_kernel
+
+    add_kernel_args(kernel)
+    kernel.set_defaults(func=lambda args: _run_bench(run_bench_kernel, args))
+    profile = bench_sub.add_parser("profile", help="where an engine's steps spend their time (torch.profiler)")
+    from folovllm.bench.profile import add_profile_args, run_bench_profile
+
+    add_profile_args(profile)
+    profile.set_defaults(func=lambda args: _run_bench(run_bench_profile, args))
     perplexity = bench_sub.add_parser("perplexity", help="strided perplexity of a text (prompt logprobs)")
     from folovllm.bench.perplexity import add_perplexity_args, run_perplexity
 

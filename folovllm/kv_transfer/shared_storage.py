@@ -15,8 +15,15 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from folovllm.kv_transfer.base import (KV_CONNECTORS, ConnectorSide, KVConnectorBase, KVConnectorMetadata,
-                                       KVTransferResult, KVTransferSettings, LoadSpec)
+from folovllm.kv_transfer.base import (
+    KV_CONNECTORS,
+    ConnectorSide,
+    KVConnectorBase,
+    KVConnectorMetadata,
+    KVTransferResult,
+    KVTransferSettings,
+    LoadSpec,
+)
 
 logger = logging.getLogger(__name__)
 

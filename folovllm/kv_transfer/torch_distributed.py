@@ -21,14 +21,21 @@ import queue
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from folovllm.kv_transfer.base import (KV_CONNECTORS, ConnectorSide, KVConnectorBase, KVConnectorMetadata,
-                                       KVTransferResult, KVTransferSettings, LoadSpec)
+from folovllm.kv_transfer.base import (
+    KV_CONNECTORS,
+    ConnectorSide,
+    KVConnectorBase,
+    KVConnectorMetadata,
+    KVTransferResult,
+    KVTransferSettings,
+    LoadSpec,
+)
 from folovllm.request import Request
 
 logger = logging.getLogger(__name__)

@@ -23,9 +23,9 @@ from folovllm.model.layers import (
     Rope,
     RotaryEmbedding,
     VocabEmbedding,
+    WeightConfig,
     lm_head,
 )
-from folovllm.model.linear import WeightConfig
 from folovllm.model.registry import register_model
 
 
@@ -114,7 +114,7 @@ class Gemma3ForCausalLM(CausalLM):
     def __init__(self, arch: ArchConfig, backend: AttentionBackend, weights: WeightConfig) -> None:
         super().__init__(arch, weights)
         self.model = Gemma3Model(arch, backend, weights)
-        self.lm_head = lm_head(arch, weights)
+        self.lm_head = lm_head(arch, weights, self.model.embed_tokens)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = super().compute_logits(hidden)

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 import torch
 
-from folovllm.model.quant.pack import pack_int32, unpack_int32
+from folovllm.model.quantization.pack import pack_int32, unpack_int32
 from folovllm.quantize.grid import QuantizedWeight
 
 GPTQ_SUFFIXES = ("qweight", "qzeros", "scales", "g_idx")

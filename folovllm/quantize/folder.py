@@ -17,7 +17,7 @@ from transformers import PreTrainedTokenizerBase
 
 from folovllm.model.arch import ArchConfig
 from folovllm.model.layers import CausalLM
-from folovllm.model.linear import LinearBase, MergedColumnParallelLinear
+from folovllm.model.layers.linear import LinearBase, MergedColumnParallelLinear
 from folovllm.quantize.checkpoint import gptq_tensors
 from folovllm.quantize.grid import QuantizedWeight
 

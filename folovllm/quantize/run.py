@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from folovllm.model.linear import LinearBase
+    from folovllm.model.layers.linear import LinearBase
     from folovllm.quantize.grid import QuantSpec
 
 logger = logging.getLogger(__name__)
@@ -120,8 +120,8 @@ def quantize(options: QuantizeArgs) -> int:
 
     from folovllm.model.llama import LlamaForCausalLM
     from folovllm.model.loader import default_model_path, load_arch_config, load_model
+    from folovllm.model.loader.tokenizer import load_tokenizer
     from folovllm.model.registry import get_model_class
-    from folovllm.model.tokenizer import load_tokenizer
     from folovllm.quantize.calibration import calibration_samples, calibration_text
     from folovllm.quantize.folder import checkpoint_tensors, hf_config_from_arch, write_folder
     from folovllm.quantize.gptq import GPTQConfig

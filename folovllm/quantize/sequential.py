@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from folovllm.attention.metadata import AttentionMetadata
 from folovllm.model.layers import CausalLM
-from folovllm.model.linear import LinearBase
+from folovllm.model.layers.linear import LinearBase
 from folovllm.quantize.gptq import GPTQConfig, gptq_quantize
 from folovllm.quantize.grid import QuantizedWeight, QuantSpec, rtn_quantize
 

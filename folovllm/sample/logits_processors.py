@@ -14,8 +14,8 @@ from typing import ClassVar
 import numpy as np
 import torch
 
+from folovllm.platforms import to_device
 from folovllm.sample.rows import SamplingRow
-from folovllm.tensors import to_device
 
 __all__ = [
     "LOGITS_PROCESSORS",

@@ -6,9 +6,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from folovllm.platforms import to_device
 from folovllm.sample.logits_processors import LogitsProcessor, adjusts_row, build_logits_processors
 from folovllm.sample.rows import SamplingRow
-from folovllm.tensors import to_device
 
 __all__ = ["SamplingBatch", "SamplingRow", "build_sampling_batch", "is_plain_greedy_row"]
 

@@ -9,8 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from folovllm.bench.results import write_results
-from folovllm.bench.serve_results import (format_serve_result, parse_goodput, parse_metric_percentiles,
-                                          parse_percentile_metrics)
+from folovllm.bench.serve_results import (
+    format_serve_result,
+    parse_goodput,
+    parse_metric_percentiles,
+    parse_percentile_metrics,
+)
 from folovllm.bench.serve_workload import add_workload_args
 from folovllm.config import EngineConfig
 from folovllm.simulator.cluster import ClusterSpec

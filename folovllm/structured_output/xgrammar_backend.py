@@ -11,8 +11,7 @@ import torch
 import xgrammar as xgr
 
 from folovllm.sampling_params import StructuredOutputsParams
-from folovllm.structured_output.backend import (STRUCTURED_OUTPUT_BACKENDS, GrammarMatcher,
-                                                StructuredOutputBackend)
+from folovllm.structured_output.backend import STRUCTURED_OUTPUT_BACKENDS, GrammarMatcher, StructuredOutputBackend
 
 # xgrammar's messages start with "[hh:mm:ss] /path/file.cc:123: " and sometimes a failed check.
 _LOCATION = re.compile(r"^\[[\d:]+\] \S+:\d+: (Check failed: \(.*?\) is false: )?")

@@ -157,10 +157,10 @@ class CudaGraphRunner:
 
 def capture_decode_graphs(model: torch.nn.Module, kv_caches: KVCaches, config: EngineConfig,
                           max_model_len: int) -> CudaGraphRunner | None:
-    """Decode graphs when they apply (CUDA, the triton backend, no ``enforce_eager``), else None.
-    ``config`` is resolved (``EngineConfig.resolve``): its device and backend are not "auto"."""
+    """Decode graphs when they apply (the triton backend, no ``enforce_eager``; the worker asks only on a
+    platform that captures graphs), else None. ``config`` is resolved: its device and backend are not "auto"."""
     device = torch.device(config.device)
-    if device.type != "cuda" or config.attention_backend != "triton" or config.enforce_eager:
+    if config.attention_backend != "triton" or config.enforce_eager:
         return None
     # A decode batch never holds more sequences than the scheduler admits or its token budget.
     max_batch = min(config.cuda_graph_max_batch, config.max_num_seqs, config.max_num_batched_tokens)

@@ -6,8 +6,8 @@ those builds costs several times what it does in a micro-benchmark. Here the fie
 buffer: a step writes its integers through numpy views of it and hands the model tensor views made once
 per batch shape (requests x block-table width; one stream's width grows every ``block_size`` tokens).
 The values, dtypes and shapes are those of ``prepare_step_batch``; only where they are stored differs.
-Only the CPU takes it: a CUDA step may still be reading its inputs while the next one is prepared.
-``FOLOVLLM_DECODE_INPUT_BUFFERS=off`` builds every step with ``prepare_step_batch``.
+Only a synchronous platform (the CPU) takes it: a CUDA step may still be reading its inputs while the next
+one is prepared. ``ModelRunner(decode_input_buffers=False)`` builds every step with ``prepare_step_batch``.
 """
 from __future__ import annotations
 
@@ -15,16 +15,8 @@ import numpy as np
 import torch
 
 from folovllm.attention.metadata import AttentionMetadata
-from folovllm.config import env_switch
 from folovllm.worker.step_batch import StepBatch
 from folovllm.worker.step_input import StepInput
-
-DECODE_INPUT_BUFFERS_ENV = "FOLOVLLM_DECODE_INPUT_BUFFERS"
-
-
-def decode_input_buffers_enabled() -> bool:
-    """``FOLOVLLM_DECODE_INPUT_BUFFERS`` (on | off, default on)."""
-    return env_switch(DECODE_INPUT_BUFFERS_ENV)
 
 
 def is_decode_only(step: StepInput) -> bool:

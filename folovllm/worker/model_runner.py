@@ -7,21 +7,23 @@ scheduling); a token still on the device is fed to the next step straight from d
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from folovllm.model.greedy_head import GreedyHead
+from folovllm.platforms import Platform, to_device
 from folovllm.sample.metadata import is_plain_greedy_row
 from folovllm.sample.prompt_logprobs import DEFAULT_SLICE_ROWS, PromptLogprobsTensors, compute_prompt_logprobs
 from folovllm.sample.sampler import Sampler, TokenLogprobs, build_sampling_batch
-from folovllm.tensors import to_device
 from folovllm.worker.cuda_graphs import CudaGraphRunner
-from folovllm.worker.decode_inputs import DecodeInputBuffers, decode_input_buffers_enabled, is_decode_only
+from folovllm.worker.decode_inputs import DecodeInputBuffers, is_decode_only
 from folovllm.worker.step_batch import StepBatch, prepare_step_batch
 from folovllm.worker.step_input import StepInput, StepOutput
 
 KVCaches = list[tuple[torch.Tensor, torch.Tensor]]
+GreedyHead = Callable[[torch.Tensor], torch.Tensor]  # hidden [N, hidden] -> each row's greedy token [N]
 
 
 @dataclass
@@ -32,8 +34,8 @@ class LaunchedStep:
     token_ids: torch.Tensor | None  # [len(request_ids)] on the device; None: nothing sampled
     logprobs: list | None
     needs_sync: bool = False  # a logits processor read every earlier token: the next step must wait
-    host_token_ids: torch.Tensor | None = None  # CUDA: pinned copy, valid once ``ready`` fires
-    ready: torch.cuda.Event | None = None
+    host_token_ids: torch.Tensor | None = None  # an asynchronous device: the host copy, valid once ``ready`` fires
+    ready: Any = None  # that copy's event (``synchronize()`` waits for it)
     prompt_logprobs: PromptLogprobsTensors | None = None  # read back by ``resolve``
 
     def row_of(self) -> dict[str, int]:
@@ -43,24 +45,24 @@ class LaunchedStep:
 class ModelRunner:
     """Runs one step at a time on the model and its paged KV tensors, then samples."""
 
-    def __init__(self, model: torch.nn.Module, kv_caches: KVCaches, block_size: int, device: torch.device,
+    def __init__(self, model: torch.nn.Module, kv_caches: KVCaches, block_size: int, platform: Platform,
                  cuda_graphs: CudaGraphRunner | None = None, samples: bool = True,
-                 greedy_head: GreedyHead | None = None) -> None:
+                 greedy_head: GreedyHead | None = None, decode_input_buffers: bool = False) -> None:
         """``samples``: False on tensor-parallel ranks other than 0, which only take part in the
         forward and the logits gather. ``greedy_head``: takes the tokens of an all plain-greedy step
-        straight from the hidden states (``cpu_greedy_head``); None: through the logits and sampler."""
+        straight from the hidden states (``CausalLM.greedy_head``); None: through the logits and sampler.
+        ``decode_input_buffers``: decode-only steps write their inputs into reused host buffers
+        (``worker/decode_inputs.py``; a synchronous platform only), else every step is built anew."""
         self.model = model
         self.samples = samples
         self.greedy_head = greedy_head
         self.cuda_graphs = cuda_graphs  # decode-step graphs (CUDA + triton backend); None: always eager
         self.kv_caches = kv_caches
         self.block_size = block_size
-        self.device = device
+        self.platform, self.device = platform, platform.device
         self.sampler = Sampler()
         self.vocab_size = model.arch.vocab_size
-        # decode-only steps' inputs in reused host buffers (worker/decode_inputs.py); None: always built anew
-        self.decode_inputs = (DecodeInputBuffers(block_size)
-                              if device.type == "cpu" and decode_input_buffers_enabled() else None)
+        self.decode_inputs = DecodeInputBuffers(block_size) if decode_input_buffers else None
 
     def launch(self, step: StepInput, generators: list[torch.Generator | None],
                previous: LaunchedStep | None = None) -> LaunchedStep:
@@ -98,11 +100,8 @@ class ModelRunner:
             needs_sync = sampling_batch.needs_sync
         launched = LaunchedStep(batch.sampling_request_ids, token_ids, logprobs, needs_sync,
                                 prompt_logprobs=prompt_logprobs)
-        if self.device.type == "cuda":  # start the copy home now; resolve() only waits for it
-            launched.host_token_ids = torch.empty(token_ids.shape, dtype=token_ids.dtype, pin_memory=True)
-            launched.host_token_ids.copy_(token_ids, non_blocking=True)
-            launched.ready = torch.cuda.Event()
-            launched.ready.record()
+        if self.platform.asynchronous:  # start the copy home now; resolve() only waits for it
+            launched.host_token_ids, launched.ready = self.platform.copy_home(token_ids)
         return launched
 
     @staticmethod

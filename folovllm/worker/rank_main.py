@@ -17,9 +17,10 @@ from multiprocessing.connection import Connection
 
 from folovllm.config import EngineConfig
 from folovllm.distributed.channel import receive
-from folovllm.distributed.group import backend_for, init_tp_group
+from folovllm.distributed.group import init_tp_group
 from folovllm.distributed.launch import connect_store, rank_connection
 from folovllm.distributed.nodes import gloo_address
+from folovllm.platforms import platform_for
 from folovllm.worker.step_input import StepInput
 from folovllm.worker.worker import Worker
 
@@ -51,7 +52,7 @@ def run_rank(conn: Connection, node: argparse.Namespace) -> None:
     size = config.tensor_parallel_size
     try:
         store = connect_store(host, port, size)
-        group = init_tp_group(store, rank, size, backend_for(config.torch_device),
+        group = init_tp_group(store, rank, size, platform_for(config.torch_device).distributed_backend,
                               gloo_address(host, config.nnodes))
         worker = Worker(config, model_path, group)
     except Exception as err:

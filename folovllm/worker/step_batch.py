@@ -6,9 +6,9 @@ from dataclasses import dataclass, field
 import torch
 
 from folovllm.attention.metadata import AttentionMetadata
+from folovllm.platforms import to_device
 from folovllm.sample.prompt_logprobs import PromptLogprobsBatch
 from folovllm.sample.sampler import SamplingRow
-from folovllm.tensors import to_device
 from folovllm.worker.step_input import StepInput
 
 

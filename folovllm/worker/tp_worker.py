@@ -19,11 +19,18 @@ import torch.distributed as dist
 
 from folovllm.config import EngineConfig
 from folovllm.distributed.channel import send_to_ranks
-from folovllm.distributed.group import TPGroup, backend_for, init_tp_group
-from folovllm.distributed.launch import (LOOPBACK, RENDEZVOUS_TIMEOUT, RankFailedError, RankProcess,
-                                         rendezvous_store, spawn_rank)
+from folovllm.distributed.group import TPGroup, init_tp_group
+from folovllm.distributed.launch import (
+    LOOPBACK,
+    RENDEZVOUS_TIMEOUT,
+    RankFailedError,
+    RankProcess,
+    rendezvous_store,
+    spawn_rank,
+)
 from folovllm.distributed.nodes import RemoteRank, StepListener, gloo_address
 from folovllm.model.arch import ArchConfig
+from folovllm.platforms import platform_for
 from folovllm.sample.rows import SamplingRow
 from folovllm.sampling_params import SamplingParams
 from folovllm.worker.model_runner import LaunchedStep, ModelRunner
@@ -77,7 +84,7 @@ class TensorParallelWorker:
                 self.ranks.extend(self._accept_other_nodes(config, store, host))
             for rank in self.ranks:
                 send_to_ranks([rank.conn], (config, model_path, rank.rank, host, store.port, log_level))
-            self.group: TPGroup = init_tp_group(store, 0, size, backend_for(config.torch_device),
+            self.group: TPGroup = init_tp_group(store, 0, size, platform_for(config.torch_device).distributed_backend,
                                                 gloo_address(host, config.nnodes))
             self.local = Worker(config, model_path, self.group)
             self._wait_ready()

@@ -8,16 +8,16 @@ the ranks agree on the smallest block count, and only rank 0 samples.
 """
 from __future__ import annotations
 
-
 import torch
 
 from folovllm.attention.backend import get_attention_backend
+from folovllm.compilation import compile_model
 from folovllm.config import EngineConfig
 from folovllm.distributed.group import TPGroup
 from folovllm.kv_transfer.base import KVConnectorBase, KVConnectorMetadata, KVTransferResult
 from folovllm.model.arch import ArchConfig
-from folovllm.model.greedy_head import greedy_head_for
 from folovllm.model.loader import load_model
+from folovllm.platforms import platform_for
 from folovllm.worker import cache_sizing
 from folovllm.worker.cuda_graphs import capture_decode_graphs
 from folovllm.worker.model_runner import KVCaches, LaunchedStep, ModelRunner
@@ -41,22 +41,21 @@ class Worker:
         single process."""
         self.config = config
         self.tp_group = tp_group
-        self.device = config.torch_device
-        if tp_group is not None and self.device.type == "cuda":
-            self.device = torch.device("cuda", tp_group.rank % config.ranks_per_node)
-            torch.cuda.set_device(self.device)
+        self.platform = platform_for(config.torch_device)
+        self.device = self.platform.device
+        if tp_group is not None:
+            self.device = self.platform.rank_device(tp_group.rank % config.ranks_per_node)
         self.dtype = config.torch_dtype
         torch.manual_seed(config.seed)  # unseeded sampling draws from the global RNG
-        if self.device.type == "cpu":
-            torch.set_num_threads(config.threads_per_rank)
+        self.platform.set_threads(config.threads_per_rank)
         self.model = load_model(model_path, load_format=config.load_format, quantization=config.quantization,
                                 dtype=self.dtype, device=self.device,
                                 attn_backend=get_attention_backend(config.attention_backend), seed=config.seed,
-                                hf_overrides=config.hf_overrides,
-                                cpu_prepack=config.cpu_prepack, cpu_fused_ops=config.cpu_fused_ops,
-                                cpu_bf16_linear=config.cpu_bf16_linear,
-                                tp_group=tp_group, load_quantized=config.load_quantized == "on",
-                                quantize_lm_head=config.quantize_lm_head)
+                                hf_overrides=config.hf_overrides, tp_group=tp_group,
+                                load_quantized=config.load_quantized == "on",
+                                quantize_lm_head=config.quantize_lm_head, platform=self.platform)
+        self.platform.place_weights(self.model)
+        compile_model(self.model, self.platform)
         self.runner: ModelRunner | None = None  # built by initialize_cache
         self._generators: dict[str, torch.Generator] = {}  # request id -> its RNG (seeded requests)
         self._previous: LaunchedStep | None = None  # the last step launched: pending inputs come from it
@@ -79,7 +78,7 @@ class Worker:
         cfg = self.config
         if cfg.num_gpu_blocks_override is not None:
             return cfg.num_gpu_blocks_override
-        if self.device.type == "cuda":
+        if self.platform.profiles_memory:
             budget = cache_sizing.cuda_kv_budget(self.model, cfg.max_num_batched_tokens, cfg.block_size,
                                                  cfg.gpu_memory_utilization, self.device)
         else:  # the ranks of one machine share its RAM: the budget is split between them
@@ -95,10 +94,11 @@ class Worker:
         cache_sizing.log_capacity(num_blocks, cfg.block_size, self._block_bytes(), max_model_len)
         caches = allocate_kv_caches(arch.num_hidden_layers, num_blocks, cfg.block_size,
                                     self.model.num_kv_heads, arch.head_dim, self.dtype, self.device)
-        graphs = capture_decode_graphs(self.model, caches, cfg, max_model_len)
+        graphs = capture_decode_graphs(self.model, caches, cfg, max_model_len) if self.platform.captures_graphs else None
         samples = self.tp_group is None or self.tp_group.is_first
-        greedy_head = greedy_head_for(self.model) if cfg.cpu_greedy_head else None
-        self.runner = ModelRunner(self.model, caches, cfg.block_size, self.device, graphs, samples, greedy_head)
+        greedy_head = self.model.greedy_head() if self.platform.greedy_head else None
+        self.runner = ModelRunner(self.model, caches, cfg.block_size, self.platform, graphs, samples, greedy_head,
+                                  decode_input_buffers=not self.platform.asynchronous)
 
     # -- steps --------------------------------------------------------------------------------
 

@@ -14,8 +14,8 @@ from types import FrameType
 from folovllm.config import EngineConfig
 from folovllm.distributed.launch import RENDEZVOUS_TIMEOUT, connect_store, describe_exit, start_rank_process
 from folovllm.distributed.nodes import connect_to_first
-from folovllm.model.hub import resolve_model_files
 from folovllm.model.loader import default_model_path
+from folovllm.model.loader.hub import resolve_model_files
 
 RANK_MAIN = "folovllm.worker.rank_main"
 

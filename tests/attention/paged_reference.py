@@ -5,7 +5,7 @@ import math
 
 import torch
 
-from folovllm.attention.backend import get_attention_backend
+from folovllm.attention.backend import AttentionBackend, get_attention_backend
 from tests.helpers import BlockPool, make_attn_metadata
 
 
@@ -38,10 +38,11 @@ def run_case(
     block_size: int,
     dtype: torch.dtype,
     seed: int = 0,
-    backend: str = "torch",
+    backend: str | AttentionBackend = "torch",
     sliding_window: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Fill each sequence's cached context, run one step through ``backend``, return (ours, reference)."""
+    """Fill each sequence's cached context, run one step through ``backend`` (a name or an instance),
+    return (ours, reference)."""
     gen = torch.Generator().manual_seed(seed)
     pool = BlockPool(num_blocks=sum(-(-s // block_size) for s in seq_lens) + 3, seed=seed)
     k_cache = torch.zeros(len(pool.free), block_size, num_kv_heads, head_dim, dtype=dtype)
@@ -61,7 +62,8 @@ def run_case(
     new_k = torch.cat([k[s - n :] for (k, _), n, s in zip(contexts, query_lens, seq_lens)])
     new_v = torch.cat([v[s - n :] for (_, v), n, s in zip(contexts, query_lens, seq_lens)])
     scale = 1 / math.sqrt(head_dim)
-    ours = get_attention_backend(backend).forward(
+    attention = get_attention_backend(backend) if isinstance(backend, str) else backend
+    ours = attention.forward(
         torch.cat(queries), new_k, new_v, k_cache, v_cache, meta, scale, sliding_window
     )
     ref = torch.cat([reference_attention(q, k, v, scale, sliding_window) for q, (k, v) in zip(queries, contexts)])

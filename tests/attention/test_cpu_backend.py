@@ -1,25 +1,26 @@
 """CpuAttentionBackend (the C++ kernel reading the paged cache in place) vs the fp64 reference and
-the torch backend, on ragged batches mixing decodes with prefill chunks; and its build story."""
+the torch backend, on ragged batches mixing decodes with prefill chunks, at every CPU tier this host has;
+and its build story."""
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import folovllm.attention.cpu_backend as cpu_backend
 from folovllm.attention.backend import get_attention_backend
-from folovllm.kernel_libraries import CPU_ATTENTION_LIBRARY, load_cpu_attention_library
+from folovllm.platforms import kernel_library
 from tests.attention.paged_reference import reference_attention, run_case
 from tests.helpers import make_attn_metadata
+from tests.tiers import library_missing
 
 torch.set_num_threads(2)
 BACKEND = 'cpu'
 
-NOT_BUILT = load_cpu_attention_library(CPU_ATTENTION_LIBRARY)
+NOT_BUILT = library_missing()
 needs_kernel = pytest.mark.skipif(NOT_BUILT is not None, reason=f"{NOT_BUILT}")
 
 
@@ -37,7 +38,8 @@ needs_kernel = pytest.mark.skipif(NOT_BUILT is not None, reason=f"{NOT_BUILT}")
     ],
 )
 @pytest.mark.parametrize("heads", [(4, 4), (4, 2), (6, 1), (9, 3)])
-def test_matches_reference_fp32(query_lens: list[int], seq_lens: list[int], heads: tuple[int, int]) -> None:
+def test_matches_reference_fp32(query_lens: list[int], seq_lens: list[int], heads: tuple[int, int],
+                                kernel_tier: str) -> None:
     ours, ref = run_case(query_lens, seq_lens, *heads, head_dim=16, block_size=4, dtype=torch.float32,
                          backend="cpu")
     torch.testing.assert_close(ours.double(), ref, atol=1e-5, rtol=1e-5)
@@ -51,9 +53,9 @@ def test_matches_reference_fp32(query_lens: list[int], seq_lens: list[int], head
     block_size=st.sampled_from([1, 3, 4, 16]),
     seed=st.integers(0, 1000),
 )
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_random_batches_fp32_match_reference_and_torch(
-    seqs: list[tuple[int, int]], heads: tuple[int, int], head_dim: int, block_size: int, seed: int
+    seqs: list[tuple[int, int]], heads: tuple[int, int], head_dim: int, block_size: int, seed: int, kernel_tier: str
 ) -> None:
     query_lens = [q for q, _ in seqs]
     seq_lens = [q + c for q, c in seqs]
@@ -65,7 +67,7 @@ def test_random_batches_fp32_match_reference_and_torch(
 
 @needs_kernel
 @pytest.mark.parametrize("heads,head_dim", [((9, 3), 64), ((16, 8), 128)])  # SmolLM2's and Qwen3's shapes
-def test_bf16_loose(heads: tuple[int, int], head_dim: int) -> None:
+def test_bf16_loose(heads: tuple[int, int], head_dim: int, kernel_tier: str) -> None:
     query_lens, seq_lens = [1, 6, 1, 1, 33], [30, 14, 7, 200, 160]
     ours, ref = run_case(query_lens, seq_lens, *heads, head_dim, 16, torch.bfloat16, backend="cpu")
     assert ours.dtype == torch.bfloat16
@@ -84,7 +86,7 @@ WINDOW_CASES = [([1, 1, 1], [5, 17, 9]), ([5, 1, 12], [13, 3, 12]), ([37, 1], [4
 @pytest.mark.parametrize("sliding_window", [1, 4, 7, 200])
 @pytest.mark.parametrize("heads", [(4, 2), (6, 1)])
 def test_sliding_window_matches_reference(query_lens: list[int], seq_lens: list[int], sliding_window: int,
-                                          heads: tuple[int, int]) -> None:
+                                          heads: tuple[int, int], kernel_tier: str) -> None:
     ours, ref = run_case(query_lens, seq_lens, *heads, head_dim=16, block_size=4, dtype=torch.float32,
                          backend=BACKEND, sliding_window=sliding_window)
     torch.testing.assert_close(ours.double(), ref, atol=1e-5, rtol=1e-5)
@@ -125,7 +127,7 @@ def test_kernel_computes_fresh_prefill_chunks_too(dtype: torch.dtype, tol: float
     query = torch.randn(sum(query_lens), 9, head_dim, generator=gen).to(dtype)
     meta = make_attn_metadata(query_lens, seq_lens, tables, block_size)
     out = torch.full_like(query, float("nan"))
-    torch.ops.folovllm_cpu.paged_attention(out, query, k_cache, v_cache, meta.block_tables, meta.seq_lens,
+    torch.ops.folovllm.paged_attention(out, query, k_cache, v_cache, meta.block_tables, meta.seq_lens,
                                            meta.query_start_loc, 0.125, False)
     start = 0
     for q_len, seq_len, table in zip(query_lens, seq_lens, tables):
@@ -137,54 +139,36 @@ def test_kernel_computes_fresh_prefill_chunks_too(dtype: torch.dtype, tol: float
 
 
 @needs_kernel
-@pytest.mark.parametrize("switch", ["on", "off"])
+@pytest.mark.parametrize("sdpa_from", [cpu_backend.SDPA_MIN_ROWS, 0])
 @pytest.mark.parametrize("sliding_window", [None, 5, 12])
 def test_chunks_over_context_on_either_path_match_reference(
-    switch: str, sliding_window: int | None, monkeypatch: pytest.MonkeyPatch
+    sdpa_from: int, sliding_window: int | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # 8+ new rows over context go to gathered K/V + SDPA when on; the kernel computes them when off
-    monkeypatch.setenv(cpu_backend.PREFILL_SDPA_ENV, switch)
+    # 8+ new rows over context go to gathered K/V + SDPA by default; the kernel computes them with sdpa_from=0
     calls = []
     original = cpu_backend.gather_sequence
     monkeypatch.setattr(cpu_backend, "gather_sequence", lambda *a: calls.append(a) or original(*a))
     query_lens, seq_lens = [8, 1, 7, 30, 20], [50, 9, 20, 30, 61]  # 8 and 20 over context; 7 stays in the kernel
-    ours, ref = run_case(query_lens, seq_lens, 9, 3, 16, 4, torch.float32, backend=BACKEND,
-                         sliding_window=sliding_window)
+    ours, ref = run_case(query_lens, seq_lens, 9, 3, 16, 4, torch.float32,
+                         backend=cpu_backend.CpuAttentionBackend(sdpa_from=sdpa_from), sliding_window=sliding_window)
     torch.testing.assert_close(ours.double(), ref, atol=1e-5, rtol=1e-5)
-    assert len(calls) == (4 if switch == "on" else 0)  # K and V of the two long chunks over context
-
-
-def test_prefill_sdpa_switch_rejects_other_values(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(cpu_backend.PREFILL_SDPA_ENV, "maybe")
-    with pytest.raises(ValueError, match="FOLOVLLM_CPU_PREFILL_SDPA must be 'on' or 'off'"):
-        cpu_backend.prefill_sdpa_min_rows()
+    assert len(calls) == (4 if sdpa_from else 0)  # K and V of the two long chunks over context
 
 
 @needs_kernel
-@pytest.mark.parametrize("env, attribute, query_lens, seq_lens", [
-    (cpu_backend.DECODE_PREFETCH_ENV, "_decode_prefetch", [1, 1, 1, 4], [300, 129, 9, 40]),
+@pytest.mark.parametrize("option, query_lens, seq_lens", [
+    ("decode_prefetch", [1, 1, 1, 4], [300, 129, 9, 40]),
     # many small items on two threads: runs of items or one at a time, the same bits
-    (cpu_backend.CHUNKED_CLAIMS_ENV, "_chunked_claims", [1] * 40 + [5], [3 + 7 * i for i in range(40)] + [30]),
+    ("chunked_claims", [1] * 40 + [5], [3 + 7 * i for i in range(40)] + [30]),
 ])
-def test_attention_switch_reaches_the_kernel_with_the_same_output(env: str, attribute: str, query_lens: list[int],
-                                                                  seq_lens: list[int],
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_kernel_options_give_the_same_output(option: str, query_lens: list[int], seq_lens: list[int],
+                                             kernel_tier: str) -> None:
     outputs = {}
-    for switch in ("on", "off"):
-        monkeypatch.setenv(env, switch)
-        assert getattr(get_attention_backend(BACKEND), attribute) is (switch == "on")
-        outputs[switch], ref = run_case(query_lens, seq_lens, 9, 3, 64, 16, torch.bfloat16, backend=BACKEND)
-    assert torch.equal(outputs["on"], outputs["off"])
-    torch.testing.assert_close(outputs["on"].double(), ref, atol=3e-2, rtol=3e-2)
-
-
-@pytest.mark.parametrize("env,read", [(cpu_backend.DECODE_PREFETCH_ENV, cpu_backend.decode_prefetch_enabled),
-                                      (cpu_backend.CHUNKED_CLAIMS_ENV, cpu_backend.chunked_claims_enabled)])
-def test_attention_switches_reject_other_values(env: str, read: Callable[[], bool],
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(env, "yes")
-    with pytest.raises(ValueError, match=f"{env} must be 'on' or 'off'"):
-        read()
+    for on in (True, False):
+        backend = cpu_backend.CpuAttentionBackend(**{option: on})
+        outputs[on], ref = run_case(query_lens, seq_lens, 9, 3, 64, 16, torch.bfloat16, backend=backend)
+    assert torch.equal(outputs[True], outputs[False])
+    torch.testing.assert_close(outputs[True].double(), ref, atol=3e-2, rtol=3e-2)
 
 
 @needs_kernel
@@ -193,7 +177,7 @@ def test_kernel_rejects_a_block_table_too_short() -> None:
     cache = torch.zeros(2, 4, 1, 8)
     query = torch.zeros(1, 1, 8)
     with pytest.raises(RuntimeError, match="do not fit its block table"):
-        torch.ops.folovllm_cpu.paged_attention(torch.empty_like(query), query, cache, cache,
+        torch.ops.folovllm.paged_attention(torch.empty_like(query), query, cache, cache,
                                                meta.block_tables[:, :1], meta.seq_lens, meta.query_start_loc,
                                                1.0, False)
 
@@ -213,13 +197,22 @@ def test_writes_new_kv_into_cache_slots_and_reads_a_strided_query() -> None:
     torch.testing.assert_close(out, expected)
 
 
-def test_explicit_cpu_backend_without_the_kernel_says_how_to_build(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(cpu_backend, "CPU_ATTENTION_LIBRARY", tmp_path / "missing.so")
-    with pytest.raises(RuntimeError, match="not built .*run `make kernels`"):
+def test_explicit_cpu_backend_without_the_kernel_says_how_to_build(monkeypatch) -> None:
+    monkeypatch.setattr(kernel_library, "has_kernel", lambda name: False)
+    monkeypatch.setattr(kernel_library, "load", lambda: "the CPU kernel library is not built: run `make kernels`")
+    with pytest.raises(RuntimeError, match="not built: run `make kernels`"):
+        get_attention_backend("cpu")
+
+
+def test_explicit_cpu_backend_at_the_none_tier_says_so(monkeypatch) -> None:
+    monkeypatch.setattr(kernel_library, "has_kernel", lambda name: False)
+    monkeypatch.setattr(kernel_library, "load", lambda: None)
+    with pytest.raises(RuntimeError, match="below avx2"):
         get_attention_backend("cpu")
 
 
 def test_a_library_that_does_not_load_is_reported(tmp_path: Path) -> None:
     broken = tmp_path / "broken.so"
     broken.write_text("not a shared library")
-    assert "does not load" in load_cpu_attention_library(broken)
+    assert "does not load" in kernel_library.load(broken)
+    assert "is not built" in kernel_library.load(tmp_path / "missing.so")

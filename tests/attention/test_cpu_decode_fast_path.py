@@ -1,4 +1,4 @@
-"""The CPU kernel's decode fast path (single-row items, head_dim 64/128, AVX-512) against the fp64
+"""The CPU kernel's decode fast path (single-row items, head_dim 64/128, the avx512 tiers) against the fp64
 reference and against the kernel's general path (``decode_fast_path=False``): GQA groups that fill,
 split and overflow a register block, contexts crossing key-tile and block boundaries, windows."""
 from __future__ import annotations
@@ -6,11 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from folovllm.kernel_libraries import CPU_ATTENTION_LIBRARY, load_cpu_attention_library
 from tests.attention.paged_reference import reference_attention
+from tests.tiers import skip_unless_kernel
 
-NOT_BUILT = load_cpu_attention_library(CPU_ATTENTION_LIBRARY)
-pytestmark = pytest.mark.skipif(NOT_BUILT is not None, reason=f"{NOT_BUILT}")
+
+@pytest.fixture(autouse=True)
+def fast_path_tier(kernel_tier: str) -> None:
+    """Each test at every tier the host has; the fast path exists from avx512 on (below it, skipped)."""
+    skip_unless_kernel("decode_avx512")
 
 # contexts around the 128-key tile and odd lengths, one mixed batch holding a prefill chunk too
 DECODE_BATCHES = [([1], [1]), ([1, 1, 1], [127, 128, 129]), ([1, 1], [257, 33]), ([1, 3, 1], [300, 19, 5])]
@@ -47,7 +50,7 @@ def run_kernel(query_lens: list[int], seq_lens: list[int], num_heads: int, num_k
     query = torch.cat(queries)
     out = torch.full_like(query, float("nan"))
     starts = torch.tensor([0, *query_lens]).cumsum(0)
-    torch.ops.folovllm_cpu.paged_attention(out, query, k_cache, v_cache, tables, torch.tensor(seq_lens), starts,
+    torch.ops.folovllm.paged_attention(out, query, k_cache, v_cache, tables, torch.tensor(seq_lens), starts,
                                            scale, False, sliding_window, fast, 0, bf16_dot, prefetch, chunked)
     return out.flatten(1), torch.cat(refs)
 

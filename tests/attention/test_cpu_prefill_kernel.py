@@ -1,4 +1,4 @@
-"""The CPU attention library's causal prefill kernel (fresh bf16 chunks, AVX-512 BF16) against the fp64
+"""The CPU kernel library's causal prefill kernel (fresh bf16 chunks, the avx512_bf16 tier) against the fp64
 reference and SDPA, directly and through the cpu backend, and its switch."""
 from __future__ import annotations
 
@@ -9,14 +9,17 @@ import torch
 import torch.nn.functional as F
 
 import folovllm.attention.cpu_backend as cpu_backend
-from folovllm.kernel_libraries import CPU_ATTENTION_LIBRARY, load_cpu_attention_library
+from folovllm import envs
 from tests.attention.paged_reference import reference_attention, run_case
+from tests.tiers import skip_unless_kernel
 
 torch.set_num_threads(2)
+needs_kernel = pytest.mark.usefixtures("prefill_kernel")
 
-NOT_BUILT = load_cpu_attention_library(CPU_ATTENTION_LIBRARY)
-HAS_KERNEL = NOT_BUILT is None and bool(torch.ops.folovllm_cpu.prefill_attention_available())
-needs_kernel = pytest.mark.skipif(not HAS_KERNEL, reason=f"{NOT_BUILT or 'this CPU lacks AVX-512 BF16'}")
+
+@pytest.fixture
+def prefill_kernel() -> None:
+    skip_unless_kernel("prefill_attention")
 BF16_TOL = 3e-2  # as the paged kernel's bf16 tests
 
 
@@ -42,7 +45,7 @@ def test_op_matches_fp64_reference_and_sdpa(heads: tuple[int, int], head_dim: in
     scale = 1 / math.sqrt(head_dim)
     starts = [sum(lens[:i]) for i in range(len(lens))]
     out = torch.full_like(q, float("nan"))
-    torch.ops.folovllm_cpu.prefill_attention(out, q, k, v, starts, lens, scale)
+    torch.ops.folovllm.prefill_attention(out, q, k, v, starts, lens, scale)
     for start, length in zip(starts, lens):
         rows = slice(start, start + length)
         ref = reference_attention(q[rows], k[rows], v[rows], scale)
@@ -57,7 +60,7 @@ def test_op_matches_fp64_reference_and_sdpa(heads: tuple[int, int], head_dim: in
 def test_op_leaves_rows_outside_the_chunks_alone() -> None:
     q, k, v = strided_qkv(20, 4, 2, 64, seed=0)
     out = torch.full_like(q, 7.0)
-    torch.ops.folovllm_cpu.prefill_attention(out, q, k, v, [5], [10], 0.125)
+    torch.ops.folovllm.prefill_attention(out, q, k, v, [5], [10], 0.125)
     assert (out[:5] == 7).all() and (out[15:] == 7).all() and not (out[5:15] == 7).all()
 
 
@@ -65,12 +68,12 @@ def test_op_leaves_rows_outside_the_chunks_alone() -> None:
 def test_op_rejects_what_it_does_not_compute() -> None:
     q, k, v = strided_qkv(8, 4, 2, 64, seed=0)
     with pytest.raises(RuntimeError, match="head_dim must be 64 or 128"):
-        torch.ops.folovllm_cpu.prefill_attention(q[..., :32].contiguous(), q[..., :32].contiguous(),
+        torch.ops.folovllm.prefill_attention(q[..., :32].contiguous(), q[..., :32].contiguous(),
                                                  k[..., :32].contiguous(), v[..., :32].contiguous(), [0], [8], 1.0)
     with pytest.raises(RuntimeError, match="bfloat16"):
-        torch.ops.folovllm_cpu.prefill_attention(q.float(), q.float(), k.float(), v.float(), [0], [8], 1.0)
+        torch.ops.folovllm.prefill_attention(q.float(), q.float(), k.float(), v.float(), [0], [8], 1.0)
     with pytest.raises(RuntimeError, match="lies outside"):
-        torch.ops.folovllm_cpu.prefill_attention(torch.empty_like(q), q, k, v, [4], [5], 1.0)
+        torch.ops.folovllm.prefill_attention(torch.empty_like(q), q, k, v, [4], [5], 1.0)
 
 
 @needs_kernel
@@ -83,9 +86,9 @@ def test_backend_sends_fresh_bf16_chunks_to_the_kernel(sliding_window: int | Non
     calls: list[list[int]] = []
     results = {}
     for switch in ("kernel", "sdpa"):
-        monkeypatch.setenv(cpu_backend.PREFILL_ATTENTION_ENV, switch)
+        monkeypatch.setenv("FOLOVLLM_CPU_PREFILL_ATTENTION", switch)
         monkeypatch.setattr(cpu_backend, "prefill_kernel",
-                            lambda *a: calls.append(list(a[5])) or torch.ops.folovllm_cpu.prefill_attention(*a))
+                            lambda *a: calls.append(list(a[5])) or torch.ops.folovllm.prefill_attention(*a))
         ours, ref = run_case(query_lens, seq_lens, 9, 3, 64, 16, torch.bfloat16, backend="cpu",
                              sliding_window=sliding_window)
         torch.testing.assert_close(ours.double(), ref, atol=BF16_TOL, rtol=BF16_TOL)
@@ -96,14 +99,14 @@ def test_backend_sends_fresh_bf16_chunks_to_the_kernel(sliding_window: int | Non
 
 
 def test_prefill_attention_switch_rejects_other_values(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(cpu_backend.PREFILL_ATTENTION_ENV, "flash")
-    with pytest.raises(ValueError, match="FOLOVLLM_CPU_PREFILL_ATTENTION must be 'kernel' or 'sdpa'"):
-        cpu_backend.prefill_kernel_enabled()
+    monkeypatch.setenv("FOLOVLLM_CPU_PREFILL_ATTENTION", "flash")
+    with pytest.raises(ValueError, match="FOLOVLLM_CPU_PREFILL_ATTENTION='flash'; choose one of kernel, sdpa"):
+        envs.value("FOLOVLLM_CPU_PREFILL_ATTENTION")
 
 
 @needs_kernel
-def test_prefill_attention_switch_off_needs_no_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(cpu_backend.PREFILL_ATTENTION_ENV, "sdpa")
-    assert not cpu_backend.prefill_kernel_enabled()
-    monkeypatch.setenv(cpu_backend.PREFILL_ATTENTION_ENV, "kernel")
-    assert cpu_backend.prefill_kernel_enabled()
+def test_prefill_attention_switch_off_leaves_the_kernel_unused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FOLOVLLM_CPU_PREFILL_ATTENTION", "sdpa")
+    assert not cpu_backend.CpuAttentionBackend()._prefill_kernel
+    monkeypatch.setenv("FOLOVLLM_CPU_PREFILL_ATTENTION", "kernel")
+    assert cpu_backend.CpuAttentionBackend()._prefill_kernel

@@ -12,14 +12,22 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.helpers import BlockPool, make_attn_metadata, use_triton_interpreter_without_cuda
+from tests.helpers import (
+    BlockPool,
+    make_attn_metadata,
+    use_triton_interpreter_without_cuda,
+)
 
 if importlib.util.find_spec("triton") is None:  # not importorskip: triton must not be imported yet
     pytest.skip("triton is not installed (the test extra pins it on x86-64 Linux)", allow_module_level=True)
 use_triton_interpreter_without_cuda()  # before the kernels module is imported anywhere
 
 from folovllm.attention import triton_kernels  # noqa: E402
-from folovllm.attention.backend import ATTENTION_BACKENDS, attention_backend_names, get_attention_backend  # noqa: E402
+from folovllm.attention.backend import (  # noqa: E402
+    ATTENTION_BACKENDS,
+    attention_backend_names,
+    get_attention_backend,
+)
 from folovllm.attention.triton_backend import TritonAttentionBackend  # noqa: E402
 from folovllm.config import EngineConfig  # noqa: E402
 from tests.attention.paged_reference import reference_attention  # noqa: E402

@@ -7,7 +7,12 @@ import pytest
 
 from folovllm.bench.datasets import ServeRequest
 from folovllm.bench.serve_client import request_body
-from folovllm.bench.structured import BUILTIN_SCHEMA, load_schema, overhead_summary, schema_body
+from folovllm.bench.structured import (
+    BUILTIN_SCHEMA,
+    load_schema,
+    overhead_summary,
+    schema_body,
+)
 from folovllm.sampling_params import StructuredOutputsParams
 
 

@@ -1,8 +1,18 @@
 """The burst benchmark's analysis: ITL over time, TTFT, goodput, the no-burst ratio, the table and plot."""
 import pytest
 
-from folovllm.bench.burst import (BACKGROUND, BURST, StreamRecord, add_no_burst_ratios, itl_over_time,
-                                  markdown_table, median_ratios, median_table, plot_itl_timelines, summarize_run)
+from folovllm.bench.burst import (
+    BACKGROUND,
+    BURST,
+    StreamRecord,
+    add_no_burst_ratios,
+    itl_over_time,
+    markdown_table,
+    median_ratios,
+    median_table,
+    plot_itl_timelines,
+    summarize_run,
+)
 
 
 def records() -> list[StreamRecord]:

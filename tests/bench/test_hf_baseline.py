@@ -7,7 +7,12 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from folovllm.bench.hf_baseline import load_hf_model, run_hf_baselines, run_static, torch_dtype
+from folovllm.bench.hf_baseline import (
+    load_hf_model,
+    run_hf_baselines,
+    run_static,
+    torch_dtype,
+)
 from folovllm.bench.workloads import BenchRequest
 
 

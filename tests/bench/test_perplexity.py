@@ -62,7 +62,7 @@ def test_cli_matches_transformers(tmp_path, capsys):
     from transformers import AutoModelForCausalLM
 
     from folovllm.entrypoints.cli import main
-    from folovllm.model.tokenizer import load_tokenizer
+    from folovllm.model.loader.tokenizer import load_tokenizer
 
     folder = spec.submodule_search_locations[0]
     text_file = tmp_path / "text.txt"

@@ -4,7 +4,12 @@ import argparse
 import numpy as np
 import pytest
 
-from folovllm.bench.serve import add_serve_args, arrival_offsets, build_requests, parse_rates
+from folovllm.bench.serve import (
+    add_serve_args,
+    arrival_offsets,
+    build_requests,
+    parse_rates,
+)
 
 
 def test_poisson_arrivals_mean_rate_and_exponential_spread():

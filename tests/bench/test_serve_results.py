@@ -3,7 +3,12 @@ import pytest
 
 from folovllm.bench.datasets import ServeRequest
 from folovllm.bench.serve_client import RequestOutcome
-from folovllm.bench.serve_results import build_serve_result, format_serve_result, meets_slos, parse_goodput
+from folovllm.bench.serve_results import (
+    build_serve_result,
+    format_serve_result,
+    meets_slos,
+    parse_goodput,
+)
 
 
 def outcome(send, chunks, out_tokens=None, tag="", error=None, prompt_tokens=10):
@@ -94,8 +99,11 @@ def test_a_run_where_every_request_failed_still_reports():
 
 
 def test_vllm_result_keys_alongside_ours():
-    from folovllm.bench.serve_results import (parse_metric_percentiles, parse_percentile_metrics,
-                                              vllm_result_fields)
+    from folovllm.bench.serve_results import (
+        parse_metric_percentiles,
+        parse_percentile_metrics,
+        vllm_result_fields,
+    )
 
     outcomes = [outcome(0.0, [0.1, 0.2, 0.4]), outcome(0.0, [0.2, 0.3, 0.4]), outcome(0.0, [], error="HTTP 500")]
     result = build(outcomes)

@@ -6,7 +6,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from folovllm.bench.switch_ab import SwitchWorkload, chosen_workloads, compare_switch, write_switch_results
+from folovllm.bench.switch_ab import (
+    SwitchWorkload,
+    chosen_workloads,
+    compare_switch,
+    write_switch_results,
+)
 
 
 class FakeLLM:

@@ -13,7 +13,11 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import folovllm
-from folovllm.bench.throughput import add_throughput_args, measure_engine, run_throughput
+from folovllm.bench.throughput import (
+    add_throughput_args,
+    measure_engine,
+    run_throughput,
+)
 from folovllm.bench.workloads import BenchRequest
 
 

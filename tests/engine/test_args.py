@@ -46,9 +46,16 @@ def test_registered_names_are_the_choices() -> None:
     assert choices["dtype"] == ["auto", "float32", "bfloat16", "float16"]
 
 
-def test_cpu_prepack_is_on_unless_switched_off() -> None:
-    assert engine_config_from_args(parse()).cpu_prepack
-    assert not engine_config_from_args(parse("--no-cpu-prepack")).cpu_prepack
+def test_the_platform_switches_are_environment_variables_not_flags(capsys) -> None:
+    from folovllm.entrypoints.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help-env"])
+    assert exit_info.value.code == 0
+    table = capsys.readouterr().out
+    assert "`FOLOVLLM_CPU_ISA`" in table and "`FOLOVLLM_CPU_LINEAR`" in table
+    with pytest.raises(SystemExit):
+        parse("--no-cpu-prepack")
 
 
 def test_vllm_spellings_of_our_switches() -> None:

@@ -12,9 +12,19 @@ import pytest
 import torch
 
 from folovllm import SamplingParams
-from folovllm.engine.async_engine import AsyncLLMEngine, EngineDeadError, EngineShutdownError
+from folovllm.engine.async_engine import (
+    AsyncLLMEngine,
+    EngineDeadError,
+    EngineShutdownError,
+)
 from folovllm.engine.core_client import ThreadCore
-from folovllm.engine.core_loop import AbortOp, AddOp, EngineInfo, IterationMessage, StopOp
+from folovllm.engine.core_loop import (
+    AbortOp,
+    AddOp,
+    EngineInfo,
+    IterationMessage,
+    StopOp,
+)
 
 PARAMS = SamplingParams(max_tokens=4)
 
@@ -137,8 +147,10 @@ def test_a_failing_engine_thread_is_reported_as_dead(caplog):
         raise RuntimeError("injected loop failure")
 
     stub = SimpleNamespace(model_path="stub", max_model_len=8, default_sampling={}, device=torch.device("meta"),
-                           has_unfinished_requests=broken, cache_config_info=dict,
-                           config=SimpleNamespace(kv_role=None), model=SimpleNamespace(weight_bytes=lambda: 0))
+                           has_unfinished_requests=broken, cache_config_info=dict, platform_info={},
+                           platform=SimpleNamespace(set_threads=lambda n: None),
+                           config=SimpleNamespace(kv_role=None, threads_per_rank=1),
+                           model=SimpleNamespace(weight_bytes=lambda: 0))
     died = threading.Event()
 
     async def scenario():

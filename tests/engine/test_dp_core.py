@@ -8,7 +8,14 @@ import pytest
 
 from folovllm.config import EngineConfig
 from folovllm.engine.async_engine import AsyncLLMEngine
-from folovllm.engine.core_loop import (AbortOp, AddOp, EngineInfo, EngineSnapshot, IterationMessage, StopOp)
+from folovllm.engine.core_loop import (
+    AbortOp,
+    AddOp,
+    EngineInfo,
+    EngineSnapshot,
+    IterationMessage,
+    StopOp,
+)
 from folovllm.engine.dp_core import DataParallelCore, prompt_token_ids, replica_configs
 from folovllm.engine.errors import EngineDeadError, EngineShutdownError
 from folovllm.engine.output_delta import OutputDelta, SampleDelta

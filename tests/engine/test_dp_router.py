@@ -6,7 +6,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from folovllm.engine.dp_router import DataParallelRouter, PrefixIndex, RouterSettings, block_hashes
+from folovllm.engine.dp_router import (
+    DataParallelRouter,
+    PrefixIndex,
+    RouterSettings,
+    block_hashes,
+)
 
 BLOCK = 4
 

@@ -3,7 +3,12 @@ among their own new tokens."""
 from types import SimpleNamespace
 
 from folovllm.core.scheduler import SchedulerOutput
-from folovllm.engine.stats import context_tokens, prefill_cached_pairs, prefill_new_pairs, step_cost_terms
+from folovllm.engine.stats import (
+    context_tokens,
+    prefill_cached_pairs,
+    prefill_new_pairs,
+    step_cost_terms,
+)
 
 
 def row(computed: int, total: int, outputs: int) -> SimpleNamespace:

@@ -4,8 +4,7 @@ from __future__ import annotations
 import pytest
 
 from folovllm.core.scheduler import SchedulerOutput
-from folovllm.engine.worker_input import build_step_input
-from folovllm.engine.worker_input import sampling_row
+from folovllm.engine.worker_input import build_step_input, sampling_row
 from folovllm.request import Request, bad_words_token_ids
 from folovllm.sampling_params import SamplingParams
 

@@ -3,10 +3,10 @@
 import pytest
 
 from folovllm import LLM, SamplingParams
-from folovllm.kernel_libraries import CPU_ATTENTION_LIBRARY, load_cpu_attention_library
+from tests.tiers import library_missing
 from tests.tolerance import BF16_TOP2_TOLERANCE, TOP2_TOLERANCE, assert_greedy_match
 
-NOT_BUILT = load_cpu_attention_library(CPU_ATTENTION_LIBRARY)
+NOT_BUILT = library_missing()
 pytestmark = pytest.mark.skipif(NOT_BUILT is not None, reason=f"{NOT_BUILT}")
 
 PROMPTS = [

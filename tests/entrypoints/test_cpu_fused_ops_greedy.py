@@ -1,35 +1,32 @@
-"""The cpu_fused_ops switch end to end: it reaches the layers, the forward is unchanged (fp32 within 1e-5,
-Llama and Qwen3's q/k norm), greedy tokens do not change with it, and a missing library falls back."""
+"""The fused ops switch (FOLOVLLM_CPU_FUSED_OPS) end to end: it reaches the layers, the forward is unchanged
+(fp32 within 1e-5, Llama and Qwen3's q/k norm), greedy tokens do not change with it, and a platform without
+the kernels keeps the torch forms."""
 import pytest
 import torch
 from transformers import LlamaConfig, Qwen3Config
 
-import folovllm.config
 from folovllm import LLM, SamplingParams
-from folovllm.config import EngineConfig
-from folovllm.kernel_libraries import CPU_FUSED_OPS_LIBRARY, load_cpu_fused_ops_library
 from folovllm.model.layers import Attention, GatedMLP, RMSNorm
-from folovllm.model.loader import load_model
+from folovllm.platforms import kernel_library, platform_for
 from tests.engine.conftest import make_llm, random_prompts, tiny_llama_dir  # noqa: F401
-from tests.helpers import make_attn_metadata
+from tests.helpers import cpu_model, make_attn_metadata, switches
+from tests.tiers import library_missing
 from tests.tolerance import BF16_TOP2_TOLERANCE, assert_greedy_match
 
-NOT_BUILT = load_cpu_fused_ops_library(CPU_FUSED_OPS_LIBRARY)
+NOT_BUILT = library_missing()
 needs_library = pytest.mark.skipif(NOT_BUILT is not None, reason=f"{NOT_BUILT}")
 TINY = dict(vocab_size=256, hidden_size=96, intermediate_size=96, num_hidden_layers=2, num_attention_heads=6,
             num_key_value_heads=2, head_dim=16, max_position_embeddings=128)
 
 
 def fused_layers(model: torch.nn.Module) -> set[bool]:
-    """For every norm, attention and MLP: whether it runs the fused op."""
+    """For every norm, attention and MLP: whether it runs its kernel form (the fused op)."""
     found = set()
     for m in model.modules():
         if isinstance(m, RMSNorm) and m.weight.numel() > 16:  # q/k norms ride in the rotary op
-            found.add(m.fused is not None)
-        elif isinstance(m, Attention):
-            found.add(m.rotary_store_kv is not None)
-        elif isinstance(m, GatedMLP):
-            found.add(m.silu_and_mul is not None)
+            found.add(m.kernel_form)
+        elif isinstance(m, (Attention, GatedMLP)):
+            found.add(m.kernel_form)
     return found
 
 
@@ -51,7 +48,8 @@ def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
 @needs_library
 def test_forward_is_unchanged_in_fp32(checkpoint: str) -> None:
     """Two steps (a ragged prefill, then decodes over the cache) with the fused ops on and off."""
-    models = {fused: load_model(checkpoint, dtype=torch.float32, device="cpu", cpu_fused_ops=fused)
+    models = {fused: cpu_model(checkpoint, torch.float32, {"CPU_FUSED_OPS": "on" if fused else "off",
+                                                           "CPU_DECODER": "modules"})
               for fused in (True, False)}
     assert fused_layers(models[True]) == {True} and fused_layers(models[False]) == {False}
     arch = models[True].arch
@@ -81,22 +79,20 @@ def test_switch_reaches_the_model_and_keeps_greedy_tokens(tiny_llama_dir, dtype:
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     tokens = {}
     for fused in (True, False):
-        llm = make_llm(tiny_llama_dir, dtype=dtype, cpu_fused_ops=fused, max_num_batched_tokens=32)
+        with switches(CPU_FUSED_OPS="on" if fused else "off"):
+            llm = make_llm(tiny_llama_dir, dtype=dtype, max_num_batched_tokens=32)
         assert fused_layers(llm.llm_engine.worker.model) == {fused}
         tokens[fused] = [out.outputs[0].token_ids for out in llm.generate(prompts, params, use_tqdm=False)]
     assert tokens[True] == tokens[False]
 
 
-def test_missing_library_turns_the_switch_off_with_one_line(tmp_path, monkeypatch, caplog) -> None:
-    monkeypatch.setattr(folovllm.config, "CPU_FUSED_OPS_LIBRARY", tmp_path / "missing.so")
-    with caplog.at_level("INFO", logger="folovllm.kernel_libraries"):
-        assert not EngineConfig(device="cpu").resolve().cpu_fused_ops
-        assert not EngineConfig(device="cpu").resolve().cpu_fused_ops
-    assert [r.getMessage() for r in caplog.records if "cpu_fused_ops" in r.getMessage()] == [
-        f"cpu_fused_ops: off, since the fused CPU ops library is not built ({tmp_path / 'missing.so'} is "
-        "missing): run `make kernels` in the source tree"]
-    assert not EngineConfig(device="cpu", cpu_fused_ops=False).resolve().cpu_fused_ops
-    assert not EngineConfig(device="cuda").resolve().cpu_fused_ops
+def test_a_platform_without_the_kernels_keeps_the_torch_forms(monkeypatch) -> None:
+    with switches(CPU_ISA="none"):  # no kernel of ours at this tier
+        assert not platform_for("cpu").fused_ops
+    with switches(CPU_FUSED_OPS="off"):
+        assert not platform_for("cpu").fused_ops
+    monkeypatch.setattr(kernel_library, "has_kernel", lambda name: False)  # a library without them
+    assert not platform_for("cpu").fused_ops
 
 
 @needs_library
@@ -109,8 +105,9 @@ def test_default_model_greedy_tokens_with_and_without_fused_ops() -> None:
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=2)
     runs = {}
     for fused in (True, False):
-        llm = LLM(dtype="bfloat16", device="cpu", max_model_len=256, kv_cache_memory="64MiB", cpu_fused_ops=fused,
-                  max_num_batched_tokens=64)
+        with switches(CPU_FUSED_OPS="on" if fused else "off"):
+            llm = LLM(dtype="bfloat16", device="cpu", max_model_len=256, kv_cache_memory="64MiB",
+                      max_num_batched_tokens=64)
         assert fused_layers(llm.llm_engine.worker.model) == {fused}
         runs[fused] = []
         for out in llm.generate(prompts, params, use_tqdm=False):

@@ -9,11 +9,11 @@ import torch
 
 from folovllm import LLM, SamplingParams
 from folovllm.bench.gpu_runs import save_tokenizer
-from folovllm.kernel_libraries import CPU_ATTENTION_LIBRARY, load_cpu_attention_library
 from tests.model.test_gemma3 import random_hf_model, tiny_gemma3_config
+from tests.tiers import library_missing
 from tests.tolerance import assert_greedy_match, top2_gaps
 
-NOT_BUILT = load_cpu_attention_library(CPU_ATTENTION_LIBRARY)
+NOT_BUILT = library_missing()
 BACKENDS = ["torch", pytest.param("cpu", marks=pytest.mark.skipif(NOT_BUILT is not None, reason=f"{NOT_BUILT}"))]
 SHARED_PREFIX = [40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51]  # three full 4-token blocks
 

@@ -7,7 +7,12 @@ import pytest
 
 from folovllm.core.kv_cache import KVCacheManager
 from folovllm.core.scheduler import Scheduler, SchedulerLimits
-from folovllm.kv_transfer.base import ConnectorSide, KVConnectorBase, KVTransferResult, KVTransferSettings
+from folovllm.kv_transfer.base import (
+    ConnectorSide,
+    KVConnectorBase,
+    KVTransferResult,
+    KVTransferSettings,
+)
 from folovllm.request import Request, RequestStatus
 from folovllm.sampling_params import SamplingParams
 

@@ -1,5 +1,6 @@
-"""The bf16 linear kernel (csrc/cpu_bf16_linear.cpp) against F.linear and an fp64 reference; the
-``cpu_bf16_linear`` switch through the packing method, the loader and the engine (greedy tokens)."""
+"""Our bf16 linear kernel (csrc/cpu/linear_bf16.cpp) against F.linear and an fp64 reference at every tier it
+has, and through the packing method, the loader and the engine (``FOLOVLLM_CPU_LINEAR=folovllm`` against
+``torch``: greedy tokens)."""
 from __future__ import annotations
 
 import json
@@ -8,21 +9,38 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import folovllm.config
 from folovllm import LLM, SamplingParams
-from folovllm.config import EngineConfig
-from folovllm.kernel_libraries import CPU_BF16_LINEAR_LIBRARY, load_cpu_bf16_linear_library
-from folovllm.model.cpu_packed import PackedLinearMethod, pack_linear_weight, packed_linear, select_linear_method
-from folovllm.model.linear import LinearBase, MergedColumnParallelLinear, QKVParallelLinear, WeightConfig
-from folovllm.model.linear_method import UnquantizedLinearMethod
+from folovllm.model.layers.linear import (
+    LinearBase,
+    MergedColumnParallelLinear,
+    QKVParallelLinear,
+    WeightConfig,
+)
 from folovllm.model.loader import load_model
+from folovllm.model.quantization.linear_method import UnquantizedLinearMethod
+from folovllm.model.quantization.packed import (
+    PackedLinearMethod,
+    pack_linear_weight,
+    packed_linear,
+    select_linear_methods,
+)
+from folovllm.platforms import LinearKernels, platform_for
 from tests.engine.conftest import make_llm, random_prompts, tiny_llama_dir  # noqa: F401
+from tests.helpers import switches
+from tests.tiers import kernel_missing, skip_unless_kernel
 from tests.tolerance import BF16_TOP2_TOLERANCE, assert_greedy_match
 
 torch.set_num_threads(2)
-NOT_AVAILABLE = load_cpu_bf16_linear_library(CPU_BF16_LINEAR_LIBRARY)
-pytestmark = pytest.mark.skipif(NOT_AVAILABLE is not None, reason=f"{NOT_AVAILABLE}")
 CPU = torch.device("cpu")
+NOT_AVAILABLE = kernel_missing("linear")  # at the engine's tier, for the model and engine tests
+needs_kernel = pytest.mark.skipif(NOT_AVAILABLE is not None, reason=f"{NOT_AVAILABLE}")
+
+
+@pytest.fixture
+def linear_tier(kernel_tier: str) -> str:
+    """Each kernel test at every tier this host has where the kernel has a form."""
+    skip_unless_kernel("linear")
+    return kernel_tier
 BF16_ULP = 2**-7  # one step of bfloat16's mantissa, relative
 
 
@@ -39,32 +57,32 @@ def assert_matches_f_linear(ours: torch.Tensor, x: torch.Tensor, weight: torch.T
 
 @pytest.mark.parametrize("rows", [0, 1, 3, 4, 5, 7, 64, 300])
 @pytest.mark.parametrize("out_features, in_features", [(64, 2), (192, 96), (128, 1536)])
-def test_kernel_matches_f_linear(rows: int, out_features: int, in_features: int) -> None:
+def test_kernel_matches_f_linear(rows: int, out_features: int, in_features: int, linear_tier: str) -> None:
     torch.manual_seed(rows)
     weight = torch.randn(out_features, in_features, dtype=torch.bfloat16)
     x = torch.randn(rows, in_features, dtype=torch.bfloat16)
-    packed = pack_linear_weight(weight, bf16_kernel=True)
+    packed = pack_linear_weight(weight, ours=True)
     assert not packed.is_mkldnn and packed.numel() == weight.numel()
     assert_matches_f_linear(packed_linear(x, packed, None), x, weight, None)
 
 
-def test_each_row_is_computed_alone_whatever_the_batch() -> None:
+def test_each_row_is_computed_alone_whatever_the_batch(linear_tier: str) -> None:
     # rows are multiplied in register groups (and chunks over threads): a row's result must not depend
     # on which group it lands in, bit for bit (its fp32 sum runs along K in one order)
     torch.manual_seed(1)
     weight = torch.randn(192, 160, dtype=torch.bfloat16)
-    packed = pack_linear_weight(weight, bf16_kernel=True)
+    packed = pack_linear_weight(weight, ours=True)
     x = torch.randn(263, 160, dtype=torch.bfloat16)  # two 128-row chunks and a tail; 6-row groups and tails
     together = packed_linear(x, packed, None)
     for rows in (slice(0, 1), slice(5, 9), slice(100, 111), slice(256, 263)):
         assert torch.equal(together[rows], packed_linear(x[rows], packed, None))
 
 
-def test_kernel_takes_bias_strided_and_batched_inputs() -> None:
+def test_kernel_takes_bias_strided_and_batched_inputs(linear_tier: str) -> None:
     torch.manual_seed(0)
     weight = torch.randn(128, 48, dtype=torch.bfloat16)
     bias = torch.randn(128, dtype=torch.bfloat16)
-    packed = pack_linear_weight(weight, bf16_kernel=True)
+    packed = pack_linear_weight(weight, ours=True)
     strided = torch.randn(7, 96, dtype=torch.bfloat16)[:, ::2]
     assert_matches_f_linear(packed_linear(strided, packed, bias), strided, weight, bias)
     batched = torch.randn(2, 3, 48, dtype=torch.bfloat16)
@@ -73,13 +91,14 @@ def test_kernel_takes_bias_strided_and_batched_inputs() -> None:
     assert_matches_f_linear(out, batched, weight, bias)
 
 
-def test_weights_the_kernel_does_not_take_stay_with_onednn() -> None:
+def test_weights_the_kernel_does_not_take_stay_with_the_fallback(linear_tier: str) -> None:
     for weight in (torch.randn(40, 48, dtype=torch.bfloat16), torch.randn(64, 47, dtype=torch.bfloat16),
                    torch.randn(64, 48)):
-        assert pack_linear_weight(weight, bf16_kernel=True).is_mkldnn
+        assert pack_linear_weight(weight, ours=True, onednn=True).is_mkldnn
+        assert pack_linear_weight(weight, ours=True, onednn=False).dim() == 2  # plain, for F.linear
     with pytest.raises(RuntimeError, match="multiple of 64"):
-        torch.ops.folovllm_cpu_linear.pack(torch.randn(40, 48, dtype=torch.bfloat16))
-    packed = pack_linear_weight(torch.randn(64, 48, dtype=torch.bfloat16), bf16_kernel=True)
+        torch.ops.folovllm.linear_pack(torch.randn(40, 48, dtype=torch.bfloat16))
+    packed = pack_linear_weight(torch.randn(64, 48, dtype=torch.bfloat16), ours=True)
     with pytest.raises(RuntimeError, match=r"x must be bfloat16 \[\.\.\., 48\]"):
         packed_linear(torch.randn(2, 48), packed, None)
 
@@ -87,10 +106,10 @@ def test_weights_the_kernel_does_not_take_stay_with_onednn() -> None:
 @pytest.mark.parametrize("make", [lambda w: QKVParallelLinear(64, 16, 4, 2, True, w),
                                   lambda w: MergedColumnParallelLinear(64, [96, 96], False, w)],
                          ids=["qkv_bias", "gate_up"])
-def test_packed_method_with_the_kernel_equals_plain(make) -> None:
+def test_packed_method_with_the_kernel_equals_plain(make, linear_tier: str) -> None:
     torch.manual_seed(0)
     plain = make(WeightConfig(torch.bfloat16, CPU, UnquantizedLinearMethod()))
-    ours = make(WeightConfig(torch.bfloat16, CPU, PackedLinearMethod(bf16_kernel=True)))
+    ours = make(WeightConfig(torch.bfloat16, CPU, PackedLinearMethod(ours=True)))
     with torch.no_grad():
         for name, param in plain.named_parameters():
             param.copy_(torch.randn_like(param, dtype=torch.float32))
@@ -100,8 +119,8 @@ def test_packed_method_with_the_kernel_equals_plain(make) -> None:
     x = torch.randn(5, 64, dtype=torch.bfloat16)
     with torch.inference_mode():
         assert_matches_f_linear(ours(x), x, plain.weight, plain.bias)
-    method = select_linear_method("unquantized", None, torch.bfloat16, CPU, True, bf16_kernel=True)
-    assert isinstance(method, PackedLinearMethod) and method.bf16_kernel
+    method, head = select_linear_methods("unquantized", None, LinearKernels(dense="folovllm"))
+    assert isinstance(method, PackedLinearMethod) and method.ours and head.ours
 
 
 TINY = dict(architectures=["LlamaForCausalLM"], vocab_size=256, hidden_size=64, intermediate_size=128,
@@ -109,47 +128,52 @@ TINY = dict(architectures=["LlamaForCausalLM"], vocab_size=256, hidden_size=64, 
             rms_norm_eps=1e-5, eos_token_id=2, tie_word_embeddings=True)
 
 
+@needs_kernel
 def test_loader_packs_linears_and_the_tied_head_for_the_kernel(tmp_path) -> None:
     (tmp_path / "config.json").write_text(json.dumps(TINY))
-    models = {on: load_model(str(tmp_path), load_format="dummy", dtype=torch.bfloat16, device="cpu", seed=1,
-                             cpu_prepack=True, cpu_bf16_linear=on) for on in (True, False)}
+    models = {}
+    for linear in ("folovllm", "torch"):
+        with switches(CPU_LINEAR=linear):
+            models[linear == "folovllm"] = load_model(str(tmp_path), load_format="dummy", dtype=torch.bfloat16,
+                                                      device="cpu", seed=1, platform=platform_for("cpu"))
     for on, model in models.items():
         linears = [m for m in model.modules() if isinstance(m, LinearBase)]
-        assert linears and all(m.weight.is_mkldnn != on for m in linears)
-        assert model.model.embed_tokens.packed_head.is_mkldnn != on
-    assert models[True].weight_bytes() == models[False].weight_bytes()
+        assert linears and all((m.weight.dim() == 4) == on for m in linears)  # the head too
+    # tied: ours holds a packed head beside the embedding's table; plain torch shares the one table
+    extra = models[False].model.embed_tokens.weight.numel() * 2
+    assert models[True].weight_bytes() == models[False].weight_bytes() + extra
     hidden = torch.randn(3, TINY["hidden_size"], dtype=torch.bfloat16)
     with torch.inference_mode():
         torch.testing.assert_close(models[True].compute_logits(hidden), models[False].compute_logits(hidden),
                                    rtol=BF16_ULP, atol=1e-6)
 
 
+@needs_kernel
 def test_switch_reaches_the_model_and_keeps_greedy_tokens(tiny_llama_dir) -> None:  # noqa: F811
     prompts = [{"prompt_token_ids": p} for p in random_prompts(4, seed=3)]
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     tokens = {}
-    for on in (True, False):
-        llm = make_llm(tiny_llama_dir, dtype="bfloat16", cpu_bf16_linear=on, max_num_batched_tokens=32)
+    for linear in ("folovllm", "torch"):
+        with switches(CPU_LINEAR=linear):
+            llm = make_llm(tiny_llama_dir, dtype="bfloat16", max_num_batched_tokens=32)
         linears = [m for m in llm.llm_engine.worker.model.modules() if isinstance(m, LinearBase)]
-        assert all(m.weight.is_mkldnn != on for m in linears)
-        tokens[on] = [out.outputs[0].token_ids for out in llm.generate(prompts, params, use_tqdm=False)]
-    assert tokens[True] == tokens[False]
+        assert all((m.weight.dim() == 4) == (linear == "folovllm") for m in linears)
+        tokens[linear] = [out.outputs[0].token_ids for out in llm.generate(prompts, params, use_tqdm=False)]
+    assert tokens["folovllm"] == tokens["torch"]
 
 
-def test_switch_is_off_without_the_library_or_off_the_bf16_prepacked_path(tmp_path, monkeypatch, caplog) -> None:
-    assert EngineConfig(device="cpu").resolve().cpu_bf16_linear
-    assert not EngineConfig(device="cpu", dtype="float32").resolve().cpu_bf16_linear
-    assert not EngineConfig(device="cpu", cpu_prepack=False).resolve().cpu_bf16_linear
-    assert not EngineConfig(device="cpu", cpu_bf16_linear=False).resolve().cpu_bf16_linear
-    monkeypatch.setattr(folovllm.config, "CPU_BF16_LINEAR_LIBRARY", tmp_path / "missing.so")
-    with caplog.at_level("INFO", logger="folovllm.kernel_libraries"):
-        assert not EngineConfig(device="cpu").resolve().cpu_bf16_linear
-        assert not EngineConfig(device="cpu").resolve().cpu_bf16_linear
-    assert [r.getMessage() for r in caplog.records if "cpu_bf16_linear" in r.getMessage()] == [
-        f"cpu_bf16_linear: off, since the bf16 linear kernel is not built ({tmp_path / 'missing.so'} is "
-        "missing): run `make kernels` in the source tree"]
+def test_auto_picks_ours_only_where_it_runs(monkeypatch) -> None:
+    kernels = platform_for("cpu").linear_kernels(torch.bfloat16)
+    assert kernels.dense == ("folovllm" if NOT_AVAILABLE is None else kernels.dense_fallback)
+    assert platform_for("cpu").linear_kernels(torch.float16).dense != "folovllm"  # no fp16 form
+    with switches(CPU_ISA="none"):
+        assert platform_for("cpu").linear_kernels(torch.bfloat16).dense != "folovllm"
+        with pytest.raises(RuntimeError, match="FOLOVLLM_CPU_LINEAR=folovllm, but our linear kernel"):
+            with switches(CPU_LINEAR="folovllm"):
+                platform_for("cpu").linear_kernels(torch.bfloat16)
 
 
+@needs_kernel
 @pytest.mark.slow
 def test_default_model_greedy_tokens_with_and_without_the_kernel() -> None:
     """A sum in another order may move a logit by one bf16 step, so a near-tie can flip a token after
@@ -159,9 +183,9 @@ def test_default_model_greedy_tokens_with_and_without_the_kernel() -> None:
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=2)
     runs = {}
     for on in (True, False):
-        llm = LLM(dtype="bfloat16", device="cpu", max_model_len=256, kv_cache_memory="64MiB", cpu_bf16_linear=on,
-                  max_num_batched_tokens=64)
-        assert llm.llm_engine.config.cpu_bf16_linear == on
+        with switches(CPU_LINEAR="folovllm" if on else "torch"):
+            llm = LLM(dtype="bfloat16", device="cpu", max_model_len=256, kv_cache_memory="64MiB",
+                      max_num_batched_tokens=64)
         runs[on] = []
         for out in llm.generate(prompts, params, use_tqdm=False):
             top2 = [sorted((lp.logprob for lp in step.values()), reverse=True) for step in out.outputs[0].logprobs]

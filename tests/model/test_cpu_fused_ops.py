@@ -1,18 +1,16 @@
-"""The fused CPU ops (csrc/cpu_fused_ops.cpp) against the torch sequences they replace and an fp64
-reference: ragged token counts, GQA head layouts, float32 and bfloat16; and the switch end to end."""
+"""The fused CPU ops (csrc/cpu/fused_ops.cpp) against the torch sequences they replace and an fp64
+reference: ragged token counts, GQA head layouts, float32 and bfloat16, at every CPU tier this host has."""
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from folovllm.kernel_libraries import CPU_FUSED_OPS_LIBRARY, load_cpu_fused_ops_library
 from folovllm.model.layers import RMSNorm, RotaryEmbedding, apply_rotary
-from folovllm.model.linear import WeightConfig
+from folovllm.model.layers.linear import WeightConfig
 
 torch.set_num_threads(2)
-NOT_BUILT = load_cpu_fused_ops_library(CPU_FUSED_OPS_LIBRARY)
-pytestmark = pytest.mark.skipif(NOT_BUILT is not None, reason=f"{NOT_BUILT}")
+pytestmark = pytest.mark.usefixtures("kernel_tier")  # each test at every tier this host has
 CPU = torch.device("cpu")
 # fp64 reference tolerance: float32 to its last bits, bfloat16 to a few of its 8 mantissa bits
 REF_TOL = {torch.float32: 1e-5, torch.bfloat16: 3e-2}
@@ -20,7 +18,7 @@ BF16_ULP = 2**-7  # one step of bfloat16's mantissa, relative
 
 
 def ops():
-    return torch.ops.folovllm_cpu_fused
+    return torch.ops.folovllm
 
 
 def plain_norm(hidden: int, dtype: torch.dtype) -> RMSNorm:

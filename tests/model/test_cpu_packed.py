@@ -1,4 +1,4 @@
-"""Prepacked CPU linears: same results as the plain method, chosen only where asked and supported."""
+"""Linears prepacked for oneDNN: same results as the plain method, chosen only where asked and supported."""
 from __future__ import annotations
 
 import json
@@ -6,12 +6,7 @@ import json
 import pytest
 import torch
 
-from folovllm.model.cpu_packed import (
-    PackedLinearMethod,
-    cpu_prepack_supported,
-    select_linear_method,
-)
-from folovllm.model.linear import (
+from folovllm.model.layers.linear import (
     LinearBase,
     MergedColumnParallelLinear,
     QKVParallelLinear,
@@ -19,11 +14,14 @@ from folovllm.model.linear import (
     RowParallelLinear,
     WeightConfig,
 )
-from folovllm.model.linear_method import UnquantizedLinearMethod
 from folovllm.model.loader import load_model
+from folovllm.model.quantization.linear_method import UnquantizedLinearMethod
+from folovllm.model.quantization.packed import PackedLinearMethod, select_linear_methods
+from folovllm.platforms import LinearKernels, platform_for
+from tests.helpers import switches
 
 CPU = torch.device("cpu")
-DTYPES = [d for d in (torch.bfloat16, torch.float32) if cpu_prepack_supported(d, CPU)]
+DTYPES = [d for d in (torch.bfloat16, torch.float32) if platform_for(CPU).linear_kernels(d).dense_fallback == "onednn"]
 pytestmark = pytest.mark.skipif(not DTYPES, reason="oneDNN packing is unavailable on this CPU")
 
 
@@ -83,14 +81,13 @@ def test_packed_method_takes_a_strided_input() -> None:
 
 
 def test_selection_packs_only_unquantized_weights_when_asked() -> None:
-    dtype = DTYPES[0]
-    assert isinstance(select_linear_method("unquantized", None, dtype, CPU, True), PackedLinearMethod)
-    assert type(select_linear_method("unquantized", None, dtype, CPU, False)) is UnquantizedLinearMethod
-    assert not cpu_prepack_supported(torch.float16, CPU)
-    assert type(select_linear_method("unquantized", None, torch.float16, CPU, True)) is UnquantizedLinearMethod
-    assert not cpu_prepack_supported(dtype, torch.device("cuda"))
+    onednn, plain = LinearKernels(dense="onednn"), LinearKernels(dense="torch")
+    method, head = select_linear_methods("unquantized", None, onednn)
+    assert isinstance(method, PackedLinearMethod) and isinstance(head, PackedLinearMethod)
+    assert all(type(m) is UnquantizedLinearMethod for m in select_linear_methods("unquantized", None, plain))
+    assert platform_for(CPU).linear_kernels(torch.float16).dense == "torch"  # oneDNN takes no fp16 weights here
     with pytest.raises(ValueError, match="quantization 'nope' is not supported"):
-        select_linear_method("nope", None, dtype, CPU, True)
+        select_linear_methods("nope", None, onednn)
 
 
 TINY = dict(architectures=["LlamaForCausalLM"], vocab_size=96, hidden_size=32, intermediate_size=64,
@@ -102,13 +99,15 @@ TINY = dict(architectures=["LlamaForCausalLM"], vocab_size=96, hidden_size=32, i
 def test_loader_packs_every_linear_and_the_head(tmp_path, tied: bool) -> None:
     (tmp_path / "config.json").write_text(json.dumps(dict(TINY, tie_word_embeddings=tied)))
     dtype = DTYPES[0]
-    packed = load_model(str(tmp_path), load_format="dummy", dtype=dtype, device="cpu", seed=1, cpu_prepack=True)
-    plain = load_model(str(tmp_path), load_format="dummy", dtype=dtype, device="cpu", seed=1, cpu_prepack=False)
+    with switches(CPU_LINEAR="onednn"):
+        packed = load_model(str(tmp_path), load_format="dummy", dtype=dtype, device="cpu", seed=1,
+                            platform=platform_for("cpu"))
+    plain = load_model(str(tmp_path), load_format="dummy", dtype=dtype, device="cpu", seed=1)
     linears = [m for m in packed.modules() if isinstance(m, LinearBase)]
     assert linears and all(isinstance(m.method, PackedLinearMethod) and m.weight.is_mkldnn for m in linears)
     assert not any(isinstance(m.method, PackedLinearMethod) for m in plain.modules() if isinstance(m, LinearBase))
     embed = packed.model.embed_tokens
-    assert (embed.packed_head is not None) == tied and not embed.weight.is_mkldnn  # the lookup stays plain
+    assert packed.lm_head.weight.is_mkldnn and not embed.weight.is_mkldnn  # the lookup stays plain
     extra = embed.weight.numel() * embed.weight.element_size() if tied else 0
     assert packed.weight_bytes() == plain.weight_bytes() + extra
     hidden = torch.randn(3, TINY["hidden_size"], dtype=dtype)

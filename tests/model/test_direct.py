@@ -1,24 +1,26 @@
-"""Direct decoder-layer calls (model/direct.py): the same logits as the module calls, bit for bit; the
+"""Direct decoder-layer calls (compilation/direct.py): the same logits as the module calls, bit for bit; the
 modules whenever a hook is registered; the switch and the layers it cannot stand in for."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from folovllm.kernel_libraries import CPU_ATTENTION_LIBRARY, CPU_FUSED_OPS_LIBRARY, load_cpu_attention_library, load_cpu_fused_ops_library
-from folovllm.model.direct import DIRECT_CALLS_ENV, direct_calls_enabled
+from folovllm.compilation.cpu import CompiledDecoder
 from folovllm.model.layers import CausalLM
-from folovllm.model.loader import load_model
-from folovllm.model.quant.cpu_quant import cpu_quant_unavailable
-from folovllm.model.quant.gptq_config import INT4_ACTIVATIONS_ENV, INT4_FUSED_MLP_ENV
-from tests.helpers import make_attn_metadata
+from folovllm.platforms import kernel_library
+from tests.helpers import cpu_model, make_attn_metadata
 from tests.model.quant.test_gptq_loading import make_gptq_model, tiny_llama  # noqa: F401 (a fixture)
+from tests.tiers import kernel_missing, library_missing
 
 torch.set_num_threads(2)
-NOT_BUILT = load_cpu_fused_ops_library(CPU_FUSED_OPS_LIBRARY) or load_cpu_attention_library(CPU_ATTENTION_LIBRARY)
+NOT_BUILT = library_missing()
 pytestmark = pytest.mark.skipif(NOT_BUILT is not None, reason=f"{NOT_BUILT}")
-ENGINE_OPS = {"attn_backend": "cpu", "cpu_fused_ops": True, "cpu_prepack": True}
+DIRECT = {"CPU_DECODER": "direct"}  # direct calls for every step, no C++ chain
 BLOCK = 16
+
+
+def direct_model(path: str, dtype: torch.dtype, switch_values: dict | None = None, **load_kwargs) -> CausalLM:
+    return cpu_model(path, dtype, {**DIRECT, **(switch_values or {})}, attn_backend="cpu", **load_kwargs)
 
 
 def prefill_then_decode(model: CausalLM) -> torch.Tensor:
@@ -41,12 +43,13 @@ def prefill_then_decode(model: CausalLM) -> torch.Tensor:
 
 def both_ways(model: CausalLM) -> tuple[torch.Tensor, torch.Tensor]:
     """(logits with direct calls, logits through the modules)."""
-    assert model.model.direct_layers is not None
+    stack = model.model.layers
+    compiled = stack.compiled
+    assert isinstance(compiled, CompiledDecoder) and compiled.chain is None
     direct = prefill_then_decode(model)
-    model.model.use_direct_calls(False)
-    assert model.model.direct_layers is None
+    stack.compiled = None
     modules = prefill_then_decode(model)
-    model.model.use_direct_calls(True)
+    stack.compiled = compiled
     return direct, modules
 
 
@@ -56,48 +59,40 @@ def folders(tiny_llama, tmp_path_factory) -> tuple[str, str]:  # noqa: F811
     return make_gptq_model(tiny_llama, tmp_path_factory.mktemp("direct"))
 
 
-@pytest.mark.skipif(cpu_quant_unavailable() is not None, reason=f"{cpu_quant_unavailable()}")
+@pytest.mark.skipif(kernel_missing("int4") is not None, reason=f"{kernel_missing('int4')}")
 @pytest.mark.parametrize("activations", ["bf16", "int8", "auto"])  # auto: int8 in the 18-row prefill only
-def test_gptq_int4_with_int8_head_equals_module_calls(folders: tuple[str, str], activations: str,
-                                                      monkeypatch) -> None:
+def test_gptq_int4_with_int8_head_equals_module_calls(folders: tuple[str, str], activations: str) -> None:
     """Also the fused int4 MLP (one op for gate_up, SiLU-mul and down): the three ops' logits bit for bit."""
-    if activations != "bf16" and not torch.ops.folovllm_cpu_quant.supported_a8():
+    if activations != "bf16" and not kernel_library.has_kernel("int4_a8"):
         pytest.skip("this CPU lacks AVX512_VNNI")
-    monkeypatch.setenv(INT4_ACTIVATIONS_ENV, activations)
-    model = load_model(folders[0], dtype=torch.bfloat16, device="cpu", quantize_lm_head="on", **ENGINE_OPS)
-    assert all(layer.mlp is not None for layer in model.model.direct_layers)
+    model = direct_model(folders[0], torch.bfloat16, {"INT4_ACTIVATIONS": activations}, quantize_lm_head="on")
+    assert all(layer.mlp is not None for layer in model.model.layers.compiled.direct)
     direct, modules = both_ways(model)
     assert torch.equal(direct, modules)
 
 
-@pytest.mark.skipif(cpu_quant_unavailable() is not None, reason=f"{cpu_quant_unavailable()}")
-def test_fused_int4_mlp_switch(folders: tuple[str, str], monkeypatch) -> None:
-    monkeypatch.setenv(INT4_FUSED_MLP_ENV, "off")
-    model = load_model(folders[0], dtype=torch.bfloat16, device="cpu", **ENGINE_OPS)
-    assert all(layer.mlp is None for layer in model.model.direct_layers)
-    monkeypatch.setenv(INT4_FUSED_MLP_ENV, "on")
-    fused = load_model(folders[0], dtype=torch.bfloat16, device="cpu", **ENGINE_OPS)
-    assert torch.equal(prefill_then_decode(model), prefill_then_decode(fused))
-    float_model = load_model(folders[1], dtype=torch.bfloat16, device="cpu", **ENGINE_OPS)
-    assert all(layer.mlp is None for layer in float_model.model.direct_layers)  # not int4: three calls
+@pytest.mark.skipif(kernel_missing("int4") is not None, reason=f"{kernel_missing('int4')}")
+def test_the_fused_int4_mlp_is_only_for_int4_linears(folders: tuple[str, str]) -> None:
+    float_model = direct_model(folders[1], torch.bfloat16)
+    assert all(layer.mlp is None for layer in float_model.model.layers.compiled.direct)  # not int4: three calls
 
 
-@pytest.mark.parametrize("bf16_linear", [False, True])
-def test_bf16_equals_module_calls(folders: tuple[str, str], bf16_linear: bool) -> None:
-    model = load_model(folders[1], dtype=torch.bfloat16, device="cpu", cpu_bf16_linear=bf16_linear, **ENGINE_OPS)
+@pytest.mark.parametrize("linear", ["auto", "torch"])
+def test_bf16_equals_module_calls(folders: tuple[str, str], linear: str) -> None:
+    model = direct_model(folders[1], torch.bfloat16, {"CPU_LINEAR": linear})
     direct, modules = both_ways(model)
     assert torch.equal(direct, modules)
 
 
-@pytest.mark.skipif(cpu_quant_unavailable() is not None, reason=f"{cpu_quant_unavailable()}")
+@pytest.mark.skipif(kernel_missing("int8") is not None, reason=f"{kernel_missing('int8')}")
 def test_int8_linears_equal_module_calls(folders: tuple[str, str]) -> None:
-    model = load_model(folders[1], dtype=torch.bfloat16, device="cpu", quantization="int8", **ENGINE_OPS)
+    model = direct_model(folders[1], torch.bfloat16, quantization="int8")
     direct, modules = both_ways(model)
     assert torch.equal(direct, modules)
 
 
 def test_a_registered_hook_sends_the_step_through_the_modules(folders: tuple[str, str]) -> None:
-    model = load_model(folders[1], dtype=torch.bfloat16, device="cpu", **ENGINE_OPS)
+    model = direct_model(folders[1], torch.bfloat16)
     seen = []
     handle = model.model.layers[1].mlp.down_proj.register_forward_pre_hook(lambda m, args: seen.append(args[0]))
     hooked = prefill_then_decode(model)
@@ -107,19 +102,15 @@ def test_a_registered_hook_sends_the_step_through_the_modules(folders: tuple[str
     assert len(seen) == 2  # removed: direct again
 
 
-def test_switch_off_and_layers_without_a_direct_form(folders: tuple[str, str], monkeypatch) -> None:
-    monkeypatch.setenv(DIRECT_CALLS_ENV, "off")
-    assert load_model(folders[1], dtype=torch.bfloat16, device="cpu", **ENGINE_OPS).model.direct_layers is None
-    monkeypatch.setenv(DIRECT_CALLS_ENV, "on")
-    unfused = load_model(folders[1], dtype=torch.bfloat16, device="cpu", cpu_prepack=True)
-    assert unfused.model.direct_layers is None  # the torch norms and rotary: the modules' own paths
-    monkeypatch.setenv(DIRECT_CALLS_ENV, "yes")
-    with pytest.raises(ValueError, match=DIRECT_CALLS_ENV):
-        direct_calls_enabled()
+def test_switch_off_and_layers_without_a_direct_form(folders: tuple[str, str]) -> None:
+    assert direct_model(folders[1], torch.bfloat16, {"CPU_DECODER": "modules"}).model.layers.compiled is None
+    unfused = direct_model(folders[1], torch.bfloat16, {"CPU_FUSED_OPS": "off"})
+    assert unfused.model.layers.compiled is None  # the torch norms and rotary: the modules' own paths
+    with pytest.raises(ValueError, match="FOLOVLLM_CPU_DECODER='yes'"):
+        direct_model(folders[1], torch.bfloat16, {"CPU_DECODER": "yes"})
 
 
 def test_float32_gptq_equals_module_calls(folders: tuple[str, str]) -> None:
-    model = load_model(folders[0], dtype=torch.float32, device="cpu", **ENGINE_OPS)
+    model = direct_model(folders[0], torch.float32)
     direct, modules = both_ways(model)
     assert torch.equal(direct, modules)
-

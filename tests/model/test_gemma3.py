@@ -8,19 +8,25 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, Gemma3TextConfig
 
-from folovllm.kernel_libraries import CPU_ATTENTION_LIBRARY, load_cpu_attention_library
 from folovllm.model.arch import FULL, SLIDING, ArchConfig
 from folovllm.model.layers import CausalLM
 from folovllm.model.loader import load_model
 from tests.helpers import BlockPool, use_triton_interpreter_without_cuda
-from tests.model.test_model_vs_hf import NUM_BLOCKS, Seq, hf_logits, new_kv_caches, run_step
+from tests.model.test_model_vs_hf import (
+    NUM_BLOCKS,
+    Seq,
+    hf_logits,
+    new_kv_caches,
+    run_step,
+)
+from tests.tiers import library_missing
 
 torch.set_num_threads(2)
 
 WINDOW = 4
 LAYER_TYPES = [SLIDING, SLIDING, FULL, SLIDING, FULL]
 PROMPT = [5, 17, 200, 3, 99, 42, 7, 128, 64, 250, 11, 31, 77]
-NOT_BUILT = load_cpu_attention_library(CPU_ATTENTION_LIBRARY)
+NOT_BUILT = library_missing()
 BACKENDS = [
     "torch",
     pytest.param("cpu", marks=pytest.mark.skipif(NOT_BUILT is not None, reason=f"{NOT_BUILT}")),

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from folovllm.model.generation_config import default_sampling_overrides
+from folovllm.model.loader.generation_config import default_sampling_overrides
 
 
 def test_auto_reads_the_models_sampling_keys(tmp_path) -> None:

@@ -1,6 +1,6 @@
-"""The greedy LM head kernel (csrc/cpu_greedy_head.cpp) against the argmax of the bf16 linear kernel's
-logits, and the ``cpu_greedy_head`` switch: when it applies (the int8 head's own, int8_argmax, too), and that
-greedy tokens do not change."""
+"""The greedy LM head kernel (``linear_argmax``, csrc/cpu/greedy_head.cpp) against the argmax of our linear
+kernel's logits at every tier it has, and ``FOLOVLLM_CPU_GREEDY_HEAD``: when the head offers it (the int8
+head's own, int8_argmax, too), and that greedy tokens do not change."""
 from __future__ import annotations
 
 import json
@@ -8,20 +8,23 @@ import json
 import pytest
 import torch
 
-import folovllm.config
 from folovllm import SamplingParams
-from folovllm.config import EngineConfig
-from folovllm.kernel_libraries import CPU_BF16_LINEAR_LIBRARY, CPU_GREEDY_HEAD_LIBRARY, load_cpu_bf16_linear_library, load_cpu_greedy_head_library
-from folovllm.model.cpu_packed import pack_linear_weight, packed_linear
-from folovllm.model.greedy_head import greedy_head_for
 from folovllm.model.loader import load_model
-from folovllm.model.quant.cpu_quant import cpu_quant_unavailable
+from folovllm.model.quantization.packed import pack_linear_weight, packed_linear
+from folovllm.platforms import platform_for
 from tests.engine.conftest import make_llm, random_prompts, tiny_llama_dir  # noqa: F401
+from tests.helpers import switches
+from tests.tiers import kernel_missing, skip_unless_kernel
 
 torch.set_num_threads(2)
-NOT_AVAILABLE = load_cpu_bf16_linear_library(CPU_BF16_LINEAR_LIBRARY) or load_cpu_greedy_head_library(
-    CPU_GREEDY_HEAD_LIBRARY)
-pytestmark = pytest.mark.skipif(NOT_AVAILABLE is not None, reason=f"{NOT_AVAILABLE}")
+NOT_AVAILABLE = kernel_missing("linear_argmax")
+needs_kernel = pytest.mark.skipif(NOT_AVAILABLE is not None, reason=f"{NOT_AVAILABLE}")
+
+
+@pytest.fixture
+def argmax_tier(kernel_tier: str) -> str:
+    skip_unless_kernel("linear_argmax")
+    return kernel_tier
 
 
 def reference_argmax(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
@@ -30,30 +33,30 @@ def reference_argmax(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("rows", [0, 1, 5, 6, 7, 13, 64])
 @pytest.mark.parametrize("vocab, hidden", [(64, 2), (576, 96), (4096, 64)])
-def test_kernel_matches_the_argmax_of_the_linear_kernel(rows: int, vocab: int, hidden: int) -> None:
+def test_kernel_matches_the_argmax_of_the_linear_kernel(rows: int, vocab: int, hidden: int, argmax_tier: str) -> None:
     torch.manual_seed(rows * 7 + vocab)
-    packed = pack_linear_weight(torch.randn(vocab, hidden, dtype=torch.bfloat16), bf16_kernel=True)
+    packed = pack_linear_weight(torch.randn(vocab, hidden, dtype=torch.bfloat16), ours=True)
     x = torch.randn(rows, hidden, dtype=torch.bfloat16)
-    got = torch.ops.folovllm_cpu_head.argmax(x, packed)
+    got = torch.ops.folovllm.linear_argmax(x, packed)
     assert got.dtype == torch.int64 and got.shape == (rows,)
     assert torch.equal(got, reference_argmax(x, packed))
 
 
-def test_ties_go_to_the_first_token_across_blocks_and_threads() -> None:
+def test_ties_go_to_the_first_token_across_blocks_and_threads(argmax_tier: str) -> None:
     # Equal rows of the weight give equal logits: the lowest id must win, however the work is split.
     weight = torch.randn(1, 32, dtype=torch.bfloat16).repeat(4096, 1)
     weight[:700] *= -1  # ids below 700 lose, 700 is the first maximum (unless a row prefers the others)
-    packed = pack_linear_weight(weight, bf16_kernel=True)
+    packed = pack_linear_weight(weight, ours=True)
     x = torch.randn(9, 32, dtype=torch.bfloat16)
     expected = reference_argmax(x, packed)
     assert set(expected.tolist()) <= {0, 700}
-    assert torch.equal(torch.ops.folovllm_cpu_head.argmax(x, packed), expected)
+    assert torch.equal(torch.ops.folovllm.linear_argmax(x, packed), expected)
 
 
-def test_kernel_rejects_an_unpacked_weight() -> None:
+def test_kernel_rejects_an_unpacked_weight(argmax_tier: str) -> None:
     with pytest.raises(RuntimeError, match="not packed"):
-        torch.ops.folovllm_cpu_head.argmax(torch.randn(2, 8, dtype=torch.bfloat16),
-                                           torch.randn(64, 8, dtype=torch.bfloat16))
+        torch.ops.folovllm.linear_argmax(torch.randn(2, 8, dtype=torch.bfloat16),
+                                         torch.randn(64, 8, dtype=torch.bfloat16))
 
 
 TINY = dict(architectures=["LlamaForCausalLM"], vocab_size=256, hidden_size=64, intermediate_size=128,
@@ -61,24 +64,26 @@ TINY = dict(architectures=["LlamaForCausalLM"], vocab_size=256, hidden_size=64, 
             rms_norm_eps=1e-5, eos_token_id=2)
 
 
+def _tiny(path, linear: str = "auto", quantize_lm_head: str = "off"):
+    with switches(CPU_LINEAR=linear):
+        return load_model(str(path), load_format="dummy", dtype=torch.bfloat16, device="cpu", seed=1,
+                          quantize_lm_head=quantize_lm_head, platform=platform_for("cpu"))
+
+
+@needs_kernel
 @pytest.mark.parametrize("tied", [True, False])
-def test_head_is_found_only_where_it_equals_the_logits_argmax(tmp_path, tied: bool) -> None:
+def test_head_is_offered_only_where_it_equals_the_logits_argmax(tmp_path, tied: bool) -> None:
     (tmp_path / "config.json").write_text(json.dumps({**TINY, "tie_word_embeddings": tied}))
-    model = load_model(str(tmp_path), load_format="dummy", dtype=torch.bfloat16, device="cpu", seed=1,
-                       cpu_prepack=True, cpu_bf16_linear=True)
-    head = greedy_head_for(model)
+    model = _tiny(tmp_path, "folovllm")
+    head = model.greedy_head()
     hidden = torch.randn(11, TINY["hidden_size"], dtype=torch.bfloat16)
     with torch.inference_mode():
         assert torch.equal(head(hidden), model.compute_logits(hidden).argmax(dim=-1))
-    for other in (dict(cpu_bf16_linear=False), dict(cpu_prepack=False)):
-        model = load_model(str(tmp_path), load_format="dummy", dtype=torch.bfloat16, device="cpu", seed=1,
-                           **{"cpu_prepack": True, "cpu_bf16_linear": True, **other})
-        assert greedy_head_for(model) is None, other
+    assert _tiny(tmp_path, "torch").greedy_head() is None
     # an int8 head has its own shortcut (int8_argmax), where our int8 kernel runs it
-    model = load_model(str(tmp_path), load_format="dummy", dtype=torch.bfloat16, device="cpu", seed=1,
-                       cpu_prepack=True, cpu_bf16_linear=True, quantize_lm_head="on")
-    head = greedy_head_for(model)
-    assert (head is None) == (cpu_quant_unavailable() is not None)
+    model = _tiny(tmp_path, "folovllm", quantize_lm_head="on")
+    head = model.greedy_head()
+    assert (head is None) == (kernel_missing("int8") is not None)
     if head is not None:
         with torch.inference_mode():
             assert torch.equal(head(hidden), model.compute_logits(hidden).argmax(dim=-1))
@@ -90,24 +95,12 @@ def test_switch_keeps_greedy_tokens_and_steps_with_logprobs_take_the_sampler(tin
     with_logprobs = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=1)
     tokens = {}
     for on in (True, False):
-        llm = make_llm(tiny_llama_dir, dtype="bfloat16", cpu_greedy_head=on, max_num_batched_tokens=32)
-        assert llm.llm_engine.config.cpu_greedy_head == on
-        assert (llm.llm_engine.worker.runner.greedy_head is not None) == on
+        with switches(CPU_GREEDY_HEAD="on" if on else "off"):
+            llm = make_llm(tiny_llama_dir, dtype="bfloat16", max_num_batched_tokens=32)
+        offered = llm.llm_engine.worker.model.greedy_head() is not None
+        assert (llm.llm_engine.worker.runner.greedy_head is not None) == (on and offered)
         tokens[on] = [out.outputs[0].token_ids for out in llm.generate(prompts, greedy, use_tqdm=False)]
         logprob_outputs = llm.generate(prompts[:2], with_logprobs, use_tqdm=False)
         assert all(len(out.outputs[0].logprobs) == 12 for out in logprob_outputs)
         tokens[on] += [out.outputs[0].token_ids for out in logprob_outputs]
     assert tokens[True] == tokens[False]
-
-
-def test_switch_is_off_without_the_library_or_the_bf16_kernel(tmp_path, monkeypatch, caplog) -> None:
-    assert EngineConfig(device="cpu").resolve().cpu_greedy_head
-    assert not EngineConfig(device="cpu", cpu_greedy_head=False).resolve().cpu_greedy_head
-    assert not EngineConfig(device="cpu", cpu_bf16_linear=False).resolve().cpu_greedy_head
-    assert not EngineConfig(device="cpu", dtype="float32").resolve().cpu_greedy_head
-    monkeypatch.setattr(folovllm.config, "CPU_GREEDY_HEAD_LIBRARY", tmp_path / "missing.so")
-    with caplog.at_level("INFO", logger="folovllm.kernel_libraries"):
-        assert not EngineConfig(device="cpu").resolve().cpu_greedy_head
-    assert [r.getMessage() for r in caplog.records if "cpu_greedy_head" in r.getMessage()] == [
-        f"cpu_greedy_head: off, since the greedy LM head kernel is not built ({tmp_path / 'missing.so'} is "
-        "missing): run `make kernels` in the source tree"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from folovllm.config import EngineConfig
-from folovllm.model.hub import resolve_model_files, resolve_model_path
+from folovllm.model.loader.hub import resolve_model_files, resolve_model_path
 from tests.tiny_hub import TINY_REPO_ID, make_hub_cache
 
 

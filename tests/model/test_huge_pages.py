@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from folovllm.model.huge_pages import HUGE_PAGE_WEIGHTS_ENV, move_weights_to_huge_pages
-from folovllm.model.loader import load_model
+from folovllm.platforms.huge_pages import move_weights_to_huge_pages
+from tests.helpers import cpu_model
 from tests.model.quant.test_gptq_loading import make_gptq_model, tiny_llama  # noqa: F401 (a fixture)
 
 
@@ -34,14 +34,13 @@ def test_tensors_keep_identity_values_and_sharing() -> None:
     assert len(set(ptrs)) == 1  # all in the one block
 
 
-def test_model_outputs_unchanged(tiny_llama, tmp_path, monkeypatch) -> None:  # noqa: F811
-    """A GPTQ model with an int8 head (our kernels' packed buffers, direct calls built before the move)."""
+def test_model_outputs_unchanged(tiny_llama, tmp_path) -> None:  # noqa: F811
+    """A GPTQ model with an int8 head (the kernels' packed buffers, the compiled forms' bound tensors)."""
     gptq, _ = make_gptq_model(tiny_llama, tmp_path)
     hidden = None
     logits = []
     for switch in ("on", "off"):
-        monkeypatch.setenv(HUGE_PAGE_WEIGHTS_ENV, switch)
-        model = load_model(gptq, dtype=torch.bfloat16, device="cpu", quantize_lm_head="on")
+        model = cpu_model(gptq, torch.bfloat16, {"HUGE_PAGE_WEIGHTS": switch}, quantize_lm_head="on")
         if hidden is None:
             hidden = torch.randn(5, model.arch.hidden_size).bfloat16()
         layer = model.model.layers[0].mlp
@@ -53,7 +52,7 @@ def test_model_outputs_unchanged(tiny_llama, tmp_path, monkeypatch) -> None:  # 
 def test_freed_storages_go_back_to_the_os(monkeypatch) -> None:
     """Each storage of TRIM_BYTES or more that moved is followed by one malloc_trim, so the heap holes the
     old copies leave do not stay resident; smaller ones are not."""
-    from folovllm.model import huge_pages
+    from folovllm.platforms import huge_pages
 
     calls = []
     monkeypatch.setattr(huge_pages, "_release_freed_memory", lambda: calls.append(1))

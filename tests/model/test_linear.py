@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from folovllm.model.linear import (
+from folovllm.model.layers.linear import (
     ColumnParallelLinear,
     MergedColumnParallelLinear,
     QKVParallelLinear,
@@ -14,7 +14,7 @@ from folovllm.model.linear import (
     RowParallelLinear,
     WeightConfig,
 )
-from folovllm.model.linear_method import (
+from folovllm.model.quantization.linear_method import (
     LINEAR_METHODS,
     UnquantizedLinearMethod,
     get_linear_method,

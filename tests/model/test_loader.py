@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
 
 from folovllm.model.layers import CausalLM
 from folovllm.model.loader import default_model_path, load_arch_config, load_model
-from folovllm.model.tokenizer import load_tokenizer
+from folovllm.model.loader.tokenizer import load_tokenizer
 from tests.helpers import make_attn_metadata
 
 torch.set_num_threads(2)
@@ -70,7 +70,7 @@ def test_smollm2_arch(smollm_fp32: CausalLM) -> None:
     assert arch.architecture == "LlamaForCausalLM"
     assert (arch.num_hidden_layers, arch.hidden_size, arch.intermediate_size) == (30, 576, 1536)
     assert (arch.num_attention_heads, arch.num_key_value_heads, arch.head_dim) == (9, 3, 64)
-    assert arch.vocab_size == 49152 and arch.tie_word_embeddings and smollm_fp32.lm_head is None
+    assert arch.vocab_size == 49152 and arch.tie_word_embeddings and smollm_fp32.lm_head.tied is not None
     assert arch.rope_theta == 100000.0 and arch.eos_token_ids == [2]
 
 
@@ -126,7 +126,7 @@ def test_dummy_qwen3_from_config(tmp_path: Path) -> None:
     assert layer.self_attn.qkv_proj.weight.shape == ((4 + 2 * 2) * 64, 128)
     assert layer.self_attn.o_proj.weight.shape == (128, 4 * 64)
     assert layer.self_attn.q_norm is not None and layer.mlp.gate_up_proj.weight.shape == (2 * 384, 128)
-    assert model.lm_head is None and layer.self_attn.qkv_proj.bias is None
+    assert model.lm_head.tied is not None and layer.self_attn.qkv_proj.bias is None
     std = model.model.embed_tokens.weight.float().std().item()
     assert 0.015 < std < 0.025
     logits = prefill_logits(model, [1, 2, 3, 4, 5], torch.bfloat16)

@@ -7,7 +7,11 @@ from folovllm.model.gemma3 import Gemma3ForCausalLM
 from folovllm.model.llama import LlamaForCausalLM
 from folovllm.model.qwen2 import Qwen2ForCausalLM
 from folovllm.model.qwen3 import Qwen3ForCausalLM
-from folovllm.model.registry import architecture_for_gguf, get_model_class, register_model
+from folovllm.model.registry import (
+    architecture_for_gguf,
+    get_model_class,
+    register_model,
+)
 
 
 def test_each_model_file_registers_its_architecture() -> None:

@@ -5,15 +5,15 @@ import torch
 from torch import nn
 
 from folovllm.distributed.group import TPGroup
-from folovllm.model.layers import ParallelLMHead, VocabEmbedding
-from folovllm.model.linear import (
+from folovllm.model.layers import LMHead, VocabEmbedding
+from folovllm.model.layers.linear import (
     ColumnParallelLinear,
     MergedColumnParallelLinear,
     QKVParallelLinear,
     RowParallelLinear,
     WeightConfig,
 )
-from folovllm.model.linear_method import UnquantizedLinearMethod
+from folovllm.model.quantization.linear_method import UnquantizedLinearMethod
 from tests.helpers import run_ranks
 
 CPU = torch.device("cpu")
@@ -21,7 +21,7 @@ TOL = dict(rtol=1e-5, atol=1e-5)
 
 
 def _weights(group: TPGroup | None) -> WeightConfig:
-    return WeightConfig.for_group(torch.float32, CPU, UnquantizedLinearMethod(), False, group)
+    return WeightConfig.for_group(torch.float32, CPU, UnquantizedLinearMethod(), group)
 
 
 def _load(layer: nn.Module, pieces: dict) -> None:
@@ -96,18 +96,20 @@ def _check_vocab(rank: int, group: TPGroup) -> None:
     torch.testing.assert_close(part(ids), full(ids), **TOL)
 
     h = torch.randn(4, hidden, generator=gen)
-    method = UnquantizedLinearMethod()
-    full_head, part_head = ParallelLMHead(hidden, vocab, _weights(None), method), \
-        ParallelLMHead(hidden, vocab, _weights(group), method)
+    full_head, part_head = LMHead(hidden, vocab, _weights(None)), LMHead(hidden, vocab, _weights(group))
     for layer in (full_head, part_head):
         _load(layer, {"weight": table})
     assert part_head.weight.shape == (6, hidden)
     gathered = group.gather_to_first(part_head(h))
     if rank == 0:  # the padded row's logit is cut off, as compute_logits does
         torch.testing.assert_close(gathered[:, :vocab], full_head(h), **TOL)
-    tied = group.gather_to_first(part.logits(h))  # the embedding table as the LM head
+    tied_full, tied_part = LMHead(hidden, vocab, _weights(None)), LMHead(hidden, vocab, _weights(group))
+    tied_full.tie(full)
+    tied_part.tie(part)  # the embedding table as the LM head
+    assert tied_part.weight is part.weight
+    tied = group.gather_to_first(tied_part(h))
     if rank == 0:
-        torch.testing.assert_close(tied[:, :vocab], full.logits(h), **TOL)
+        torch.testing.assert_close(tied[:, :vocab], tied_full(h), **TOL)
 
 
 def _check_all(rank: int, group: TPGroup) -> None:

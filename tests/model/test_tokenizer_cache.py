@@ -8,7 +8,12 @@ import shutil
 import pytest
 
 from folovllm.model.loader import default_model_path
-from folovllm.model.tokenizer import _COMPLETE, _save_to_cache, gguf_tokenizer_cache_dir, load_tokenizer
+from folovllm.model.loader.tokenizer import (
+    _COMPLETE,
+    _save_to_cache,
+    gguf_tokenizer_cache_dir,
+    load_tokenizer,
+)
 
 TEXTS = ["Hello wörld!", "<|im_start|>user\n  tabs\tand 12345", "emoji 🤖 and \u00a0nbsp", "", "  leading spaces"]
 
@@ -85,7 +90,7 @@ def test_unwritable_cache_only_warns(tmp_path, converted_and_cached, caplog):
 def test_switch_off_and_bad_values(monkeypatch, tmp_path):
     monkeypatch.setenv("FOLOVLLM_CACHE_ROOT", str(tmp_path))
     monkeypatch.setenv("FOLOVLLM_TOKENIZER_CACHE", "maybe")
-    with pytest.raises(ValueError, match="FOLOVLLM_TOKENIZER_CACHE must be 'on' or 'off'"):
+    with pytest.raises(ValueError, match="FOLOVLLM_TOKENIZER_CACHE='maybe'; choose one of on, off"):
         load_tokenizer(default_model_path())
     monkeypatch.setenv("FOLOVLLM_TOKENIZER_CACHE", "off")
     tokenizer = load_tokenizer(default_model_path())

@@ -7,10 +7,14 @@ from transformers import AutoModelForCausalLM, Qwen3Config
 
 from folovllm.attention.torch_backend import TorchAttentionBackend
 from folovllm.model.arch import ArchConfig
-from folovllm.model.linear import WeightConfig
-from folovllm.model.linear_method import UnquantizedLinearMethod
+from folovllm.model.layers.linear import WeightConfig
+from folovllm.model.layers.weights import (
+    checkpoint_target,
+    process_weights_after_loading,
+    weight_bytes,
+)
+from folovllm.model.quantization.linear_method import UnquantizedLinearMethod
 from folovllm.model.qwen3 import Qwen3ForCausalLM
-from folovllm.model.weights import checkpoint_target, process_weights_after_loading, weight_bytes
 from tests.model.test_linear import TransposedLinearMethod
 from tests.model.test_loader import prefill_logits
 
@@ -52,7 +56,7 @@ def test_loads_every_tensor_into_its_slice(hf_state: tuple[ArchConfig, dict[str,
     assert torch.equal(attn.qkv_proj.weight, expected)
     gate_up = model.model.layers[0].mlp.gate_up_proj.weight
     assert torch.equal(gate_up[: TINY["intermediate_size"]], state["model.layers.0.mlp.gate_proj.weight"])
-    assert (model.lm_head is None) == arch.tie_word_embeddings
+    assert (model.lm_head.tied is model.model.embed_tokens) == arch.tie_word_embeddings
 
 
 def test_weight_bytes_counts_parameters_and_buffers_once(hf_state: tuple[ArchConfig, dict]) -> None:

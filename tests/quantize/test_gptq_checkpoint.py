@@ -4,8 +4,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from folovllm.model.quant.pack import unpack_int32
-from folovllm.quantize.checkpoint import dequantize_gptq, dequantize_state_dict, gptq_tensors
+from folovllm.model.quantization.pack import unpack_int32
+from folovllm.quantize.checkpoint import (
+    dequantize_gptq,
+    dequantize_state_dict,
+    gptq_tensors,
+)
 from folovllm.quantize.gptq import GPTQConfig, gptq_quantize
 from folovllm.quantize.grid import QuantSpec, rtn_quantize
 

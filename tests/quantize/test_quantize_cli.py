@@ -12,7 +12,7 @@ from safetensors import safe_open
 
 from folovllm.entrypoints.cli import main
 from folovllm.model.loader import load_arch_config, load_model
-from folovllm.model.tokenizer import load_tokenizer
+from folovllm.model.loader.tokenizer import load_tokenizer
 from folovllm.quantize.checkpoint import dequantize_state_dict
 
 TINY_LLAMA = {
@@ -183,8 +183,9 @@ def test_a_non_llama_family_model_is_refused(tmp_path: Path, capsys: pytest.Capt
 
 
 def _gptq_loader_registered() -> bool:
-    import folovllm.model.quant as quant
-    from folovllm.model.linear_method import LINEAR_METHODS
+    import folovllm.model.quantization as quant
+
+    from folovllm.model.quantization.linear_method import LINEAR_METHODS
 
     for module in pkgutil.iter_modules(quant.__path__):
         importlib.import_module(f"{quant.__name__}.{module.name}")

@@ -7,10 +7,22 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from folovllm.sample.logits_processors import (LOGITS_PROCESSORS, AllowedTokenIdsProcessor, BadWordsProcessor,
-                                               GrammarBitmaskProcessor, LogitBiasProcessor, MinTokensProcessor,
-                                               PenaltiesProcessor, adjusts_row, build_logits_processors)
-from folovllm.sample.metadata import SamplingRow, build_sampling_batch, is_plain_greedy_row
+from folovllm.sample.logits_processors import (
+    LOGITS_PROCESSORS,
+    AllowedTokenIdsProcessor,
+    BadWordsProcessor,
+    GrammarBitmaskProcessor,
+    LogitBiasProcessor,
+    MinTokensProcessor,
+    PenaltiesProcessor,
+    adjusts_row,
+    build_logits_processors,
+)
+from folovllm.sample.metadata import (
+    SamplingRow,
+    build_sampling_batch,
+    is_plain_greedy_row,
+)
 from folovllm.sample.sampler import Sampler
 from folovllm.sampling_params import SamplingParams
 

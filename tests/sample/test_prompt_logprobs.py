@@ -1,7 +1,11 @@
 """compute_prompt_logprobs: each row's target logprob, rank and top-k, whatever the slice size."""
 import torch
 
-from folovllm.sample.prompt_logprobs import PromptLogprobsBatch, PromptLogprobsRequest, compute_prompt_logprobs
+from folovllm.sample.prompt_logprobs import (
+    PromptLogprobsBatch,
+    PromptLogprobsRequest,
+    compute_prompt_logprobs,
+)
 
 
 def test_rows_targets_ranks_and_topk_whatever_the_slicing() -> None:

@@ -11,8 +11,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from folovllm.sample.metadata import SamplingBatch, SamplingRow, build_sampling_batch
-from folovllm.sample.sampler import (Sampler, _apply_min_p, _apply_top_k_only, _apply_top_k_top_p,
-                                     _exponential_race)
+from folovllm.sample.sampler import (
+    Sampler,
+    _apply_min_p,
+    _apply_top_k_only,
+    _apply_top_k_top_p,
+    _exponential_race,
+)
 from folovllm.sampling_params import SamplingParams
 
 

@@ -4,8 +4,19 @@ import json
 import numpy as np
 import pytest
 
-from folovllm.simulator.calibrate import calibrate, fit_linear, price_steps, read_trace_shapes
-from folovllm.simulator.cost_model import LINEAR_TERMS, OPTIONAL_TERMS, LinearCostModel, StepShape, load_linear_profile
+from folovllm.simulator.calibrate import (
+    calibrate,
+    fit_linear,
+    price_steps,
+    read_trace_shapes,
+)
+from folovllm.simulator.cost_model import (
+    LINEAR_TERMS,
+    OPTIONAL_TERMS,
+    LinearCostModel,
+    StepShape,
+    load_linear_profile,
+)
 
 TRUE = {"fixed_s": 0.004, "per_prefill_token_s": 2e-5, "per_decode_row_s": 3e-4, "per_context_token_s": 1e-7,
         "per_request_s": 5e-5, "per_prefill_step_s": 2e-3, "per_prefill_token_context_s": 3e-10,

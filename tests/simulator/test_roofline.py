@@ -4,7 +4,12 @@ import json
 import pytest
 
 from folovllm.simulator.cost_model import StepShape
-from folovllm.simulator.roofline import DEVICES, QWEN3_0_6B, RooflineCostModel, load_model_shape
+from folovllm.simulator.roofline import (
+    DEVICES,
+    QWEN3_0_6B,
+    RooflineCostModel,
+    load_model_shape,
+)
 
 
 def test_qwen3_0_6b_shape():

@@ -2,9 +2,20 @@
 import pytest
 
 from folovllm.simulator.calibrate import calibrate
-from folovllm.simulator.cost_model import LINEAR_TERMS, LinearCostModel, StepShape, load_linear_profile
-from folovllm.simulator.speed import (DECODE_TERMS, PROBE_PROMPT_LEN, combine, probe_of, scaled,
-                                      speed_factors)
+from folovllm.simulator.cost_model import (
+    LINEAR_TERMS,
+    LinearCostModel,
+    StepShape,
+    load_linear_profile,
+)
+from folovllm.simulator.speed import (
+    DECODE_TERMS,
+    PROBE_PROMPT_LEN,
+    combine,
+    probe_of,
+    scaled,
+    speed_factors,
+)
 from tests.simulator.test_calibrate import synthetic_trace
 
 COEFFICIENTS = {t: 1e-4 * (i + 1) for i, t in enumerate(LINEAR_TERMS)}

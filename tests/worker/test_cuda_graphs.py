@@ -7,7 +7,11 @@ import importlib.util
 import pytest
 import torch
 
-from tests.helpers import BlockPool, make_attn_metadata, use_triton_interpreter_without_cuda
+from tests.helpers import (
+    BlockPool,
+    make_attn_metadata,
+    use_triton_interpreter_without_cuda,
+)
 
 if importlib.util.find_spec("triton") is None:  # not importorskip: triton must not be imported yet
     pytest.skip("triton is not installed (the test extra pins it on x86-64 Linux)", allow_module_level=True)
@@ -15,8 +19,14 @@ use_triton_interpreter_without_cuda()  # before the kernels module is imported a
 
 from folovllm.config import EngineConfig  # noqa: E402
 from folovllm.model.loader import load_model  # noqa: E402
-from folovllm.worker.cuda_graphs import DecodeInputs, capture_decode_graphs, capture_sizes  # noqa: E402
+from folovllm.worker.cuda_graphs import (  # noqa: E402
+    DecodeInputs,
+    capture_decode_graphs,
+    capture_sizes,
+)
 from folovllm.worker.worker import allocate_kv_caches  # noqa: E402
+from folovllm.platforms import platform_for
+from folovllm.platforms.cuda import CudaPlatform
 from tests.engine.conftest import make_llm, random_prompts, tiny_llama_dir  # noqa: E402, F401
 
 torch.set_num_threads(2)
@@ -34,8 +44,8 @@ def test_capture_sizes() -> None:
 
 
 def test_graphs_only_on_cuda_with_the_triton_backend() -> None:
-    on_cpu = EngineConfig(device="cpu", attention_backend="triton")
-    assert capture_decode_graphs(None, [], on_cpu, 64) is None
+    assert not platform_for("cpu").captures_graphs  # the worker asks for graphs only where they are captured
+    assert CudaPlatform(torch.device("cuda")).captures_graphs
     assert capture_decode_graphs(None, [], EngineConfig(device="cuda", attention_backend="torch"), 64) is None
     eager = EngineConfig(device="cuda", attention_backend="triton", enforce_eager=True)
     assert capture_decode_graphs(None, [], eager, 64) is None

@@ -9,7 +9,7 @@ import torch
 
 from folovllm import SamplingParams
 from folovllm.sample.rows import SamplingRow
-from folovllm.worker.decode_inputs import DECODE_INPUT_BUFFERS_ENV, DecodeInputBuffers, is_decode_only
+from folovllm.worker.decode_inputs import DecodeInputBuffers, is_decode_only
 from folovllm.worker.step_batch import StepBatch, prepare_step_batch
 from folovllm.worker.step_input import ScheduledRequest, StepInput
 from tests.engine.conftest import make_llm, random_prompts, tiny_llama_dir  # noqa: F401
@@ -62,20 +62,15 @@ def test_only_decode_steps_take_the_buffers() -> None:
 
 
 @pytest.mark.parametrize("greedy", [True, False])
-def test_engine_tokens_equal_with_buffers_off(tiny_llama_dir, monkeypatch, greedy: bool) -> None:  # noqa: F811
+def test_engine_tokens_equal_with_buffers_off(tiny_llama_dir, greedy: bool) -> None:  # noqa: F811
     params = SamplingParams(temperature=0.0 if greedy else 0.9, seed=None if greedy else 5, max_tokens=12,
                             ignore_eos=True)
     prompts = [{"prompt_token_ids": p} for p in random_prompts(3, seed=2)]
+    llm = make_llm(tiny_llama_dir)
+    runner = llm.llm_engine.worker.runner
+    assert runner.decode_inputs is not None  # the CPU platform is synchronous: the buffers are on
     tokens = {}
-    for switch in ("on", "off"):
-        monkeypatch.setenv(DECODE_INPUT_BUFFERS_ENV, switch)
-        llm = make_llm(tiny_llama_dir)
-        assert (llm.llm_engine.worker.runner.decode_inputs is not None) == (switch == "on")
-        tokens[switch] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
-    assert tokens["on"] == tokens["off"]
-
-
-def test_switch_rejects_other_values(tiny_llama_dir, monkeypatch) -> None:  # noqa: F811
-    monkeypatch.setenv(DECODE_INPUT_BUFFERS_ENV, "yes")
-    with pytest.raises(ValueError, match=DECODE_INPUT_BUFFERS_ENV):
-        make_llm(tiny_llama_dir)
+    for on in (True, False):
+        runner.decode_inputs = DecodeInputBuffers(runner.block_size) if on else None
+        tokens[on] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert tokens[True] == tokens[False]

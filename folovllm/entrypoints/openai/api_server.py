@@ -27,26 +27,30 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
 import folovllm
-
+from folovllm import envs
 from folovllm.config import EngineConfig
 from folovllm.engine.async_engine import AsyncLLMEngine, EngineDeadError
 from folovllm.engine.core_client import ProcessCore, ThreadCore
 from folovllm.engine.dp_core import DataParallelCore
 from folovllm.engine.llm_engine import LLMEngine
 from folovllm.entrypoints.openai.body_limit import BodySizeLimit
+from folovllm.entrypoints.openai.chat_template import load_chat_template
 from folovllm.entrypoints.openai.draining import DrainGate, DrainingServer, ServerState
 from folovllm.entrypoints.openai.errors import APIError, bad_request, install_error_handlers
-from folovllm.entrypoints.openai.http_stack import (HTTP_CHOICES, LOOP_CHOICES, check_http_stack,
-                                                   describe_http_stack)
+from folovllm.entrypoints.openai.http_stack import HTTP_CHOICES, LOOP_CHOICES, check_http_stack, describe_http_stack
 from folovllm.entrypoints.openai.metrics import METRICS_PREFIXES, RejectionCounter, ServerMetrics
 from folovllm.entrypoints.openai.middleware import InFlight, RequestIdHeader, ServerLoad
-from folovllm.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest,
-                                                  DetokenizeRequest, ResponsesRequest, TokenizeRequest)
+from folovllm.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    ResponsesRequest,
+    TokenizeRequest,
+)
+from folovllm.entrypoints.openai.reasoning import REASONING_PARSERS
 from folovllm.entrypoints.openai.serving import ClientDisconnected, ServingContext, now_s
 from folovllm.entrypoints.openai.serving_chat import ChatServing
 from folovllm.entrypoints.openai.serving_completion import CompletionServing
-from folovllm.entrypoints.openai.chat_template import load_chat_template
-from folovllm.entrypoints.openai.reasoning import REASONING_PARSERS
 from folovllm.entrypoints.openai.serving_responses import ResponsesServing
 from folovllm.entrypoints.openai.tool_parsers import TOOL_PARSERS
 from folovllm.entrypoints.openai.validation import ChatSettings, RequestLimits
@@ -94,7 +98,7 @@ def build_app(core: ProcessCore | ThreadCore | DataParallelCore, tokenizer, conf
     state = state or ServerState()
     metrics = ServerMetrics(config.model_name, config.metrics_prefix, core.info.max_model_len,
                             core.info.cache_config, num_engines=core.info.data_parallel_size,
-                            weight_bytes=core.info.weight_bytes)
+                            weight_bytes=core.info.weight_bytes, platform=core.info.platform)
 
     def on_engine_death(error: EngineDeadError) -> None:
         metrics.reset_gauges()
@@ -255,7 +259,7 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
                    help="the model name(s) clients may send; the first is the one reported "
                         "(default: --model, or the default model's name)")
-    g.add_argument("--api-key", default=os.environ.get("FOLOVLLM_API_KEY"),
+    g.add_argument("--api-key", default=envs.value("FOLOVLLM_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on /v1/*, /tokenize and /detokenize "
                         "(default: $FOLOVLLM_API_KEY)")
     g.add_argument("--max-waiting-requests", type=int, default=None,
@@ -356,9 +360,9 @@ def start_engine_core(engine_config: EngineConfig, own_process: bool, log_level:
     if not own_process:
         engine = LLMEngine(engine_config)
         return ThreadCore(engine), copy.deepcopy(engine.tokenizer)
-    from folovllm.model.hub import resolve_model_files
     from folovllm.model.loader import default_model_path
-    from folovllm.model.tokenizer import load_tokenizer
+    from folovllm.model.loader.hub import resolve_model_files
+    from folovllm.model.loader.tokenizer import load_tokenizer
 
     engine_config = resolve_model_files(engine_config)  # once, here: the child gets local paths
     level = getattr(logging, log_level.upper())

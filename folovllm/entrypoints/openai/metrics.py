@@ -99,7 +99,7 @@ class ServerMetrics:
 
     def __init__(self, model_name: str, prefix: str = "vllm", max_model_len: int = 2048,
                  cache_config: dict[str, str] | None = None, num_engines: int = 1,
-                 weight_bytes: int | None = None) -> None:
+                 weight_bytes: int | None = None, platform: dict[str, str] | None = None) -> None:
         if prefix not in METRICS_PREFIXES:
             raise ValueError(f"--metrics-prefix must be one of {', '.join(METRICS_PREFIXES)}; got {prefix!r}")
         disable_created_metrics()  # prometheus_client's switch is process-wide; every server wants it off
@@ -185,6 +185,11 @@ class ServerMetrics:
                                [*cache_config, "engine"], registry=r)
             for e in range(num_engines):
                 info_gauge.labels(**cache_config, engine=str(e)).set(1)
+        if platform:  # the replicas run on one machine: the device, and a CPU's tier (a series vLLM has not)
+            platform_gauge = Gauge("folovllm:platform_info", "The platform an engine runs on (device, CPU tier "
+                                   "and kernels)", [*platform, "engine"], registry=r)
+            for e in range(num_engines):
+                platform_gauge.labels(**platform, engine=str(e)).set(1)
         if weight_bytes:  # the replicas load the same model
             weights = Gauge(f"{prefix}:model_weight_bytes", "Bytes of model weights an engine holds "
                             "(quantized weights as packed)", ["model_name", "engine"], registry=r)

@@ -11,8 +11,16 @@ import logging
 from collections.abc import Callable
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidatorFunctionWrapHandler,
-                      field_validator, model_validator)
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+    model_validator,
+)
 
 logger = logging.getLogger(__name__)
 

@@ -21,7 +21,6 @@ from folovllm.outputs import CompletionOutput, RequestOutput
 from folovllm.sampling_params import SamplingParams
 from folovllm.structured_output import GrammarCache
 
-
 _T = TypeVar("_T")
 logger = logging.getLogger(__name__)
 # ASGI scope key: set once the request reached the engine; an error response after that is no rejection.

@@ -9,9 +9,16 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from folovllm.entrypoints.openai.chat_reply import ReplyDeltas, ReplyReader
 from folovllm.entrypoints.openai.protocol import ChatCompletionRequest
-from folovllm.entrypoints.openai.serving import (ServingContext, TextDeltas, event_stream, now_s,
-                                                 prompt_logprobs_json, request_id_of, sse,
-                                                 with_kv_transfer_params)
+from folovllm.entrypoints.openai.serving import (
+    ServingContext,
+    TextDeltas,
+    event_stream,
+    now_s,
+    prompt_logprobs_json,
+    request_id_of,
+    sse,
+    with_kv_transfer_params,
+)
 from folovllm.outputs import CompletionOutput, RequestOutput
 
 

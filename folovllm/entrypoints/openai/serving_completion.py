@@ -9,9 +9,17 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from folovllm.engine.async_engine import RequestStream
 from folovllm.entrypoints.openai.protocol import CompletionRequest
-from folovllm.entrypoints.openai.serving import (ServingContext, TextDeltas, event_stream, merge_streams,
-                                                 now_s, prompt_logprobs_json, request_id_of, sse,
-                                                 with_kv_transfer_params)
+from folovllm.entrypoints.openai.serving import (
+    ServingContext,
+    TextDeltas,
+    event_stream,
+    merge_streams,
+    now_s,
+    prompt_logprobs_json,
+    request_id_of,
+    sse,
+    with_kv_transfer_params,
+)
 from folovllm.outputs import CompletionOutput, RequestOutput
 
 

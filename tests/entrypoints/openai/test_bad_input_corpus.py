@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from tests.entrypoints.openai.bad_inputs import CASES
+
 API_KEY = "test-key"  # the shared server's key (conftest.py)
 
 # A non-ASCII header value goes out as raw bytes (httpx would refuse to encode the str).

@@ -7,8 +7,8 @@ import json
 from types import SimpleNamespace
 
 import pytest
-
 from chat_templates import WEATHER_TOOL
+
 from folovllm.entrypoints.openai.chat_reply import ReplyDeltas, ReplyReader
 from folovllm.entrypoints.openai.protocol import ChatCompletionRequest
 from folovllm.entrypoints.openai.serving import usage, usage_counts

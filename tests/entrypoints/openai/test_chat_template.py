@@ -3,12 +3,16 @@ continue_final_message, documents and a request's own template."""
 from __future__ import annotations
 
 import pytest
-
 from chat_templates import HERMES_TEMPLATE, ROUND_TRIP, WEATHER_TOOL
+
 from folovllm.entrypoints.openai.chat_template import load_chat_template
 from folovllm.entrypoints.openai.errors import APIError
 from folovllm.entrypoints.openai.protocol import ChatCompletionRequest
-from folovllm.entrypoints.openai.validation import ChatSettings, RequestLimits, Validator
+from folovllm.entrypoints.openai.validation import (
+    ChatSettings,
+    RequestLimits,
+    Validator,
+)
 
 
 def _validator(tokenizer, **settings) -> Validator:

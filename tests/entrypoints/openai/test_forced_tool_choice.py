@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from chat_templates import TIME_TOOL, WEATHER_TOOL
 
 MODEL_NAME = "smol"

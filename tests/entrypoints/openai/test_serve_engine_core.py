@@ -12,6 +12,7 @@ import psutil
 
 from tests.entrypoints.openai.conftest import MODEL_NAME
 
+
 def _engine_processes(server_pid: int) -> list[psutil.Process]:
     """The server's spawned children, less multiprocessing's resource tracker."""
     return [p for p in psutil.Process(server_pid).children()

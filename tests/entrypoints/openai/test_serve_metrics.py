@@ -7,7 +7,12 @@ import httpx
 import pytest
 
 from tests.entrypoints.openai.conftest import parse_metrics
-from tests.entrypoints.openai.vllm_metrics import EMITTED, GRAFANA_SERIES, NOT_EMITTED, OWN
+from tests.entrypoints.openai.vllm_metrics import (
+    EMITTED,
+    GRAFANA_SERIES,
+    NOT_EMITTED,
+    OWN,
+)
 
 PROMPT = "Metrics are counted for this unique prompt number 4711:"
 
@@ -72,6 +77,9 @@ def test_metric_names_and_types_match_vllms(http):
     assert weights.labels["model_name"] == "smol" and weights.value > 4 * 134e6  # float32: 4 bytes a weight, 135M of them
     info = families["vllm:cache_config_info"].samples[0].labels
     assert info["block_size"] == "16" and info["enable_prefix_caching"] == "True"
+    platform = next(f for f in text_string_to_metric_families(http.get("/metrics").text)
+                    if f.name == "folovllm:platform_info").samples[0].labels
+    assert platform["platform"] == "cpu" and platform["isa"] in ("none", "avx2", "avx512", "avx512_bf16", "amx")
     reasons = {s.labels["finished_reason"] for s in families["vllm:request_success"].samples}
     assert reasons == {"stop", "length", "abort", "error"}
     # vLLM's example Grafana dashboards find every series their queries name

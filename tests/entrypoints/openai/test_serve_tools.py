@@ -1,12 +1,11 @@
 """Tools, reasoning and chat-template options through the live server and the official client."""
 from __future__ import annotations
 
-
 import httpx
 import openai
 import pytest
-
 from chat_templates import HERMES_TEMPLATE, ROUND_TRIP, WEATHER_TOOL
+
 MODEL_NAME, API_KEY = "smol", "test-key"  # the names conftest starts servers with
 SAMPLING = {"max_tokens": 12, "temperature": 0.0}
 

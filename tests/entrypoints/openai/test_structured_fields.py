@@ -6,7 +6,10 @@ import json
 import pytest
 
 from folovllm.entrypoints.openai.errors import APIError
-from folovllm.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
+from folovllm.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+)
 from folovllm.entrypoints.openai.structured import structured_outputs_from_body
 from folovllm.sampling_params import StructuredOutputsParams
 

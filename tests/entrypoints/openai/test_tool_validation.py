@@ -2,12 +2,16 @@
 from __future__ import annotations
 
 import pytest
+from chat_templates import TIME_TOOL, WEATHER_TOOL
 from pydantic import ValidationError
 
-from chat_templates import TIME_TOOL, WEATHER_TOOL
 from folovllm.entrypoints.openai.errors import APIError
 from folovllm.entrypoints.openai.protocol import ChatCompletionRequest
-from folovllm.entrypoints.openai.validation import ChatSettings, RequestLimits, Validator
+from folovllm.entrypoints.openai.validation import (
+    ChatSettings,
+    RequestLimits,
+    Validator,
+)
 
 MESSAGES = [{"role": "user", "content": "Weather in Paris?"}]
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from folovllm.model.quant.pack import pack_int32
+from folovllm.model.quantization.pack import pack_int32
 
 LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 # Linears fed the same input share one act-order permutation (the same Hessian gives the same order).

@@ -7,17 +7,17 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from folovllm.model.quant.cpu_quant import (
+from folovllm.model.quantization.cpu_int4 import (
     CpuInt4Kernel,
     cpu_int4_fits,
-    cpu_quant_unavailable,
     pack_int4,
     pack_int8,
     packed_int8_rows,
 )
-from folovllm.model.quant.kernels import Int8ChannelKernel
+from folovllm.model.quantization.kernels import Int8ChannelKernel
+from tests.tiers import kernel_missing
 
-NOT_BUILT = cpu_quant_unavailable()
+NOT_BUILT = kernel_missing("int4")
 pytestmark = pytest.mark.skipif(NOT_BUILT is not None, reason=f"{NOT_BUILT}")
 
 
@@ -110,7 +110,7 @@ def test_int8_matches_reference(n: int, k: int, m: int, dtype: torch.dtype) -> N
     codes = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=gen)
     scales = (torch.rand(n, generator=gen) * 0.01 + 1e-3).to(dtype)
     x = torch.randn(m, k, generator=gen).to(dtype)
-    got = torch.ops.folovllm_cpu_quant.int8_gemm(x, pack_int8(codes), scales)
+    got = torch.ops.folovllm.int8_gemm(x, pack_int8(codes), scales)
     assert got.dtype == dtype and got.shape == (m, n)
     expected = (x.double() @ codes.double().t()) * scales.double()
     rel = 1e-5 if dtype == torch.float32 else 8e-3
@@ -145,7 +145,7 @@ def test_act_order_direct_call_is_one_op_with_forwards_values(m: int, dtype: tor
     perm = torch.randperm(64, generator=torch.Generator().manual_seed(m))
     kernel = CpuInt4Kernel([codes], [scales], [zeros], 32, dtype, perm, activations="bf16")
     x = torch.randn(2, m, 64).to(dtype)
-    assert kernel.direct().op_call[0] == torch.ops.folovllm_cpu_quant.int4_gemm_perm.default
+    assert kernel.direct().op_call[0] == torch.ops.folovllm.int4_gemm_perm.default
     assert torch.equal(kernel.direct()(x), kernel(x))
     with pytest.raises(RuntimeError, match="outside"):
-        torch.ops.folovllm_cpu_quant.int4_gemm_perm(x, *kernel.direct().op_call[1][:4], perm + 1)
+        torch.ops.folovllm.int4_gemm_perm(x, *kernel.direct().op_call[1][:4], perm + 1)

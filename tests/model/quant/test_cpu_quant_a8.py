@@ -1,4 +1,4 @@
-"""Our W4A8 int4 kernel (``int4_gemm_a8``, csrc/cpu_quant_int4_a8.h) against its own rounding done in torch,
+"""Our W4A8 int4 kernel (``int4_gemm_a8``, csrc/cpu/quant_int4_a8.h) against its own rounding done in torch,
 and the ``FOLOVLLM_INT4_ACTIVATIONS`` switch that picks it."""
 from __future__ import annotations
 
@@ -7,11 +7,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from folovllm.model.quant.cpu_quant import CpuInt4Kernel, cpu_quant_unavailable
-from folovllm.model.quant.gptq_config import INT4_A8_MIN_ROWS, INT4_ACTIVATIONS_ENV, int4_activations_choice
+from folovllm.model.quantization.cpu_int4 import INT4_A8_MIN_ROWS, CpuInt4Kernel
+from folovllm.platforms import kernel_library, platform_for
+from tests.tiers import kernel_missing
 
-NOT_BUILT = cpu_quant_unavailable()
-NO_VNNI = NOT_BUILT or (None if torch.ops.folovllm_cpu_quant.supported_a8() else "this CPU lacks AVX512_VNNI")
+NOT_BUILT = kernel_missing("int4")
+NO_VNNI = NOT_BUILT or (None if kernel_library.has_kernel("int4_a8") else "this CPU lacks AVX512_VNNI")
 pytestmark = pytest.mark.skipif(NO_VNNI is not None, reason=f"{NO_VNNI}")
 
 
@@ -91,15 +92,18 @@ def test_zero_rows_and_leading_dims() -> None:
 def test_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     codes, scales, zeros = _weights(32, 64, 32, 0)
     x = torch.randn(3, 64).bfloat16()
-    assert int4_activations_choice() == "bf16"  # the default
-    monkeypatch.setenv(INT4_ACTIVATIONS_ENV, "int8")
-    from_env = CpuInt4Kernel([codes], [scales], [zeros], 32, torch.bfloat16, None)
+    assert platform_for("cpu").linear_kernels(torch.bfloat16).int4_activations == "bf16"  # the default
+    monkeypatch.setenv("FOLOVLLM_INT4_ACTIVATIONS", "int8")
+    activations = platform_for("cpu").linear_kernels(torch.bfloat16).int4_activations
+    from_env = CpuInt4Kernel([codes], [scales], [zeros], 32, torch.bfloat16, None, activations)
     assert from_env.activations == "int8"
     assert torch.equal(from_env.direct()(x), CpuInt4Kernel([codes], [scales], [zeros], 32, torch.bfloat16, None,
                                                            "int8")(x))
-    monkeypatch.setenv(INT4_ACTIVATIONS_ENV, "int4")
-    with pytest.raises(ValueError, match=INT4_ACTIVATIONS_ENV):
-        CpuInt4Kernel([codes], [scales], [zeros], 32, torch.bfloat16, None)
+    monkeypatch.setenv("FOLOVLLM_INT4_ACTIVATIONS", "int4")
+    with pytest.raises(ValueError, match="FOLOVLLM_INT4_ACTIVATIONS"):
+        platform_for("cpu").linear_kernels(torch.bfloat16)
+    with pytest.raises(ValueError, match="activations must be one of"):
+        CpuInt4Kernel([codes], [scales], [zeros], 32, torch.bfloat16, None, "int4")
 
 
 @pytest.mark.parametrize("rows", [1, INT4_A8_MIN_ROWS - 1, INT4_A8_MIN_ROWS, 40])

@@ -11,12 +11,27 @@ import torch.nn.functional as F
 
 from folovllm import LLM, SamplingParams
 from folovllm.config import EngineConfig
-from folovllm.model.linear import ColumnParallelLinear, RowParallelLinear, WeightConfig
+from folovllm.model.layers.linear import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    WeightConfig,
+)
 from folovllm.model.loader import default_model_path, load_model
-from folovllm.model.quant.cpu_quant import CpuInt4Kernel, cpu_quant_unavailable
-from folovllm.model.quant.gguf_int4 import GGUFInt4LinearMethod, dequantize_int4_parts, gguf_int4_parts
+from folovllm.model.quantization.cpu_int4 import CpuInt4Kernel
+from folovllm.model.quantization.gguf_int4 import (
+    GGUFInt4LinearMethod,
+    dequantize_int4_parts,
+    gguf_int4_parts,
+)
+from folovllm.platforms import platform_for
 from tests.model.test_loader import prefill_logits
-from tests.tolerance import BF16_TOP2_TOLERANCE, TOP2_TOLERANCE, assert_greedy_match, top2_gaps
+from tests.tiers import kernel_missing
+from tests.tolerance import (
+    BF16_TOP2_TOLERANCE,
+    TOP2_TOLERANCE,
+    assert_greedy_match,
+    top2_gaps,
+)
 
 Q = gguf.GGMLQuantizationType
 INT4_TYPES = [Q.Q4_0, Q.Q4_1, Q.Q4_K]
@@ -51,7 +66,8 @@ def test_packed_linear_matches_dequantized_linear(qtype, dtype: torch.dtype, lay
     rows, cols = 96, 512
     data = random_blocks(qtype, rows, cols, seed=1)
     weight = torch.from_numpy(gguf.quants.dequantize(data, qtype))
-    layer = layer_class(cols, rows, False, WeightConfig(dtype, torch.device("cpu"), GGUFInt4LinearMethod()))
+    method = GGUFInt4LinearMethod(platform_for("cpu").linear_kernels(dtype))
+    layer = layer_class(cols, rows, False, WeightConfig(dtype, torch.device("cpu"), method))
     for name, part in zip(("qcodes", "qscales", "qzeros"), gguf_int4_parts(data, qtype, rows, cols)):
         getattr(layer, name).weight_loader(getattr(layer, name), part)
     layer.method.process_weights_after_loading(layer)
@@ -124,14 +140,15 @@ def test_tiny_gguf_packed_matches_dequantized(tiny_gguf: str) -> None:
     torch.testing.assert_close(prefill_logits(packed, ids), prefill_logits(dense, ids), atol=2e-4, rtol=1e-4)
 
 
-@pytest.mark.skipif(cpu_quant_unavailable() is not None, reason=f"{cpu_quant_unavailable()}")
+@pytest.mark.skipif(kernel_missing("int4") is not None, reason=f"{kernel_missing('int4')}")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_tiny_gguf_packed_our_kernel_matches_torchs(tiny_gguf: str, dtype: torch.dtype, monkeypatch) -> None:
     """FOLOVLLM_QUANT_KERNEL switches the packed layers between our int4 kernel and torch's: same logits."""
     models = {}
     for kernel in ("folovllm", "torch"):
         monkeypatch.setenv("FOLOVLLM_QUANT_KERNEL", kernel)
-        models[kernel] = load_model(tiny_gguf, dtype=dtype, device="cpu", load_quantized=True, cpu_prepack=True)
+        models[kernel] = load_model(tiny_gguf, dtype=dtype, device="cpu", load_quantized=True,
+                                    platform=platform_for("cpu"))
     o_proj = "model.layers.0.self_attn.o_proj"
     assert isinstance(models["folovllm"].get_submodule(o_proj).quant_kernel, CpuInt4Kernel)
     assert not isinstance(models["torch"].get_submodule(o_proj).quant_kernel, CpuInt4Kernel)
@@ -142,7 +159,8 @@ def test_tiny_gguf_packed_our_kernel_matches_torchs(tiny_gguf: str, dtype: torch
 
 
 def test_tiny_gguf_packed_bf16_close(tiny_gguf: str) -> None:
-    packed = load_model(tiny_gguf, dtype=torch.bfloat16, device="cpu", load_quantized=True, cpu_prepack=True)
+    packed = load_model(tiny_gguf, dtype=torch.bfloat16, device="cpu", load_quantized=True,
+                        platform=platform_for("cpu"))
     dense = load_model(tiny_gguf, dtype=torch.float32, device="cpu")
     ids = [5, 17, 3, 99, 42, 7]
     got, expected = prefill_logits(packed, ids, torch.bfloat16), prefill_logits(dense, ids)
@@ -156,7 +174,7 @@ def test_load_quantized_errors(tiny_gguf: str, tmp_path: Path) -> None:
         load_model(tiny_gguf, load_format="dummy", dtype=torch.float32, device="cpu", load_quantized=True)
     with pytest.raises(ValueError, match="use one or the other"):
         load_model(tiny_gguf, quantization="int8", dtype=torch.float32, device="cpu", load_quantized=True)
-    with pytest.raises(ValueError, match="not the CPU"):
+    with pytest.raises(ValueError, match="which the cuda platform lacks"):
         load_model(tiny_gguf, dtype=torch.float32, device="cuda", load_quantized=True)
     with pytest.raises(ValueError, match="load_quantized must be one of auto, on, off"):
         EngineConfig(load_quantized="yes")
@@ -183,7 +201,8 @@ def _default_model_greedy(prompts: list[list[int]], dtype: str, load_quantized: 
 def test_default_model_greedy_packed_vs_dequantized(dtype: str, tolerance: float) -> None:
     prompts = [[1, 4093, 314, 253, 3575, 30], [504, 3458, 282, 4649, 314], [2, 11, 12, 13, 14, 15, 16]]
     packed, dense = (_default_model_greedy(prompts, dtype, mode) for mode in ("on", "off"))
-    reference = load_model(default_model_path(), dtype=getattr(torch, dtype), device="cpu", cpu_prepack=True)
+    reference = load_model(default_model_path(), dtype=getattr(torch, dtype), device="cpu",
+                           platform=platform_for("cpu"))
     for prompt, got, expected in zip(prompts, packed, dense):
         logits = prefill_logits(reference, prompt + expected, reference.dtype)[len(prompt) - 1:-1]
         assert_greedy_match(got, expected, top2_gaps(list(logits)), tolerance)

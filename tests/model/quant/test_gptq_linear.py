@@ -4,9 +4,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from folovllm.model.linear import MergedColumnParallelLinear, RowParallelLinear, WeightConfig
-from folovllm.model.quant.gptq import GPTQLinearMethod
-from folovllm.model.quant.gptq_config import GPTQConfig
+from folovllm.model.layers.linear import (
+    MergedColumnParallelLinear,
+    RowParallelLinear,
+    WeightConfig,
+)
+from folovllm.model.quantization.gptq import GPTQLinearMethod
+from folovllm.model.quantization.gptq_config import GPTQConfig
 
 
 def _weights(tp_rank: int = 0, tp_size: int = 1, **config) -> WeightConfig:

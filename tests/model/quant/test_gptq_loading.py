@@ -10,10 +10,12 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from folovllm.bench.gpu_runs import save_tokenizer
 from folovllm.model.loader import load_model
-from folovllm.model.quant.cpu_quant import CpuInt4Kernel, cpu_quant_unavailable
-from folovllm.model.quant.kernels import Int4Kernel, ReferenceGPTQKernel
+from folovllm.model.quantization.cpu_int4 import CpuInt4Kernel
+from folovllm.model.quantization.kernels import Int4Kernel, ReferenceGPTQKernel
+from folovllm.platforms import platform_for
 from tests.model.quant.gptq_checkpoint import gptq_state_dict, write_folder
 from tests.model.test_loader import prefill_logits
+from tests.tiers import kernel_missing
 
 PROMPT = [5, 17, 3, 99, 42, 7, 250, 11, 64, 1, 300, 2, 18]
 
@@ -61,7 +63,7 @@ def test_gptq_logits_match_dequantized_model(tiny_llama, tmp_path: Path, bits: i
                                              desc_act: bool, checkpoint_format: str | None) -> None:
     gptq_dir, dense_dir = make_gptq_model(tiny_llama, tmp_path, bits=bits, group_size=group_size, sym=sym,
                                           desc_act=desc_act, checkpoint_format=checkpoint_format)
-    quantized = load_model(gptq_dir, dtype=torch.float32, device="cpu")
+    quantized = load_model(gptq_dir, dtype=torch.float32, device="cpu", platform=platform_for("cpu"))
     reference = load_model(dense_dir, dtype=torch.float32, device="cpu")
     qkv = quantized.model.layers[0].self_attn.qkv_proj
     assert isinstance(qkv.quant_kernel, torch.nn.Module) and not isinstance(qkv.quant_kernel, ReferenceGPTQKernel)
@@ -72,21 +74,21 @@ def test_gptq_logits_match_dequantized_model(tiny_llama, tmp_path: Path, bits: i
 def test_gptq_bf16_and_reference_switch(tiny_llama, tmp_path: Path, monkeypatch) -> None:
     gptq_dir, dense_dir = make_gptq_model(tiny_llama, tmp_path, bits=4, group_size=32, desc_act=True)
     expected = prefill_logits(load_model(dense_dir, dtype=torch.float32, device="cpu"), PROMPT)
-    bf16 = load_model(gptq_dir, dtype=torch.bfloat16, device="cpu")
-    int4_class = Int4Kernel if cpu_quant_unavailable() else CpuInt4Kernel  # auto: ours where it runs
+    bf16 = load_model(gptq_dir, dtype=torch.bfloat16, device="cpu", platform=platform_for("cpu"))
+    int4_class = Int4Kernel if kernel_missing("int4") else CpuInt4Kernel  # auto: ours where it runs
     assert isinstance(bf16.model.layers[0].mlp.gate_up_proj.quant_kernel, int4_class)
     got = prefill_logits(bf16, PROMPT, dtype=torch.bfloat16)
     assert (got - expected).abs().max() < 0.05 * expected.abs().max()
     assert torch.equal(got.argmax(-1), expected.argmax(-1))
     monkeypatch.setenv("FOLOVLLM_QUANT_KERNEL", "reference")
-    forced = load_model(gptq_dir, dtype=torch.float32, device="cpu")
+    forced = load_model(gptq_dir, dtype=torch.float32, device="cpu", platform=platform_for("cpu"))
     assert isinstance(forced.model.layers[0].mlp.down_proj.quant_kernel, ReferenceGPTQKernel)
     torch.testing.assert_close(prefill_logits(forced, PROMPT), expected, rtol=1e-4, atol=1e-4)
 
 
 def test_gptq_weight_bytes_count_packed_tensors(tiny_llama, tmp_path: Path) -> None:
     gptq_dir, dense_dir = make_gptq_model(tiny_llama, tmp_path, bits=4, group_size=32)
-    quantized = load_model(gptq_dir, dtype=torch.bfloat16, device="cpu")
+    quantized = load_model(gptq_dir, dtype=torch.bfloat16, device="cpu", platform=platform_for("cpu"))
     dense = load_model(dense_dir, dtype=torch.bfloat16, device="cpu")
     layer = quantized.model.layers[0].mlp.gate_up_proj
     assert not hasattr(layer, "qweight")  # repacked: the checkpoint tensors are gone

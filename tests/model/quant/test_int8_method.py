@@ -7,12 +7,13 @@ import pytest
 import torch
 
 from folovllm.model.loader import load_model
-from folovllm.model.quant.cpu_quant import cpu_quant_unavailable
-from folovllm.model.quant.int8 import quantize_int8_per_channel
-from folovllm.model.quant.kernels import Int8ChannelKernel
+from folovllm.model.quantization.int8 import quantize_int8_per_channel
+from folovllm.model.quantization.kernels import Int8ChannelKernel
+from folovllm.platforms import platform_for
 from tests.model.quant.gptq_checkpoint import write_folder
 from tests.model.quant.test_gptq_loading import PROMPT, tiny_llama  # noqa: F401 (fixture)
 from tests.model.test_loader import prefill_logits
+from tests.tiers import kernel_missing
 
 
 def _is_linear(name: str) -> bool:
@@ -34,7 +35,7 @@ def test_per_channel_codes_round_to_nearest() -> None:
     assert bool((err <= scales[:, None] / 2 + 1e-7).all())
     assert bool((codes.abs().amax(dim=1)[scales != 1] == 127).all())  # each row's largest weight uses the range
 
-NOT_BUILT = cpu_quant_unavailable()
+NOT_BUILT = kernel_missing("int4")
 
 
 @pytest.mark.parametrize("kernel_name", ["torch", pytest.param("folovllm", marks=pytest.mark.skipif(
@@ -59,14 +60,14 @@ def test_int8_at_load(tiny_llama, tmp_path: Path, monkeypatch) -> None:  # noqa:
     # the same model with each linear weight replaced by what its int8 codes stand for
     rounded = {k: _int8_rounded(v) if _is_linear(k) else v.contiguous() for k, v in state.items()}
     dense = load_model(write_folder(tmp_path / "rounded", config, rounded, {}), dtype=torch.float32, device="cpu")
-    int8 = load_model(folder, quantization="int8", dtype=torch.float32, device="cpu")
+    int8 = load_model(folder, quantization="int8", dtype=torch.float32, device="cpu", platform=platform_for("cpu"))
     qkv = int8.model.layers[0].self_attn.qkv_proj
     assert isinstance(qkv.quant_kernel, Int8ChannelKernel) and not hasattr(qkv, "weight")
     assert int8.lm_head.weight.dtype == torch.float32  # the head stays unquantized
     got = prefill_logits(int8, PROMPT)
     torch.testing.assert_close(got, prefill_logits(dense, PROMPT), rtol=1e-4, atol=1e-4)
     monkeypatch.setenv("FOLOVLLM_QUANT_KERNEL", "reference")
-    forced = load_model(folder, quantization="int8", dtype=torch.float32, device="cpu")
+    forced = load_model(folder, quantization="int8", dtype=torch.float32, device="cpu", platform=platform_for("cpu"))
     assert forced.model.layers[0].mlp.down_proj.quant_kernel.reference
     torch.testing.assert_close(prefill_logits(forced, PROMPT), got, rtol=1e-4, atol=1e-4)
     linear_bytes = sum(b.numel() * b.element_size() for b in qkv.buffers())

@@ -10,11 +10,13 @@ import torch
 from folovllm.config import EngineConfig
 from folovllm.model.layers import CausalLM
 from folovllm.model.loader import load_model
-from folovllm.model.quant.cpu_quant import cpu_quant_unavailable
-from folovllm.model.quant.kernels import Int8ChannelKernel
-from folovllm.model.quant.int8 import quantize_int8_per_channel
-from folovllm.model.quant.lm_head import Int8HeadMethod, int8_rows, resolve_quantize_lm_head
+from folovllm.model.quantization.int8 import quantize_int8_per_channel
+from folovllm.model.quantization.kernels import Int8ChannelKernel
+from folovllm.model.quantization.lm_head import Int8HeadMethod, int8_rows
+from folovllm.platforms import platform_for
+from folovllm.platforms.cuda import CudaPlatform
 from tests.model.test_loader import prefill_logits
+from tests.tiers import kernel_missing
 
 TINY = dict(architectures=["LlamaForCausalLM"], vocab_size=96, hidden_size=32, intermediate_size=64,
             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
@@ -50,56 +52,60 @@ def test_int8_head_equals_the_model_with_dequantized_head(tmp_path: Path, tied: 
     codes, scales = quantize_int8_per_channel(head.weight.data, torch.float32)
     with torch.no_grad():
         head.weight.copy_(codes.float() * scales[:, None])  # what the int8 rows stand for
+    assert isinstance(quantized.lm_head.method, Int8HeadMethod) and not hasattr(quantized.lm_head, "weight")
     if tied:
         embed = quantized.model.embed_tokens
-        assert isinstance(embed.int8_head, Int8ChannelKernel) and not hasattr(embed, "weight")
+        assert embed.int8_table is quantized.lm_head.quant_kernel and not hasattr(embed, "weight")
         ids = torch.tensor(IDS)
-        assert torch.equal(embed(ids), int8_rows(embed.int8_head, ids, torch.float32))
-    else:
-        assert isinstance(quantized.lm_head.method, Int8HeadMethod) and not hasattr(quantized.lm_head, "weight")
+        assert torch.equal(embed(ids), int8_rows(embed.int8_table, ids, torch.float32))
     torch.testing.assert_close(prefill_logits(quantized, IDS), prefill_logits(dense, IDS), rtol=1e-4, atol=1e-4)
     assert quantized.weight_bytes() < _tiny(tmp_path, tied, torch.float32, "off").weight_bytes()
 
 
 @pytest.mark.parametrize("tied", [True, False])
 def test_int8_head_bf16_close_to_bf16_head(tmp_path: Path, tied: bool) -> None:
-    quantized = _tiny(tmp_path, tied, torch.bfloat16, "on", cpu_prepack=True)
-    dense = _tiny(tmp_path, tied, torch.bfloat16, "off", cpu_prepack=True)
+    quantized = _tiny(tmp_path, tied, torch.bfloat16, "on", platform=platform_for("cpu"))
+    dense = _tiny(tmp_path, tied, torch.bfloat16, "off", platform=platform_for("cpu"))
     got, expected = prefill_logits(quantized, IDS, torch.bfloat16), prefill_logits(dense, IDS, torch.bfloat16)
     torch.testing.assert_close(got.float(), expected.float(), atol=0.05 * float(expected.abs().max()), rtol=0.05)
 
 
 def test_reference_kernel_switch(tmp_path: Path, monkeypatch) -> None:
-    fast = _tiny(tmp_path, True, torch.float32, "on")
+    fast = _tiny(tmp_path, True, torch.float32, "on", platform=platform_for("cpu"))
     monkeypatch.setenv("FOLOVLLM_QUANT_KERNEL", "reference")
-    forced = _tiny(tmp_path, True, torch.float32, "on")
-    assert forced.model.embed_tokens.int8_head.reference and not fast.model.embed_tokens.int8_head.reference
+    forced = _tiny(tmp_path, True, torch.float32, "on", platform=platform_for("cpu"))
+    assert forced.lm_head.quant_kernel.reference and not fast.lm_head.quant_kernel.reference
     torch.testing.assert_close(prefill_logits(forced, IDS), prefill_logits(fast, IDS), rtol=1e-4, atol=1e-4)
 
 
 def test_auto_is_on_with_quantized_linears_on_the_cpu(tmp_path: Path) -> None:
-    assert resolve_quantize_lm_head("auto", True, CPU)
-    assert not resolve_quantize_lm_head("auto", False, CPU)
-    assert not resolve_quantize_lm_head("auto", True, torch.device("cuda"))
-    assert resolve_quantize_lm_head("on", False, CPU) and not resolve_quantize_lm_head("off", True, CPU)
-    int8 = _tiny(tmp_path, True, torch.float32, "auto", quantization="int8")
-    assert int8.model.embed_tokens.int8_head is not None
-    plain = _tiny(tmp_path, True, torch.float32, "auto")
-    assert plain.model.embed_tokens.int8_head is None and plain.model.embed_tokens.weight.dtype == torch.float32
+    def int8_head(platform, choice: str, quantized_linears: bool) -> bool:
+        return platform.linear_kernels(torch.float32, choice, quantized_linears).int8_lm_head
+
+    cpu, cuda = platform_for("cpu"), CudaPlatform(torch.device("cuda"))
+    assert int8_head(cpu, "auto", True) and not int8_head(cpu, "auto", False)
+    assert not int8_head(cuda, "auto", True)
+    assert int8_head(cpu, "on", False) and not int8_head(cpu, "off", True)
+    int8 = _tiny(tmp_path, True, torch.float32, "auto", quantization="int8", platform=cpu)
+    assert int8.model.embed_tokens.int8_table is not None
+    plain = _tiny(tmp_path, True, torch.float32, "auto", platform=cpu)
+    assert plain.model.embed_tokens.int8_table is None and plain.model.embed_tokens.weight.dtype == torch.float32
 
 
 def test_bad_choice_is_named(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="quantize_lm_head must be one of auto, on, off"):
+    with pytest.raises(ValueError, match="quantize_lm_head must be"):
         _tiny(tmp_path, True, torch.float32, "int4")
+    with pytest.raises(ValueError, match="quantize_lm_head must be"):
+        _tiny(tmp_path, True, torch.float32, "int4", platform=platform_for("cpu"))
     with pytest.raises(ValueError, match="quantize_lm_head must be one of auto, on, off"):
         EngineConfig(quantize_lm_head="yes")
 
 
-@pytest.mark.skipif(cpu_quant_unavailable() is not None, reason=f"{cpu_quant_unavailable()}")
+@pytest.mark.skipif(kernel_missing("int4") is not None, reason=f"{kernel_missing('int4')}")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 def test_int8_rows_op_equals_the_torch_ops(dtype: torch.dtype) -> None:
     weight = torch.randn(96, 64) * torch.logspace(-3, 1, 96)[:, None]
-    kernel = Int8ChannelKernel(*quantize_int8_per_channel(weight, torch.bfloat16), None, "auto")
+    kernel = Int8ChannelKernel(*quantize_int8_per_channel(weight, torch.bfloat16), None, "folovllm")
     assert kernel.ours
     ids = torch.tensor([[5, 17, 95], [0, 16, 31]])
     by_op = int8_rows(kernel, ids, dtype)
@@ -107,4 +113,4 @@ def test_int8_rows_op_equals_the_torch_ops(dtype: torch.dtype) -> None:
     assert by_op.dtype == dtype and by_op.shape == (2, 3, 64)
     assert torch.equal(by_op, by_torch)
     with pytest.raises(RuntimeError, match="out of range"):
-        torch.ops.folovllm_cpu_quant.int8_rows(kernel.codes, kernel.scales, torch.tensor([96]), dtype)
+        torch.ops.folovllm.int8_rows(kernel.codes, kernel.scales, torch.tensor([96]), dtype)

@@ -3,7 +3,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from folovllm.model.quant.pack import pack_int32, unpack_int32
+from folovllm.model.quantization.pack import pack_int32, unpack_int32
 
 
 @settings(max_examples=60, deadline=None)

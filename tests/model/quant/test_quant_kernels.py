@@ -6,17 +6,19 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from folovllm.model.quant.cpu_quant import CpuInt4Kernel, cpu_quant_unavailable
-from folovllm.model.quant.kernels import (
+from folovllm.model.quantization.cpu_int4 import CpuInt4Kernel
+from folovllm.model.quantization.kernels import (
     Int4Kernel,
     Int8ChannelKernel,
     ReferenceGPTQKernel,
     dequantize_gptq,
     gptq_kernel,
 )
+from folovllm.platforms import LinearKernels, platform_for
 from tests.model.quant.gptq_checkpoint import act_order_g_idx, rtn_gptq
+from tests.tiers import kernel_missing
 
-NOT_BUILT = cpu_quant_unavailable()
+NOT_BUILT = kernel_missing("int4")
 # the 4-bit kernels: torch's, and ours where it runs here
 BACKENDS = ["torch", pytest.param("folovllm", marks=pytest.mark.skipif(NOT_BUILT is not None, reason=f"{NOT_BUILT}"))]
 INT4_CLASSES = {"torch": Int4Kernel, "folovllm": CpuInt4Kernel}
@@ -32,8 +34,10 @@ def _layer(out_features: int, in_features: int, bits: int, group_size: int, sym:
 
 def _kernel(tensors: dict[str, torch.Tensor], bits: int, zero_offset: int, dtype: torch.dtype,
             kernel: str = "torch") -> torch.nn.Module:
+    """The GPTQ layer's kernel for a LinearKernels.quant choice (auto: the CPU platform's)."""
+    kernels = platform_for("cpu").linear_kernels(dtype) if kernel == "auto" else LinearKernels(quant=kernel)
     return gptq_kernel(tensors["qweight"], tensors["qzeros"], tensors["scales"].float(), tensors["g_idx"], bits,
-                       zero_offset, dtype, kernel)
+                       zero_offset, dtype, kernels)
 
 
 def _close(actual: torch.Tensor, expected: torch.Tensor, rel: float) -> None:
@@ -128,11 +132,11 @@ def test_int4_zero_point_convention(kernel_name: str) -> None:
     codes = torch.arange(in_features * out_features).reshape(in_features, out_features) % 16
     zeros = torch.arange(out_features)[None, :]  # z = 0 .. 15, one per output
     scales = torch.full((1, out_features), 0.5)
-    from folovllm.model.quant.pack import pack_int32
+    from folovllm.model.quantization.pack import pack_int32
 
     qweight, qzeros = pack_int32(codes.int(), 4, 0), pack_int32(zeros.int(), 4, 1)
     g_idx = torch.zeros(in_features, dtype=torch.int32)
-    kernel = gptq_kernel(qweight, qzeros, scales, g_idx, 4, 0, torch.float32, kernel_name)
+    kernel = gptq_kernel(qweight, qzeros, scales, g_idx, 4, 0, torch.float32, LinearKernels(quant=kernel_name))
     assert isinstance(kernel, INT4_CLASSES[kernel_name])
     weight = (codes - zeros).float() * 0.5  # [in, out]
     x = torch.eye(in_features)

@@ -3,8 +3,7 @@ is reasoning up to ``</think>`` and the answer after it; a reply without ``</thi
 is all reasoning. A ``<think>`` the model writes itself is dropped."""
 from __future__ import annotations
 
-from folovllm.entrypoints.openai.reasoning.base import (THINK_START, ParsedReasoning, ReasoningParser,
-                                                        split_after_start)
+from folovllm.entrypoints.openai.reasoning.base import THINK_START, ParsedReasoning, ReasoningParser, split_after_start
 from folovllm.entrypoints.openai.tool_parsers.base import held_back
 
 

@@ -3,8 +3,7 @@ A reply that does not open with ``<think>`` (``enable_thinking=False``: the temp
 one in the prompt) is all answer. Templates that open ``<think>`` in the prompt want ``deepseek_r1``."""
 from __future__ import annotations
 
-from folovllm.entrypoints.openai.reasoning.base import (THINK_START, ParsedReasoning, ReasoningParser,
-                                                        split_after_start)
+from folovllm.entrypoints.openai.reasoning.base import THINK_START, ParsedReasoning, ReasoningParser, split_after_start
 
 
 class Qwen3ReasoningParser(ReasoningParser):

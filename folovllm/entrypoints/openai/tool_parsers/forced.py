@@ -9,8 +9,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from folovllm.entrypoints.openai.tool_parsers.base import (ParsedToolCall, ParsedToolText, ToolParser,
-                                                           loads_partial, loads_whole_strings)
+from folovllm.entrypoints.openai.tool_parsers.base import (
+    ParsedToolCall,
+    ParsedToolText,
+    ToolParser,
+    loads_partial,
+    loads_whole_strings,
+)
 
 _EMPTY_OBJECT = {"type": "object", "properties": {}}
 

@@ -2,8 +2,7 @@
 one block per call; the text before the first block is the content."""
 from __future__ import annotations
 
-from folovllm.entrypoints.openai.tool_parsers.base import (ParsedToolText, ToolParser, call_from_json,
-                                                           held_back)
+from folovllm.entrypoints.openai.tool_parsers.base import ParsedToolText, ToolParser, call_from_json, held_back
 
 START, END = "<tool_call>", "</tool_call>"
 

@@ -3,8 +3,12 @@ from __future__ import annotations
 
 import pytest
 
-from folovllm.entrypoints.openai.tool_parsers.forced import (NamedToolCall, RequiredToolCalls,
-                                                             named_tool_schema, required_tools_schema)
+from folovllm.entrypoints.openai.tool_parsers.forced import (
+    NamedToolCall,
+    RequiredToolCalls,
+    named_tool_schema,
+    required_tools_schema,
+)
 
 WEATHER = {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
                                                  "required": ["city"]}}

@@ -1,0 +1,94 @@
+// The CPU kernel library's one op namespace, torch.ops.folovllm: every op's schema and implementation
+// (declared in ops.h, defined beside their kernels), the DecoderChain class, and the tier ops that
+// folovllm/platforms/isa.py reads and caps.
+#include "isa.h"
+#include "ops.h"
+
+#include <torch/library.h>
+
+#include <string>
+
+namespace folovllm::cpu {
+namespace {
+
+// The least tier each kernel runs at (an op called below it raises); the names folovllm/platforms asks
+// about before it picks a kernel.
+Tier kernel_floor(const std::string& name) {
+  if (name == "paged_attention" || name == "fused_ops") return Tier::kAvx2;
+  if (name == "decode_avx512") return Tier::kAvx512;
+  if (name == "prefill_attention" || name == "linear" || name == "linear_argmax" || name == "int4" ||
+      name == "int4_a8" || name == "int8" || name == "team")
+    return Tier::kAvx512Bf16;
+  TORCH_CHECK(false, "unknown kernel '", name, "'");
+}
+
+bool has_kernel(const std::string& name) {
+  const bool at_tier = tier_at_least(kernel_floor(name));
+  return name == "int4_a8" ? at_tier && host_has_vnni() : at_tier;
+}
+
+std::string host_tier_name() { return tier_name(host_tier()); }
+std::string tier_now() { return tier_name(tier()); }
+std::string cap_tier(const std::string& name) {
+  set_tier(tier_from_name(name));
+  return tier_name(tier());
+}
+
+}  // namespace
+}  // namespace folovllm::cpu
+
+TORCH_LIBRARY(folovllm, m) {
+  using namespace folovllm::cpu;
+  m.def("host_tier() -> str", &host_tier_name);
+  m.def("tier() -> str", &tier_now);
+  m.def("set_tier(str tier) -> str", &cap_tier);
+  m.def("has_kernel(str name) -> bool", &has_kernel);
+
+  m.def("paged_attention(Tensor(a!) out, Tensor query, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
+        "Tensor seq_lens, Tensor query_start_loc, float scale, bool skip_fresh_prefills, "
+        "int sliding_window=0, bool decode_fast_path=True, int skip_prefills_from=0, bool decode_bf16_dot=True, "
+        "bool decode_prefetch=True, bool chunked_claims=True) -> ()");
+  m.def("prefill_attention(Tensor(a!) out, Tensor q, Tensor k, Tensor v, int[] starts, int[] lens, float scale) -> ()");
+
+  m.def("add_rms_norm(Tensor(a!) residual, Tensor x, Tensor weight, float eps) -> Tensor");
+  m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
+  m.def("rotary_store_kv(Tensor(c) qkv, int num_heads, int num_kv_heads, Tensor cos, Tensor sin, Tensor? q_weight, "
+        "Tensor? k_weight, float eps, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slot_mapping) "
+        "-> (Tensor, Tensor, Tensor(c))");
+  m.def("silu_and_mul(Tensor gate_up) -> Tensor");
+
+  m.def("linear_pack(Tensor weight) -> Tensor");
+  m.def("linear(Tensor x, Tensor packed, Tensor? bias) -> Tensor");
+  m.def("linear_argmax(Tensor x, Tensor packed) -> Tensor");
+
+  m.def("int4_gemm(Tensor x, Tensor codes, Tensor scales, Tensor zeros, int group_size) -> Tensor");
+  m.def("int4_gemm_perm(Tensor x, Tensor codes, Tensor scales, Tensor zeros, int group_size, Tensor perm) -> Tensor");
+  m.def("int4_gemm_a8(Tensor x, Tensor codes, Tensor scales, Tensor zeros, int group_size) -> Tensor");
+  m.def("int4_mlp(Tensor x, Tensor gate_up_codes, Tensor gate_up_scales, Tensor gate_up_zeros, int gate_up_group, "
+        "Tensor down_codes, Tensor down_scales, Tensor down_zeros, int down_group, int a8_rows) -> Tensor");
+  m.def("int8_gemm(Tensor x, Tensor codes, Tensor scales) -> Tensor");
+  m.def("int8_rows(Tensor codes, Tensor scales, Tensor ids, ScalarType dtype) -> Tensor");
+  m.def("int8_argmax(Tensor x, Tensor codes, Tensor scales, bool fused=True) -> Tensor");
+
+  register_decoder_chain(m);
+}
+
+TORCH_LIBRARY_IMPL(folovllm, CPU, m) {
+  using namespace folovllm::cpu;
+  m.impl("paged_attention", &paged_attention);
+  m.impl("prefill_attention", &prefill_attention);
+  m.impl("add_rms_norm", &add_rms_norm);
+  m.impl("rms_norm", &rms_norm);
+  m.impl("rotary_store_kv", &rotary_store_kv);
+  m.impl("silu_and_mul", &silu_and_mul);
+  m.impl("linear_pack", &linear_pack);
+  m.impl("linear", &linear);
+  m.impl("linear_argmax", &linear_argmax);
+  m.impl("int4_gemm", &int4_gemm);
+  m.impl("int4_gemm_perm", &int4_gemm_perm);
+  m.impl("int4_gemm_a8", &int4_gemm_a8);
+  m.impl("int4_mlp", &int4_mlp);
+  m.impl("int8_gemm", &int8_gemm);
+  m.impl("int8_rows", &dequantized_int8_rows);
+  m.impl("int8_argmax", &int8_argmax);
+}

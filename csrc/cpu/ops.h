@@ -1,0 +1,53 @@
+// Every op of the CPU kernel library, as bindings.cpp registers them (torch.ops.folovllm.*). Each file
+// that defines some says what they compute; the tier each needs is isa.h's business (has_kernel).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/Optional.h>
+#include <torch/library.h>
+
+#include <tuple>
+
+namespace folovllm::cpu {
+
+// attention.cpp, attention_prefill.h
+void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                     const at::Tensor& block_tables, const at::Tensor& seq_lens, const at::Tensor& query_start_loc,
+                     double scale, bool skip_fresh_prefills, int64_t sliding_window, bool decode_fast_path,
+                     int64_t skip_prefills_from, bool decode_bf16_dot, bool decode_prefetch, bool chunked_claims);
+void prefill_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                       at::IntArrayRef starts, at::IntArrayRef lens, double scale);
+
+// fused_ops.cpp
+at::Tensor add_rms_norm(at::Tensor& residual, const at::Tensor& x, const at::Tensor& weight, double eps);
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> rotary_store_kv(
+    const at::Tensor& qkv, int64_t num_heads, int64_t num_kv_heads, const at::Tensor& cos, const at::Tensor& sin,
+    const c10::optional<at::Tensor>& q_weight, const c10::optional<at::Tensor>& k_weight, double eps,
+    at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& slot_mapping);
+at::Tensor silu_and_mul(const at::Tensor& gate_up);
+
+// linear_bf16.cpp, greedy_head.cpp
+at::Tensor linear_pack(const at::Tensor& weight);
+at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias);
+at::Tensor linear_argmax(const at::Tensor& x, const at::Tensor& packed);
+
+// quant_gemm.cpp
+at::Tensor int4_gemm(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& zeros,
+                     int64_t group_size);
+at::Tensor int4_gemm_perm(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
+                          const at::Tensor& zeros, int64_t group_size, const at::Tensor& perm);
+at::Tensor int4_gemm_a8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
+                        const at::Tensor& zeros, int64_t group_size);
+at::Tensor int4_mlp(const at::Tensor& x, const at::Tensor& gate_up_codes, const at::Tensor& gate_up_scales,
+                    const at::Tensor& gate_up_zeros, int64_t gate_up_group, const at::Tensor& down_codes,
+                    const at::Tensor& down_scales, const at::Tensor& down_zeros, int64_t down_group, int64_t a8_rows);
+at::Tensor int8_gemm(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales);
+at::Tensor int8_argmax(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, bool fused);
+at::Tensor dequantized_int8_rows(const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& ids,
+                                 at::ScalarType dtype);
+
+// decoder_chain.cpp: the DecoderChain class
+void register_decoder_chain(torch::Library& m);
+
+}  // namespace folovllm::cpu

@@ -1,0 +1,191 @@
+"""``folovllm bench kernel``: our kernels against what they replace, at a model's shapes, alternating rounds.
+
+    folovllm bench kernel linear --rows 1,8,64,512 --dtype bfloat16
+    folovllm bench kernel int4 --rows 1,64
+    folovllm bench kernel attention --rows 1,64 --context 256
+    FOLOVLLM_CPU_ISA=avx2 folovllm bench kernel linear       # the avx2 forms on a higher host
+
+Each candidate is one way to run the op (``folovllm``: ours; ``onednn``, ``torch``: what ours replaces),
+each where it runs at this tier. A linear's weights are the model's shapes with random values, one copy
+per decoder layer called in turn, so a decode-sized call streams its weight from memory as a decode step
+does. Each round times every candidate, in an order that rotates per round; the medians, GB/s of weights
+and GFLOP/s are reported, and for calls of 64 rows or more the share of this tier's GEMM limit (a large
+torch matmul's GFLOP/s in the same dtype, measured first).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from folovllm.model.loader import default_model_path, load_arch_config
+from folovllm.platforms import platform_for
+
+KERNELS = ("linear", "int4", "int8", "attention")
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+def add_kernel_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("kernel", choices=KERNELS)
+    parser.add_argument("--model", default=None, help="whose shapes (a .gguf or HF folder; default: the default model)")
+    parser.add_argument("--dtype", default="bfloat16", choices=list(DTYPES))
+    parser.add_argument("--rows", default="1,8,64", help="comma-separated rows per call (batch or prompt tokens)")
+    parser.add_argument("--context", type=int, default=256, help="attention: cached tokens per sequence")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", help="write the results here (JSON)")
+
+
+def timed(fn: Callable[[], Any], min_s: float = 0.05) -> float:
+    """Seconds per call of ``fn``: as many calls as take ``min_s``, after one warm-up."""
+    fn()
+    calls, start = 0, time.perf_counter()
+    while True:
+        fn()
+        calls += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= min_s:
+            return elapsed / calls
+
+
+def gemm_limit(dtype: torch.dtype, size: int = 1536) -> float:
+    """GFLOP/s of a large square torch matmul in ``dtype``: the tier's practical GEMM limit."""
+    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
+    return 2 * size**3 / timed(lambda: torch.mm(a, b), 0.3) / 1e9
+
+
+def linear_shapes(arch: Any) -> dict[str, tuple[int, int]]:
+    """(out, in) of each linear of a decoder layer, and the LM head."""
+    q, kv = arch.num_attention_heads * arch.head_dim, arch.num_key_value_heads * arch.head_dim
+    return {"qkv": (q + 2 * kv, arch.hidden_size), "o_proj": (arch.hidden_size, q),
+            "gate_up": (2 * arch.intermediate_size, arch.hidden_size), "down": (arch.hidden_size, arch.intermediate_size),
+            "lm_head": (arch.vocab_size, arch.hidden_size)}
+
+
+def linear_candidates(out_f: int, in_f: int, dtype: torch.dtype, kind: str, copies: int) -> dict[str, list[Callable]]:
+    """Each way this platform runs such a linear: name -> one callable per weight copy (x -> y)."""
+    from folovllm.model.quantization.packed import pack_linear_weight, packed_linear
+    from folovllm.platforms import LinearKernels
+
+    kernels = platform_for("cpu").linear_kernels(dtype)
+    weights = [torch.randn(out_f, in_f, dtype=dtype) * 0.02 for _ in range(copies)]
+    found: dict[str, list[Callable]] = {}
+    if kind == "linear":
+        if kernels.dense == "folovllm":
+            packed = [pack_linear_weight(w, ours=True) for w in weights]
+            found["folovllm"] = [lambda x, p=p: packed_linear(x, p, None) for p in packed]
+        if kernels.dense_fallback == "onednn" or kernels.dense == "onednn":
+            packed = [pack_linear_weight(w, ours=False, onednn=True) for w in weights]
+            found["onednn"] = [lambda x, p=p: packed_linear(x, p, None) for p in packed]
+        found["torch"] = [lambda x, w=w: torch.nn.functional.linear(x, w) for w in weights]
+        return found
+    from folovllm.model.quantization.int8 import quantize_int8_per_channel
+    from folovllm.model.quantization.kernels import Int8ChannelKernel, int4_group_kernel
+
+    for backend in ("folovllm", "torch"):
+        if backend == "folovllm" and kernels.quant != "folovllm":
+            continue
+        if kind == "int8":
+            mods = [Int8ChannelKernel(*quantize_int8_per_channel(w, dtype), None, backend) for w in weights]
+        else:
+            group = 32 if in_f % 128 else 128
+            codes = [torch.randint(0, 16, (out_f, in_f), dtype=torch.uint8) for _ in weights]
+            scales = torch.rand(out_f, in_f // group) * 0.01
+            mods = [int4_group_kernel(c, scales, torch.zeros_like(scales), group, dtype,
+                                      LinearKernels(quant=backend)) for c in codes]
+        found[backend] = [m.forward for m in mods]
+    return found
+
+
+def weight_bytes(out_f: int, in_f: int, kind: str, dtype: torch.dtype) -> float:
+    per = {"int4": 0.5, "int8": 1.0}.get(kind, torch.empty((), dtype=dtype).element_size())
+    return out_f * in_f * per
+
+
+def bench_linears(args: argparse.Namespace, arch: Any, dtype: torch.dtype) -> list[dict[str, Any]]:
+    limit = gemm_limit(dtype)
+    print(f"GEMM limit ({dtype}, torch.mm 1536^2): {limit:.1f} GFLOP/s")
+    rows_list = [int(r) for r in args.rows.split(",")]
+    rows_out = []
+    for name, (out_f, in_f) in linear_shapes(arch).items():
+        copies = 1 if name == "lm_head" else arch.num_hidden_layers
+        candidates = linear_candidates(out_f, in_f, dtype, args.kernel, copies)
+        for rows in rows_list:
+            x = torch.randn(rows, in_f, dtype=dtype)
+            samples: dict[str, list[float]] = {c: [] for c in candidates}
+            order = list(candidates)
+            for r in range(args.rounds):
+                for cand in order[r % len(order):] + order[:r % len(order)]:
+                    fns = candidates[cand]
+                    samples[cand].append(timed(lambda: [f(x) for f in fns]) / len(fns))
+            for cand, times in samples.items():
+                seconds = statistics.median(times)
+                gflops = 2 * rows * out_f * in_f / seconds / 1e9
+                row = {"shape": name, "out": out_f, "in": in_f, "rows": rows, "candidate": cand, "us": seconds * 1e6,
+                       "gb_s": weight_bytes(out_f, in_f, args.kernel, dtype) / seconds / 1e9, "gflop_s": gflops,
+                       "gemm_limit_share": gflops / limit if rows >= 64 else None}
+                rows_out.append(row)
+                share = f"  {row['gemm_limit_share']:.0%} of the limit" if row["gemm_limit_share"] else ""
+                print(f"{name:8s} [{out_f}x{in_f}] rows {rows:4d} {cand:9s} {row['us']:9.1f} us "
+                      f"{row['gb_s']:6.1f} GB/s {gflops:7.1f} GFLOP/s{share}")
+    return rows_out
+
+
+def bench_attention(args: argparse.Namespace, arch: Any, dtype: torch.dtype) -> list[dict[str, Any]]:
+    """One decode step's attention over all layers' caches: our kernel against the torch backend."""
+    from folovllm.attention.backend import get_attention_backend
+    from folovllm.attention.metadata import AttentionMetadata
+
+    block = 16
+    candidates = {name: get_attention_backend(name) for name in ("cpu", "torch")
+                  if name == "torch" or platform_for("cpu").auto_attention_backend() == "cpu"}
+    heads, kv_heads, dim = arch.num_attention_heads, arch.num_key_value_heads, arch.head_dim
+    rows_out = []
+    for batch in (int(r) for r in args.rows.split(",")):
+        blocks = -(-(args.context + 1) // block)
+        caches = [(torch.randn(batch * blocks, block, kv_heads, dim, dtype=dtype),
+                   torch.randn(batch * blocks, block, kv_heads, dim, dtype=dtype))
+                  for _ in range(arch.num_hidden_layers)]
+        seq_lens = [args.context + 1] * batch
+        tables = torch.arange(batch * blocks).view(batch, blocks)
+        slots = tables[:, args.context // block] * block + args.context % block
+        meta = AttentionMetadata(slot_mapping=slots, query_start_loc=torch.arange(batch + 1),
+                                 seq_lens=torch.tensor(seq_lens), block_tables=tables, query_lens=[1] * batch,
+                                 seq_lens_list=seq_lens, block_size=block)
+        q = torch.randn(batch, heads, dim, dtype=dtype)
+        k, v = torch.randn(batch, kv_heads, dim, dtype=dtype), torch.randn(batch, kv_heads, dim, dtype=dtype)
+        samples: dict[str, list[float]] = {c: [] for c in candidates}
+        order = list(candidates)
+        for r in range(args.rounds):
+            for cand in order[r % len(order):] + order[:r % len(order)]:
+                backend = candidates[cand]
+                step = lambda: [backend.forward(q, k, v, kc, vc, meta, dim**-0.5) for kc, vc in caches]  # noqa: E731
+                samples[cand].append(timed(step))
+        for cand, times in samples.items():
+            row = {"batch": batch, "context": args.context, "candidate": cand,
+                   "us_per_step": statistics.median(times) * 1e6}
+            rows_out.append(row)
+            print(f"attention batch {batch:4d} context {args.context:5d} {cand:6s} {row['us_per_step']:10.1f} us "
+                  f"per step ({arch.num_hidden_layers} layers)")
+    return rows_out
+
+
+def run_bench_kernel(args: argparse.Namespace) -> dict[str, Any]:
+    torch.set_num_threads(args.threads)
+    dtype = DTYPES[args.dtype]
+    platform = platform_for("cpu")
+    arch = load_arch_config(args.model or default_model_path())
+    print(f"platform: {platform.describe()}; model: {arch.name}; {args.threads} threads")
+    with torch.inference_mode():
+        rows = bench_attention(args, arch, dtype) if args.kernel == "attention" else bench_linears(args, arch, dtype)
+    results = {"kernel": args.kernel, "dtype": args.dtype, "threads": args.threads, "rounds": args.rounds,
+               "model": arch.name, "platform": platform.describe(), "rows": rows}
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
+    return results

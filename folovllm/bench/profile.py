@@ -1,0 +1,85 @@
+"""``folovllm bench profile``: where an engine's steps spend their time, under torch.profiler.
+
+    folovllm bench profile --batch 1 --steps 64              # one stream's decode steps
+    folovllm bench profile --batch 64 --prompt-len 16        # a decode batch
+    folovllm bench profile --batch 4 --prompt-len 512 --steps 4 --dtype float32   # prefill steps
+
+Requests of ``--prompt-len`` random tokens are added and stepped until their prompts are done; then
+``--steps`` engine steps run under the profiler. Reported: the step time (median), the ops that took the
+most time (self CPU time per step, calls per step), and the step time no op accounts for: the engine's and
+the model's Python, the host work around the kernels.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from folovllm.bench.switch_ab import prompt_id_range
+from folovllm.engine.args import add_engine_args, add_model_positional, engine_config_from_args
+
+
+def add_profile_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--batch", type=int, default=1, help="requests stepped together")
+    parser.add_argument("--prompt-len", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=32, help="engine steps profiled (decode steps, after the prompts)")
+    parser.add_argument("--prefill", action="store_true", help="profile the prompts' steps instead of decodes")
+    parser.add_argument("--top", type=int, default=15, help="ops listed")
+    parser.add_argument("--out", help="write the results here (JSON)")
+    add_model_positional(parser)
+    add_engine_args(parser)
+
+
+def run_bench_profile(args: argparse.Namespace) -> dict[str, Any]:
+    from folovllm import LLM, SamplingParams  # the engine, only once a run is asked for
+
+    llm = LLM(**vars(engine_config_from_args(args)))
+    engine = llm.llm_engine
+    rng = random.Random(0)
+    low, high = prompt_id_range(engine.vocab_size)
+    params = SamplingParams(temperature=0, max_tokens=args.steps + 8, ignore_eos=True)
+    engine.add_request({"prompt_token_ids": [rng.randrange(low, high) for _ in range(8)]},
+                       SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), request_id="warm-up")
+    while engine.has_unfinished_requests():
+        engine.step()
+    for i in range(args.batch):
+        engine.add_request({"prompt_token_ids": [rng.randrange(low, high) for _ in range(args.prompt_len)]},
+                           params, request_id=str(i))
+    scheduler = engine.scheduler
+    while not args.prefill and any(r.num_computed_tokens < r.num_prompt_tokens
+                                   for r in scheduler.running + scheduler.waiting):
+        engine.step()
+    step_s: list[float] = []
+    with torch.inference_mode(), profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(args.steps):
+            if not engine.has_unfinished_requests():
+                break
+            start = time.perf_counter()
+            engine.step()
+            step_s.append(time.perf_counter() - start)
+    steps = len(step_s)
+    ops = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    top = [{"op": e.key, "us_per_step": e.self_cpu_time_total / steps, "calls_per_step": e.count / steps}
+           for e in ops[:args.top]]
+    in_ops_us = sum(e.self_cpu_time_total for e in ops) / steps
+    step_us = statistics.median(step_s) * 1e6
+    print(f"platform: {engine.platform_info}")
+    print(f"{steps} steps of {args.batch} requests ({'prefill' if args.prefill else 'decode'}): "
+          f"{step_us:.0f} us per step (median)")
+    for row in top:
+        print(f"  {row['op']:45s} {row['us_per_step']:9.1f} us  {row['calls_per_step']:6.1f} calls")
+    host_us = max(0.0, sum(step_s) * 1e6 / steps - in_ops_us)
+    print(f"  {'(no op: Python, the engine, the host)':45s} {host_us:9.1f} us")
+    results = {"batch": args.batch, "prompt_len": args.prompt_len, "steps": steps, "prefill": args.prefill,
+               "step_us_median": step_us, "host_us_per_step": host_us, "ops": top,
+               "platform": engine.platform_info}
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
+    return results

@@ -1,0 +1,125 @@
+"""Every ``FOLOVLLM_*`` environment variable, declared once: its values, its default and what it does.
+
+Nothing else in the package reads ``os.environ`` for these names: code asks ``envs.value(NAME)`` (or
+``envs.switch(NAME)`` for an on/off one), which checks the value against the declaration, so a typo is
+an error naming the allowed values rather than a silently ignored setting. They are read when an engine
+is built, never during a step, so two engines in one process may differ (the bench's A/B runs set one
+before building each). ``folovllm --help-env`` prints this table.
+
+The engine's settings (vLLM's flags) live in ``EngineConfig``; these are the platform's own switches:
+which CPU tier and kernels to use, each with an off-path that tests compare against.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+ON_OFF = ("on", "off")
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    """One variable: ``choices`` None takes any text; ``default`` None means unset (the help says what that does)."""
+
+    name: str
+    default: str | None
+    help: str
+    choices: tuple[str, ...] | None = None
+
+
+VARIABLES: dict[str, EnvVar] = {v.name: v for v in (
+    # -- the CPU platform ---------------------------------------------------------------------------
+    EnvVar("FOLOVLLM_CPU_ISA", None,
+           "caps the CPU tier the engine uses (as ONEDNN_MAX_CPU_ISA caps oneDNN): none runs plain torch "
+           "everywhere (what Arm and unknown CPUs get); unset: the tier this CPU has. Set before the process "
+           "first runs a torch kernel to cap torch's own kernels too",
+           ("none", "avx2", "avx512", "avx512_bf16", "amx")),
+    EnvVar("FOLOVLLM_CPU_LINEAR", "auto",
+           "unquantized linear layers on the CPU: folovllm (our kernel, where the tier has it for the dtype), "
+           "onednn (weights prepacked for oneDNN), torch (plain F.linear); auto: folovllm where it runs, else "
+           "onednn where oneDNN takes the dtype, else torch",
+           ("auto", "folovllm", "onednn", "torch")),
+    EnvVar("FOLOVLLM_CPU_FUSED_OPS", "on",
+           "residual add + RMSNorm, q/k norm + rotary + KV-cache store and SiLU-mul as fused kernel ops "
+           "(off: their torch forms)", ON_OFF),
+    EnvVar("FOLOVLLM_CPU_DECODER", "team",
+           "how far the CPU platform compiles the decoder layers: modules (nn.Module calls), direct (the "
+           "layers' ops called from Python), chain (a decode step's layers in one C++ call), team (the chain, "
+           "and a small decode step's matmuls split over one team of threads)",
+           ("modules", "direct", "chain", "team")),
+    EnvVar("FOLOVLLM_CPU_GREEDY_HEAD", "on",
+           "a step whose rows are all plain greedy takes each row's argmax inside the LM head's matmul, the "
+           "logits never written (off: logits, then the sampler)", ON_OFF),
+    EnvVar("FOLOVLLM_CPU_PREFILL_ATTENTION", "kernel",
+           "fresh prompt chunks: our causal prefill kernel where the tier has it (kernel) or torch's SDPA (sdpa)",
+           ("kernel", "sdpa")),
+    EnvVar("FOLOVLLM_HUGE_PAGE_WEIGHTS", "on",
+           "after loading on the CPU, the weights are copied into one block advised onto 2 MiB pages "
+           "(fewer TLB misses when a decode step streams them)", ON_OFF),
+    # -- quantized linears --------------------------------------------------------------------------
+    EnvVar("FOLOVLLM_QUANT_KERNEL", "auto",
+           "int4/int8 matmuls: folovllm (ours; an error where the tier lacks it), torch (torch's CPU "
+           "kernels), reference (dequantize, then one fp32 matmul: slow and plainly right); auto: ours where "
+           "the tier has it, else torch's",
+           ("auto", "folovllm", "torch", "reference")),
+    EnvVar("FOLOVLLM_INT4_ACTIVATIONS", "bf16",
+           "our int4 matmul multiplies bf16 activations as they come (bf16) or rounds them to int8 per row "
+           "and group for byte dot products (int8; needs AVX512_VNNI); auto: int8 from 16 rows on",
+           ("bf16", "int8", "auto")),
+    # -- files and serving --------------------------------------------------------------------------
+    EnvVar("FOLOVLLM_CACHE_ROOT", None,
+           "where FoloVLLM keeps what it derives from models (converted GGUF tokenizers); unset: "
+           "~/.cache/folovllm"),
+    EnvVar("FOLOVLLM_TOKENIZER_CACHE", "on",
+           "a GGUF file's tokenizer is converted once and kept under the cache root (off: converted at every "
+           "start)", ON_OFF),
+    EnvVar("FOLOVLLM_API_KEY", None, "serve: the key clients must send (--api-key overrides it); unset: none"),
+)}
+
+
+def value(name: str) -> str | None:
+    """The variable's value (its default when unset); ValueError for an undeclared name or a value it
+    does not take."""
+    var = VARIABLES.get(name)
+    if var is None:
+        raise ValueError(f"{name} is not a FoloVLLM environment variable; see `folovllm --help-env`")
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return var.default
+    if var.choices is not None and raw not in var.choices:
+        raise ValueError(f"{name}={raw!r}; choose one of {', '.join(var.choices)}")
+    return raw
+
+
+def switch(name: str) -> bool:
+    """An on/off variable as a bool."""
+    if VARIABLES[name].choices != ON_OFF:
+        raise ValueError(f"{name} is not an on/off switch")
+    return value(name) == "on"
+
+
+# what a FOLOVLLM_CPU_ISA cap sets torch's own variables to: ATen's vector width, oneDNN's instruction set
+# (none leaves torch's kernels as they are: that tier means none of ours, as on Arm, where torch has its own)
+_TORCH_CAPS = {"avx2": ("avx2", "AVX2"), "avx512": ("avx512", "AVX512_CORE"),
+               "avx512_bf16": ("avx512", "AVX512_CORE_BF16"), "amx": ("avx512", "AVX512_CORE_AMX")}
+
+
+def cap_torch_kernels() -> None:
+    """Passes a ``FOLOVLLM_CPU_ISA`` cap on to torch's kernels (``ATEN_CPU_CAPABILITY``, ``ONEDNN_MAX_CPU_ISA``)
+    unless those are set. Torch reads both when it first runs such a kernel, so this works only before that:
+    the package calls it as it is imported. A cap above the CPU's own tier changes nothing (both are maxima)."""
+    cap = value("FOLOVLLM_CPU_ISA")
+    if cap in _TORCH_CAPS:
+        aten, onednn = _TORCH_CAPS[cap]
+        os.environ.setdefault("ATEN_CPU_CAPABILITY", aten)
+        os.environ.setdefault("ONEDNN_MAX_CPU_ISA", onednn)
+
+
+def describe() -> str:
+    """The table as text: name, values, default, help (``folovllm --help-env``, docs/environment.md)."""
+    lines = ["| variable | values | default | what it does |", "|---|---|---|---|"]
+    for var in VARIABLES.values():
+        values = " \\| ".join(var.choices) if var.choices else "text"
+        default = "unset" if var.default is None else var.default
+        lines.append(f"| `{var.name}` | {values} | {default} | {var.help} |")
+    return "\n".join(lines)

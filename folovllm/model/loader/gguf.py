@@ -1,0 +1,184 @@
+"""Read a llama.cpp GGUF file: ArchConfig from its metadata, weights under HF names (dequantized, or
+4-bit types kept as int4 parts for the layers ``gguf_int4_layers`` picks)."""
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import gguf
+import numpy as np
+import torch
+
+from folovllm.model.arch import FULL, SLIDING, ArchConfig
+from folovllm.model.layers.linear import LinearBase
+from folovllm.model.layers.weights import checkpoint_target
+from folovllm.model.quantization.gguf_int4 import GGUF_INT4_TENSORS, GGUF_INT4_TYPES, gguf_int4_fits, gguf_int4_parts
+from folovllm.model.registry import architecture_for_gguf, get_model_class
+
+if TYPE_CHECKING:
+    from folovllm.model.layers.causal_lm import CausalLM
+
+_GLOBAL_TENSORS = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+_BLOCK_TENSORS = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+
+
+def open_gguf(path: str) -> gguf.GGUFReader:
+    """Memory-map a GGUF file (nothing is dequantized yet)."""
+    try:
+        return gguf.GGUFReader(path)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"cannot read GGUF file {path!r}: {e}") from e
+
+
+def _field(reader: gguf.GGUFReader, key: str, default: Any = None) -> Any:
+    field = reader.fields.get(key)
+    return default if field is None else field.contents()
+
+
+def gguf_arch_config(reader: gguf.GGUFReader, name: str = "") -> ArchConfig:
+    """Build the ArchConfig from GGUF metadata (``{arch}.block_count``, ``tokenizer.ggml.*`` ...)."""
+    gguf_arch = _field(reader, "general.architecture")
+    architecture = architecture_for_gguf(gguf_arch, name)
+    defaults = get_model_class(architecture).gguf_defaults
+    if any(t.name == "rope_freqs.weight" for t in reader.tensors):
+        raise ValueError(f"GGUF {name!r} uses per-frequency rope factors (rope_freqs): not supported")
+
+    def key(suffix: str, default: Any = None) -> Any:
+        return _field(reader, f"{gguf_arch}.{suffix}", default)
+
+    required = ("embedding_length", "attention.head_count", "feed_forward_length", "block_count")
+    missing = [k for k in required if key(k) is None]
+    if missing:
+        raise ValueError(f"GGUF {name!r} lacks metadata {[f'{gguf_arch}.{k}' for k in missing]}")
+    hidden, num_heads = key("embedding_length"), key("attention.head_count")
+    scaling_type = key("rope.scaling.type", "none")
+    if scaling_type not in ("none", "linear"):
+        raise ValueError(f"GGUF {name!r}: rope scaling {scaling_type!r} is not supported")
+    rope_scaling = None
+    if scaling_type == "linear":
+        rope_scaling = {"rope_type": "linear", "factor": key("rope.scaling.factor")}
+    eos_ids = [_field(reader, f"tokenizer.ggml.{kind}_token_id") for kind in ("eos", "eot")]
+    has_bias = any(t.name.endswith("attn_q.bias") for t in reader.tensors)
+    num_layers = key("block_count")
+    sliding_window, layer_types = key("attention.sliding_window"), []
+    if sliding_window is not None and defaults.get("sliding_window_pattern"):
+        pattern = int(key("attention.sliding_window_pattern", defaults["sliding_window_pattern"]))
+        layer_types = [FULL if (i + 1) % pattern == 0 else SLIDING for i in range(num_layers)]
+    head_dim = key("attention.key_length") or hidden // num_heads
+    return ArchConfig(
+        architecture=architecture,
+        vocab_size=key("vocab_size") or len(reader.fields["tokenizer.ggml.tokens"].data),
+        hidden_size=hidden,
+        intermediate_size=key("feed_forward_length"),
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=key("attention.head_count_kv", num_heads),
+        head_dim=head_dim,
+        rms_norm_eps=float(key("attention.layer_norm_rms_epsilon", 1e-6)),
+        rope_theta=float(key("rope.freq_base", 10000.0)),
+        rope_scaling=rope_scaling,
+        layer_types=layer_types,
+        sliding_window=sliding_window if layer_types else None,
+        rope_local_theta=key("rope.freq_base_swa", defaults.get("rope_local_theta")),
+        hidden_act=defaults.get("hidden_act", "silu"),
+        # llama.cpp scales scores by head_dim^-1/2 for these models
+        query_pre_attn_scalar=head_dim if layer_types else None,
+        final_logit_softcapping=key("final_logit_softcapping"),
+        max_position_embeddings=key("context_length", 2048),
+        tie_word_embeddings=not any(t.name == "output.weight" for t in reader.tensors),
+        attention_bias=has_bias,
+        attention_out_bias=any(t.name.endswith("attn_output.bias") for t in reader.tensors),
+        eos_token_ids=list(dict.fromkeys(i for i in eos_ids if i is not None)),
+        name=name,
+    )
+
+
+def iter_gguf_weights(
+    reader: gguf.GGUFReader, arch: ArchConfig, model_class: type[CausalLM], packed: frozenset[str] = frozenset()
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (HF parameter name, tensor) one at a time, so only one is dequantized at once.
+
+    The GGUF tensors named in ``packed`` come as their int4 parts instead: ``<name>.qcodes``,
+    ``.qscales``, ``.qzeros`` (``gguf_int4_parts``), the rows permuted as the dequantized weight's are.
+    The model class states llama.cpp's conventions for its architecture: q/k rows permuted for its
+    rope layout (``gguf_qk_permuted``), norms stored with an offset (``gguf_norm_offset``), block
+    tensor names that mean something else there (``gguf_block_tensors``); all undone here.
+    """
+    block_tensors = {**_BLOCK_TENSORS, **model_class.gguf_block_tensors}
+    for tensor in reader.tensors:
+        name = _hf_name(tensor.name, block_tensors)
+        if tensor.name in packed:
+            rows, cols = int(tensor.shape[1]), int(tensor.shape[0])  # GGUF lists the fastest dimension first
+            parts = gguf_int4_parts(tensor.data, tensor.tensor_type, rows, cols)
+            base = name.removesuffix(".weight")
+            for part_name, part in zip(GGUF_INT4_TENSORS, parts):
+                yield f"{base}.{part_name}", _undo_qk_permutation(name, part, arch, model_class)
+            continue
+        # np.array copies: F32 tensors come back as views of the read-only mmap
+        weights = torch.from_numpy(np.array(gguf.quants.dequantize(tensor.data, tensor.tensor_type)))
+        if model_class.gguf_norm_offset and name.endswith("norm.weight"):
+            weights = weights - model_class.gguf_norm_offset
+        yield name, _undo_qk_permutation(name, weights, arch, model_class).float()
+
+
+def gguf_int4_layers(reader: gguf.GGUFReader, model: CausalLM) -> dict[str, list[str]]:
+    """The decoder linears of ``model`` whose every checkpoint piece is a GGUF 4-bit type the CPU int4
+    kernel takes (``GGUF_INT4_TYPES``), each with the GGUF tensors that fill it. The LM head is left out
+    (it stays unquantized, as for every quantized checkpoint); so is a merged linear with any piece in
+    another type (Q5_*, Q6_K, Q8_0: dequantized), since one layer holds one format."""
+    block_tensors = {**_BLOCK_TENSORS, **model.gguf_block_tensors}
+    pieces: dict[str, list[gguf.ReaderTensor]] = {}
+    for tensor in reader.tensors:
+        if tensor.name.startswith("blk.") and tensor.name.endswith(".weight"):
+            target, _ = checkpoint_target(model, _hf_name(tensor.name, block_tensors))
+            pieces.setdefault(target.removesuffix(".weight"), []).append(tensor)
+    layers = {}
+    for module_name, tensors in pieces.items():
+        layer = model.get_submodule(module_name)
+        if (isinstance(layer, LinearBase) and all(t.tensor_type in GGUF_INT4_TYPES for t in tensors)
+                and gguf_int4_fits(layer.input_size, layer.output_size)):
+            layers[module_name] = [t.name for t in tensors]
+    return layers
+
+
+def _undo_qk_permutation(name: str, rows: torch.Tensor, arch: ArchConfig, model_class: type[CausalLM]) -> torch.Tensor:
+    """A q/k projection's rows (weights, or int4 codes, scales and zeros) in HF's order."""
+    if model_class.gguf_qk_permuted:
+        if ".q_proj." in name:
+            return unpermute_qk(rows, arch.num_attention_heads)
+        if ".k_proj." in name:
+            return unpermute_qk(rows, arch.num_key_value_heads)
+    return rows
+
+
+def unpermute_qk(weights: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Inverse of llama.cpp's ``permute``: per head, rows (half, pair) -> (pair, half)."""
+    rows = weights.shape[0]
+    half = rows // num_heads // 2
+    w = weights.reshape(num_heads, half, 2, *weights.shape[1:])
+    return w.transpose(1, 2).reshape(weights.shape)
+
+
+def _hf_name(gguf_name: str, block_tensors: dict[str, str]) -> str:
+    base, _, kind = gguf_name.rpartition(".")
+    if base in _GLOBAL_TENSORS:
+        return f"{_GLOBAL_TENSORS[base]}.{kind}"
+    match = _BLOCK_RE.fullmatch(gguf_name)
+    if match is None or match.group(2) not in block_tensors:
+        raise ValueError(f"GGUF tensor {gguf_name!r} is not supported by this loader")
+    layer, piece, kind = match.groups()
+    return f"model.layers.{layer}.{block_tensors[piece]}.{kind}"

@@ -1,1 +1,0 @@
-"""Quantized weight formats: how packed low-bit weights are held, repacked and multiplied."""

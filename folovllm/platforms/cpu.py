@@ -1,0 +1,115 @@
+"""The CPU platform: its ISA tier, the kernel library at that tier, and what follows from them.
+
+Everything the engine decides differently on a CPU is decided here, once per engine: the dtype ``auto``
+means, the attention backend, which kernel multiplies each kind of linear, the platform's own switches
+(``FOLOVLLM_CPU_*``, read from ``envs``), where the weights live. The forms a loaded model is compiled into
+(fused ops, direct calls, the C++ layer chain) are ``folovllm/compilation/cpu``'s, built from these choices.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+
+import torch
+
+from folovllm import envs
+from folovllm.platforms import isa, kernel_library
+from folovllm.platforms.huge_pages import move_weights_to_huge_pages
+from folovllm.platforms.interface import LinearKernels, Platform
+
+logger = logging.getLogger(__name__)
+
+QUANTIZE_LM_HEAD = ("auto", "on", "off")
+
+
+@functools.cache
+def _log_once(message: str) -> None:
+    logger.info(message)
+
+
+class CpuPlatform(Platform):
+    """A CPU at tier ``isa.cpu_tier()``; the kernel library (when built) set to run at that tier."""
+
+    name = "cpu"
+    asynchronous = False  # the forward runs on the calling thread: overlapping would only delay each token
+    distributed_backend = "gloo"
+    profiles_memory = False
+    captures_graphs = False
+
+    def __init__(self, device: torch.device) -> None:
+        super().__init__(device)
+        self.tier = isa.cpu_tier()
+        self.kernels_unavailable = kernel_library.set_tier(self.tier)  # why none of ours runs, or None
+        if self.kernels_unavailable is not None:
+            _log_once(f"CPU kernels: plain torch, since {self.kernels_unavailable}")
+        self.fused_ops = envs.switch("FOLOVLLM_CPU_FUSED_OPS") and kernel_library.has_kernel("fused_ops")
+        self.decoder_form = envs.value("FOLOVLLM_CPU_DECODER")
+        self.greedy_head = envs.switch("FOLOVLLM_CPU_GREEDY_HEAD")
+
+    def resolve_dtype(self, requested: str) -> str:
+        if requested == "float16":
+            raise ValueError("float16 is not supported on CPU; use bfloat16 or float32")
+        dtype = "bfloat16" if requested == "auto" else requested
+        if dtype == "bfloat16" and not isa.native_bf16(self.tier):
+            _log_once(f"bfloat16 on a CPU at tier {self.tier}: its products are emulated (no native bf16 dot "
+                      "products below avx512_bf16)")
+        return dtype
+
+    def auto_attention_backend(self) -> str:
+        if kernel_library.has_kernel("paged_attention"):
+            return "cpu"
+        _log_once(f"attention_backend auto: torch, since {self.kernels_unavailable or 'the tier lacks the kernel'}")
+        return "torch"
+
+    def linear_kernels(self, dtype: torch.dtype, quantize_lm_head: str = "auto",
+                       quantized_linears: bool = False) -> LinearKernels:
+        if quantize_lm_head not in QUANTIZE_LM_HEAD:
+            raise ValueError(f"quantize_lm_head must be one of {', '.join(QUANTIZE_LM_HEAD)}; got {quantize_lm_head!r}")
+        onednn = torch.backends.mkldnn.is_available() and (
+            dtype == torch.float32
+            or (dtype == torch.bfloat16 and isa.native_bf16(self.tier) and torch.ops.mkldnn._is_mkldnn_bf16_supported()))
+        return LinearKernels(dense=self._dense_kernel(dtype, onednn), dense_fallback="onednn" if onednn else "torch",
+                             quant=self._quant_kernel(),
+                             int4_activations=self._int4_activations(),
+                             int8_lm_head=quantized_linears if quantize_lm_head == "auto" else quantize_lm_head == "on")
+
+    def _dense_kernel(self, dtype: torch.dtype, onednn: bool) -> str:
+        choice = envs.value("FOLOVLLM_CPU_LINEAR")
+        ours = dtype == torch.bfloat16 and kernel_library.has_kernel("linear")
+        if choice == "folovllm" and not ours:
+            raise RuntimeError(f"FOLOVLLM_CPU_LINEAR=folovllm, but our linear kernel does not take {dtype} at tier "
+                               f"{self.tier}")
+        if choice == "onednn" and not onednn:
+            raise RuntimeError(f"FOLOVLLM_CPU_LINEAR=onednn, but oneDNN does not take {dtype} weights here")
+        if choice != "auto":
+            return choice
+        return "folovllm" if ours else "onednn" if onednn else "torch"
+
+    def _quant_kernel(self) -> str:
+        choice = envs.value("FOLOVLLM_QUANT_KERNEL")
+        ours = kernel_library.has_kernel("int4")
+        if choice == "folovllm" and not ours:
+            raise RuntimeError(f"FOLOVLLM_QUANT_KERNEL=folovllm, but our int4/int8 kernels do not run at tier "
+                               f"{self.tier}: {self.kernels_unavailable or 'they need avx512_bf16'}")
+        if choice == "auto":
+            if not ours:
+                _log_once(f"quantized linears: torch's int4/int8 kernels at tier {self.tier}")
+            return "folovllm" if ours else "torch"
+        return choice
+
+    def _int4_activations(self) -> str:
+        choice = envs.value("FOLOVLLM_INT4_ACTIVATIONS")
+        if choice != "bf16" and kernel_library.has_kernel("int4") and not kernel_library.has_kernel("int4_a8"):
+            raise RuntimeError(f"FOLOVLLM_INT4_ACTIVATIONS={choice}, but this CPU lacks AVX512_VNNI")
+        return choice
+
+    def describe(self) -> dict[str, str]:
+        return {"platform": "cpu", "cpu": isa.cpu_model_name(), "isa": self.tier, "isa_host": isa.host_tier(),
+                "kernels": "torch" if self.kernels_unavailable else "folovllm"}
+
+    def place_weights(self, model: torch.nn.Module) -> None:
+        if envs.switch("FOLOVLLM_HUGE_PAGE_WEIGHTS"):
+            move_weights_to_huge_pages(model)
+
+    def holds_quantized_weights(self) -> bool:
+        return True

@@ -1,0 +1,45 @@
+"""The CUDA platform: an asynchronous device with Triton attention, CUDA graphs and NCCL."""
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+
+from folovllm.platforms.interface import LinearKernels, Platform
+
+
+class CudaPlatform(Platform):
+    name = "cuda"
+    asynchronous = True
+    distributed_backend = "nccl"
+    profiles_memory = True
+    captures_graphs = True
+
+    def resolve_dtype(self, requested: str) -> str:
+        return "bfloat16" if requested == "auto" else requested
+
+    def auto_attention_backend(self) -> str:
+        return "triton" if importlib.util.find_spec("triton") is not None else "torch"
+
+    def linear_kernels(self, dtype: torch.dtype, quantize_lm_head: str = "auto",
+                       quantized_linears: bool = False) -> LinearKernels:
+        # quantized weights dequantize per call here (no CUDA int4 kernel yet); an int8 head only when asked
+        return LinearKernels(dense="torch", quant="reference", int8_lm_head=quantize_lm_head == "on")
+
+    def describe(self) -> dict[str, str]:
+        return {"platform": "cuda", "gpu": torch.cuda.get_device_name(self.device)}
+
+    def visible_devices(self) -> int | None:
+        return torch.cuda.device_count()
+
+    def rank_device(self, local_rank: int) -> torch.device:
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        return device
+
+    def copy_home(self, tensor: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event]:
+        host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+        host.copy_(tensor, non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record()
+        return host, ready

@@ -1,0 +1,77 @@
+"""FoloVLLM's CPU kernel library (csrc/cpu/, built by ``make kernels`` into the package): loaded once per
+process as ``torch.ops.folovllm`` and run at the tier the CPU platform sets (``isa.cpu_tier()``).
+
+One build serves every x86-64 CPU: each kernel is compiled for its tier and the library runs those its
+current tier allows (``has_kernel``). At the ``none`` tier (and off x86-64) no kernel of it runs: every op
+is plain torch.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from folovllm.platforms import isa
+
+LIBRARY = Path(__file__).resolve().parent.parent / "lib" / "libfolovllm_cpu.so"
+logger = logging.getLogger(__name__)
+
+
+@functools.cache
+def load(path: Path = LIBRARY) -> str | None:
+    """Loads the library (once per process); returns why it cannot, else None."""
+    if not path.is_file():
+        return f"the CPU kernel library is not built ({path} is missing): run `make kernels` in the source tree"
+    try:
+        torch.ops.load_library(str(path))
+    except (OSError, RuntimeError) as exc:
+        return f"the CPU kernel library {path} does not load ({exc}): rebuild it with `make kernels`"
+    if not hasattr(torch.ops.folovllm, "has_kernel"):
+        return f"the CPU kernel library {path} predates the one-library layout: rebuild it with `make kernels`"
+    tier = isa.cpu_tier()  # from the start at the engine's tier, before any platform sets it
+    library_host = torch.ops.folovllm.host_tier()
+    torch.ops.folovllm.set_tier(tier if isa.rank(tier) <= isa.rank(library_host) else library_host)
+    return None
+
+
+def set_tier(tier: str) -> str | None:
+    """Runs the library's kernels at ``tier`` from now on (the library's own detection bounds it); returns
+    why no kernel of it runs there (the ``none`` tier, not built), else None."""
+    if not isa.at_least(tier, "avx2"):
+        if load() is None:
+            torch.ops.folovllm.set_tier("none")
+        return f"the CPU tier is {tier}, below the kernels' least (avx2)"
+    reason = load()
+    if reason is None:
+        library_host = torch.ops.folovllm.host_tier()
+        torch.ops.folovllm.set_tier(tier if isa.rank(tier) <= isa.rank(library_host) else library_host)
+    return reason
+
+
+def tier() -> str:
+    """The tier the library's kernels run at now (``none`` when it is not loaded)."""
+    return torch.ops.folovllm.tier() if load() is None else "none"
+
+
+def has_kernel(name: str) -> bool:
+    """Whether kernel ``name`` runs at the library's current tier (False when it is not loaded).
+
+    Names: paged_attention, fused_ops (avx2 and up); decode_avx512; prefill_attention, linear,
+    linear_argmax, int4, int4_a8 (with AVX512_VNNI), int8, team (avx512_bf16 and up)."""
+    return load() is None and bool(torch.ops.folovllm.has_kernel(name))
+
+
+@contextlib.contextmanager
+def running_at(tier_name: str) -> Iterator[None]:
+    """The library's kernels at ``tier_name`` inside the block (a test of each tier's code path in one
+    process); torch's own kernels keep the tier they started with."""
+    previous = tier()
+    torch.ops.folovllm.set_tier(tier_name)
+    try:
+        yield
+    finally:
+        torch.ops.folovllm.set_tier(previous)

@@ -1,0 +1,53 @@
+"""``folovllm bench switch``, ``kernel`` and ``profile`` on a tiny model: they run, report what they say, and
+refuse what they cannot run."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from folovllm.bench.switch import parse_switch
+from folovllm.entrypoints.cli import build_parser, main
+from tests.engine.conftest import tiny_llama_dir  # noqa: F401 (a fixture)
+
+
+def test_a_switch_names_a_variable_or_an_engine_setting() -> None:
+    switch = parse_switch("FOLOVLLM_CPU_FUSED_OPS=on,off")
+    assert switch.is_variable and switch.values == ("on", "off")
+    assert not parse_switch("attention_backend=cpu,torch").is_variable
+    with pytest.raises(SystemExit, match="neither a FOLOVLLM_"):
+        parse_switch("FOLOVLLM_NOPE=a,b")
+    with pytest.raises(SystemExit, match="two values"):
+        parse_switch("dtype=float32")
+    with pytest.raises(SystemExit, match="takes on, off"):
+        parse_switch("FOLOVLLM_CPU_FUSED_OPS=on,maybe")
+
+
+def test_switch_runs_both_engines_and_compares_tokens(tiny_llama_dir, tmp_path) -> None:  # noqa: F811
+    out = tmp_path / "switch.json"
+    main(["bench", "switch", "FOLOVLLM_CPU_FUSED_OPS=on,off", tiny_llama_dir, "--workloads", "one-stream",
+          "--rounds", "1", "--threads", "1", "--dtype", "float32", "--out", str(out)])
+    results = json.loads(out.read_text())
+    assert results["switch"] == "FOLOVLLM_CPU_FUSED_OPS" and results["platform"]["platform"] == "cpu"
+    assert results["workloads"]["one-stream"]["same_greedy_tokens"]
+
+
+def test_kernel_times_each_candidate_at_the_model_shapes(tiny_llama_dir, tmp_path) -> None:  # noqa: F811
+    out = tmp_path / "kernel.json"
+    main(["bench", "kernel", "linear", "--model", tiny_llama_dir, "--rows", "1,64", "--rounds", "1",
+          "--threads", "1", "--dtype", "float32", "--out", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    assert {r["shape"] for r in rows} == {"qkv", "o_proj", "gate_up", "down", "lm_head"}
+    assert "torch" in {r["candidate"] for r in rows} and all(r["us"] > 0 for r in rows)
+    assert all((r["gemm_limit_share"] is None) == (r["rows"] < 64) for r in rows)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bench", "kernel", "softmax"])
+
+
+def test_profile_splits_steps_into_ops_and_host_time(tiny_llama_dir, tmp_path) -> None:  # noqa: F811
+    out = tmp_path / "profile.json"
+    main(["bench", "profile", tiny_llama_dir, "--batch", "2", "--steps", "3", "--dtype", "float32",
+          "--out", str(out)])
+    results = json.loads(out.read_text())
+    assert results["steps"] == 3 and results["step_us_median"] > 0 and results["ops"]
+    assert results["host_us_per_step"] >= 0
