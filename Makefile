@@ -5,7 +5,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: run test test-all bench kernels clean
+.PHONY: run test test-all test-tiers bench kernels clean
+# the kernel library's sources compile side by side
+MAKEFLAGS += --jobs=$(shell nproc)
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +52,12 @@ run: $(STAMP) $(KERNELS)
 
 test: $(STAMP) $(KERNELS)
 	$(PY) -m pytest -q -m "not slow"
+
+# The model and attention tests again at lower CPU tiers: FOLOVLLM_CPU_ISA=avx2 (a higher host's AVX2 code
+# paths, and the plain-torch ones its kernels lack) and none (plain torch everywhere, as on Arm).
+test-tiers: $(STAMP) $(KERNELS)
+	FOLOVLLM_CPU_ISA=avx2 $(PY) -m pytest -q -m "not slow" tests/model tests/attention
+	FOLOVLLM_CPU_ISA=none $(PY) -m pytest -q -m "not slow" tests/model tests/attention
 
 # Everything, the slow tests too (heavier twins of default tests: real-weight models, more servers).
 test-all: $(STAMP) $(KERNELS)

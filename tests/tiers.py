@@ -11,9 +11,11 @@ KERNEL_TIERS = ("avx2", "avx512", "avx512_bf16")
 
 
 def library_missing() -> str | None:
-    """Why the kernel library cannot run here at all (not built, none tier), or None."""
-    return kernel_library.load() or (None if isa.at_least(isa.host_tier(), "avx2")
-                                     else f"this CPU's tier is {isa.host_tier()}, below the kernels' least (avx2)")
+    """Why the kernel library does not run here at all (not built, the none tier or a cap to it), or None."""
+    tier = isa.cpu_tier()
+    return kernel_library.load() or (None if isa.at_least(tier, "avx2")
+                                     else f"the CPU tier is {tier} (FOLOVLLM_CPU_ISA caps it below avx2, or the CPU "
+                                          "lacks it): no kernel of ours runs")
 
 
 def skip_unless_host_has(tier: str) -> None:
@@ -24,6 +26,8 @@ def skip_unless_host_has(tier: str) -> None:
     host = torch.ops.folovllm.host_tier()
     if not isa.at_least(host, tier):
         pytest.skip(f"this CPU's tier is {host}: it cannot run {tier} code")
+    if not isa.at_least(isa.cpu_tier(), tier):
+        pytest.skip(f"FOLOVLLM_CPU_ISA caps the tier at {isa.cpu_tier()}, below {tier}")
 
 
 def skip_unless_kernel(name: str) -> None:

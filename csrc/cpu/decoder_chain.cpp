@@ -1,5 +1,5 @@
-// A decode step's decoder layers in one call (folovllm/platforms/cpu_forms/layer_chain.py): the ops that
-// the direct layers (folovllm/platforms/cpu_forms/direct.py) call from Python, called here in the same order
+// A decode step's decoder layers in one call (folovllm/compilation/layer_chain.py): the ops that
+// the direct layers (folovllm/compilation/direct.py) call from Python, called here in the same order
 // with the same arguments, so the outputs are the same bits. This class only holds, per layer, which op
 // each step runs and its fixed arguments: the norms, rotary and attention are this library's own functions,
 // a linear is whatever op its linear method binds (called through the dispatcher).
@@ -10,7 +10,7 @@
 //
 // Where every linear is an int4 matmul with bf16 activations or our bf16 linear and the step is small (a few
 // rows, short attention: team_takes), run_team runs the step on one team of threads instead
-// (cpu_decoder_team.h): the same ops for everything but the matmuls, the matmuls' own kernel code split
+// (decoder_team.h): the same ops for everything but the matmuls, the matmuls' own kernel code split
 // by columns, the same bits.
 #include "decoder_team.h"
 #include "ops.h"

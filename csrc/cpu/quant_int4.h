@@ -8,7 +8,7 @@
 // so the scale and zero are applied once per group and output column (two FMAs), not per weight; the
 // activations' group sums are computed once per call.
 //
-// Packed layout (cpu_quant.pack_int4 builds it once at load): columns in blocks of 16 (one vector of fp32
+// Packed layout (folovllm/model/quantization/cpu_int4.py: pack_int4 builds it once at load): columns in blocks of 16 (one vector of fp32
 // lanes), K in chunks of 8; one chunk of one block is 16 uint32, lane j holding column j's 8 codes, codes
 // 2p and 2p + 1 at bits 4p and 16 + 4p (so pair p is one shift away from a bf16 pair). Scales and zeros
 // are [N / 16, groups, 16], fp32 or bf16.

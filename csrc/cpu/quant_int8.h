@@ -1,7 +1,7 @@
 // W8A16 with one scale per output column: y[m, n] = scale[n] * sum_k x[m, k] q[n, k], q int8 (the int8
 // LM head and int8 linears). A code in [-128, 127] is exact in bf16, so the scale waits until the end.
 //
-// Packed layout (cpu_quant.pack_int8 builds it once at load): columns in blocks of 16, K in pairs; one pair
+// Packed layout (folovllm/model/quantization/cpu_int4.py: pack_int8 builds it once at load): columns in blocks of 16, K in pairs; one pair
 // of one block is 32 int8, column j's codes k and k + 1 at bytes 2j and 2j + 1: widened to fp32 and
 // narrowed to bf16 in order, that is the pair layout AVX512_BF16's dot product takes.
 //

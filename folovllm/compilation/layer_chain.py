@@ -7,7 +7,8 @@ decode step, paid by bf16 and quantized models alike. The ``folovllm.DecoderChai
 with the same arguments: the same bits as the direct layers.
 
 A chain is built only when every layer's linears are tagged single op calls (``quantization/op_call.py``:
-plain, oneDNN-packed, our bf16, int4 and int8 kernels, the fused int4 MLP) and the layers share one CPU
+plain F.linear, our bf16, int4 and int8 kernels, the fused int4 MLP; not oneDNN's, whose empty scalar list
+cannot cross into C++) and the layers share one CPU
 attention backend; it runs only steps whose attention is the kernel op alone (decode-only steps; a prefill
 chunk goes through the direct layers). ``FOLOVLLM_CPU_DECODER=direct`` never builds one.
 

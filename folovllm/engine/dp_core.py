@@ -19,38 +19,31 @@ import dataclasses
 import logging
 from pathlib import Path
 
-import torch
-
 from folovllm.config import EngineConfig
 from folovllm.engine.core_client import OnMessage, ProcessCore
-from folovllm.engine.core_loop import AbortOp, AddOp, EngineInfo, IterationMessage, Op, StopOp
+from folovllm.engine.core_loop import (
+    AbortOp,
+    AddOp,
+    EngineInfo,
+    IterationMessage,
+    Op,
+    StopOp,
+)
 from folovllm.engine.dp_router import DataParallelRouter, RouterSettings
 from folovllm.engine.errors import EngineDeadError
 from folovllm.engine.llm_engine import PromptInput
+from folovllm.platforms import platform_for, resolve_device
 
 logger = logging.getLogger(__name__)
 
 
 def replica_configs(config: EngineConfig) -> list[EngineConfig]:
-    """One engine config per replica: the CPU threads split evenly; on CUDA replica r on ``cuda:r``;
-    a step trace (``--trace``) written per replica."""
+    """One engine config per replica, on the devices the platform gives them (CPU: the threads split evenly;
+    CUDA: replica r on ``cuda:r``); a step trace (``--trace``) written per replica."""
     size = config.data_parallel_size
-    device = config.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    devices = [device] * size
-    if device.startswith("cuda"):
-        if device != "cuda":
-            raise ValueError(f"data_parallel_size={size} places replica r on cuda:r; pass device='cuda' "
-                             f"instead of {device!r}")
-        if config.tensor_parallel_size > 1:
-            raise ValueError("data parallelism with tensor parallelism is CPU-only for now (each replica's "
-                             "ranks would claim the same cuda:0..N-1); use one of them on CUDA")
-        if torch.cuda.device_count() < size:
-            raise ValueError(f"data_parallel_size={size} needs that many CUDA devices; "
-                             f"{torch.cuda.device_count()} are visible")
-        devices = [f"cuda:{r}" for r in range(size)]
-    threads = config.threads_per_replica if device == "cpu" else config.num_threads
+    platform = platform_for(resolve_device(config.device))
+    devices = platform.replica_devices(size, config.tensor_parallel_size)
+    threads = config.threads_per_replica if platform.shares_cores else config.num_threads
     return [dataclasses.replace(config, data_parallel_size=1, device=devices[r], num_threads=threads,
                                 trace_path=_replica_trace(config.trace_path, r))
             for r in range(size)]

@@ -35,6 +35,7 @@ class CpuPlatform(Platform):
     distributed_backend = "gloo"
     profiles_memory = False
     captures_graphs = False
+    shares_cores = True
 
     def __init__(self, device: torch.device) -> None:
         super().__init__(device)

@@ -14,6 +14,7 @@ class CudaPlatform(Platform):
     distributed_backend = "nccl"
     profiles_memory = True
     captures_graphs = True
+    shares_cores = False
 
     def resolve_dtype(self, requested: str) -> str:
         return "bfloat16" if requested == "auto" else requested
@@ -31,6 +32,18 @@ class CudaPlatform(Platform):
 
     def visible_devices(self) -> int | None:
         return torch.cuda.device_count()
+
+    def replica_devices(self, replicas: int, tensor_parallel_size: int) -> list[str]:
+        if self.device.index is not None:
+            raise ValueError(f"data_parallel_size={replicas} places replica r on cuda:r; pass device='cuda' "
+                             f"instead of {str(self.device)!r}")
+        if tensor_parallel_size > 1:
+            raise ValueError("data parallelism with tensor parallelism is CPU-only for now (each replica's "
+                             "ranks would claim the same cuda:0..N-1); use one of them on CUDA")
+        if torch.cuda.device_count() < replicas:
+            raise ValueError(f"data_parallel_size={replicas} needs that many CUDA devices; "
+                             f"{torch.cuda.device_count()} are visible")
+        return [f"cuda:{r}" for r in range(replicas)]
 
     def rank_device(self, local_rank: int) -> torch.device:
         device = torch.device("cuda", local_rank)

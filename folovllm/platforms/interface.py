@@ -44,6 +44,8 @@ class Platform(ABC):
     profiles_memory: ClassVar[bool]
     # decode steps are captured and replayed as CUDA graphs
     captures_graphs: ClassVar[bool]
+    # engines on one machine share its cores (data-parallel replicas split the threads)
+    shares_cores: ClassVar[bool]
     # an all plain-greedy step takes its tokens from the LM head's argmax where the head's method offers one
     greedy_head: bool = False
 
@@ -76,6 +78,10 @@ class Platform(ABC):
         """How many devices of this kind tensor-parallel ranks may each take one of (None: no limit; CPU
         ranks share the cores)."""
         return None
+
+    def replica_devices(self, replicas: int, tensor_parallel_size: int) -> list[str]:
+        """The device of each data-parallel replica (ValueError where this platform cannot place them)."""
+        return [str(self.device)] * replicas
 
     def rank_device(self, local_rank: int) -> torch.device:
         """The device a tensor-parallel rank runs on (its local rank on this machine), made current."""

@@ -155,14 +155,14 @@ class LinearBase(nn.Module):
         return self.method.apply(self, x, self.bias)
 
     def bound(self) -> Callable[[torch.Tensor], torch.Tensor]:
-        """``forward`` as one callable that holds what it reads (``model/direct.py``); build it after loading."""
+        """``forward`` as one callable that holds what it reads (``compilation/direct.py``); build it after loading."""
         if self.tp_size > 1:
             return self.forward  # the row-parallel sum and the rank-0 bias stay in forward
         return self.method.bind(self, self.bias)
 
 
 class ReplicatedLinear(LinearBase):
-    """Every rank holds the whole weight (e.g. the LM head)."""
+    """Every rank holds the whole weight."""
 
 
 class ColumnParallelLinear(LinearBase):
