@@ -50,8 +50,11 @@ run: $(STAMP) $(KERNELS)
 	@echo "  curl http://127.0.0.1:$(PORT)/v1/chat/completions -H 'Content-Type: application/json' -d '{\"messages\": [{\"role\": \"user\", \"content\": \"Write a haiku about the sea.\"}], \"max_tokens\": 64}'"
 	$(VENV)/bin/folovllm serve --port $(PORT)
 
+# Two test processes side by side (a file's tests stay on one, with its fixtures); OpenMP threads sleep
+# rather than spin while they wait, since the two processes' threads share the cores.
+TEST_FLAGS := -n 2 --dist loadfile
 test: $(STAMP) $(KERNELS)
-	$(PY) -m pytest -q -m "not slow"
+	OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -q -m "not slow" $(TEST_FLAGS)
 
 # The model and attention tests again at lower CPU tiers: FOLOVLLM_CPU_ISA=avx2 (a higher host's AVX2 code
 # paths, and the plain-torch ones its kernels lack) and none (plain torch everywhere, as on Arm).

@@ -95,6 +95,7 @@ def test_smollm2_logits_match_transformers(
     torch.testing.assert_close(ours, hf_logits(hf_smollm_fp32, prompt_ids), atol=2e-3, rtol=1e-4)
 
 
+@pytest.mark.slow  # the bf16 twin of test_smollm2_logits_match_transformers
 def test_smollm2_bf16(hf_smollm_fp32: torch.nn.Module, prompt_ids: list[int]) -> None:
     model = load_model(default_model_path(), dtype=torch.bfloat16, device="cpu")
     assert all(p.dtype == torch.bfloat16 for p in model.parameters())

@@ -118,6 +118,7 @@ def test_a_killed_rank_on_node_one_ends_node_zero_with_a_clear_error(model_dir: 
         node.kill()
 
 
+@pytest.mark.slow  # the engine-level twin: tests/engine/test_tensor_parallel.py
 def test_node_one_exits_when_node_zero_is_killed(model_dir: str) -> None:
     port = _free_port()
     node = NodeOne(model_dir, port)

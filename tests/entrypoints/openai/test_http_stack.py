@@ -29,7 +29,7 @@ def test_auto_takes_the_c_implementations_when_installed(monkeypatch):
     assert describe_http_stack("h11", "asyncio") == "h11 + asyncio"
 
 
-@pytest.mark.parametrize("http,loop", [("httptools", "uvloop"), ("h11", "asyncio")])
+@pytest.mark.parametrize("http,loop", [("httptools", "uvloop"), pytest.param("h11", "asyncio", marks=pytest.mark.slow)])
 def test_stack_streams_what_it_returns_whole(start_server, tiny_model, http, loop):
     for package in {http, loop} & {"httptools", "uvloop"}:
         pytest.importorskip(package, reason=f"{package} is not installed (pip install {package})")

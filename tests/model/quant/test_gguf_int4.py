@@ -196,8 +196,9 @@ def _default_model_greedy(prompts: list[list[int]], dtype: str, load_quantized: 
     return [list(o.outputs[0].token_ids) for o in outputs]
 
 
-@pytest.mark.parametrize(("dtype", "tolerance"), [("float32", TOP2_TOLERANCE),
-                                                  pytest.param("bfloat16", BF16_TOP2_TOLERANCE, marks=pytest.mark.slow)])
+# the default model's twins of the tiny GGUF's tests above
+@pytest.mark.slow
+@pytest.mark.parametrize(("dtype", "tolerance"), [("float32", TOP2_TOLERANCE), ("bfloat16", BF16_TOP2_TOLERANCE)])
 def test_default_model_greedy_packed_vs_dequantized(dtype: str, tolerance: float) -> None:
     prompts = [[1, 4093, 314, 253, 3575, 30], [504, 3458, 282, 4649, 314], [2, 11, 12, 13, 14, 15, 16]]
     packed, dense = (_default_model_greedy(prompts, dtype, mode) for mode in ("on", "off"))
