@@ -25,10 +25,20 @@ $(STAMP): pyproject.toml Makefile
 # ~3 min on 2 cores (make -j2: ~1.5).
 ARCH := $(shell uname -m)
 CPU_LIBRARY := folovllm/lib/libfolovllm_cpu.so
-CPU_OBJECTS := $(patsubst csrc/cpu/%.cpp,build/cpu/%.o,$(wildcard csrc/cpu/*.cpp))
+# csrc/cpu/tiered/*.cpp: each compiled once per tier, for that tier's instruction set (csrc/cpu/vec.h).
+TIERED_SOURCES := $(wildcard csrc/cpu/tiered/*.cpp)
+CPU_OBJECTS := $(patsubst csrc/cpu/%.cpp,build/cpu/%.o,$(wildcard csrc/cpu/*.cpp)) \
+	$(patsubst csrc/cpu/tiered/%.cpp,build/cpu/tiered/%.avx2.o,$(TIERED_SOURCES)) \
+	$(patsubst csrc/cpu/tiered/%.cpp,build/cpu/tiered/%.avx512.o,$(TIERED_SOURCES))
 
 build/cpu/%.o: csrc/cpu/%.cpp csrc/build.py | $(STAMP)
 	$(PY) csrc/build.py compile $< $@
+
+build/cpu/tiered/%.avx2.o: csrc/cpu/tiered/%.cpp csrc/build.py | $(STAMP)
+	$(PY) csrc/build.py compile $< $@ avx2
+
+build/cpu/tiered/%.avx512.o: csrc/cpu/tiered/%.cpp csrc/build.py | $(STAMP)
+	$(PY) csrc/build.py compile $< $@ avx512
 
 $(CPU_LIBRARY): $(CPU_OBJECTS)
 	$(PY) csrc/build.py link $@ $(CPU_OBJECTS)

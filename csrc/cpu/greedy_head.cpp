@@ -1,7 +1,10 @@
 // Greedy decoding's LM head on CPU, registered as torch.ops.folovllm.linear_argmax:
-//   linear_argmax(x [M, K], packed)  int64 [M]: for each row of x, the index of its largest bf16 logit of
-//                                    x @ weight^T, the weight packed by torch.ops.folovllm.linear_pack
-//                                    ([N/64][K/2][64 rows][2]); the AVX-512 BF16 tier
+//   linear_argmax(x [M, K], packed)  int64 [M]: for each row of x, the index of its largest logit of
+//                                    x @ weight^T (rounded to x's dtype, bf16 or fp32), the weight packed by
+//                                    torch.ops.folovllm.linear_pack ([N/64][K/2][64 rows][2])
+//
+// At the AVX-512 BF16 tier bf16 x takes the form below; every other tier from avx2 on, and fp32 x, take the
+// fp32 form of csrc/cpu/tiered/linear.cpp (linear_argmax_part), whose logits are the linear op's own there.
 //
 // A greedy step only needs each row's best token, so the [M, N] logits (N = the vocabulary, 49,152
 // for SmolLM2) are never written: each 64-token block of logits lives in registers, is rounded to
@@ -14,6 +17,7 @@
 // its own per-row best, reduced in block order at the end.
 
 #include "isa.h"
+#include "tiered.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -101,14 +105,14 @@ FOLO_TARGET_AVX512_BF16 void part_argmax(const uint32_t* x, int64_t M, int64_t p
 }  // namespace
 
 at::Tensor linear_argmax(const at::Tensor& x, const at::Tensor& packed) {
-  TORCH_CHECK(tier_at_least(Tier::kAvx512Bf16), "greedy head needs the avx512_bf16 tier; this one is ",
+  TORCH_CHECK(tier_at_least(Tier::kAvx2), "the greedy head needs the avx2 tier at least; this one is ",
               tier_name(tier()));
   TORCH_CHECK(packed.dim() == 4 && packed.size(2) == kBlockRows && packed.size(3) == 2 &&
               packed.scalar_type() == at::kBFloat16 && packed.is_contiguous(),
               "greedy head: weight is not packed by folovllm.linear_pack");
   const int64_t blocks = packed.size(0), pairs = packed.size(1), K = pairs * 2;
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.size(1) == K,
-              "greedy head: x must be bfloat16 [M, ", K, "]");
+  TORCH_CHECK(x.dim() == 2 && (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat) && x.size(1) == K,
+              "greedy head: x must be bfloat16 or float32 [M, ", K, "]");
   const at::Tensor xc = x.contiguous();
   const int64_t M = xc.size(0);
   at::Tensor out = at::empty({M}, x.options().dtype(at::kLong));
@@ -116,11 +120,28 @@ at::Tensor linear_argmax(const at::Tensor& x, const at::Tensor& packed) {
   const int64_t parts = (blocks + kPartBlocks - 1) / kPartBlocks;
   std::vector<float> best(parts * M, -std::numeric_limits<float>::infinity());
   std::vector<int64_t> best_id(parts * M, 0);
-  const uint32_t* xp = reinterpret_cast<const uint32_t*>(xc.data_ptr<c10::BFloat16>());
-  const __m512bh* wp = reinterpret_cast<const __m512bh*>(packed.data_ptr<c10::BFloat16>());
-  at::parallel_for(0, parts, 1, [&](int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; ++p) part_argmax(xp, M, pairs, wp, blocks, p, &best[p * M], &best_id[p * M]);
-  });
+  if (x.scalar_type() == at::kBFloat16 && tier_at_least(Tier::kAvx512Bf16)) {
+    const uint32_t* xp = reinterpret_cast<const uint32_t*>(xc.data_ptr<c10::BFloat16>());
+    const __m512bh* wp = reinterpret_cast<const __m512bh*>(packed.data_ptr<c10::BFloat16>());
+    at::parallel_for(0, parts, 1, [&](int64_t p0, int64_t p1) {
+      for (int64_t p = p0; p < p1; ++p) part_argmax(xp, M, pairs, wp, blocks, p, &best[p * M], &best_id[p * M]);
+    });
+  } else {
+    const bool round_bf16 = x.scalar_type() == at::kBFloat16, wide = tier_at_least(Tier::kAvx512);
+    const at::Tensor xf = round_bf16 ? xc.to(at::kFloat) : xc;
+    const float* xp = xf.const_data_ptr<float>();
+    const uint32_t* wp = reinterpret_cast<const uint32_t*>(packed.const_data_ptr());
+    at::parallel_for(0, parts, 1, [&](int64_t p0, int64_t p1) {
+      for (int64_t p = p0; p < p1; ++p) {
+        const int64_t b0 = p * kPartBlocks, b1 = std::min(blocks, b0 + kPartBlocks);
+        if (wide) {
+          avx512::linear_argmax_part(xp, M, K, wp, b0, b1, round_bf16, &best[p * M], &best_id[p * M]);
+        } else {
+          avx2::linear_argmax_part(xp, M, K, wp, b0, b1, round_bf16, &best[p * M], &best_id[p * M]);
+        }
+      }
+    });
+  }
   int64_t* op = out.data_ptr<int64_t>();
   for (int64_t m = 0; m < M; ++m) {
     float top = best[m];

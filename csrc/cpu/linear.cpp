@@ -1,6 +1,10 @@
-// bfloat16 linear layers on CPU, registered as torch.ops.folovllm.*:
+// Linear layers with bf16 weights on CPU, registered as torch.ops.folovllm.*:
 //   linear_pack(weight [N, K])       the weight reordered for streaming: [N/64][K/2][64 rows][2]
-//   linear(x [..., K], packed, bias) x @ weight^T (+ bias), bf16 out (the AVX-512 BF16 tier)
+//   linear(x [..., K], packed, bias) x @ weight^T (+ bias), in x's dtype (bf16 or fp32)
+//
+// Two forms over one packed weight. At the AVX-512 BF16 tier, bf16 x (below). At every other tier from
+// avx2 on, and for fp32 x, the fp32 form (csrc/cpu/tiered/linear.cpp): x widened to fp32 once per call,
+// each bf16 weight pair widened in registers, FMAs into fp32 sums, the output rounded to x's dtype.
 //
 // At decode a linear reads its whole weight to multiply a row or a few, so its time is the time to
 // stream the weight from memory. The packed layout makes that one sequential read: each pair of K
@@ -25,6 +29,7 @@
 #include <vector>
 
 #include "linear_bf16.h"
+#include "tiered.h"
 
 namespace folovllm::cpu {
 namespace {
@@ -52,12 +57,13 @@ at::Tensor linear_pack(const at::Tensor& weight) {
 }
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias) {
-  TORCH_CHECK(tier_at_least(Tier::kAvx512Bf16), "bf16 linear needs the avx512_bf16 tier; this one is ",
+  TORCH_CHECK(tier_at_least(Tier::kAvx2), "the linear kernel needs the avx2 tier at least; this one is ",
               tier_name(tier()));
   TORCH_CHECK(packed.dim() == 4 && packed.size(2) == kBlockRows && packed.size(3) == 2 &&
               packed.scalar_type() == at::kBFloat16 && packed.is_contiguous(), "bf16 linear: weight is not packed");
   const int64_t N = packed.size(0) * kBlockRows, pairs = packed.size(1), K = pairs * 2;
-  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.size(-1) == K, "bf16 linear: x must be bfloat16 [..., ", K, "]");
+  TORCH_CHECK((x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat) && x.size(-1) == K,
+              "bf16 linear: x must be bfloat16 or float32 [..., ", K, "]");
   const at::Tensor xc = x.reshape({-1, K}).contiguous();
   const int64_t M = xc.size(0);
   at::Tensor bias_f;
@@ -65,13 +71,29 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const c10::opti
   std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end());
   out_shape.back() = N;
   at::Tensor y = at::empty(out_shape, x.options());
-  const uint32_t* xp = reinterpret_cast<const uint32_t*>(xc.data_ptr<c10::BFloat16>());
-  const __m512bh* wp = reinterpret_cast<const __m512bh*>(packed.data_ptr<c10::BFloat16>());
   const float* bp = bias_f.defined() ? bias_f.data_ptr<float>() : nullptr;
-  c10::BFloat16* yp = y.data_ptr<c10::BFloat16>();
   const int64_t items = packed.size(0) * ((M + kChunkRows - 1) / kChunkRows);
-  // grain 1: even a 576-row weight (9 blocks) is worth splitting over two threads at M = 1
-  at::parallel_for(0, items, 1, [&](int64_t i0, int64_t i1) { linear_items(xp, M, pairs, wp, bp, yp, N, i0, i1); });
+  if (x.scalar_type() == at::kBFloat16 && tier_at_least(Tier::kAvx512Bf16)) {
+    const uint32_t* xp = reinterpret_cast<const uint32_t*>(xc.data_ptr<c10::BFloat16>());
+    const __m512bh* wp = reinterpret_cast<const __m512bh*>(packed.data_ptr<c10::BFloat16>());
+    c10::BFloat16* yp = y.data_ptr<c10::BFloat16>();
+    // grain 1: even a 576-row weight (9 blocks) is worth splitting over two threads at M = 1
+    at::parallel_for(0, items, 1, [&](int64_t i0, int64_t i1) { linear_items(xp, M, pairs, wp, bp, yp, N, i0, i1); });
+    return y;
+  }
+  const at::Tensor xf = xc.scalar_type() == at::kFloat ? xc : xc.to(at::kFloat);
+  const LinearOut out{y.scalar_type() == at::kFloat ? y.data_ptr<float>() : nullptr,
+                      y.scalar_type() == at::kFloat ? nullptr : reinterpret_cast<uint16_t*>(y.data_ptr()), N};
+  const float* xp = xf.const_data_ptr<float>();
+  const uint32_t* wp = reinterpret_cast<const uint32_t*>(packed.const_data_ptr());
+  const bool wide = tier_at_least(Tier::kAvx512);
+  at::parallel_for(0, items, 1, [&](int64_t i0, int64_t i1) {
+    if (wide) {
+      avx512::linear_items(xp, M, K, wp, bp, out, i0, i1);
+    } else {
+      avx2::linear_items(xp, M, K, wp, bp, out, i0, i1);
+    }
+  });
   return y;
 }
 

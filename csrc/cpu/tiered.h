@@ -1,0 +1,36 @@
+// What the per-tier kernels (csrc/cpu/tiered/, each built once per tier into its own namespace) offer the
+// ops that dispatch to them by the current tier. Plain pointers: these sources include no torch header,
+// so each tier's build takes seconds.
+#pragma once
+
+#include <cstdint>
+
+namespace folovllm::cpu {
+
+// Where a linear kernel writes y [M, N]: fp32 or bf16 (one of the two is null).
+struct LinearOut {
+  float* f32;
+  uint16_t* bf16;
+  int64_t N;
+};
+
+#define FOLO_TIERED_KERNELS                                                                                   \
+  /* Work items [i0, i1) of y = x W^T (x fp32 [M, K]; W bf16 packed [N/64][K/2][64][2]; bias fp32 [N] or */    \
+  /* null): item i is weight block i % (N/64) times input rows [128 (i / (N/64)), +128). */                     \
+  void linear_items(const float* x, int64_t M, int64_t K, const uint32_t* w, const float* bias,                 \
+                    const LinearOut& out, int64_t i0, int64_t i1);                                              \
+  /* Each row's best of x W^T over weight blocks [block0, block1) (bf16-rounded first with round_bf16):     */ \
+  /* updates best[M], best_id[M] where strictly larger.                                                     */ \
+  void linear_argmax_part(const float* x, int64_t M, int64_t K, const uint32_t* w, int64_t block0,             \
+                          int64_t block1, bool round_bf16, float* best, int64_t* best_id);
+
+namespace avx2 {
+FOLO_TIERED_KERNELS
+}  // namespace avx2
+namespace avx512 {
+FOLO_TIERED_KERNELS
+}  // namespace avx512
+
+#undef FOLO_TIERED_KERNELS
+
+}  // namespace folovllm::cpu

@@ -1,0 +1,206 @@
+// The linear kernel's fp32 form, built once per tier (avx2, avx512: csrc/cpu/vec.h): y = x W^T with W held
+// as bf16 in memory, packed as the AVX-512 BF16 form packs it ([N/64][K/2][64 rows][2]: each K pair of 64
+// output rows is one 256-byte run), x in fp32. Each bf16 pair widens to fp32 in registers (a shift, a mask)
+// and meets broadcast activations in FMAs into fp32 accumulators, so a decode step streams half the bytes
+// an fp32 weight would and no instruction set beyond AVX2 + FMA is needed.
+//
+// A tile is R input rows times C vectors of a block's 64 output rows; every output's sum runs along K in
+// the same order (k = 0, 1, 2, ... one FMA each) whatever the tile, so a row's result does not depend on
+// its batch. Tiles fill the registers: AVX2 (16 ymm) one row x the whole block, up to 3 rows x half of it,
+// 6 rows x a quarter; AVX-512 (32 zmm) up to 6 rows x the whole block. A chunk of 12 rows or more (a
+// prefill, a large batch) first widens each panel of its block to fp32 in a scratch buffer and then runs
+// the classic broadcast-FMA tile over it, so the widening is paid once per chunk, not once per row group.
+// linear_argmax keeps each row's best output instead of writing them (a greedy LM head).
+#include "../tiered.h"
+#include "../vec.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+namespace folovllm::cpu::FOLO_TIER {
+namespace {
+
+constexpr int64_t kBlockRows = 64;                    // output rows per packed block
+constexpr int kBlockVecs = kBlockRows / kLanes;       // vectors per block row-pair
+constexpr int kMaxRows = 6;                           // input rows per tile
+constexpr int64_t kChunkRows = 128;                   // input rows per work item
+constexpr int64_t kPrefetchPairs = 8;                 // K pairs read ahead (2 KiB of a block)
+
+constexpr int64_t kPanelRows = 12;                    // rows from which a chunk widens its weights once
+
+// Output vectors per tile for R rows: as many as the registers hold beside R x C accumulators.
+template <int R>
+constexpr int tile_vecs() {
+  if (kLanes == 16) return kBlockVecs;  // AVX-512: 6 x 4 accumulators + the weights and a broadcast
+  return R == 1 ? 8 : R <= 3 ? 4 : 2;   // AVX2: at most 12 accumulators
+}
+constexpr int kPanelVecs = tile_vecs<kMaxRows>();  // width of a widened panel, in vectors
+
+// The weights a tile reads, pair p, vector c: straight from the packed bf16 block (widened in registers as
+// read), or from a panel of it widened to fp32 once ([pair][even, odd][kPanelVecs vectors]) for a chunk of
+// many rows. Either way each FMA meets the same fp32 value, so both give the same bits.
+struct Packed {
+  const uint32_t* wb;
+  int v0;
+  FOLO_VINLINE Vec half(int64_t p, int c, int h) const {  // h = 0: w[2p], 1: w[2p + 1]
+    const VecI w = vload_i(wb + p * kBlockRows + (v0 + c) * kLanes);
+    return h == 0 ? bf16_even(w) : bf16_odd(w);
+  }
+  FOLO_VINLINE void prefetch(int64_t p) const {
+    _mm_prefetch(reinterpret_cast<const char*>(wb + p * kBlockRows + v0 * kLanes), _MM_HINT_T0);
+  }
+};
+struct Panel {
+  const float* panel;
+  FOLO_VINLINE Vec half(int64_t p, int c, int h) const { return vload(panel + ((2 * p + h) * kPanelVecs + c) * kLanes); }
+  FOLO_VINLINE void prefetch(int64_t) const {}
+};
+
+// Vectors [v0, v0 + kPanelVecs) of block `wb` widened into `panel`.
+FOLO_VINLINE void widen_panel(const uint32_t* wb, int64_t pairs, int v0, float* panel) {
+  for (int64_t p = 0; p < pairs; ++p)
+    for (int c = 0; c < kPanelVecs; ++c) {
+      for (int h = 0; h < 2; ++h) vstore(panel + ((2 * p + h) * kPanelVecs + c) * kLanes, Packed{wb, v0}.half(p, c, h));
+    }
+}
+
+// A chunk's scratch for one panel: pairs x 2 x kPanelVecs vectors, per thread, grown as needed.
+float* panel_scratch(int64_t pairs) {
+  thread_local std::vector<float> scratch;
+  const size_t need = static_cast<size_t>(pairs) * 2 * kPanelVecs * kLanes;
+  if (scratch.size() < need) scratch.resize(need);
+  return scratch.data();
+}
+
+// Rows x[0..R) (stride K floats) times C weight vectors: acc[r][c] = sum over k of x[r][k] w[k][col].
+// (The sums run in a local array, copied out at the end: gcc keeps that one in registers, where an output
+// array's elements would go back to memory on every pair.)
+template <int R, int C, typename Weights>
+FOLO_VINLINE void tile(const float* x, int64_t K, int64_t pairs, const Weights& w, Vec (&out)[R][C]) {
+  Vec acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = vzero();
+  for (int64_t p = 0; p < pairs; ++p) {
+    if (p + kPrefetchPairs < pairs) w.prefetch(p + kPrefetchPairs);
+    if constexpr (R <= 2) {  // few rows: each weight vector read once, both its halves used at once
+      for (int c = 0; c < C; ++c) {
+        const Vec even = w.half(p, c, 0), odd = w.half(p, c, 1);
+        for (int r = 0; r < R; ++r) {
+          acc[r][c] = vfma(vbroadcast(x + r * K + 2 * p), even, acc[r][c]);
+          acc[r][c] = vfma(vbroadcast(x + r * K + 2 * p + 1), odd, acc[r][c]);
+        }
+      }
+      continue;
+    }
+    for (int h = 0; h < 2; ++h) {  // k = 2p, then 2p + 1: C weight vectors, then one broadcast per row
+      Vec wv[C];
+      for (int c = 0; c < C; ++c) wv[c] = w.half(p, c, h);
+      for (int r = 0; r < R; ++r) {
+        const Vec xr = vbroadcast(x + r * K + 2 * p + h);
+        for (int c = 0; c < C; ++c) acc[r][c] = vfma(xr, wv[c], acc[r][c]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) out[r][c] = acc[r][c];
+}
+
+// y rows [row0, row0 + R) at columns [col, col + C kLanes): the sums plus the bias, stored as fp32 or bf16.
+template <int R, int C>
+FOLO_VINLINE void store_tile(const Vec (&acc)[R][C], const float* bias, const LinearOut& out, int64_t row0,
+                             int64_t col0) {
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) {
+      const int64_t col = col0 + c * kLanes;
+      Vec v = acc[r][c];
+      if (bias != nullptr) v = vadd(v, vload(bias + col));
+      const int64_t at = (row0 + r) * out.N + col;
+      if (out.f32 != nullptr) {
+        vstore(out.f32 + at, v);
+      } else {
+        vstore_bf16(out.bf16 + at, v);
+      }
+    }
+}
+
+template <typename Fn>
+FOLO_VINLINE void by_row_groups(int64_t first, int64_t last, Fn&& fn) {
+  int64_t m = first;
+  for (; m + kMaxRows <= last; m += kMaxRows) fn(std::integral_constant<int, kMaxRows>{}, m);
+  switch (last - m) {
+    case 1: fn(std::integral_constant<int, 1>{}, m); break;
+    case 2: fn(std::integral_constant<int, 2>{}, m); break;
+    case 3: fn(std::integral_constant<int, 3>{}, m); break;
+    case 4: fn(std::integral_constant<int, 4>{}, m); break;
+    case 5: fn(std::integral_constant<int, 5>{}, m); break;
+    default: break;
+  }
+}
+
+// Rows [first, last) of x times block `wb`, tile by tile in increasing columns for each row: consume(acc, m,
+// v0) gets the sums of rows [m, m + R) at the block's vectors [v0, v0 + C). Few rows read the packed
+// block as they go; many widen each panel once and run over it.
+template <typename Consume>
+FOLO_VINLINE void block_tiles(const float* x, int64_t K, int64_t pairs, const uint32_t* wb, int64_t first,
+                              int64_t last, Consume&& consume) {
+  if (last - first < kPanelRows) {
+    by_row_groups(first, last, [&](auto rows, int64_t m) {
+      constexpr int R = decltype(rows)::value, C = tile_vecs<R>();
+      for (int v0 = 0; v0 < kBlockVecs; v0 += C) {
+        Vec acc[R][C];
+        tile<R, C>(x + m * K, K, pairs, Packed{wb, v0}, acc);
+        consume(acc, m, v0);
+      }
+    });
+    return;
+  }
+  float* panel = panel_scratch(pairs);
+  for (int v0 = 0; v0 < kBlockVecs; v0 += kPanelVecs) {
+    widen_panel(wb, pairs, v0, panel);
+    by_row_groups(first, last, [&](auto rows, int64_t m) {
+      constexpr int R = decltype(rows)::value;
+      Vec acc[R][kPanelVecs];
+      tile<R, kPanelVecs>(x + m * K, K, pairs, Panel{panel}, acc);
+      consume(acc, m, v0);
+    });
+  }
+}
+
+}  // namespace
+
+void linear_items(const float* x, int64_t M, int64_t K, const uint32_t* w, const float* bias, const LinearOut& out,
+                  int64_t i0, int64_t i1) {
+  const int64_t pairs = K / 2, blocks = out.N / kBlockRows;
+  for (int64_t i = i0; i < i1; ++i) {
+    const int64_t b = i % blocks, first = (i / blocks) * kChunkRows, last = std::min(M, first + kChunkRows);
+    block_tiles(x, K, pairs, w + b * pairs * kBlockRows, first, last, [&](const auto& acc, int64_t m, int v0) {
+      store_tile(acc, bias, out, m, b * kBlockRows + v0 * kLanes);
+    });
+  }
+}
+
+// Each row's largest output over blocks [block0, block1) (rounded to bf16 first where the model's logits
+// are bf16): replaces best[r] / best_id[r] where strictly larger, so the first of equal values stays.
+void linear_argmax_part(const float* x, int64_t M, int64_t K, const uint32_t* w, int64_t block0, int64_t block1,
+                        bool round_bf16, float* best, int64_t* best_id) {
+  const int64_t pairs = K / 2;
+  for (int64_t b = block0; b < block1; ++b) {
+    block_tiles(x, K, pairs, w + b * pairs * kBlockRows, 0, M, [&](const auto& acc, int64_t m, int v0) {
+      constexpr int R = std::extent_v<std::remove_reference_t<decltype(acc)>, 0>;
+      constexpr int C = std::extent_v<std::remove_reference_t<decltype(acc)>, 1>;
+      for (int r = 0; r < R; ++r) {
+        alignas(64) float values[C * kLanes];
+        for (int c = 0; c < C; ++c) vspill(values + c * kLanes, round_bf16 ? vround_bf16(acc[r][c]) : acc[r][c]);
+        for (int i = 0; i < C * kLanes; ++i)
+          if (values[i] > best[m + r]) {
+            best[m + r] = values[i];
+            best_id[m + r] = b * kBlockRows + v0 * kLanes + i;
+          }
+      }
+    });
+  }
+}
+
+}  // namespace folovllm::cpu::FOLO_TIER

@@ -1,0 +1,107 @@
+// The vector type the per-tier kernels (csrc/cpu/tiered/) are written against, one implementation per tier.
+//
+// A tiered source is compiled once per tier (csrc/build.py: -march=x86-64-v3 for avx2, x86-64-v4 for
+// avx512) with FOLO_TIER naming the tier; this header then picks the matching implementation, and
+// everything here lives in that tier's namespace (folovllm::cpu::avx2, folovllm::cpu::avx512), so the
+// copies built for different tiers never meet at link time. A kernel says `Vec` and `kLanes` and is written
+// once.
+//
+// Vec holds kLanes fp32 lanes (8: AVX2's ymm, 16: AVX-512's zmm). The bf16 helpers read a packed bf16 pair
+// per 32-bit lane, as the linear kernel's weights hold them (pair = w[k] | w[k + 1] << 16): `even` is each
+// lane's w[k] as fp32, `odd` its w[k + 1] (bf16 is fp32's upper half, so both are exact).
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+#if !defined(FOLO_TIER)
+#error "a tiered source is built with FOLO_TIER set (csrc/build.py compile SOURCE OBJECT TIER)"
+#endif
+
+#define FOLO_VINLINE inline __attribute__((always_inline))
+
+namespace folovllm::cpu::FOLO_TIER {
+
+#if defined(__AVX512F__)
+
+constexpr int kLanes = 16;
+using Vec = __m512;
+using VecI = __m512i;
+
+FOLO_VINLINE Vec vzero() { return _mm512_setzero_ps(); }
+FOLO_VINLINE Vec vload(const float* p) { return _mm512_loadu_ps(p); }
+FOLO_VINLINE void vstore(float* p, Vec v) { _mm512_storeu_ps(p, v); }
+FOLO_VINLINE Vec vbroadcast(const float* p) { return _mm512_set1_ps(*p); }
+FOLO_VINLINE Vec vset1(float x) { return _mm512_set1_ps(x); }
+FOLO_VINLINE Vec vfma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+FOLO_VINLINE Vec vadd(Vec a, Vec b) { return _mm512_add_ps(a, b); }
+FOLO_VINLINE Vec vmul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
+FOLO_VINLINE Vec vmax(Vec a, Vec b) { return _mm512_max_ps(a, b); }
+FOLO_VINLINE VecI vload_i(const void* p) { return _mm512_loadu_si512(p); }
+FOLO_VINLINE Vec bf16_even(VecI pairs) { return _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16)); }
+FOLO_VINLINE Vec bf16_odd(VecI pairs) {
+  return _mm512_castsi512_ps(_mm512_and_si512(pairs, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
+}
+// kLanes bf16 -> fp32
+FOLO_VINLINE Vec vload_bf16(const uint16_t* p) {
+  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+// fp32 -> bf16, rounded to nearest even as torch's cast does (NaN aside: a kernel's sums make none)
+FOLO_VINLINE void vstore_bf16(uint16_t* p, Vec v) {
+  const __m512i bits = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16)));
+}
+
+#elif defined(__AVX2__) && defined(__FMA__)
+
+constexpr int kLanes = 8;
+using Vec = __m256;
+using VecI = __m256i;
+
+FOLO_VINLINE Vec vzero() { return _mm256_setzero_ps(); }
+FOLO_VINLINE Vec vload(const float* p) { return _mm256_loadu_ps(p); }
+FOLO_VINLINE void vstore(float* p, Vec v) { _mm256_storeu_ps(p, v); }
+FOLO_VINLINE Vec vbroadcast(const float* p) { return _mm256_broadcast_ss(p); }
+FOLO_VINLINE Vec vset1(float x) { return _mm256_set1_ps(x); }
+FOLO_VINLINE Vec vfma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+FOLO_VINLINE Vec vadd(Vec a, Vec b) { return _mm256_add_ps(a, b); }
+FOLO_VINLINE Vec vmul(Vec a, Vec b) { return _mm256_mul_ps(a, b); }
+FOLO_VINLINE Vec vmax(Vec a, Vec b) { return _mm256_max_ps(a, b); }
+FOLO_VINLINE VecI vload_i(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+FOLO_VINLINE Vec bf16_even(VecI pairs) { return _mm256_castsi256_ps(_mm256_slli_epi32(pairs, 16)); }
+FOLO_VINLINE Vec bf16_odd(VecI pairs) {
+  return _mm256_castsi256_ps(_mm256_and_si256(pairs, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
+}
+FOLO_VINLINE Vec vload_bf16(const uint16_t* p) {
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+FOLO_VINLINE void vstore_bf16(uint16_t* p, Vec v) {
+  const __m256i bits = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+  // 8 x 32-bit -> 8 x 16-bit: pack within 128-bit halves, then gather the halves' low quadwords
+  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(rounded, rounded), 0b1000);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
+}
+
+#else
+#error "vec.h has an implementation for avx2 (x86-64-v3) and avx512 (x86-64-v4) builds only"
+#endif
+
+// The lanes of v as floats (a tail, an argmax's block), in order.
+FOLO_VINLINE void vspill(float* out, Vec v) { vstore(out, v); }
+
+// fp32 -> bf16 -> fp32 (what storing a bf16 output and reading it back gives)
+FOLO_VINLINE Vec vround_bf16(Vec v) {
+  alignas(64) uint16_t bits[kLanes];
+  vstore_bf16(bits, v);
+  return vload_bf16(bits);
+}
+
+}  // namespace folovllm::cpu::FOLO_TIER
