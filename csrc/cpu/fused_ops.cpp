@@ -3,7 +3,7 @@
 //   rms_norm          out = RMSNorm(x) * weight
 //   rotary_store_kv   q/k (optional per-head RMSNorm first) rotated by cos/sin, k and v stored at their
 //                     paged-cache slots, in one call per layer
-//   silu_and_mul      out = silu(gate) * up for a merged [gate | up] projection
+//   silu_and_mul      out = silu(gate) * up for a merged [gate | up] projection (csrc/cpu/tiered/activation.cpp)
 //
 // Each op rounds where the torch sequence it replaces rounds (a bf16 result after every torch op), so
 // it reproduces that sequence: fp32 to the last bits (no FMA contraction: csrc/build.py compiles this
@@ -14,6 +14,7 @@
 // and run at the one the tier allows.
 
 #include "simd.h"
+#include "tiered.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -28,6 +29,7 @@
 #include <cstring>
 #include <initializer_list>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 namespace folovllm::cpu {
@@ -205,33 +207,6 @@ FOLO_INLINE void rotary_dispatch(const RotaryProblem<c10::BFloat16>& p, int64_t 
   rotary_bf16(p, b, e);
 }
 
-// ---- SiLU and mul ---------------------------------------------------------------------------------
-
-template <typename T>
-FOLO_INLINE void silu_mul_rows(const T* in, T* out, int64_t begin, int64_t end, int64_t width) {
-  for (int64_t r = begin; r < end; ++r) {
-    const T* gate = in + r * 2 * width;
-    const T* up = gate + width;
-    T* dst = out + r * width;
-    for (int64_t d = 0; d < width; ++d) {
-      const float g = to_float(gate[d]);
-      const float act = round_to<T>(g / (1.0f + fast_exp(-g)));  // silu's own result, then the product
-      dst[d] = from_float<T>(act * to_float(up[d]));
-    }
-  }
-}
-
-FOLO_PER_LEVEL(silu_mul_f32, (const float* in, float* out, int64_t b, int64_t e, int64_t w), (in, out, b, e, w),
-               silu_mul_rows(in, out, b, e, w))
-FOLO_PER_LEVEL(silu_mul_bf16, (const c10::BFloat16* in, c10::BFloat16* out, int64_t b, int64_t e, int64_t w),
-               (in, out, b, e, w), silu_mul_rows(in, out, b, e, w))
-FOLO_INLINE void silu_mul_dispatch(const float* in, float* out, int64_t b, int64_t e, int64_t w) {
-  silu_mul_f32(in, out, b, e, w);
-}
-FOLO_INLINE void silu_mul_dispatch(const c10::BFloat16* in, c10::BFloat16* out, int64_t b, int64_t e, int64_t w) {
-  silu_mul_bf16(in, out, b, e, w);
-}
-
 }  // namespace
 
 at::Tensor add_rms_norm(at::Tensor& residual, const at::Tensor& x, const at::Tensor& weight, double eps) {
@@ -305,11 +280,20 @@ at::Tensor silu_and_mul(const at::Tensor& gate_up) {
   shape.back() = width;
   at::Tensor out = at::empty(shape, gate_up.options());
   const int64_t rows = width == 0 ? 0 : out.numel() / width;
+  TORCH_CHECK(tier_at_least(Tier::kAvx2), "silu_and_mul needs the avx2 tier at least; this one is ", tier_name(tier()));
+  const bool wide = tier_at_least(Tier::kAvx512);
   dispatch_dtype(gate_up.scalar_type(), [&](auto* typed) {
     using T = std::remove_pointer_t<decltype(typed)>;
-    const T* in = gate_up.const_data_ptr<T>();
-    T* dst = out.mutable_data_ptr<T>();
-    at::parallel_for(0, rows, grain_rows(width), [&](int64_t b, int64_t e) { silu_mul_dispatch(in, dst, b, e, width); });
+    using Bits = std::conditional_t<std::is_same_v<T, float>, float, uint16_t>;  // bf16 as its bits
+    const Bits* in = reinterpret_cast<const Bits*>(gate_up.const_data_ptr<T>());
+    Bits* dst = reinterpret_cast<Bits*>(out.mutable_data_ptr<T>());
+    at::parallel_for(0, rows, grain_rows(width), [&](int64_t b, int64_t e) {
+      if (wide) {
+        avx512::silu_mul_rows(in, dst, b, e, width);
+      } else {
+        avx2::silu_mul_rows(in, dst, b, e, width);
+      }
+    });
   });
   return out;
 }

@@ -22,7 +22,10 @@ struct LinearOut {
   /* Each row's best of x W^T over weight blocks [block0, block1) (bf16-rounded first with round_bf16):     */ \
   /* updates best[M], best_id[M] where strictly larger.                                                     */ \
   void linear_argmax_part(const float* x, int64_t M, int64_t K, const uint32_t* w, int64_t block0,             \
-                          int64_t block1, bool round_bf16, float* best, int64_t* best_id);
+                          int64_t block1, bool round_bf16, float* best, int64_t* best_id);                  \
+  /* Rows [begin, end) of silu(gate) * up: in [rows, 2 width] = [gate | up], out [rows, width]; fp32 or bf16 */ \
+  void silu_mul_rows(const float* in, float* out, int64_t begin, int64_t end, int64_t width);                  \
+  void silu_mul_rows(const uint16_t* in, uint16_t* out, int64_t begin, int64_t end, int64_t width);
 
 namespace avx2 {
 FOLO_TIERED_KERNELS

@@ -39,6 +39,16 @@ FOLO_VINLINE Vec vfma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
 FOLO_VINLINE Vec vadd(Vec a, Vec b) { return _mm512_add_ps(a, b); }
 FOLO_VINLINE Vec vmul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
 FOLO_VINLINE Vec vmax(Vec a, Vec b) { return _mm512_max_ps(a, b); }
+FOLO_VINLINE Vec vmin(Vec a, Vec b) { return _mm512_min_ps(a, b); }
+FOLO_VINLINE Vec vdiv(Vec a, Vec b) { return _mm512_div_ps(a, b); }
+FOLO_VINLINE Vec vfnma(Vec a, Vec b, Vec c) { return _mm512_fnmadd_ps(a, b, c); }  // c - a b
+FOLO_VINLINE Vec vround(Vec v) { return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+// v 2^k for integral k in exp's range
+FOLO_VINLINE Vec vscale2(Vec v, Vec k) { return _mm512_scalef_ps(v, k); }
+// where a < b: 0, else v
+FOLO_VINLINE Vec vzero_below(Vec v, Vec a, Vec b) {
+  return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(a, b, _CMP_NLT_UQ), v);
+}
 FOLO_VINLINE VecI vload_i(const void* p) { return _mm512_loadu_si512(p); }
 FOLO_VINLINE Vec bf16_even(VecI pairs) { return _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16)); }
 FOLO_VINLINE Vec bf16_odd(VecI pairs) {
@@ -56,6 +66,13 @@ FOLO_VINLINE void vstore_bf16(uint16_t* p, Vec v) {
   const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16)));
 }
+// fp32 -> bf16 -> fp32 (what storing a bf16 output and reading it back gives), in registers
+FOLO_VINLINE Vec vround_bf16(Vec v) {
+  const __m512i bits = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+  return _mm512_castsi512_ps(_mm512_and_si512(rounded, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
+}
 
 #elif defined(__AVX2__) && defined(__FMA__)
 
@@ -72,6 +89,15 @@ FOLO_VINLINE Vec vfma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
 FOLO_VINLINE Vec vadd(Vec a, Vec b) { return _mm256_add_ps(a, b); }
 FOLO_VINLINE Vec vmul(Vec a, Vec b) { return _mm256_mul_ps(a, b); }
 FOLO_VINLINE Vec vmax(Vec a, Vec b) { return _mm256_max_ps(a, b); }
+FOLO_VINLINE Vec vmin(Vec a, Vec b) { return _mm256_min_ps(a, b); }
+FOLO_VINLINE Vec vdiv(Vec a, Vec b) { return _mm256_div_ps(a, b); }
+FOLO_VINLINE Vec vfnma(Vec a, Vec b, Vec c) { return _mm256_fnmadd_ps(a, b, c); }
+FOLO_VINLINE Vec vround(Vec v) { return _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+FOLO_VINLINE Vec vscale2(Vec v, Vec k) {  // k + 127 in the exponent field: 2^k for k in [-126, 127]
+  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(v, _mm256_castsi256_ps(bits));
+}
+FOLO_VINLINE Vec vzero_below(Vec v, Vec a, Vec b) { return _mm256_and_ps(v, _mm256_cmp_ps(a, b, _CMP_NLT_UQ)); }
 FOLO_VINLINE VecI vload_i(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 FOLO_VINLINE Vec bf16_even(VecI pairs) { return _mm256_castsi256_ps(_mm256_slli_epi32(pairs, 16)); }
 FOLO_VINLINE Vec bf16_odd(VecI pairs) {
@@ -89,6 +115,12 @@ FOLO_VINLINE void vstore_bf16(uint16_t* p, Vec v) {
   const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(rounded, rounded), 0b1000);
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
 }
+FOLO_VINLINE Vec vround_bf16(Vec v) {
+  const __m256i bits = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  const __m256i rounded = _mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
+  return _mm256_castsi256_ps(_mm256_and_si256(rounded, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
+}
 
 #else
 #error "vec.h has an implementation for avx2 (x86-64-v3) and avx512 (x86-64-v4) builds only"
@@ -97,11 +129,21 @@ FOLO_VINLINE void vstore_bf16(uint16_t* p, Vec v) {
 // The lanes of v as floats (a tail, an argmax's block), in order.
 FOLO_VINLINE void vspill(float* out, Vec v) { vstore(out, v); }
 
-// fp32 -> bf16 -> fp32 (what storing a bf16 output and reading it back gives)
-FOLO_VINLINE Vec vround_bf16(Vec v) {
-  alignas(64) uint16_t bits[kLanes];
-  vstore_bf16(bits, v);
-  return vload_bf16(bits);
+// exp(x) per lane, Cephes-style: x = k ln2 + r with |r| <= ln2 / 2, a degree-6 polynomial in r, times 2^k;
+// within 2 ulp of expf, exactly 0 below exp's float range (x < -87) and finite at its top (x clamped to 88).
+FOLO_VINLINE Vec vexp(Vec x) {
+  const Vec v = vmin(vmax(x, vset1(-87.0f)), vset1(88.0f));
+  const Vec k = vround(vmul(v, vset1(1.44269504088896341f)));
+  Vec r = vfnma(k, vset1(0.693359375f), v);
+  r = vfnma(k, vset1(-2.12194440e-4f), r);
+  Vec y = vset1(1.9875691500e-4f);
+  y = vfma(y, r, vset1(1.3981999507e-3f));
+  y = vfma(y, r, vset1(8.3334519073e-3f));
+  y = vfma(y, r, vset1(4.1665795894e-2f));
+  y = vfma(y, r, vset1(1.6666665459e-1f));
+  y = vfma(y, r, vset1(5.0000001201e-1f));
+  y = vfma(vmul(y, r), r, vadd(r, vset1(1.0f)));
+  return vzero_below(vscale2(y, k), x, vset1(-87.0f));
 }
 
 }  // namespace folovllm::cpu::FOLO_TIER

@@ -82,18 +82,23 @@ def compare_switch(engines: dict[bool, LLM], workloads: dict[str, SwitchWorkload
     rounds; prints one line per workload and returns the results (medians, ratio, samples)."""
     rng = random.Random(0)
     low, high = prompt_id_range(vocab_size)
-    prompts = {n: [[rng.randrange(low, high) for _ in range(workloads[n].prompt_len)]
-                   for _ in range(workloads[n].requests)] for n in names}
-    for llm in engines.values():  # warm-up
-        timed_generate(llm, prompts[names[0]][:1], [4])
+
+    def fresh_prompts(name: str) -> list[list[int]]:  # new every round: a cached prefix would time nothing
+        return [[rng.randrange(low, high) for _ in range(workloads[name].prompt_len)]
+                for _ in range(workloads[name].requests)]
+
+    warm_up = fresh_prompts(names[0])[:1]
+    for llm in engines.values():
+        timed_generate(llm, warm_up, [4])
     results: dict[str, Any] = {"threads": threads, "rounds": rounds, "load_before": os.getloadavg(),
                                "workloads": {}}
     samples: dict[str, dict[bool, list[float]]] = {n: {True: [], False: []} for n in names}
     tokens: dict[str, dict[bool, list[list[int]]]] = {n: {} for n in names}
     for r in range(rounds):
         for name in names:
+            prompts = fresh_prompts(name)  # the same for both sides of this round
             for on in ((True, False) if r % 2 == 0 else (False, True)):  # alternate which goes first
-                seconds, tokens[name][on] = timed_generate(engines[on], prompts[name], workloads[name].output_lens())
+                seconds, tokens[name][on] = timed_generate(engines[on], prompts, workloads[name].output_lens())
                 samples[name][on].append(workloads[name].score(seconds))
     results["load_after"] = os.getloadavg()
     for name in names:
