@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import random
 import shutil
@@ -78,12 +79,12 @@ class GpuBench:
         self.scale = SMOKE_SCALE if args.smoke else GPU_SCALE
         self.device = self.scale.engine_args["device"]
         self.skip = set(args.skip)
+        # make_llm copies weights into the built model: on a CPU its linears must stay plain tensors
+        os.environ.setdefault("FOLOVLLM_CPU_LINEAR", "torch")
         self.engine_args = {"dtype": "bfloat16", "load_format": "dummy", "seed": 0,
                             "max_num_batched_tokens": args.max_num_batched_tokens,
                             "attention_backend": args.attention_backend,
                             "overlap_scheduling": True,  # (auto would leave it off in the CPU smoke run)
-                            # make_llm copies weights into the built model: its linears must stay plain
-                            "cpu_prepack": False,
                             **self.scale.engine_args}
         if args.smoke:
             self.engine_args["max_num_batched_tokens"] = min(args.max_num_batched_tokens, 256)
