@@ -96,7 +96,8 @@ class EngineConfig:
                                 group="ModelConfig")
     trust_remote_code: bool = knob(False, "FoloVLLM runs its own model code only", group="ModelConfig",
                                    no_effect="code from a model repository is never run")
-    dtype: str = knob("auto", "auto = the platform's choice (bfloat16); half = float16, float = float32",
+    dtype: str = knob("auto", "auto = the platform's choice (bfloat16 where its matmuls are fast: a GPU, a CPU "
+                              "with native bf16 or our linear kernel; else float32); half = float16, float = float32",
                       choices=["auto", *_DTYPES], group="ModelConfig")
     seed: int = knob(0, "seed for dummy weights and torch", group="ModelConfig")
     max_model_len: int | None = knob(None, "longest prompt + output (default: the model's maximum)",

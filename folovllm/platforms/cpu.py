@@ -48,13 +48,23 @@ class CpuPlatform(Platform):
         self.greedy_head = envs.switch("FOLOVLLM_CPU_GREEDY_HEAD")
 
     def resolve_dtype(self, requested: str) -> str:
+        """auto: bfloat16 where its matmuls run fast (native bf16 dot products, or our linear kernel, which
+        keeps bf16 weights and multiplies in fp32 FMAs), else float32 (torch would emulate bf16 products
+        several times slower than its fp32 ones)."""
         if requested == "float16":
             raise ValueError("float16 is not supported on CPU; use bfloat16 or float32")
-        dtype = "bfloat16" if requested == "auto" else requested
-        if dtype == "bfloat16" and not isa.native_bf16(self.tier):
-            _log_once(f"bfloat16 on a CPU at tier {self.tier}: its products are emulated (no native bf16 dot "
-                      "products below avx512_bf16)")
-        return dtype
+        fast_bf16 = isa.native_bf16(self.tier) or (
+            kernel_library.has_kernel("linear") and envs.value("FOLOVLLM_CPU_LINEAR") in ("auto", "folovllm"))
+        if requested == "auto":
+            dtype = "bfloat16" if fast_bf16 else "float32"
+            if not fast_bf16:
+                _log_once(f"dtype auto: float32, since bfloat16 matmuls at tier {self.tier} would be emulated "
+                          f"({self.kernels_unavailable or 'our linear kernel is switched off'})")
+            return dtype
+        if requested == "bfloat16" and not fast_bf16:
+            _log_once(f"bfloat16 at tier {self.tier}: its products are emulated (no native bf16 dot products and "
+                      "no linear kernel of ours here); --dtype float32 is several times faster")
+        return requested
 
     def auto_attention_backend(self) -> str:
         if kernel_library.has_kernel("paged_attention"):
