@@ -14,10 +14,11 @@ namespace {
 // The least tier each kernel runs at (an op called below it raises); the names folovllm/platforms asks
 // about before it picks a kernel.
 Tier kernel_floor(const std::string& name) {
-  if (name == "paged_attention" || name == "fused_ops" || name == "linear" || name == "linear_argmax")
+  if (name == "paged_attention" || name == "fused_ops" || name == "linear" || name == "linear_argmax" ||
+      name == "int4" || name == "int8")
     return Tier::kAvx2;
   if (name == "decode_avx512") return Tier::kAvx512;
-  if (name == "prefill_attention" || name == "int4" || name == "int4_a8" || name == "int8" || name == "team")
+  if (name == "prefill_attention" || name == "int4_a8" || name == "team")
     return Tier::kAvx512Bf16;
   TORCH_CHECK(false, "unknown kernel '", name, "'");
 }

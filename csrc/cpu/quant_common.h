@@ -21,7 +21,8 @@ namespace {
 
 constexpr int64_t kBlockCols = 16;  // output columns per vector
 
-// The quantized matmuls run at the AVX-512 BF16 tier.
+// The quantized matmuls' bf16 dot-product forms (and the team that runs them) need the AVX-512 BF16 tier;
+// the int4 matmul has an fp32 form below it (tiered/int4.cpp).
 bool cpu_supported() { return tier_at_least(Tier::kAvx512Bf16); }
 
 // Weights stream from memory a few columns at a time, too few streams for the hardware prefetcher to
@@ -58,8 +59,8 @@ FOLO_TARGET_AVX512_BF16 FOLO_INLINE void store16(c10::BFloat16* p, __m512 v) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), (__m256i)_mm512_cvtneps_pbh(v));
 }
 
-void check_activations(const at::Tensor& x, const at::Tensor& codes, const char* op) {
-  TORCH_CHECK(cpu_supported(), op, " needs the avx512_bf16 tier; this one is ", tier_name(tier()));
+void check_activations(const at::Tensor& x, const at::Tensor& codes, const char* op, Tier floor = Tier::kAvx512Bf16) {
+  TORCH_CHECK(tier_at_least(floor), op, " needs the ", tier_name(floor), " tier; this one is ", tier_name(tier()));
   TORCH_CHECK(x.device().is_cpu() && codes.device().is_cpu(), op, " runs on the CPU");
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat, "x must be bfloat16 or float32");
   TORCH_CHECK(x.dim() >= 1, "x needs a last (input) dimension");

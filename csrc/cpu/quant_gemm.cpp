@@ -1,4 +1,4 @@
-// Weight-only quantized matmuls for CPU (the AVX-512 BF16 tier), registered as torch.ops.folovllm.*:
+// Weight-only quantized matmuls for CPU, registered as torch.ops.folovllm.*:
 //   int4_gemm   y = x W^T, W 4-bit with a scale and zero per group of inputs  (quant_int4.h)
 //   int4_gemm_perm  int4_gemm of x's columns permuted first (act-order: the weight's rows were permuted at load)
 //   int4_gemm_a8  int4_gemm with the activations rounded to int8 per row and group, on AVX512_VNNI
@@ -11,13 +11,15 @@
 //               in the matmul's own loop, y never written)
 //
 // Both take bf16 or fp32 activations and return x's dtype; weights are repacked once at load
-// (folovllm/model/quantization/cpu_int4.py). The codes become bf16 in registers (or, for int8 with many rows,
-// in a small tile) and meet the activations in AVX512_BF16 dot products with fp32 sums.
+// (folovllm/model/quantization/cpu_int4.py). At the avx512_bf16 tier the codes become bf16 in registers (or,
+// for int8 with many rows, in a small tile) and meet the activations in AVX512_BF16 dot products with fp32
+// sums; below it the int4 and int8 matmuls run in fp32 FMAs (tiered/int4.cpp, tiered/int8.cpp).
 
 #include "ops.h"
 #include "quant_int4.h"
 #include "quant_int4_a8.h"
 #include "quant_int8.h"
+#include "tiered.h"
 
 #include <ATen/Dispatch.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -25,11 +27,96 @@
 
 namespace folovllm::cpu {
 
+namespace {
+
+// Below avx512_bf16: the per-tier fp32 form (tiered/int4.cpp). x rows [M, K] (bf16 or fp32) -> y [M, N].
+void run_int4_fp32(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& zeros,
+                   int64_t group_size, at::Tensor& y) {
+  const at::Tensor xf = x.scalar_type() == at::kFloat ? x : x.to(at::kFloat);
+  const int64_t M = xf.size(0), K = xf.size(1), N = y.size(1), groups = num_groups(K, group_size);
+  const float* xp = xf.const_data_ptr<float>();
+  std::vector<float> xsum(M * groups, 0.f);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; ++k) xsum[m * groups + k / group_size] += xp[m * K + k];
+  const LinearOut out{y.scalar_type() == at::kFloat ? y.data_ptr<float>() : nullptr,
+                      y.scalar_type() == at::kFloat ? nullptr : reinterpret_cast<uint16_t*>(y.data_ptr()), N};
+  const auto* cp = reinterpret_cast<const uint32_t*>(codes.const_data_ptr<int32_t>());
+  const bool bf16_scales = scales.scalar_type() == at::kBFloat16, wide = tier_at_least(Tier::kAvx512);
+  const int64_t blocks = N / kBlockCols;
+  parallel_tasks((blocks + kColBlocks - 1) / kColBlocks, M, [&](int64_t p0, int64_t p1) {
+    const int64_t b0 = p0 * kColBlocks, b1 = std::min(blocks, p1 * kColBlocks);
+    if (wide) {
+      avx512::int4_blocks(xp, M, K, xsum.data(), groups, cp, scales.const_data_ptr(), zeros.const_data_ptr(),
+                          bf16_scales, group_size, out, b0, b1);
+    } else {
+      avx2::int4_blocks(xp, M, K, xsum.data(), groups, cp, scales.const_data_ptr(), zeros.const_data_ptr(),
+                        bf16_scales, group_size, out, b0, b1);
+    }
+  });
+}
+
+// int8 below avx512_bf16: x rows [M, K] -> y [M, N] (tiered/int8.cpp).
+void run_int8_fp32(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, at::Tensor& y) {
+  const at::Tensor xf = x.scalar_type() == at::kFloat ? x : x.to(at::kFloat);
+  const int64_t M = xf.size(0), K = xf.size(1), N = y.size(1), blocks = N / kBlockCols;
+  const LinearOut out{y.scalar_type() == at::kFloat ? y.data_ptr<float>() : nullptr,
+                      y.scalar_type() == at::kFloat ? nullptr : reinterpret_cast<uint16_t*>(y.data_ptr()), N};
+  const bool bf16_scales = scales.scalar_type() == at::kBFloat16, wide = tier_at_least(Tier::kAvx512);
+  parallel_tasks((blocks + kInt8Cols - 1) / kInt8Cols, M, [&](int64_t p0, int64_t p1) {
+    const int64_t b0 = p0 * kInt8Cols, b1 = std::min(blocks, p1 * kInt8Cols);
+    if (wide) {
+      avx512::int8_blocks(xf.const_data_ptr<float>(), M, K, codes.const_data_ptr<int8_t>(), scales.const_data_ptr(),
+                          bf16_scales, out, b0, b1);
+    } else {
+      avx2::int8_blocks(xf.const_data_ptr<float>(), M, K, codes.const_data_ptr<int8_t>(), scales.const_data_ptr(),
+                        bf16_scales, out, b0, b1);
+    }
+  });
+}
+
+// int8_argmax below avx512_bf16 (bf16 x: logits rounded to bf16 first). Each work item keeps its own rows'
+// best, then the items are reduced in column order (the first maximum wins).
+void run_int8_argmax_fp32(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, at::Tensor& ids) {
+  const at::Tensor xf = x.to(at::kFloat).contiguous();
+  const int64_t M = xf.size(0), K = xf.size(1), blocks = codes.size(0);
+  const int64_t tasks = (blocks + kInt8Cols - 1) / kInt8Cols;
+  std::vector<float> best(tasks * M, -std::numeric_limits<float>::infinity());
+  std::vector<int64_t> best_id(tasks * M, -1);  // -1: no work item started at this task
+  const bool bf16_scales = scales.scalar_type() == at::kBFloat16, wide = tier_at_least(Tier::kAvx512);
+  parallel_tasks(tasks, M, [&](int64_t p0, int64_t p1) {
+    float* b = best.data() + p0 * M;
+    int64_t* id = best_id.data() + p0 * M;
+    std::fill(id, id + M, 0);
+    const int64_t b0 = p0 * kInt8Cols, b1 = std::min(blocks, p1 * kInt8Cols);
+    auto* run = wide ? &avx512::int8_argmax_blocks : &avx2::int8_argmax_blocks;
+    run(xf.const_data_ptr<float>(), M, K, codes.const_data_ptr<int8_t>(), scales.const_data_ptr(), bf16_scales,
+        true, b, id, b0, b1);
+  });
+  int64_t* out = ids.mutable_data_ptr<int64_t>();
+  for (int64_t m = 0; m < M; ++m) {
+    float top = -std::numeric_limits<float>::infinity();
+    int64_t id = 0;
+    for (int64_t t = 0; t < tasks; ++t) {
+      const float v = best[t * M + m];
+      if (best_id[t * M + m] < 0 || top != top) continue;
+      if (v > top || v != v) top = v, id = best_id[t * M + m];
+    }
+    out[m] = id;
+  }
+}
+
+}  // namespace
+
 // x [..., K] -> [..., N]
 at::Tensor int4_gemm(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& zeros,
                      int64_t group_size) {
-  check_activations(x, codes, "int4_gemm");
+  check_activations(x, codes, "int4_gemm", Tier::kAvx2);
   check_int4_packed(codes, scales, zeros, x.size(-1), group_size);
+  if (!cpu_supported()) {
+    return rows_gemm(x, codes.size(0) * kBlockCols, [&](const at::Tensor& rows, at::Tensor& y) {
+      run_int4_fp32(rows, codes, scales, zeros, group_size, y);
+    });
+  }
   return bf16_rows_gemm(x, codes.size(0) * kBlockCols, [&](const at::Tensor& xb, at::Tensor& y) {
     run_int4(xb, codes, scales, zeros, group_size, y);
   });
@@ -40,7 +127,7 @@ at::Tensor int4_gemm(const at::Tensor& x, const at::Tensor& codes, const at::Ten
 // 1-3 ns an element, ~100-270 us of a 64-row call.
 at::Tensor int4_gemm_perm(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
                           const at::Tensor& zeros, int64_t group_size, const at::Tensor& perm) {
-  check_activations(x, codes, "int4_gemm_perm");
+  check_activations(x, codes, "int4_gemm_perm", Tier::kAvx2);
   const int64_t K = x.size(-1);
   check_permutation(perm, K);
   const int64_t* order = perm.const_data_ptr<int64_t>();
@@ -49,9 +136,13 @@ at::Tensor int4_gemm_perm(const at::Tensor& x, const at::Tensor& codes, const at
   const bool bf16 = xc.scalar_type() == at::kBFloat16;
   at::parallel_for(0, xc.size(0), std::max<int64_t>(1, 16384 / std::max<int64_t>(K, 1)), [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; ++m) {
-      if (bf16) {
+      if (bf16 && cpu_supported()) {
         gather_row(xc.const_data_ptr<c10::BFloat16>() + m * K, order, K,
                    gathered.mutable_data_ptr<c10::BFloat16>() + m * K);
+      } else if (bf16) {
+        const c10::BFloat16* row = xc.const_data_ptr<c10::BFloat16>() + m * K;
+        c10::BFloat16* out = gathered.mutable_data_ptr<c10::BFloat16>() + m * K;
+        for (int64_t k = 0; k < K; ++k) out[k] = row[order[k]];
       } else {
         const float* row = xc.const_data_ptr<float>() + m * K;
         float* out = gathered.mutable_data_ptr<float>() + m * K;
@@ -89,8 +180,12 @@ at::Tensor int4_mlp(const at::Tensor& x, const at::Tensor& gate_up_codes, const 
 }
 
 at::Tensor int8_gemm(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales) {
-  check_activations(x, codes, "int8_gemm");
+  check_activations(x, codes, "int8_gemm", Tier::kAvx2);
   check_int8_packed(codes, scales, x.size(-1));
+  if (!cpu_supported()) {
+    return rows_gemm(x, codes.size(0) * kBlockCols,
+                     [&](const at::Tensor& rows, at::Tensor& y) { run_int8_fp32(rows, codes, scales, y); });
+  }
   return bf16_rows_gemm(x, codes.size(0) * kBlockCols,
                         [&](const at::Tensor& xb, at::Tensor& y) { run_int8(xb, codes, scales, y); });
 }
@@ -103,11 +198,15 @@ at::Tensor int8_argmax(const at::Tensor& x, const at::Tensor& codes, const at::T
   if (x.size(0) == 0) return at::empty({0}, x.options().dtype(at::kLong));
   if (!fused || x.scalar_type() != at::kBFloat16)
     return int8_gemm(x, codes, scales).to(at::kFloat).argmax(-1);  // torch reduces fp32 faster than bf16
-  check_activations(x, codes, "int8_argmax");
+  check_activations(x, codes, "int8_argmax", Tier::kAvx2);
   check_int8_packed(codes, scales, x.size(-1));
   const at::Tensor xb = x.contiguous();
   at::Tensor ids = at::empty({x.size(0)}, x.options().dtype(at::kLong));
-  run_int8_argmax(xb, codes, scales, ids);
+  if (cpu_supported()) {
+    run_int8_argmax(xb, codes, scales, ids);
+  } else {
+    run_int8_argmax_fp32(xb, codes, scales, ids);
+  }
   return ids;
 }
 

@@ -25,7 +25,19 @@ struct LinearOut {
                           int64_t block1, bool round_bf16, float* best, int64_t* best_id);                  \
   /* Rows [begin, end) of silu(gate) * up: in [rows, 2 width] = [gate | up], out [rows, width]; fp32 or bf16 */ \
   void silu_mul_rows(const float* in, float* out, int64_t begin, int64_t end, int64_t width);                  \
-  void silu_mul_rows(const uint16_t* in, uint16_t* out, int64_t begin, int64_t end, int64_t width);
+  void silu_mul_rows(const uint16_t* in, uint16_t* out, int64_t begin, int64_t end, int64_t width);              \
+  /* Column blocks [b0, b1) of the int4 matmul y = x W^T (quant_int4.h's packing): x fp32 [M, K], xsum fp32 */  \
+  /* [M, groups] (each row's sum per group), scales/zeros [N / 16, groups, 16] fp32 or bf16 (bf16_scales). */  \
+  void int4_blocks(const float* x, int64_t M, int64_t K, const float* xsum, int64_t groups,                    \
+                   const uint32_t* codes, const void* scales, const void* zeros, bool bf16_scales,             \
+                   int64_t group_size, const LinearOut& out, int64_t b0, int64_t b1);                            \
+  /* Column blocks [b0, b1) of the int8 matmul (quant_int8.h's packing), x fp32 [M, K], scales [N] fp32 or bf16; */ \
+  /* the argmax form updates best[M] / best_id[M] (from -inf) where a logit (bf16-rounded: round_bf16) is larger. */ \
+  void int8_blocks(const float* x, int64_t M, int64_t K, const int8_t* codes, const void* scales,              \
+                   bool bf16_scales, const LinearOut& out, int64_t b0, int64_t b1);                            \
+  void int8_argmax_blocks(const float* x, int64_t M, int64_t K, const int8_t* codes, const void* scales,       \
+                          bool bf16_scales, bool round_bf16, float* best, int64_t* best_id, int64_t b0,        \
+                          int64_t b1);
 
 namespace avx2 {
 FOLO_TIERED_KERNELS

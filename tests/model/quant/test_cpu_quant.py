@@ -58,7 +58,7 @@ def test_matches_reference(group: int, m: int, dtype: torch.dtype) -> None:
 
 @settings(max_examples=30, deadline=None)
 @given(out_blocks=st.integers(1, 7), in_chunks=st.integers(1, 40), group_chunks=st.sampled_from([1, 2, 4, 8, 16]),
-       m=st.integers(1, 12), dtype=st.sampled_from([torch.bfloat16, torch.float32]), seed=st.integers(0, 2**16))
+       m=st.integers(1, 20), dtype=st.sampled_from([torch.bfloat16, torch.float32]), seed=st.integers(0, 2**16))
 def test_random_shapes(out_blocks: int, in_chunks: int, group_chunks: int, m: int, dtype: torch.dtype,
                        seed: int) -> None:
     """Any output multiple of 16, input multiple of 8, group multiple of 8 (the last group may be partial)."""
