@@ -101,7 +101,7 @@ class CpuPlatform(Platform):
         ours = kernel_library.has_kernel("int4")
         if choice == "folovllm" and not ours:
             raise RuntimeError(f"FOLOVLLM_QUANT_KERNEL=folovllm, but our int4/int8 kernels do not run at tier "
-                               f"{self.tier}: {self.kernels_unavailable or 'they need avx512_bf16'}")
+                               f"{self.tier}: {self.kernels_unavailable or 'they need avx2'}")
         if choice == "auto":
             if not ours:
                 _log_once(f"quantized linears: torch's int4/int8 kernels at tier {self.tier}")

@@ -10,7 +10,8 @@
 - ``int8_gemm`` (``pack_int8``, used by ``kernels.Int8ChannelKernel``): int8 codes with one scale per
   output; outputs a multiple of 16, inputs of 2.
 
-Both take bf16 or fp32 activations and run at the avx512_bf16 tier (the platform picks them only there).
+Both take bf16 or fp32 activations and run from the avx2 tier on (bf16 dot products at avx512_bf16, fp32 FMAs
+below it); ``int4_gemm_a8`` needs AVX512_VNNI.
 """
 from __future__ import annotations
 
