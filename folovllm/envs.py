@@ -64,7 +64,7 @@ VARIABLES: dict[str, EnvVar] = {v.name: v for v in (
            ("auto", "folovllm", "torch", "reference")),
     EnvVar("FOLOVLLM_INT4_ACTIVATIONS", "bf16",
            "our int4 matmul multiplies bf16 activations as they come (bf16) or rounds them to int8 per row "
-           "and group for byte dot products (int8; needs AVX512_VNNI); auto: int8 from 16 rows on",
+           "and group for byte dot products (int8: AVX512_VNNI's, else AVX2's); auto: int8 from 16 rows on",
            ("bf16", "int8", "auto")),
     # -- files and serving --------------------------------------------------------------------------
     EnvVar("FOLOVLLM_CACHE_ROOT", None,

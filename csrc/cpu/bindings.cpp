@@ -15,18 +15,14 @@ namespace {
 // about before it picks a kernel.
 Tier kernel_floor(const std::string& name) {
   if (name == "paged_attention" || name == "fused_ops" || name == "linear" || name == "linear_argmax" ||
-      name == "int4" || name == "int8")
+      name == "int4" || name == "int4_a8" || name == "int8")
     return Tier::kAvx2;
   if (name == "decode_avx512") return Tier::kAvx512;
-  if (name == "prefill_attention" || name == "int4_a8" || name == "team")
-    return Tier::kAvx512Bf16;
+  if (name == "prefill_attention" || name == "team") return Tier::kAvx512Bf16;
   TORCH_CHECK(false, "unknown kernel '", name, "'");
 }
 
-bool has_kernel(const std::string& name) {
-  const bool at_tier = tier_at_least(kernel_floor(name));
-  return name == "int4_a8" ? at_tier && host_has_vnni() : at_tier;
-}
+bool has_kernel(const std::string& name) { return tier_at_least(kernel_floor(name)); }
 
 std::string host_tier_name() { return tier_name(host_tier()); }
 std::string tier_now() { return tier_name(tier()); }

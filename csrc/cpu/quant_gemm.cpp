@@ -2,7 +2,7 @@
 //   int4_gemm   y = x W^T, W 4-bit with a scale and zero per group of inputs  (quant_int4.h)
 //   int4_gemm_perm  int4_gemm of x's columns permuted first (act-order: the weight's rows were permuted at load)
 //   int4_gemm_a8  int4_gemm with the activations rounded to int8 per row and group, on AVX512_VNNI
-//                 byte dot products (quant_int4_a8.h)
+//                 byte dot products (quant_int4_a8.h), or AVX2's two-instruction ones (tiered/int4_a8.cpp)
 //   int4_mlp    down(silu(gate) * up) for a merged int4 gate_up projection and an int4 down projection:
 //               one call for the three (the SiLU-mul is fused_ops.cpp's)
 //   int8_gemm   y = x W^T, W int8 with one scale per output                  (quant_int8.h)
@@ -153,15 +153,44 @@ at::Tensor int4_gemm_perm(const at::Tensor& x, const at::Tensor& codes, const at
   return int4_gemm(gathered.view(x.sizes()), codes, scales, zeros, group_size);
 }
 
+namespace {
+
+// W4A8 without VNNI (tiered/int4_a8.cpp): the same rounding and sums as run_int4_a8, bit for bit.
+void run_int4_a8_tiered(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& zeros,
+                        int64_t group_size, at::Tensor& y) {
+  const at::Tensor xf = x.scalar_type() == at::kFloat ? x : x.to(at::kFloat);
+  const int64_t M = xf.size(0), K = xf.size(1), N = y.size(1), groups = num_groups(K, group_size);
+  std::vector<int8_t> a(M * K);
+  std::vector<float> scale(M * groups), sum(M * groups);
+  const bool wide = tier_at_least(Tier::kAvx512), bf16_scales = scales.scalar_type() == at::kBFloat16;
+  (wide ? &avx512::int4_a8_quantize : &avx2::int4_a8_quantize)(xf.const_data_ptr<float>(), M, K, group_size,
+                                                                 a.data(), scale.data(), sum.data());
+  const LinearOut out{y.scalar_type() == at::kFloat ? y.data_ptr<float>() : nullptr,
+                      y.scalar_type() == at::kFloat ? nullptr : reinterpret_cast<uint16_t*>(y.data_ptr()), N};
+  const auto* cp = reinterpret_cast<const uint32_t*>(codes.const_data_ptr<int32_t>());
+  const int64_t blocks = N / kBlockCols;
+  parallel_tasks((blocks + kColBlocks - 1) / kColBlocks, M, [&](int64_t p0, int64_t p1) {
+    const int64_t b0 = p0 * kColBlocks, b1 = std::min(blocks, p1 * kColBlocks);
+    (wide ? &avx512::int4_a8_blocks : &avx2::int4_a8_blocks)(a.data(), M, K, scale.data(), sum.data(), groups, cp,
+                                                             scales.const_data_ptr(), zeros.const_data_ptr(),
+                                                             bf16_scales, group_size, out, b0, b1);
+  });
+}
+
+}  // namespace
+
 // x [..., K] -> [..., N], activations rounded to int8
 at::Tensor int4_gemm_a8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
                         const at::Tensor& zeros, int64_t group_size) {
-  check_activations(x, codes, "int4_gemm_a8");
-  TORCH_CHECK(cpu_vnni_supported(), "int4_gemm_a8 needs AVX512_VNNI");
+  check_activations(x, codes, "int4_gemm_a8", Tier::kAvx2);
   check_int4_packed(codes, scales, zeros, x.size(-1), group_size);
   // fp32 x is rounded to int8 as it is, not split into bf16 parts
   return rows_gemm(x, codes.size(0) * kBlockCols, [&](const at::Tensor& xb, at::Tensor& y) {
-    run_int4_a8(xb, codes, scales, zeros, group_size, y);
+    if (cpu_vnni_supported()) {
+      run_int4_a8(xb, codes, scales, zeros, group_size, y);
+    } else {
+      run_int4_a8_tiered(xb, codes, scales, zeros, group_size, y);
+    }
   });
 }
 

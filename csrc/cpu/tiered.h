@@ -37,7 +37,14 @@ struct LinearOut {
                    bool bf16_scales, const LinearOut& out, int64_t b0, int64_t b1);                            \
   void int8_argmax_blocks(const float* x, int64_t M, int64_t K, const int8_t* codes, const void* scales,       \
                           bool bf16_scales, bool round_bf16, float* best, int64_t* best_id, int64_t b0,        \
-                          int64_t b1);
+                          int64_t b1);                                                                         \
+  /* W4A8 without VNNI (quant_int4_a8.h's rounding and layout): fp32 rows [M, K] -> a int8 [M, K] (nibble  */ \
+  /* order), scale and sum [M, groups]; then column blocks [b0, b1) of y from them.                        */ \
+  void int4_a8_quantize(const float* x, int64_t M, int64_t K, int64_t group_size, int8_t* a, float* scale,     \
+                        float* sum);                                                                           \
+  void int4_a8_blocks(const int8_t* a, int64_t M, int64_t K, const float* scale, const float* sum,             \
+                      int64_t groups, const uint32_t* codes, const void* scales, const void* zeros,             \
+                      bool bf16_scales, int64_t group_size, const LinearOut& out, int64_t b0, int64_t b1);
 
 namespace avx2 {
 FOLO_TIERED_KERNELS

@@ -4,14 +4,15 @@
   groups of ``group_size`` inputs (the last one may be partial); the output size must be a multiple of
   16, the input size and the group size multiples of 8. Codes are unpacked in registers and each
   group's scale and zero applied once per output (csrc/cpu/quant_int4.h has the layout and the identity).
-  ``int4_gemm_a8`` is the same product with the activations rounded to int8 per row and group (AVX512_VNNI);
+  ``int4_gemm_a8`` is the same product with the activations rounded to int8 per row and group (byte dot
+  products: AVX512_VNNI's, else AVX2's two-instruction ones);
   ``LinearKernels.int4_activations`` (``FOLOVLLM_INT4_ACTIVATIONS``: bf16 | int8 | auto, int8 from 16 rows
   on; default bf16) picks between them.
 - ``int8_gemm`` (``pack_int8``, used by ``kernels.Int8ChannelKernel``): int8 codes with one scale per
   output; outputs a multiple of 16, inputs of 2.
 
 Both take bf16 or fp32 activations and run from the avx2 tier on (bf16 dot products at avx512_bf16, fp32 FMAs
-below it); ``int4_gemm_a8`` needs AVX512_VNNI.
+below it).
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from torch import nn
 from folovllm.model.quantization.op_call import bound_op_call
 
 # What our int4 kernel multiplies the codes with: bf16 activations as they come, or int8, rounded per row
-# and weight group and multiplied on AVX512_VNNI byte dot products (fewer instructions per code, one more
+# and weight group and multiplied in byte dot products (fewer instructions per code, one more
 # rounding); auto: int8 for calls of at least INT4_A8_MIN_ROWS rows (prefill, large batches), where it
 # was measured faster, bf16 below (one stream, where it was not)
 INT4_ACTIVATIONS = ("bf16", "int8", "auto")

@@ -1,5 +1,6 @@
-"""Our W4A8 int4 kernel (``int4_gemm_a8``, csrc/cpu/quant_int4_a8.h) against its own rounding done in torch,
-and the ``FOLOVLLM_INT4_ACTIVATIONS`` switch that picks it."""
+"""Our W4A8 int4 kernel (``int4_gemm_a8``: csrc/cpu/quant_int4_a8.h with AVX512_VNNI, tiered/int4_a8.cpp
+without) against its own rounding done in torch, the two forms against each other, and the
+``FOLOVLLM_INT4_ACTIVATIONS`` switch that picks it."""
 from __future__ import annotations
 
 import pytest
@@ -11,9 +12,8 @@ from folovllm.model.quantization.cpu_int4 import INT4_A8_MIN_ROWS, CpuInt4Kernel
 from folovllm.platforms import kernel_library, platform_for
 from tests.tiers import kernel_missing
 
-NOT_BUILT = kernel_missing("int4")
-NO_VNNI = NOT_BUILT or (None if kernel_library.has_kernel("int4_a8") else "this CPU lacks AVX512_VNNI")
-pytestmark = pytest.mark.skipif(NO_VNNI is not None, reason=f"{NO_VNNI}")
+NOT_BUILT = kernel_missing("int4_a8")
+pytestmark = pytest.mark.skipif(NOT_BUILT is not None, reason=f"{NOT_BUILT}")
 
 
 def _weights(n: int, k: int, group: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -51,6 +51,21 @@ def _check(n: int, k: int, group: int, m: int, dtype: torch.dtype, seed: int) ->
     rel = 1e-5 if dtype == torch.float32 else 8e-3  # fp32: sums in another order; bf16: the output's rounding
     err = (got.double() - expected).abs().max().item()
     assert err <= rel * expected.abs().max().item(), err
+
+
+@pytest.mark.parametrize("m", [1, 5, 17])
+def test_the_byte_dot_forms_agree_bit_for_bit(m: int) -> None:
+    """Integer sums are exact either way, and the epilogue is the same: VNNI's form and AVX2's give the same
+    bits (run where the host has both)."""
+    if not (torch.ops.folovllm.host_tier() in ("avx512_bf16", "amx") and torch.cpu._is_vnni_supported()):
+        pytest.skip("this CPU lacks AVX512_VNNI: only the AVX2 form runs here")
+    codes, scales, zeros = _weights(48, 384, 32, seed=m)
+    x = torch.randn(m, 384).bfloat16()
+    kernel = CpuInt4Kernel([codes], [scales], [zeros], 32, torch.bfloat16, None, "int8")
+    with kernel_library.running_at("avx512_bf16"):
+        vnni = kernel(x)
+    with kernel_library.running_at("avx2"):
+        assert torch.equal(kernel(x), vnni)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
