@@ -99,6 +99,16 @@ $(VLLM_STAMP):
 	$(VLLM_VENV)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec
 	touch $(VLLM_STAMP)
 
+# llama.cpp built from source for the side-by-side benchmark (benchmarks/vs_vllm/llama_cpp.py); never in CI.
+# LLAMA_TIER=native builds for this CPU; LLAMA_TIER=avx2 builds AVX2 + FMA code alone (an AVX2 machine's).
+LLAMA_TIER ?= native
+
+.PHONY: llama-cpp
+llama-cpp: .llama.cpp/build-$(LLAMA_TIER)/bin/llama-batched-bench
+
+.llama.cpp/build-%/bin/llama-batched-bench: benchmarks/vs_vllm/llama_cpp.py
+	$(PYTHON) benchmarks/vs_vllm/llama_cpp.py build --tier $* --jobs $(shell nproc)
+
 # The clients agent frameworks and evaluators use (lm-eval, instructor, langchain-openai), in their own
 # virtualenv for scripts/ecosystem_check.py; never in CI.
 ECO_VENV := .venv-eco

@@ -117,10 +117,16 @@ def vs_vllm_table(path: Path) -> str:
     spec.loader.exec_module(vs_vllm)
     result = json.loads(path.read_text())[0]
     v = result["versions"]
+    labels = {e: info["label"] for e, info in result.get("engines", {}).items()} or None
+    tier = result["machine"].get("tier")
+    tables = [vs_vllm.format_table(result["rows"], labels)] if result["rows"] else []
+    if result.get("llama_rows"):
+        tables.append(vs_vllm.format_llama_table(result["llama_rows"], labels or {}))
     return "\n".join([f"`{path.as_posix()}` — vLLM {v['vllm']} (torch {v['torch_vllm']}) vs FoloVLLM at "
                       f"{v['folovllm_commit']} (torch {v['torch_folo']}), {result['date'][:10]}, "
-                      f"{result['duration_s'] / 60:.0f} min", "",
-                      vs_vllm.format_table(result["rows"]), vs_vllm.format_notes(result), ""])
+                      f"{result['duration_s'] / 60:.0f} min, {result['machine']['cpu']}"
+                      + (f", tier {tier['host']} (ours at {tier['folovllm']})" if tier else ""), "",
+                      *tables, vs_vllm.format_notes(result), ""])
 
 
 def pd_burst_table(path: Path) -> str:

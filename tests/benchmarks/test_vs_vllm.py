@@ -103,12 +103,71 @@ def test_advantage_is_above_one_when_folovllm_is_ahead_either_way_a_figure_point
 
 
 def test_format_table():
-    rows = [report.row("offline 64 × 10 × 128", "output tok/s", 1151.0, 960.4, True),
-            report.row("offline 1 × 10 × 128", "ms per output token", 14.5, 25.9, False)]
+    rows = [report.row("offline 64 × 10 × 128", "output tok/s", {"vllm": 1151.0, "folo": 960.4}, True),
+            report.row("offline 1 × 10 × 128", "ms per output token", {"vllm": 14.5, "folo": 25.9}, False)]
     lines = report.format_table(rows).splitlines()
-    assert lines[0] == "| workload | figure | vLLM | FoloVLLM | FoloVLLM vs vLLM |"
+    assert lines[0] == "| workload | figure | vLLM | FoloVLLM | FoloVLLM vs vLLM's best |"
     assert lines[2] == "| offline 64 × 10 × 128 | output tok/s (higher is better) | 1,151 | 960 | 0.83× |"
     assert lines[3] == "| offline 1 × 10 × 128 | ms per output token (lower is better) | 14.5 | 25.9 | 0.56× |"
+
+
+def test_an_older_result_without_variants_still_renders():
+    old = [{"label": "offline 1 × 10 × 128", "metric": "ms per output token", "vllm": 14.5, "folo": 25.9,
+            "higher_is_better": False, "advantage": 0.56}]
+    assert report.format_table(old).splitlines()[2].endswith("| 14.5 | 25.9 | 0.56× |")
+
+
+def test_ours_is_measured_against_vllms_best_variant_and_our_default():
+    values = {"vllm": 47.6, "vllm-fp32": 223.3, "folo": 300.0, "folo-fp32": 310.0}
+    r = report.row("offline 64 × 10 × 128", "output tok/s", values, True)
+    assert (r["vllm"], r["folo"]) == (223.3, 300.0) and r["advantage"] == pytest.approx(300.0 / 223.3)
+    timed = report.row("one stream", "ms per output token", {"vllm": 49.2, "vllm-fp32": 66.0, "folo-q4": 9.0}, False)
+    assert (timed["vllm"], timed["folo"]) == (49.2, 9.0)  # no default variant: our best
+    labels = {"vllm": "vLLM bf16", "vllm-fp32": "vLLM fp32", "folo": "FoloVLLM", "folo-fp32": "FoloVLLM fp32"}
+    head = report.format_table([r], labels).splitlines()[0]
+    assert head == "| workload | figure | vLLM bf16 | vLLM fp32 | FoloVLLM | FoloVLLM fp32 | FoloVLLM vs vLLM's best |"
+    with pytest.raises(ValueError, match="no vLLM figure"):
+        report.row("x", "output tok/s", {"folo": 1.0}, True)
+
+
+def test_llama_rows_put_our_4_bit_and_our_best_against_llama_cpp():
+    llama = {"shape": {"prompt": 16, "generate": 128},
+             "median": {"batched_1": {"llama.cpp": {"value": 140.0, "ms_per_step": 7.0},
+                                      "folo": {"value": 40.0, "ms_per_step": 25.0},
+                                      "folo-q4": {"value": 100.0, "ms_per_step": 10.0}},
+                        "batched_16": {"llama.cpp": {"value": 270.0, "ms_per_step": 59.0},
+                                       "folo": {"value": 405.0, "ms_per_step": 40.0},
+                                       "folo-q4": {"value": 270.0, "ms_per_step": 59.0}}}}
+    rows = report.llama_rows(llama)
+    assert [(r["label"], r["metric"]) for r in rows] == [("1 stream, 1 × 16 × 128", "output tok/s"),
+                                                         ("1 stream, 1 × 16 × 128", "ms per token"),
+                                                         ("16 streams, 16 × 16 × 128", "output tok/s")]
+    assert rows[1]["four_bit"] == pytest.approx(0.7) and rows[1]["best"] == pytest.approx(0.7)
+    assert rows[2]["four_bit"] == 1.0 and rows[2]["best"] == 1.5
+    table = report.format_llama_table(rows, {"llama.cpp": "llama.cpp Q4_1", "folo": "FoloVLLM"}).splitlines()
+    assert table[0].startswith("| streams × prompt × new | figure | llama.cpp Q4_1 | FoloVLLM | folo-q4 |")
+    assert table[4] == "| 16 streams, 16 × 16 × 128 | output tok/s (higher is better) | 270 | 405 | 270 | 1.00× | 1.50× |"
+
+
+BATCHED_BENCH = """
+main: n_kv_max = 16384, n_batch = 2048, n_ubatch = 512, flash_attn = 0, is_pp_shared = 0, n_gpu_layers = -1
+
+|    PP |     TG |    B |   N_KV |   T_PP s | S_PP t/s |   T_TG s | S_TG t/s |      T s |    S t/s |
+|-------|--------|------|--------|----------|----------|----------|----------|----------|----------|
+|    16 |    128 |    1 |    144 |    0.050 |   320.00 |    0.896 |   142.86 |    0.946 |   152.22 |
+|    16 |    128 |   16 |   2304 |    0.800 |   320.00 |    7.600 |   269.47 |    8.400 |   274.29 |
+
+llama_perf_context_print:        load time =      60.00 ms
+"""
+
+
+def test_parse_batched_bench_reads_its_table():
+    llama_cpp = load("llama_cpp")
+    rows = llama_cpp.parse_batched_bench(BATCHED_BENCH)
+    assert [r["B"] for r in rows] == [1.0, 16.0]
+    assert rows[1]["S_TG t/s"] == 269.47 and rows[0]["T_TG s"] == 0.896
+    with pytest.raises(ValueError, match="no llama-batched-bench table"):
+        llama_cpp.parse_batched_bench("error: model not found")
 
 
 def phase(first_token: tuple[float, float], rss: tuple[float, float]) -> dict:
