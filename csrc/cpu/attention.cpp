@@ -12,7 +12,8 @@
 //
 // Portable path: plain C++ that the compiler auto-vectorizes, compiled for each x86-64 level
 // (FOLO_PER_LEVEL) and run at the one the tier allows. Decode rows (one query row, head_dim 64 or 128)
-// take AVX-512 intrinsics at the AVX-512 tier (decode_fast_path=False forces the portable path); with bf16
+// take AVX-512 intrinsics at the AVX-512 tier, and the per-tier decode form (tiered/attention_decode.cpp,
+// head_dim a multiple of 8) below it (decode_fast_path=False forces the portable path); with bf16
 // caches at the AVX-512 BF16 tier they score keys with bf16 dot products (decode_bf16_dot=False widens to
 // fp32 instead), and prefetch the next tile's K/V rows while a tile computes (decode_prefetch=False: only
 // the current tile's).
@@ -20,6 +21,7 @@
 #include "attention.h"
 #include "attention_decode.h"
 #include "attention_prefill.h"
+#include "tiered.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -58,10 +60,31 @@ FOLO_INLINE void fetch_rows(const scalar_t* cache, const int64_t* table, const P
   }
 }
 
-// Whether single-row items take attend_decode_item (else the portable path below).
+// Whether single-row items take a decode form: attend_decode_item or the per-tier one (else the portable
+// path below).
 template <typename scalar_t>
 FOLO_INLINE bool takes_decode_fast_path(const Problem<scalar_t>& p) {
-  return p.decode_fast_path && (p.head_dim == 64 || p.head_dim == 128);
+  return (p.decode_fast_path && (p.head_dim == 64 || p.head_dim == 128)) || p.tiered_decode;
+}
+
+// A single-row item through the per-tier decode form (tiered/attention_decode.cpp): all group heads at once.
+// With prefetch_next, it looks ahead to the keys of ``next_item`` (the item this thread runs next, if any).
+template <typename scalar_t>
+FOLO_INLINE void attend_decode_tiered(const Item& item, const Problem<scalar_t>& p, const Item* next_item) {
+  const int64_t group = p.num_heads / p.num_kv_heads;
+  const int64_t q_start = p.query_start_loc[item.seq];
+  const int64_t q_len = p.query_start_loc[item.seq + 1] - q_start;
+  const int64_t pos = p.seq_lens[item.seq] - q_len + item.q_begin;  // the row's position: context + q_begin
+  const int64_t at = ((q_start + item.q_begin) * p.num_heads + item.kv_head * group) * p.head_dim;
+  const PagedHead kv{p.k_cache, p.v_cache, p.block_tables + item.seq * p.table_width, p.block_size,
+                     p.num_kv_heads * p.head_dim, item.kv_head * p.head_dim};
+  NextKeys after{nullptr, 0, 0, 0};
+  if (p.prefetch_next && next_item != nullptr)
+    after = item_keys(*next_item, p.block_tables, p.table_width, p.seq_lens, p.query_start_loc, p.sliding_window);
+  const PagedHead next{p.k_cache, p.v_cache, after.table, p.block_size, kv.token_stride, after.kv_head * p.head_dim};
+  avx2::decode_attention(p.query + at, p.out + at, std::is_same_v<scalar_t, c10::BFloat16>, group, p.head_dim,
+                         p.scale, kv, first_visible_key(pos, p.sliding_window), pos + 1,
+                         p.prefetch_next ? &next : nullptr, after.first_key, after.num_keys);
 }
 
 template <typename scalar_t>
@@ -70,6 +93,7 @@ FOLO_INLINE void attend_item(const Item& item, const Problem<scalar_t>& p, Works
     if (p.head_dim == 64) return attend_decode_item<4>(item, p, ws, next_item);
     if (p.head_dim == 128) return attend_decode_item<8>(item, p, ws, next_item);
   }
+  if (p.tiered_decode && item.q_end - item.q_begin == 1) return attend_decode_tiered(item, p, next_item);
   const int64_t D = p.head_dim;
   const int64_t group = p.num_heads / p.num_kv_heads;
   const int64_t q_start = p.query_start_loc[item.seq];
@@ -243,6 +267,9 @@ void run(const Problem<scalar_t>& p, int64_t num_seqs, bool skip_fresh_prefills,
   }
 }
 
+// Whether the per-tier decode form takes rows of this head_dim (whole AVX2 vectors).
+bool tiered_decode_fits(int64_t head_dim) { return head_dim % 8 == 0; }
+
 void check_int64(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.scalar_type() == at::kLong && t.is_contiguous() && t.device().is_cpu(), name,
               " must be a contiguous int64 CPU tensor");
@@ -292,7 +319,8 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
                         static_cast<float>(scale), sliding_window,
                         decode_fast_path && tier_at_least(Tier::kAvx512),
                         decode_bf16_dot && std::is_same_v<scalar_t, c10::BFloat16> && tier_at_least(Tier::kAvx512Bf16),
-                        decode_prefetch, chunked_claims};
+                        decode_prefetch, chunked_claims,
+                        decode_fast_path && !tier_at_least(Tier::kAvx512) && tiered_decode_fits(query.size(2))};
     run(p, num_seqs, skip_fresh_prefills, skip_prefills_from);
   };
   if (dtype == at::kFloat) {

@@ -1,5 +1,6 @@
 // The CPU paged-attention kernel's work items, problem description and per-thread scratch, shared by
-// its portable path (attention.cpp) and its AVX-512 decode path (attention_decode.h).
+// its portable path (attention.cpp), its AVX-512 decode path (attention_decode.h) and the per-tier decode
+// form's caller.
 #pragma once
 
 #include "simd.h"
@@ -43,6 +44,7 @@ struct Problem {
   bool bf16_dot;  // the decode fast path scores bf16 keys with vdpbf16ps (AVX-512 BF16)
   bool prefetch_next;  // the decode fast path prefetches the next tile's K/V rows while a tile computes
   bool chunked_claims;  // threads claim runs of items (claim_items), not one at a time
+  bool tiered_decode;  // single-row items take the per-tier decode form (tiered/attention_decode.cpp)
 };
 
 // The keys a decode register block reads after the current one: the rest of the same item's keys, or

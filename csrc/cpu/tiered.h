@@ -14,6 +14,15 @@ struct LinearOut {
   int64_t N;
 };
 
+// One kv head's rows in a layer's paged K/V cache (fp32 or bf16, as the query): token t of a sequence sits
+// at element (table[t / block_size] * block_size + t % block_size) * token_stride + offset of k and v.
+struct PagedHead {
+  const void* k;
+  const void* v;
+  const int64_t* table;
+  int64_t block_size, token_stride, offset;
+};
+
 #define FOLO_TIERED_KERNELS                                                                                   \
   /* Work items [i0, i1) of y = x W^T (x fp32 [M, K]; W bf16 packed [N/64][K/2][64][2]; bias fp32 [N] or */    \
   /* null): item i is weight block i % (N/64) times input rows [128 (i / (N/64)), +128). */                     \
@@ -24,6 +33,12 @@ struct LinearOut {
   void linear_argmax_part(const float* x, int64_t M, int64_t K, const uint32_t* w, int64_t block0,             \
                           int64_t block1, bool round_bf16, float* best, int64_t* best_id);                  \
   /* Rows [begin, end) of silu(gate) * up: in [rows, 2 width] = [gate | up], out [rows, width]; fp32 or bf16 */ \
+  /* One decode query row of `heads` consecutive heads sharing kv head `kv` (query, out [heads, dim], fp32 */  \
+  /* or bf16) over keys [first_key, num_keys); dim a multiple of the tier's vector width. With `next`, the   */  \
+  /* keys [next_first, next_end) read next (look-ahead: their first rows are prefetched at the last tile). */  \
+  void decode_attention(const void* query, void* out, bool bf16, int64_t heads, int64_t dim, float scale,         \
+                        const PagedHead& kv, int64_t first_key, int64_t num_keys, const PagedHead* next,         \
+                        int64_t next_first, int64_t next_end);                                                   \
   void silu_mul_rows(const float* in, float* out, int64_t begin, int64_t end, int64_t width);                  \
   void silu_mul_rows(const uint16_t* in, uint16_t* out, int64_t begin, int64_t end, int64_t width);              \
   /* Column blocks [b0, b1) of the int4 matmul y = x W^T (quant_int4.h's packing): x fp32 [M, K], xsum fp32 */  \

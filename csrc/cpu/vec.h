@@ -66,6 +66,17 @@ FOLO_VINLINE void vstore_bf16(uint16_t* p, Vec v) {
   const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16)));
 }
+// The sums of a, b, c, d's lanes, in that order, into out[0..4).
+FOLO_VINLINE void vsum4(Vec a, Vec b, Vec c, Vec d, float* out) {
+  const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+  const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
+  const __m512 lanes = _mm512_add_ps(_mm512_shuffle_ps(ab, cd, _MM_SHUFFLE(1, 0, 1, 0)),
+                                     _mm512_shuffle_ps(ab, cd, _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m256 half = _mm256_add_ps(_mm512_castps512_ps256(lanes), _mm512_extractf32x8_ps(lanes, 1));
+  _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(half), _mm256_extractf128_ps(half, 1)));
+}
+FOLO_VINLINE float vhsum(Vec v) { return _mm512_reduce_add_ps(v); }
+FOLO_VINLINE float vhmax(Vec v) { return _mm512_reduce_max_ps(v); }
 // fp32 -> bf16 -> fp32 (what storing a bf16 output and reading it back gives), in registers
 FOLO_VINLINE Vec vround_bf16(Vec v) {
   const __m512i bits = _mm512_castps_si512(v);
@@ -114,6 +125,21 @@ FOLO_VINLINE void vstore_bf16(uint16_t* p, Vec v) {
   // 8 x 32-bit -> 8 x 16-bit: pack within 128-bit halves, then gather the halves' low quadwords
   const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(rounded, rounded), 0b1000);
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
+}
+FOLO_VINLINE void vsum4(Vec a, Vec b, Vec c, Vec d, float* out) {
+  // hadd twice: [a, b, c, d] sums of each 128-bit half, then the halves added
+  const __m256 sums = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+  _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(sums), _mm256_extractf128_ps(sums, 1)));
+}
+FOLO_VINLINE float vhsum(Vec v) {
+  __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+  return _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)));
+}
+FOLO_VINLINE float vhmax(Vec v) {
+  __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+  return _mm_cvtss_f32(_mm_max_ss(x, _mm_movehdup_ps(x)));
 }
 FOLO_VINLINE Vec vround_bf16(Vec v) {
   const __m256i bits = _mm256_castps_si256(v);

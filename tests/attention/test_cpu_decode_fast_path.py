@@ -1,6 +1,7 @@
-"""The CPU kernel's decode fast path (single-row items, head_dim 64/128, the avx512 tiers) against the fp64
-reference and against the kernel's general path (``decode_fast_path=False``): GQA groups that fill,
-split and overflow a register block, contexts crossing key-tile and block boundaries, windows."""
+"""The CPU kernel's decode forms (single-row items: AVX-512 intrinsics for head_dim 64/128 from the avx512
+tier, the per-tier form below it) against the fp64 reference and against the kernel's general path
+(``decode_fast_path=False``): GQA groups that fill, split and overflow a register block, contexts crossing
+key-tile and block boundaries, windows."""
 from __future__ import annotations
 
 import pytest
@@ -12,8 +13,8 @@ from tests.tiers import skip_unless_kernel
 
 @pytest.fixture(autouse=True)
 def fast_path_tier(kernel_tier: str) -> None:
-    """Each test at every tier the host has; the fast path exists from avx512 on (below it, skipped)."""
-    skip_unless_kernel("decode_avx512")
+    """Each test at every tier the host has that runs the kernel."""
+    skip_unless_kernel("paged_attention")
 
 # contexts around the 128-key tile and odd lengths, one mixed batch holding a prefill chunk too
 DECODE_BATCHES = [([1], [1]), ([1, 1, 1], [127, 128, 129]), ([1, 1], [257, 33]), ([1, 3, 1], [300, 19, 5])]
@@ -78,6 +79,15 @@ def test_decode_fast_path_bf16_matches_reference_and_general_path(head_dim: int,
     general, _ = run_kernel(query_lens, seq_lens, *heads, head_dim, 16, torch.bfloat16, sliding_window, fast=False)
     # both accumulate in fp32 in different orders; outputs differ by at most a bf16 rounding step
     torch.testing.assert_close(ours.float(), general.float(), atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("head_dim", [8, 40, 96, 256])
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
+def test_decode_other_head_dims_match_the_reference(head_dim: int, dtype: torch.dtype, tol: float) -> None:
+    # head dims the AVX-512 form does not take: the per-tier form below avx512, the general path above
+    query_lens, seq_lens = [1, 1, 1, 1], [300, 65, 64, 1]
+    ours, ref = run_kernel(query_lens, seq_lens, 12, 4, head_dim, 16, dtype, 0, fast=True)
+    torch.testing.assert_close(ours.double(), ref, atol=tol, rtol=tol)
 
 
 @pytest.mark.parametrize("seq_lens", [[5], [40, 3], [300, 129, 1, 40]])  # on the calling thread .. on a team
