@@ -137,7 +137,7 @@ def bench_linears(args: argparse.Namespace, arch: Any, dtype: torch.dtype) -> li
                 gflops = 2 * rows * out_f * in_f / seconds / 1e9
                 row = {"shape": name, "out": out_f, "in": in_f, "rows": rows, "candidate": cand, "us": seconds * 1e6,
                        "gb_s": weight_bytes(out_f, in_f, args.kernel, dtype) / seconds / 1e9, "gflop_s": gflops,
-                       "gemm_limit_share": gflops / limit if rows >= 64 else None}
+                       "gemm_limit_gflop_s": limit, "gemm_limit_share": gflops / limit if rows >= 64 else None}
                 rows_out.append(row)
                 share = f"  {row['gemm_limit_share']:.0%} of the limit" if row["gemm_limit_share"] else ""
                 print(f"{name:8s} [{out_f}x{in_f}] rows {rows:4d} {cand:9s} {row['us']:9.1f} us "
