@@ -89,7 +89,7 @@ class LLMEngine:
         self.max_model_len = self._resolve_max_model_len(arch.max_position_embeddings)
         self.eos_token_ids = list(arch.eos_token_ids)
 
-        num_blocks = self.worker.determine_num_kv_blocks()
+        num_blocks = self.worker.determine_num_kv_blocks(self.max_model_len)
         if num_blocks * config.block_size < self.max_model_len:
             raise ValueError(
                 f"the KV cache holds {num_blocks * config.block_size} tokens, fewer than "

@@ -29,31 +29,51 @@ def cpu_kv_budget(kv_cache_memory: int | None) -> int:
     return budget
 
 
+def profile_batch(num_tokens: int, max_model_len: int, block_size: int,
+                  device: torch.device) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, int]:
+    """A step of ``num_tokens`` prefill tokens cut into sequences of at most ``max_model_len`` (positions
+    past the model's context would index past its rotary table: a device-side assert on CUDA), each in
+    its own blocks. Returns (token ids, positions, attention metadata, blocks used)."""
+    query_lens = [max_model_len] * (num_tokens // max_model_len)
+    if num_tokens % max_model_len:
+        query_lens.append(num_tokens % max_model_len)
+    blocks_per_seq = [blocks_for_tokens(n, block_size) for n in query_lens]
+    num_blocks = sum(blocks_per_seq)
+    block_tables = torch.zeros(len(query_lens), max(blocks_per_seq), dtype=torch.int64)
+    positions, slots, first_block = [], [], 0
+    for i, (n, seq_blocks) in enumerate(zip(query_lens, blocks_per_seq)):
+        block_tables[i, :seq_blocks] = torch.arange(first_block, first_block + seq_blocks)
+        pos = torch.arange(n)
+        positions.append(pos)
+        slots.append(block_tables[i, pos // block_size] * block_size + pos % block_size)
+        first_block += seq_blocks
+    starts = torch.tensor([0, *query_lens]).cumsum(0)
+    meta = AttentionMetadata(
+        slot_mapping=torch.cat(slots).to(device), query_start_loc=starts.to(device),
+        seq_lens=torch.tensor(query_lens, device=device), block_tables=block_tables.to(device),
+        query_lens=query_lens, seq_lens_list=list(query_lens), block_size=block_size)
+    ids = torch.zeros(num_tokens, dtype=torch.int64, device=device)
+    return ids, torch.cat(positions).to(device), meta, num_blocks
+
+
 @torch.inference_mode()
-def cuda_kv_budget(model: CausalLM, num_tokens: int, block_size: int,
+def cuda_kv_budget(model: CausalLM, num_tokens: int, max_model_len: int, block_size: int,
                    gpu_memory_utilization: float, device: torch.device) -> int:
-    """Device memory left for KV after weights and a profiled forward of ``num_tokens`` tokens."""
+    """Device memory left for KV after weights and a profiled forward of ``num_tokens`` tokens (the
+    largest step: sequences of at most ``max_model_len``)."""
     arch = model.arch
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)
     free_before, total = torch.cuda.mem_get_info(device)
     allocated_before = torch.cuda.memory_allocated(device)
-    # A throw-away cache just big enough for one sequence of num_tokens.
-    num_blocks = blocks_for_tokens(num_tokens, block_size)
+    ids, positions, meta, num_blocks = profile_batch(num_tokens, max_model_len, block_size, device)
+    # A throw-away cache just big enough for the profiled sequences.
     shape = (num_blocks, block_size, model.num_kv_heads, arch.head_dim)  # this rank's heads
     dtype = model.dtype  # the activation dtype; quantized weights may be held in another
     caches = [(torch.empty(shape, dtype=dtype, device=device),
                torch.empty(shape, dtype=dtype, device=device)) for _ in range(arch.num_hidden_layers)]
-    ids = torch.zeros(num_tokens, dtype=torch.int64, device=device)
-    positions = torch.arange(num_tokens, device=device)
-    meta = AttentionMetadata(
-        slot_mapping=positions.clone(),
-        query_start_loc=torch.tensor([0, num_tokens], device=device),
-        seq_lens=torch.tensor([num_tokens], device=device),
-        block_tables=torch.arange(num_blocks, device=device).unsqueeze(0),
-        query_lens=[num_tokens], seq_lens_list=[num_tokens], block_size=block_size)
     hidden = model(ids, positions, caches, meta)
-    model.compute_logits(hidden[-1:])
+    model.compute_logits(hidden[meta.query_start_loc[1:] - 1])  # every sequence's last token, as a step samples
     torch.cuda.synchronize(device)
     activation_peak = torch.cuda.max_memory_allocated(device) - allocated_before
     del caches, hidden

@@ -78,7 +78,7 @@ def _serve(worker: Worker, conn: Connection) -> None:
             step: StepInput = message[1]
             worker.launch(step)
         elif kind == DETERMINE_NUM_KV_BLOCKS:
-            worker.determine_num_kv_blocks()
+            worker.determine_num_kv_blocks(*message[1:])
         elif kind == INITIALIZE_CACHE:
             worker.initialize_cache(*message[1:])
         else:

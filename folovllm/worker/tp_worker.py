@@ -154,9 +154,10 @@ class TensorParallelWorker:
             if not rank.is_alive():
                 raise RankFailedError(f"tensor-parallel {rank.describe()}: the engine cannot go on")
 
-    def determine_num_kv_blocks(self) -> int:
+    def determine_num_kv_blocks(self, max_model_len: int) -> int:
         """The smallest block count any rank can hold."""
-        return self._on_all(lambda: (DETERMINE_NUM_KV_BLOCKS,), self.local.determine_num_kv_blocks)
+        return self._on_all(lambda: (DETERMINE_NUM_KV_BLOCKS, max_model_len),
+                            lambda: self.local.determine_num_kv_blocks(max_model_len))
 
     def initialize_cache(self, num_blocks: int, max_model_len: int) -> None:
         self._on_all(lambda: (INITIALIZE_CACHE, num_blocks, max_model_len),

@@ -72,14 +72,14 @@ class Worker:
         return cache_sizing.bytes_per_block(arch.num_hidden_layers, self.config.block_size,
                                             self.model.num_kv_heads, arch.head_dim, self.dtype)
 
-    def determine_num_kv_blocks(self) -> int:
+    def determine_num_kv_blocks(self, max_model_len: int) -> int:
         """How many KV blocks fit this device's memory budget (or ``num_gpu_blocks_override``); under
         tensor parallelism every rank calls it and all get the smallest rank's count."""
         cfg = self.config
         if cfg.num_gpu_blocks_override is not None:
             return cfg.num_gpu_blocks_override
         if self.platform.profiles_memory:
-            budget = cache_sizing.cuda_kv_budget(self.model, cfg.max_num_batched_tokens, cfg.block_size,
+            budget = cache_sizing.cuda_kv_budget(self.model, cfg.max_num_batched_tokens, max_model_len, cfg.block_size,
                                                  cfg.gpu_memory_utilization, self.device)
         else:  # the ranks of one machine share its RAM: the budget is split between them
             budget = cache_sizing.cpu_kv_budget(cfg.kv_cache_memory) // cfg.ranks_per_node

@@ -28,7 +28,7 @@ def test_worker_decodes_plain_inputs_like_the_engine(tiny_llama_dir) -> None:  #
     worker = make_worker(tiny_llama_dir)
     with pytest.raises(RuntimeError, match="initialize_cache"):
         worker.launch(StepInput([]))
-    assert worker.determine_num_kv_blocks() == 32
+    assert worker.determine_num_kv_blocks(128) == 32
     worker.initialize_cache(32, 128)
     table = list(range(32))
     tokens: list[int] = []

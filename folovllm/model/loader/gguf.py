@@ -2,6 +2,7 @@
 4-bit types kept as int4 parts for the layers ``gguf_int4_layers`` picks)."""
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -13,11 +14,20 @@ import torch
 from folovllm.model.arch import FULL, SLIDING, ArchConfig
 from folovllm.model.layers.linear import LinearBase
 from folovllm.model.layers.weights import checkpoint_target
-from folovllm.model.quantization.gguf_int4 import GGUF_INT4_TENSORS, GGUF_INT4_TYPES, gguf_int4_fits, gguf_int4_parts
+from folovllm.model.quantization.gguf_int4 import (
+    GGUF_INT4_TENSORS,
+    GGUF_INT4_TYPES,
+    GGUFInt4LinearMethod,
+    gguf_int4_fits,
+    gguf_int4_parts,
+)
 from folovllm.model.registry import architecture_for_gguf, get_model_class
+from folovllm.platforms.interface import LinearKernels
 
 if TYPE_CHECKING:
     from folovllm.model.layers.causal_lm import CausalLM
+
+logger = logging.getLogger(__name__)
 
 _GLOBAL_TENSORS = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _BLOCK_TENSORS = {
@@ -153,6 +163,17 @@ def gguf_int4_layers(reader: gguf.GGUFReader, model: CausalLM) -> dict[str, list
                 and gguf_int4_fits(layer.input_size, layer.output_size)):
             layers[module_name] = [t.name for t in tensors]
     return layers
+
+
+def use_gguf_int4(reader: gguf.GGUFReader, model: CausalLM, kernels: LinearKernels) -> frozenset[str]:
+    """Switch the linears whose GGUF pieces are all 4-bit to the int4 method; the GGUF tensors to keep packed."""
+    layers = gguf_int4_layers(reader, model)
+    for name in layers:
+        model.get_submodule(name).use_method(GGUFInt4LinearMethod(kernels))
+    total = sum(1 for m in model.modules() if isinstance(m, LinearBase))
+    logger.info("load_quantized: %d of %d linear layers keep their GGUF 4-bit weights (the rest dequantized)",
+                len(layers), total)
+    return frozenset(t for tensors in layers.values() for t in tensors)
 
 
 def _undo_qk_permutation(name: str, rows: torch.Tensor, arch: ArchConfig, model_class: type[CausalLM]) -> torch.Tensor:

