@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: run test test-all test-tiers bench kernels clean
+.PHONY: run test test-all test-tiers gpu-rehearsal bench kernels clean
 # the kernel library's sources compile side by side
 MAKEFLAGS += --jobs=$(shell nproc)
 
@@ -76,6 +76,20 @@ test-tiers: $(STAMP) $(KERNELS)
 test-all: $(STAMP) $(KERNELS)
 	$(PY) -m pytest -q
 
+# The GPU check rehearsed on this CPU under the GPU image's Python and packages (benchmarks/gpu/
+# image-packages.txt: torch 2.11, transformers 5.17, no gguf/fastapi/xgrammar): scripts/gpu_check.sh's
+# steps, imports and tests, so version drift shows here rather than in a device lease. Python 3.12 where
+# the machine has it (pyenv's, else python3.12 on the PATH), else $(PYTHON).
+GPU_VENV := .venv-gpu
+PYTHON312 ?= $(or $(lastword $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12)),$(shell command -v python3.12 >/dev/null && python3.12 -V >/dev/null 2>&1 && echo python3.12),$(PYTHON))
+$(GPU_VENV)/.installed-stamp: benchmarks/gpu/image-packages.txt
+	$(PYTHON312) -m venv $(GPU_VENV)
+	$(GPU_VENV)/bin/python -m pip install -q -r benchmarks/gpu/image-packages.txt
+	touch $@
+
+gpu-rehearsal: $(GPU_VENV)/.installed-stamp
+	PYTHON=$(GPU_VENV)/bin/python OUT=build/gpu-rehearsal bash scripts/gpu_check.sh --rehearse
+
 bench: $(STAMP) $(KERNELS)
 	$(VENV)/bin/folovllm bench throughput --workload decode-heavy --baseline hf
 
@@ -124,4 +138,4 @@ $(ECO_VENV)/.installed-stamp:
 	touch $@
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis build folovllm/lib
+	rm -rf $(VENV) $(GPU_VENV) .pytest_cache .hypothesis build folovllm/lib

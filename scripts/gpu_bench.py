@@ -3,6 +3,7 @@
     python scripts/gpu_bench.py                                    # on an H100/H200: a few minutes
     python scripts/gpu_bench.py --skip attention_backends,hf_generate --output-json /tmp/gpu.json
     python scripts/gpu_bench.py --smoke --output-json /tmp/smoke.json   # CPU, tiny model, same code path
+    python scripts/gpu_bench.py --time-limit 270                   # skip what would start after 270 s
 
 Model: the Qwen3-0.6B architecture (benchmarks/configs/qwen3-0.6b/config.json) with random weights
 (``load_format="dummy"``; when the HF baseline runs, its random init is copied into every engine so both
@@ -19,7 +20,9 @@ Qwen3 tokenizer). Sections, each timed after a warm-up (CUDA-graph capture and T
   scheduling on and off; greedy outputs must be identical.
 - cuda_graphs: decode-heavy with ``enforce_eager=True``; attention_backends: decode-heavy per backend.
 
-Each section is independent (try/except); an error is recorded as a string in the JSON.
+Each section is independent (try/except); an error is recorded as a string in the JSON. The report is
+written after every section, and ``--time-limit`` skips the sections that would start past it (and cuts a
+timed run short), so a run inside a device lease always leaves what it finished.
 """
 from __future__ import annotations
 
@@ -79,6 +82,7 @@ class GpuBench:
         self.scale = SMOKE_SCALE if args.smoke else GPU_SCALE
         self.device = self.scale.engine_args["device"]
         self.skip = set(args.skip)
+        self.deadline = self.start + args.time_limit if args.time_limit else None
         # make_llm copies weights into the built model: on a CPU its linears must stay plain tensors
         os.environ.setdefault("FOLOVLLM_CPU_LINEAR", "torch")
         self.engine_args = {"dtype": "bfloat16", "load_format": "dummy", "seed": 0,
@@ -115,6 +119,10 @@ class GpuBench:
         if name in self.skip:
             self.sections[name] = {"skipped": True}
             return
+        if self.seconds_left() <= 0:
+            self.sections[name] = {"skipped": "time limit"}
+            self.save()
+            return
         print(f"[gpu_bench] {name} ...", flush=True)
         start = time.perf_counter()
         try:
@@ -125,6 +133,9 @@ class GpuBench:
         self.sections[name]["section_s"] = time.perf_counter() - start
         print(f"[gpu_bench] {name} done in {time.perf_counter() - start:.1f} s", flush=True)
         self.save()
+
+    def seconds_left(self) -> float:
+        return float("inf") if self.deadline is None else self.deadline - time.perf_counter()
 
     def make_llm(self, **overrides: Any) -> tuple[LLM, float]:
         """An engine with the shared weights, warmed up; returns it and its start-up seconds."""
@@ -151,8 +162,10 @@ class GpuBench:
         self.run_workload(llm, "warm-up", requests, config=self.run_config({}), temperature=[0.0, 0.6] * num)
 
     def run_workload(self, llm: LLM, name: str, requests: list[BenchRequest], **kwargs: Any) -> Run:
-        return run_workload(llm, name, requests, device=self.device, time_limit_s=self.scale.run_time_limit_s,
-                            **kwargs)
+        limit = min(self.scale.run_time_limit_s, self.seconds_left())
+        if limit <= 0:
+            raise TimeoutError(f"{name}: no time left of --time-limit")
+        return run_workload(llm, name, requests, device=self.device, time_limit_s=limit, **kwargs)
 
     def run_config(self, overrides: dict[str, Any]) -> dict[str, Any]:
         return {"model_name": self.model_name, "device_name": self.device_name,
@@ -197,11 +210,15 @@ class GpuBench:
 
     def main_engine(self) -> None:
         """The default configuration, one engine: nano-vllm's and the reference workloads, the step times."""
+        names = ("nano_vllm_offline", "decode_heavy", "prefill_heavy", "step_time")
+        if self.seconds_left() <= 0:
+            self.sections.update({name: {"skipped": "time limit"} for name in names})
+            return
         try:
             llm, startup = self.make_llm()
         except Exception as e:
             traceback.print_exc()
-            for name in ("nano_vllm_offline", "decode_heavy", "prefill_heavy", "step_time"):
+            for name in names:
                 self.sections[name] = {"error": f"engine start-up failed: {type(e).__name__}: {e}"}
             return
         work = self.workloads(llm.llm_engine.model.arch.vocab_size)
@@ -337,6 +354,8 @@ def main() -> None:
                         help=f"comma-separated sections to skip: {', '.join(SECTIONS)}")
     parser.add_argument("--max-num-batched-tokens", type=int, default=16384, help="as nano-vllm's default")
     parser.add_argument("--attention-backend", default="auto", choices=("auto", "torch", "triton"))
+    parser.add_argument("--time-limit", type=float, default=None,
+                        help="seconds: sections that would start later are skipped (recorded as such)")
     args = parser.parse_args()
     unknown = set(args.skip) - set(SECTIONS)
     if unknown:

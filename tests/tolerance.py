@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 
 TOP2_TOLERANCE = 1e-3
-# The same rule between two bf16 runs (GPU kernels vs the CPU torch backend): bf16 keeps 8 bits of
-# mantissa, so logits of magnitude 8-16 are spaced 0.0625 apart, and two kernels that accumulate in
+# The same rule between two bf16 runs (GPU kernels vs the CPU torch backend, or vs transformers on the
+# GPU): bf16 keeps 8 bits of mantissa, so logits of magnitude 8-16 are spaced 0.0625 apart, and two kernels that accumulate in
 # another order can land a few spacings apart: tokens within 4 spacings may swap.
 BF16_TOP2_TOLERANCE = 0.25
 

@@ -85,3 +85,12 @@ def test_placeholder_tokenizer_serves_token_id_prompts(tmp_path: Path) -> None:
     params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True, detokenize=False)
     out = llm.generate([{"prompt_token_ids": [3, 300, 511]}], params, use_tqdm=False)[0].outputs[0]
     assert len(out.token_ids) == 5 and out.text == ""
+
+
+def test_time_limit_skips_the_sections_that_would_start_after_it(tmp_path: Path) -> None:
+    out = tmp_path / "gpu-bench.json"
+    proc = subprocess.run([sys.executable, "scripts/gpu_bench.py", "--smoke", "--time-limit", "0.001",
+                           "--output-json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    sections = json.loads(out.read_text())["sections"]
+    assert {name: sections[name].get("skipped") for name in SECTIONS} == dict.fromkeys(SECTIONS, "time limit")

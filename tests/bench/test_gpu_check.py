@@ -1,0 +1,59 @@
+"""scripts/gpu_check.sh's own logic, dry (nothing runs): the step order, the stop after a failed smoke or
+environment step, the limits that keep one device call under 9 minutes, and the bench's time limit."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+STEPS = ["wheels", "env", "smoke", "bench", "tests"]
+
+
+def dry_run(tmp_path: Path, *args: str, fail: str = "") -> tuple[int, list[tuple[str, int, str]], str]:
+    """Exit status, (step, limit s, command) of each step started, and the summary's text."""
+    env = {**os.environ, "OUT": str(tmp_path), "GPU_CHECK_FAIL": fail}
+    proc = subprocess.run(["bash", "scripts/gpu_check.sh", "--dry-run", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+    summary = (tmp_path / "summary.txt").read_text()
+    started = [(m[0], int(m[1]), m[2]) for m in re.findall(r"^== (\w+) \(limit (\d+) s\): (.*)$", summary, re.M)]
+    return proc.returncode, started, summary
+
+
+def test_every_step_runs_in_order_within_nine_minutes(tmp_path: Path) -> None:
+    status, started, summary = dry_run(tmp_path)
+    assert status == 0 and [name for name, _, _ in started] == STEPS
+    assert sum(limit for _, limit, _ in started) + 5 * len(started) <= 9 * 60  # each limit + its kill grace
+    commands = {name: command for name, _, command in started}
+    assert "gpu_bench.py --time-limit" in commands["bench"] and str(tmp_path) in commands["bench"]
+    bench_limit = int(re.search(r"--time-limit (\d+)", commands["bench"])[1])
+    assert bench_limit < dict((n, lim) for n, lim, _ in started)["bench"]  # the bench saves before it is killed
+    assert "-x" in commands["smoke"].split() and "test_gpu_vs_transformers.py" in commands["smoke"]
+    assert summary.count("passed in") == len(STEPS)
+
+
+@pytest.mark.parametrize("failing", ["env", "smoke"])
+def test_a_failed_environment_or_smoke_stops_the_run(tmp_path: Path, failing: str) -> None:
+    status, started, summary = dry_run(tmp_path, fail=failing)
+    assert status != 0 and [name for name, _, _ in started] == STEPS[:STEPS.index(failing) + 1]
+    assert f"== {failing}: FAILED" in summary
+
+
+def test_a_failed_bench_still_runs_the_tests_and_fails_the_run(tmp_path: Path) -> None:
+    status, started, _ = dry_run(tmp_path, fail="bench")
+    assert status != 0 and [name for name, _, _ in started] == STEPS
+
+
+def test_one_part_runs_after_the_environment_checks(tmp_path: Path) -> None:
+    status, started, _ = dry_run(tmp_path, "bench")
+    assert status == 0 and [name for name, _, _ in started] == ["wheels", "env", "bench"]
+
+
+def test_an_unknown_argument_is_refused(tmp_path: Path) -> None:
+    env = {**os.environ, "OUT": str(tmp_path)}
+    proc = subprocess.run(["bash", "scripts/gpu_check.sh", "--nonsense"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "unknown argument" in proc.stderr
