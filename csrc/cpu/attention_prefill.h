@@ -1,5 +1,7 @@
-// Causal attention over fresh prefill chunks (no cached context), bfloat16, AVX-512 BF16: the
-// torch.ops.folovllm.prefill_attention op (registered with the paged kernel's, attention.cpp).
+// Causal attention over fresh prefill chunks (no cached context): the torch.ops.folovllm.prefill_attention op
+// (registered with the paged kernel's, attention.cpp). Two forms on one thread team (run_prefill_team): at
+// the avx512_bf16 tier, bf16 with vdpbf16ps (below); at the avx2 and avx512 tiers, fp32 FMAs on fp32 or
+// bf16 inputs (tiered/attention_prefill.cpp). The bf16 dot-product form:
 //
 // A fresh chunk's K/V are contiguous already (q [T, Hq, D], k and v [T, Hkv, D], rows may be strided).
 // Each (chunk, kv head) first has its keys and values reordered into tiles of kTile keys laid out for
@@ -14,6 +16,8 @@
 #pragma once
 
 #include "simd.h"
+#include "isa.h"
+#include "tiered.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -188,73 +192,143 @@ struct PrefillItem {
   int64_t chunk, head, q_tile;
 };
 
-// Pack every (chunk, kv head)'s keys and values, then run the items heaviest first.
-FOLO_TARGET_AVX512_BF16 void run_prefill(const PrefillProblem& p, const std::vector<PrefillChunk>& chunks) {
-  const int64_t D = p.head_dim, group = p.num_heads / p.num_kv_heads;
-  std::vector<int64_t> offsets;  // first packed element of each chunk's kv head 0
-  int64_t total = 0;
+// The thread team of both forms: pack(chunk, kv head) for every pair, then item(item, workspace) for every
+// (chunk, query head, query tile of `tile` rows), heaviest first (an item's cost grows with its tile
+// index), on at most torch.get_num_threads() threads, each with its own Workspace(head_dim).
+template <typename Workspace, typename Pack, typename Item>
+void run_prefill_team(const std::vector<PrefillChunk>& chunks, int64_t num_heads, int64_t num_kv_heads,
+                      int64_t head_dim, int64_t tile, const Pack& pack, const Item& item) {
   std::vector<PrefillItem> items;
-  for (int64_t c = 0; c < static_cast<int64_t>(chunks.size()); ++c) {
-    const int64_t tiles = (chunks[c].len + kTile - 1) / kTile;
-    offsets.push_back(total);
-    total += tiles * kTile * D * p.num_kv_heads;
-    for (int64_t t = 0; t < tiles; ++t)
-      for (int64_t h = 0; h < p.num_heads; ++h) items.push_back({c, h, t});
-  }
-  std::stable_sort(items.begin(), items.end(), [](const PrefillItem& a, const PrefillItem& b) {
-    return a.q_tile > b.q_tile;  // an item's cost grows with its tile index
-  });
-  // 64-byte aligned, as torch allocates
-  const at::Tensor key_buf = at::empty({total}, at::kBFloat16), value_buf = at::empty({total}, at::kBFloat16);
-  uint16_t* keys = reinterpret_cast<uint16_t*>(key_buf.mutable_data_ptr());
-  uint16_t* values = reinterpret_cast<uint16_t*>(value_buf.mutable_data_ptr());
-  const int64_t packs = static_cast<int64_t>(chunks.size()) * p.num_kv_heads;
+  for (int64_t c = 0; c < static_cast<int64_t>(chunks.size()); ++c)
+    for (int64_t t = 0; t < (chunks[c].len + tile - 1) / tile; ++t)
+      for (int64_t h = 0; h < num_heads; ++h) items.push_back({c, h, t});
+  std::stable_sort(items.begin(), items.end(),
+                   [](const PrefillItem& a, const PrefillItem& b) { return a.q_tile > b.q_tile; });
+  const int64_t packs = static_cast<int64_t>(chunks.size()) * num_kv_heads;
   const int64_t n = static_cast<int64_t>(items.size());
   const int num_threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n)));
   int64_t next_pack = 0, next_item = 0;
 #pragma omp parallel num_threads(num_threads)
   {
-    for (int64_t i; (i = __atomic_fetch_add(&next_pack, 1, __ATOMIC_RELAXED)) < packs;) {
-      const int64_t c = i / p.num_kv_heads, h = i % p.num_kv_heads;
-      const int64_t tiles = (chunks[c].len + kTile - 1) / kTile, at = offsets[c] + h * tiles * kTile * D;
-      pack_kv(p, chunks[c], h, keys + at, values + at);
-    }
+    for (int64_t i; (i = __atomic_fetch_add(&next_pack, 1, __ATOMIC_RELAXED)) < packs;)
+      pack(i / num_kv_heads, i % num_kv_heads);
 #pragma omp barrier
-    PrefillWorkspace ws(D);
-    for (int64_t i; (i = __atomic_fetch_add(&next_item, 1, __ATOMIC_RELAXED)) < n;) {
-      const PrefillItem& it = items[i];
-      const int64_t tiles = (chunks[it.chunk].len + kTile - 1) / kTile;
-      const int64_t at = offsets[it.chunk] + (it.head / group) * tiles * kTile * D;
-      if (D == 64)
-        attend_prefill_item<4>(p, chunks[it.chunk], it.head, it.q_tile, keys + at, values + at, ws);
-      else
-        attend_prefill_item<8>(p, chunks[it.chunk], it.head, it.q_tile, keys + at, values + at, ws);
-    }
+    Workspace ws(head_dim);
+    for (int64_t i; (i = __atomic_fetch_add(&next_item, 1, __ATOMIC_RELAXED)) < n;) item(items[i], ws);
   }
 }
 
-void check_rows_of(const at::Tensor& t, int64_t rows, int64_t heads, int64_t D, const char* name) {
+// First packed element of each chunk's kv head 0, for `per_row` elements per padded row of a kv head.
+std::vector<int64_t> pack_offsets(const std::vector<PrefillChunk>& chunks, int64_t tile, int64_t per_row,
+                                  int64_t* total) {
+  std::vector<int64_t> offsets;
+  *total = 0;
+  for (const PrefillChunk& c : chunks) {
+    offsets.push_back(*total);
+    *total += (c.len + tile - 1) / tile * tile * per_row;
+  }
+  return offsets;
+}
+
+// The AVX-512 BF16 form: bf16 K/V packed for vdpbf16ps.
+void run_prefill_bf16_dot(const PrefillProblem& p, const std::vector<PrefillChunk>& chunks) {
+  const int64_t D = p.head_dim, group = p.num_heads / p.num_kv_heads;
+  int64_t total = 0;
+  const std::vector<int64_t> offsets = pack_offsets(chunks, kTile, D * p.num_kv_heads, &total);
+  // 64-byte aligned, as torch allocates
+  const at::Tensor key_buf = at::empty({total}, at::kBFloat16), value_buf = at::empty({total}, at::kBFloat16);
+  uint16_t* keys = reinterpret_cast<uint16_t*>(key_buf.mutable_data_ptr());
+  uint16_t* values = reinterpret_cast<uint16_t*>(value_buf.mutable_data_ptr());
+  const auto at_head = [&](int64_t c, int64_t kv_head) {
+    return offsets[c] + kv_head * ((chunks[c].len + kTile - 1) / kTile * kTile) * D;
+  };
+  run_prefill_team<PrefillWorkspace>(
+      chunks, p.num_heads, p.num_kv_heads, D, kTile,
+      [&](int64_t c, int64_t h) { pack_kv(p, chunks[c], h, keys + at_head(c, h), values + at_head(c, h)); },
+      [&](const PrefillItem& it, PrefillWorkspace& ws) {
+        const int64_t at = at_head(it.chunk, it.head / group);
+        if (D == 64)
+          attend_prefill_item<4>(p, chunks[it.chunk], it.head, it.q_tile, keys + at, values + at, ws);
+        else
+          attend_prefill_item<8>(p, chunks[it.chunk], it.head, it.q_tile, keys + at, values + at, ws);
+      });
+}
+
+struct TieredWorkspace {
+  std::vector<float> floats;
+  explicit TieredWorkspace(int64_t D) : floats(prefill_workspace_floats(D)) {}
+};
+
+// The fp32 form of the avx2 and avx512 tiers (tiered/attention_prefill.cpp): fp32 or bf16 q/k/v.
+void run_prefill_tiered(const at::Tensor& out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                        const std::vector<PrefillChunk>& chunks, float scale) {
+  const int64_t D = q.size(2), Hq = q.size(1), Hkv = k.size(1), group = Hq / Hkv;
+  const bool bf16 = q.scalar_type() == at::kBFloat16, wide = tier_at_least(Tier::kAvx512);
+  const int64_t elem = q.element_size();
+  int64_t total = 0;
+  const std::vector<int64_t> offsets = pack_offsets(chunks, kPrefillTile, D * Hkv, &total);
+  const at::Tensor key_buf = at::empty({total}, at::kFloat), value_buf = at::empty({total}, at::kFloat);
+  float* keys = key_buf.mutable_data_ptr<float>();
+  float* values = value_buf.mutable_data_ptr<float>();
+  const auto at_head = [&](int64_t c, int64_t kv_head) {
+    return offsets[c] + kv_head * ((chunks[c].len + kPrefillTile - 1) / kPrefillTile * kPrefillTile) * D;
+  };
+  const char* qp = static_cast<const char*>(q.const_data_ptr());
+  const char* kp = static_cast<const char*>(k.const_data_ptr());
+  const char* vp = static_cast<const char*>(v.const_data_ptr());
+  char* op = static_cast<char*>(out.mutable_data_ptr());
+  run_prefill_team<TieredWorkspace>(
+      chunks, Hq, Hkv, D, kPrefillTile,
+      [&](int64_t c, int64_t h) {
+        const int64_t first = chunks[c].start;
+        const void* kr = kp + (first * k.stride(0) + h * D) * elem;
+        const void* vr = vp + (first * v.stride(0) + h * D) * elem;
+        (wide ? avx512::prefill_pack : avx2::prefill_pack)(kr, vr, bf16, k.stride(0), v.stride(0), chunks[c].len, D,
+                                                           keys + at_head(c, h), values + at_head(c, h));
+      },
+      [&](const PrefillItem& it, TieredWorkspace& ws) {
+        const PrefillChunk& c = chunks[it.chunk];
+        const int64_t row0 = c.start + it.q_tile * kPrefillTile, rows = std::min(kPrefillTile, c.len - it.q_tile * kPrefillTile);
+        const void* qr = qp + (row0 * q.stride(0) + it.head * D) * elem;
+        void* orow = op + (row0 * out.stride(0) + it.head * D) * elem;
+        const int64_t at = at_head(it.chunk, it.head / group);
+        (wide ? avx512::prefill_item : avx2::prefill_item)(qr, bf16, q.stride(0), orow, out.stride(0), rows, it.q_tile,
+                                                           D, scale, keys + at, values + at, ws.floats.data());
+      });
+}
+
+void check_rows_of(const at::Tensor& t, int64_t rows, int64_t heads, int64_t D, at::ScalarType dtype,
+                   const char* name) {
   TORCH_CHECK(t.dim() == 3 && t.size(0) == rows && t.size(1) == heads && t.size(2) == D && t.stride(2) == 1 &&
-                  t.stride(1) == D && t.scalar_type() == at::kBFloat16 && t.device().is_cpu(),
-              "prefill_attention: ", name, " must be a bfloat16 CPU [T, ", heads, ", ", D,
-              "] tensor with contiguous heads; got ", t.sizes(), " strides ", t.strides());
+                  t.stride(1) == D && t.scalar_type() == dtype && t.device().is_cpu(),
+              "prefill_attention: ", name, " must be a ", c10::toString(dtype), " CPU [T, ", heads, ", ", D,
+              "] tensor with contiguous heads (as q); got ", t.scalar_type(), " ", t.sizes(), " strides ", t.strides());
 }
 
 }  // namespace
 
+bool prefill_attention_takes(bool bf16, int64_t head_dim) {
+  if (tier_at_least(Tier::kAvx512Bf16)) return bf16 && (head_dim == 64 || head_dim == 128);
+  return tier_at_least(Tier::kAvx2) && head_dim > 0 && head_dim % 16 == 0;
+}
+
 // out[start:start+len] = causal attention of q over k, v for each (start, len) chunk.
 void prefill_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                        at::IntArrayRef starts, at::IntArrayRef lens, double scale) {
-  TORCH_CHECK(tier_at_least(Tier::kAvx512Bf16), "prefill_attention needs the avx512_bf16 tier; this one is ",
+  TORCH_CHECK(tier_at_least(Tier::kAvx2), "prefill_attention needs the avx2 tier at least; this one is ",
               tier_name(tier()));
   TORCH_CHECK(q.dim() == 3, "prefill_attention: q must be [T, Hq, D]");
   const int64_t T = q.size(0), Hq = q.size(1), D = q.size(2), Hkv = k.dim() == 3 ? k.size(1) : 0;
-  TORCH_CHECK(D == 64 || D == 128, "prefill_attention: head_dim must be 64 or 128; got ", D);
+  const bool bf16 = q.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(bf16 || q.scalar_type() == at::kFloat, "prefill_attention: q must be float32 or bfloat16");
+  TORCH_CHECK(prefill_attention_takes(bf16, D), "prefill_attention at the ", tier_name(tier()), " tier takes ",
+              tier_at_least(Tier::kAvx512Bf16) ? "bfloat16 with head_dim 64 or 128" : "head_dim a multiple of 16",
+              "; got ", q.scalar_type(), " with head_dim ", D);
   TORCH_CHECK(Hkv > 0 && Hq % Hkv == 0, "prefill_attention: num_heads must be a multiple of num_kv_heads");
-  check_rows_of(q, T, Hq, D, "q");
-  check_rows_of(k, T, Hkv, D, "k");
-  check_rows_of(v, T, Hkv, D, "v");
-  check_rows_of(out, T, Hq, D, "out");
+  check_rows_of(q, T, Hq, D, q.scalar_type(), "q");
+  check_rows_of(k, T, Hkv, D, q.scalar_type(), "k");
+  check_rows_of(v, T, Hkv, D, q.scalar_type(), "v");
+  check_rows_of(out, T, Hq, D, q.scalar_type(), "out");
   TORCH_CHECK(out.is_contiguous(), "prefill_attention: out must be contiguous");
   TORCH_CHECK(starts.size() == lens.size(), "prefill_attention: starts and lens differ in length");
   std::vector<PrefillChunk> chunks;
@@ -263,10 +337,12 @@ void prefill_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k
                 " (start ", starts[i], ", length ", lens[i], ") lies outside the ", T, " rows");
     chunks.push_back({starts[i], lens[i]});
   }
+  if (chunks.empty()) return;
+  if (!tier_at_least(Tier::kAvx512Bf16)) return run_prefill_tiered(out, q, k, v, chunks, static_cast<float>(scale));
   const auto bits = [](const at::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.const_data_ptr()); };
   PrefillProblem p{bits(q), bits(k), bits(v), reinterpret_cast<uint16_t*>(out.mutable_data_ptr()),
                    q.stride(0), k.stride(0), v.stride(0), Hq, Hkv, D, static_cast<float>(scale)};
-  if (!chunks.empty()) run_prefill(p, chunks);
+  run_prefill_bf16_dot(p, chunks);
 }
 
 }  // namespace folovllm::cpu

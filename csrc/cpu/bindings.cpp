@@ -15,10 +15,10 @@ namespace {
 // about before it picks a kernel.
 Tier kernel_floor(const std::string& name) {
   if (name == "paged_attention" || name == "fused_ops" || name == "linear" || name == "linear_argmax" ||
-      name == "int4" || name == "int4_a8" || name == "int8")
+      name == "int4" || name == "int4_a8" || name == "int8" || name == "prefill_attention")
     return Tier::kAvx2;
   if (name == "decode_avx512") return Tier::kAvx512;
-  if (name == "prefill_attention" || name == "team") return Tier::kAvx512Bf16;
+  if (name == "team") return Tier::kAvx512Bf16;
   TORCH_CHECK(false, "unknown kernel '", name, "'");
 }
 
@@ -46,6 +46,7 @@ TORCH_LIBRARY(folovllm, m) {
         "int sliding_window=0, bool decode_fast_path=True, int skip_prefills_from=0, bool decode_bf16_dot=True, "
         "bool decode_prefetch=True, bool chunked_claims=True) -> ()");
   m.def("prefill_attention(Tensor(a!) out, Tensor q, Tensor k, Tensor v, int[] starts, int[] lens, float scale) -> ()");
+  m.def("prefill_attention_takes(bool bf16, int head_dim) -> bool", &prefill_attention_takes);
 
   m.def("add_rms_norm(Tensor(a!) residual, Tensor x, Tensor weight, float eps) -> Tensor");
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");

@@ -17,6 +17,8 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
                      int64_t skip_prefills_from, bool decode_bf16_dot, bool decode_prefetch, bool chunked_claims);
 void prefill_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                        at::IntArrayRef starts, at::IntArrayRef lens, double scale);
+// Whether prefill_attention takes q/k/v of this dtype (bf16, else fp32) and head_dim at the current tier.
+bool prefill_attention_takes(bool bf16, int64_t head_dim);
 
 // fused_ops.cpp
 at::Tensor add_rms_norm(at::Tensor& residual, const at::Tensor& x, const at::Tensor& weight, double eps);

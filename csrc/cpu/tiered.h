@@ -23,6 +23,13 @@ struct PagedHead {
   int64_t block_size, token_stride, offset;
 };
 
+// The fp32 prefill form (tiered/attention_prefill.cpp): query rows per work item and keys per tile, and the
+// floats of one thread's workspace for head_dim `dim`.
+constexpr int64_t kPrefillTile = 32;
+constexpr int64_t prefill_workspace_floats(int64_t dim) {
+  return 2 * kPrefillTile * dim + kPrefillTile * kPrefillTile + 2 * kPrefillTile;
+}
+
 #define FOLO_TIERED_KERNELS                                                                                   \
   /* Work items [i0, i1) of y = x W^T (x fp32 [M, K]; W bf16 packed [N/64][K/2][64][2]; bias fp32 [N] or */    \
   /* null): item i is weight block i % (N/64) times input rows [128 (i / (N/64)), +128). */                     \
@@ -32,13 +39,21 @@ struct PagedHead {
   /* updates best[M], best_id[M] where strictly larger.                                                     */ \
   void linear_argmax_part(const float* x, int64_t M, int64_t K, const uint32_t* w, int64_t block0,             \
                           int64_t block1, bool round_bf16, float* best, int64_t* best_id);                  \
-  /* Rows [begin, end) of silu(gate) * up: in [rows, 2 width] = [gate | up], out [rows, width]; fp32 or bf16 */ \
   /* One decode query row of `heads` consecutive heads sharing kv head `kv` (query, out [heads, dim], fp32 */  \
   /* or bf16) over keys [first_key, num_keys); dim a multiple of the tier's vector width. With `next`, the   */  \
   /* keys [next_first, next_end) read next (look-ahead: their first rows are prefetched at the last tile). */  \
   void decode_attention(const void* query, void* out, bool bf16, int64_t heads, int64_t dim, float scale,         \
                         const PagedHead& kv, int64_t first_key, int64_t num_keys, const PagedHead* next,         \
                         int64_t next_first, int64_t next_end);                                                   \
+  /* Causal prefill of one fresh chunk's kv head: K, V rows (fp32 or bf16, row strides) widened into the    */ \
+  /* fp32 layouts of attention_prefill.cpp (len rounded up to kPrefillTile rows, zero-padded); then one item: */ \
+  /* `rows` query rows (q tile q_tile, row stride q_stride) of one head over key tiles 0..q_tile into out.   */ \
+  /* dim a multiple of the tier's vector width; ws: prefill_workspace_floats(dim) floats.                 */ \
+  void prefill_pack(const void* k, const void* v, bool bf16, int64_t k_stride, int64_t v_stride, int64_t len,   \
+                    int64_t dim, float* keys, float* values);                                                  \
+  void prefill_item(const void* q, bool bf16, int64_t q_stride, void* out, int64_t out_stride, int64_t rows,     \
+                    int64_t q_tile, int64_t dim, float scale, const float* keys, const float* values, float* ws); \
+  /* Rows [begin, end) of silu(gate) * up: in [rows, 2 width] = [gate | up], out [rows, width]; fp32 or bf16 */ \
   void silu_mul_rows(const float* in, float* out, int64_t begin, int64_t end, int64_t width);                  \
   void silu_mul_rows(const uint16_t* in, uint16_t* out, int64_t begin, int64_t end, int64_t width);              \
   /* Column blocks [b0, b1) of the int4 matmul y = x W^T (quant_int4.h's packing): x fp32 [M, K], xsum fp32 */  \

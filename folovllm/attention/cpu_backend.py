@@ -8,10 +8,11 @@ there. A chunk of ``SDPA_MIN_ROWS`` or more new tokens over cached context (a pr
 chunk of a long prompt) goes to SDPA too: its blocks are gathered once and a causal mask offset by the
 context is applied, about twice as fast as the kernel's per-tile loop there.
 
-Fresh bfloat16 chunks (head_dim 64 or 128, no sliding window cutting into them) go to the library's own
-causal prefill kernel instead (csrc/cpu/attention_prefill.h, the avx512_bf16 tier): all of a step's in one
-call, written into the output in place, about 5x faster than SDPA's CPU flash kernel there.
-``FOLOVLLM_CPU_PREFILL_ATTENTION=sdpa`` sends them to SDPA.
+Fresh chunks with no sliding window cutting into them go to the library's own causal prefill kernel
+instead (csrc/cpu/attention_prefill.h): all of a step's in one call, written into the output in place. At
+the avx512_bf16 tier it takes bfloat16 (head_dim 64 or 128; about 5x faster than SDPA's CPU flash kernel
+there), at the avx2 and avx512 tiers float32 and bfloat16 in fp32 FMAs (head_dim a multiple of 16);
+``prefill_attention_takes`` says which. ``FOLOVLLM_CPU_PREFILL_ATTENTION=sdpa`` sends them to SDPA.
 
 Decode rows prefetch the K/V rows of the tile they read next (their own next tile, or the next sequence's
 first) while a tile computes, so a batch's scattered cache blocks stream from memory instead of stalling
@@ -33,7 +34,6 @@ from folovllm.attention.torch_backend import write_kv_cache
 from folovllm.platforms import kernel_library
 
 SDPA_MIN_ROWS = 8  # new tokens over cached context from which SDPA is not slower than the kernel
-PREFILL_KERNEL_HEAD_DIMS = (64, 128)
 
 
 @register_attention_backend("cpu")
@@ -57,6 +57,7 @@ class CpuAttentionBackend:
         self._sdpa_from = sdpa_from
         self._prefill_kernel = (envs.value("FOLOVLLM_CPU_PREFILL_ATTENTION") == "kernel"
                                 and kernel_library.has_kernel("prefill_attention"))
+        self._prefill_takes: dict[tuple[torch.dtype, int], bool] = {}  # (dtype, head_dim) -> the kernel's answer
         self._decode_prefetch = decode_prefetch
         self._chunked_claims = chunked_claims
         self._last_chunks: tuple[AttentionMetadata, list[tuple[int, int, int]]] | None = None
@@ -87,7 +88,7 @@ class CpuAttentionBackend:
                  self._chunked_claims)
         gqa = num_heads != key.shape[1]
         chunks = self._sdpa_chunks(meta)
-        if chunks and self._prefill_kernel and query.dtype == torch.bfloat16 and head_dim in PREFILL_KERNEL_HEAD_DIMS:
+        if chunks and self._prefill_kernel and self._kernel_takes(query.dtype, head_dim):
             starts, lens, chunks = self._fresh_split(chunks, sliding_window)
             if starts:
                 prefill_kernel(out, query, heads_contiguous(key), heads_contiguous(value), starts, lens, scale)
@@ -103,6 +104,12 @@ class CpuAttentionBackend:
                 query[start:end].transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
                 attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=gqa)[0].transpose(0, 1)
         return out.view(num_tokens, num_heads * head_dim)
+
+    def _kernel_takes(self, dtype: torch.dtype, head_dim: int) -> bool:
+        if (dtype, head_dim) not in self._prefill_takes:
+            self._prefill_takes[dtype, head_dim] = (dtype in (torch.float32, torch.bfloat16) and bool(
+                torch.ops.folovllm.prefill_attention_takes(dtype == torch.bfloat16, head_dim)))
+        return self._prefill_takes[dtype, head_dim]
 
     def kernel_switches(self) -> tuple[int, bool, bool]:
         """(skip_prefills_from, decode_prefetch, chunked_claims): what ``forward`` passes the kernel besides
@@ -150,7 +157,7 @@ class CpuAttentionBackend:
 
 def prefill_kernel(out: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                    starts: list[int], lens: list[int], scale: float) -> None:
-    """out[s:s+n] = causal attention of query over key/value rows [s, s+n) for each chunk (bf16)."""
+    """out[s:s+n] = causal attention of query over key/value rows [s, s+n) for each chunk."""
     torch.ops.folovllm.prefill_attention(out, query, key, value, starts, lens, scale)
 
 
