@@ -109,6 +109,7 @@ class Worker:
             raise RuntimeError("Worker.initialize_cache must run before the first step")
         for request_id in step.finished_request_ids:
             self._generators.pop(request_id, None)
+            self.runner.pooler.forget(request_id)
         generators = [self._generator(r.request_id, r.sampling.seed)
                       for r in step.requests if r.sampling is not None]
         self._previous = self.runner.launch(step, generators, self._previous)

@@ -1,0 +1,66 @@
+"""Embeddings of a pooling engine against transformers' final normed hidden states on the same weights (fp32):
+several prompts of different lengths in one batch, chunked prefill over small step budgets."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from folovllm import LLM, PoolingParams
+from tests.pooling.conftest import hf_hidden_states, random_prompts
+
+PROMPTS = random_prompts(6)
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_embed_dir):
+    return hf_hidden_states(tiny_embed_dir, PROMPTS)
+
+
+def make_pooling_llm(model_dir: str, **kwargs) -> LLM:
+    settings = dict(runner="pooling", dtype="float32", block_size=4, max_model_len=256,
+                    num_gpu_blocks_override=256, max_num_batched_tokens=16)  # prompts up to 59 tokens: 4 chunks
+    settings.update(kwargs)
+    return LLM(model_dir, **settings)
+
+
+def cosine(a, b) -> float:
+    return F.cosine_similarity(torch.tensor(a, dtype=torch.float32), b.float(), dim=-1).min().item()
+
+
+def embed(llm: LLM, prompts, params: PoolingParams | None = None) -> list[list[float]]:
+    outputs = llm.embed([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    assert [o.prompt_token_ids for o in outputs] == prompts
+    return [o.outputs.embedding for o in outputs]
+
+
+def test_last_token_pooling_matches_hf_with_chunks_and_prefix_hits(tiny_embed_dir, reference):
+    llm = make_pooling_llm(tiny_embed_dir)
+    for _ in range(2):  # the second time the prompts' full blocks are prefix-cache hits
+        for vector, hidden in zip(embed(llm, PROMPTS), reference):
+            assert cosine(vector, hidden[-1]) >= 0.9999
+            assert abs(torch.tensor(vector).norm().item() - 1.0) < 1e-5  # normalized by default
+    assert llm.llm_engine.kv_cache.prefix_cache_hits > 0
+    # Matryoshka: the first 16 components, normalized after truncation
+    short = embed(llm, PROMPTS[:2], PoolingParams(dimensions=16))
+    for vector, hidden in zip(short, reference):
+        assert len(vector) == 16
+        assert torch.allclose(torch.tensor(vector), F.normalize(hidden[-1][:16], dim=-1), atol=1e-4)
+    raw = embed(llm, PROMPTS[:1], PoolingParams(normalize=False))[0]
+    assert torch.allclose(torch.tensor(raw), reference[0][-1], atol=1e-4, rtol=1e-4)
+    # score: one text against many, cosine of the embeddings
+    query, docs = {"prompt_token_ids": PROMPTS[0]}, [{"prompt_token_ids": p} for p in PROMPTS[1:3]]
+    scores = [o.outputs.score for o in llm.score(query, docs, use_tqdm=False)]
+    expected = [F.cosine_similarity(reference[0][-1], h[-1], dim=0).item() for h in reference[1:3]]
+    assert scores == pytest.approx(expected, abs=1e-4)
+    with pytest.raises(ValueError, match="does not generate"):
+        llm.generate(["hello"], use_tqdm=False)
+
+
+def test_mean_pooling_matches_hf_over_chunks(tiny_embed_dir, reference):
+    llm = make_pooling_llm(tiny_embed_dir, pooler_config={"pooling_type": "mean", "normalize": False},
+                           max_num_batched_tokens=24)
+    for _ in range(2):  # MEAN reads every row: the second round takes no prefix-cache hits
+        for vector, hidden in zip(embed(llm, PROMPTS), reference):
+            assert cosine(vector, hidden.mean(dim=0)) >= 0.9999
+            assert torch.allclose(torch.tensor(vector), hidden.mean(dim=0), atol=1e-4, rtol=1e-4)
+    cls_like = llm.encode([{"prompt_token_ids": PROMPTS[0]}], use_tqdm=False)[0].outputs.data
+    assert cls_like.shape == (64,)
