@@ -7,4 +7,4 @@ all of its prefill chunks; ``score.py`` pairs texts and scores them from their e
 from folovllm.pooling.config import POOLING_TYPES, PoolerConfig, pooler_config_for
 from folovllm.pooling.pooler import Pooler, PoolingChunk, PoolingRow
 
-__all__ = ["POOLING_TYPES", "PoolerConfig", "Pooler", "PoolingChunk", "PoolingRow", "pooler_config_for"]
+__all__ = ["POOLING_TYPES", "Pooler", "PoolerConfig", "PoolingChunk", "PoolingRow", "pooler_config_for"]

@@ -9,7 +9,13 @@ import torch.nn.functional as F
 from folovllm import PoolingParams, SamplingParams
 from folovllm.config import EngineConfig
 from folovllm.engine.pooling import pooling_request
-from folovllm.pooling import PoolerConfig, Pooler, PoolingChunk, PoolingRow, pooler_config_for
+from folovllm.pooling import (
+    Pooler,
+    PoolerConfig,
+    PoolingChunk,
+    PoolingRow,
+    pooler_config_for,
+)
 from folovllm.pooling.score import cosine_scores, pair_up
 
 
