@@ -64,7 +64,7 @@ def test_token_ids_base64_score_rerank_pooling(http, offline):
     reranked = http.post("/v1/rerank", json={"query": TEXTS[0], "documents": TEXTS, "top_n": 2}).json()
     assert [r["index"] for r in reranked["results"]][0] == 0 and len(reranked["results"]) == 2
     assert reranked["results"][0]["document"] == {"text": TEXTS[0]}
-    bare = http.post("/rerank", json={"query": "a", "documents": ["b"], "return_documents": False}).json()
+    bare = http.post("/v2/rerank", json={"query": "a", "documents": ["b"], "return_documents": False}).json()
     assert "document" not in bare["results"][0]
     pooled = http.post("/pooling", json={"input": TEXTS[0]}).json()["data"][0]["data"]
     assert torch.allclose(torch.tensor(pooled), torch.tensor(offline[0]), atol=1e-5)

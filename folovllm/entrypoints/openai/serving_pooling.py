@@ -122,12 +122,14 @@ class PoolingServing:
 
 
 def add_pooling_routes(app: FastAPI, v1: APIRouter, serving: PoolingServing, guarded: list[Depends]) -> None:
-    """/v1/embeddings on the /v1 router (its API key check); /pooling, /score and /rerank at the root and
-    under /v1, as vLLM serves them."""
+    """The routes as vLLM serves them: /v1/embeddings; /pooling; /score and /rerank at the root and under
+    /v1; /v2/rerank (Cohere's v2 path, the same body)."""
     v1.add_api_route("/embeddings", serving.embeddings, methods=["POST"])
-    for path, handler in (("/pooling", serving.pooling), ("/score", serving.score), ("/rerank", serving.rerank)):
+    app.add_api_route("/pooling", serving.pooling, methods=["POST"], dependencies=guarded)
+    for path, handler in (("/score", serving.score), ("/rerank", serving.rerank)):
         app.add_api_route(path, handler, methods=["POST"], dependencies=guarded)
         v1.add_api_route(path, handler, methods=["POST"], name=f"v1_{path[1:]}")
+    app.add_api_route("/v2/rerank", serving.rerank, methods=["POST"], dependencies=guarded, name="v2_rerank")
 
 
 def _as_list(given: PoolingInput) -> list[str | list[int]]:
