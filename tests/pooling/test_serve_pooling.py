@@ -102,3 +102,17 @@ def test_embeddings_on_a_generating_server_are_400(tiny_embed_dir):
     finally:
         proc.stop()
         proc.kill()
+
+
+def test_bench_serve_embeddings(server, tmp_path):
+    import json
+
+    from folovllm.entrypoints.cli import main
+
+    out = tmp_path / "serve.json"
+    assert main(["bench", "serve", "--base-url", server.base_url, "--endpoint-type", "embeddings",
+                 "--dataset", "random", "--num-prompts", "4", "--input-len", "16", "--request-rate", "inf",
+                 "--no-progress", "--output-json", str(out)]) == 0
+    result = json.loads(out.read_text())[0]
+    assert result["num_requests"] == 4 and result["input_tokens"] == 64 and result["output_tokens"] == 0
+    assert result["request_throughput"] > 0 and result["input_tok_s"] > 0
