@@ -24,7 +24,7 @@ from folovllm.core.scheduler import Scheduler, SchedulerLimits, SchedulerOutput
 from folovllm.distributed.launch import RankFailedError
 from folovllm.engine.fault_isolation import isolate_faults, subset
 from folovllm.engine.output_processor import OutputProcessor, RequestGroup
-from folovllm.engine.pooling import RequestParams, pooling_request
+from folovllm.engine.pooling import RequestParams, model_pooling, pooling_request
 from folovllm.engine.prompt_checks import check_logprobs, check_prompt_length, check_request_ids, truncate_prompt
 from folovllm.engine.stats import EngineStats, StepStats, step_cost_terms
 from folovllm.engine.worker_input import build_step_input
@@ -36,7 +36,6 @@ from folovllm.model.loader.hub import resolve_model_files
 from folovllm.model.loader.tokenizer import load_tokenizer
 from folovllm.outputs import RequestOutput
 from folovllm.platforms import platform_for
-from folovllm.pooling.config import pooler_config_for
 from folovllm.request import Request, RequestStatus
 from folovllm.sample.prompt_logprobs import PromptLogprobsChunk
 from folovllm.structured_output import GrammarCache, StructuredOutputManager
@@ -90,9 +89,9 @@ class LLMEngine:
         self.max_model_len = self._resolve_max_model_len(arch.max_position_embeddings)
         self.eos_token_ids = list(arch.eos_token_ids)
         self.hidden_size = arch.hidden_size
-        # runner="pooling": the model's pooling (None: it generates)
-        self.pooler_config = (pooler_config_for(config.pooler_config, self.model_path)
-                              if config.runner == "pooling" else None)
+        # runner="pooling": the model's pooling (None: it generates); a cross-encoder scores text pairs
+        self.pooler_config, self.cross_encoder = model_pooling(config.runner, config.pooler_config,
+                                                               self.model_path, arch.architecture)
 
         num_blocks = self.worker.determine_num_kv_blocks()
         if num_blocks * config.block_size < self.max_model_len:
@@ -186,7 +185,7 @@ class LLMEngine:
             cache_salt = prompt["cache_salt"]
         if request_id in self.groups:
             raise ValueError(f"request id {request_id!r} is already in use")
-        pooling, params = pooling_request(params, self.pooler_config, self.hidden_size)
+        pooling, params = pooling_request(params, self.pooler_config, self.hidden_size, self.cross_encoder)
         prompt_text, prompt_ids = self.tokenize(prompt)
         prompt_ids = truncate_prompt(prompt_ids, params.truncate_prompt_tokens, self.max_model_len)
         check_prompt_length(len(prompt_ids), self.max_model_len)

@@ -174,10 +174,13 @@ class LLM:
     def score(self, data_1: PromptInput | Sequence[PromptInput], data_2: PromptInput | Sequence[PromptInput],
               use_tqdm: bool = True, pooling_params: PoolingParams | None = None,
               truncate_prompt_tokens: int | None = None) -> list[ScoringRequestOutput]:
-        """The cosine similarity of each pair's embeddings: ``data_1`` one text against each of ``data_2``,
+        """Each pair's score: the cosine similarity of their embeddings, or a cross-encoder's
+        (``*ForSequenceClassification``) score of the pair; ``data_1`` one text against each of ``data_2``,
         or the two lists pair by pair (vLLM's pairing); one output per pair."""
         firsts, seconds = pair_up(data_1, data_2, (str, dict))
         params = self._pooling_params(pooling_params, "score", truncate_prompt_tokens)
+        if self.llm_engine.cross_encoder:
+            return self._cross_encode(firsts, seconds, params, use_tqdm)
         unique = list({_prompt_key(p): p for p in firsts + seconds}.values())
         embedded = {_prompt_key(p): o for p, o in zip(unique, self._pool(unique, params, use_tqdm))}
         left = [embedded[_prompt_key(p)] for p in firsts]
@@ -186,6 +189,15 @@ class LLM:
         return [ScoringRequestOutput(f"{a.request_id}_{b.request_id}", ScoringOutput(score),
                                      a.prompt_token_ids + b.prompt_token_ids)
                 for a, b, score in zip(left, right, scores)]
+
+    def _cross_encode(self, firsts: list, seconds: list, params: PoolingParams,
+                      use_tqdm: bool) -> list[ScoringRequestOutput]:
+        """A cross-encoder's scores: each pair tokenized as one input (the tokenizer's pair form), scored by its head."""
+        if not all(isinstance(text, str) for text in firsts + seconds):
+            raise ValueError("a cross-encoder scores pairs of texts: give strings")
+        prompts = [{"prompt_token_ids": self.tokenizer(a, b)["input_ids"]} for a, b in zip(firsts, seconds)]
+        return [ScoringRequestOutput(o.request_id, ScoringOutput(o.pooled[0]), o.prompt_token_ids)
+                for o in self._pool(prompts, params, use_tqdm)]
 
     @staticmethod
     def _pooling_params(given: PoolingParams | None, task: str, truncate: int | None) -> PoolingParams:

@@ -7,6 +7,7 @@ starting at position 0 starts the request afresh (a preempted request recomputes
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -38,7 +39,10 @@ class PoolingChunk:
 class Pooler:
     """Pools the chunks of each step; keeps what an unfinished request's later chunks need."""
 
-    def __init__(self) -> None:
+    def __init__(self, head: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+        """``head``: a cross-encoder's score head, [N, hidden] -> [N, num_labels], applied to every pooled
+        vector; None: the vectors are the results."""
+        self.head = head
         self._partial: dict[str, torch.Tensor | list[torch.Tensor]] = {}  # request id -> sum, row or rows
 
     def forget(self, request_id: str) -> None:
@@ -54,6 +58,8 @@ class Pooler:
             pooled = self._add(chunk, rows)
             if chunk.done:
                 self._partial.pop(chunk.request_id, None)
+                if self.head is not None:
+                    pooled = self.head(pooled[None])[0]
                 results.append((chunk.request_id, finish(pooled, chunk.row)))
         return results
 

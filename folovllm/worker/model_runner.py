@@ -65,7 +65,8 @@ class ModelRunner:
         self.sampler = Sampler()
         self.vocab_size = model.arch.vocab_size
         self.decode_inputs = DecodeInputBuffers(block_size) if decode_input_buffers else None
-        self.pooler = Pooler()  # pooling requests' results from the final hidden states (before the head)
+        # pooling requests' results from the final hidden states (a cross-encoder's: through its score head)
+        self.pooler = Pooler(getattr(model, "classify", None))
 
     def launch(self, step: StepInput, generators: list[torch.Generator | None],
                previous: LaunchedStep | None = None) -> LaunchedStep:

@@ -48,9 +48,9 @@ class PoolingServing:
         self.ctx.check_model(body.model)
         params = self._params(body, task, dimensions=body.dimensions, normalize=body.normalize)
         request_id, finals = await self._pool(body.input, body.add_special_tokens, params, body, raw, "embd-")
-        kind = "embedding" if task == "embed" else "pooling"
-        data = [{"index": i, "object": kind, kind if kind == "embedding" else "data":
-                 _encode(final.pooled, body.encoding_format)} for i, final in enumerate(finals)]
+        kind, key = ("embedding", "embedding") if task == "embed" else ("pooling", "data")
+        data = [{"index": i, "object": kind, key: _encode(final.pooled, body.encoding_format)}
+                for i, final in enumerate(finals)]
         return {"id": request_id, "object": "list", "created": now_s(),
                 "model": self.ctx.model_name, "data": data, "usage": _usage(finals)}
 
@@ -83,10 +83,15 @@ class PoolingServing:
 
     async def _scores(self, firsts: list[str], seconds: list[str], body: ScoreRequest | RerankRequest,
                       raw: Request, prefix: str) -> tuple[str, list[float], list[RequestOutput]]:
-        """The request id, each pair's cosine similarity and the embedded texts' outputs; every distinct
-        text is embedded once."""
+        """The request id, each pair's score and the engine outputs: a cross-encoder's score of the pair,
+        else the cosine similarity of the two texts' embeddings (every distinct text embedded once)."""
+        ctx, params = self.ctx, self._params(body, "score")
+        if ctx.engine.info.cross_encoder:  # each pair as one input, scored by the model's head
+            pairs = [await ctx.off_loop(_pair_ids, ctx.tokenizer, a, b) for a, b in zip(firsts, seconds)]
+            request_id, finals = await self._pool(pairs, True, params, body, raw, prefix)
+            return request_id, [final.pooled[0] for final in finals], finals
         unique = list(dict.fromkeys(firsts + seconds))
-        request_id, finals = await self._pool(unique, True, self._params(body, "score"), body, raw, prefix)
+        request_id, finals = await self._pool(unique, True, params, body, raw, prefix)
         vectors = {text: final.pooled for text, final in zip(unique, finals)}
         return request_id, cosine_scores([vectors[t] for t in firsts], [vectors[t] for t in seconds]), finals
 
@@ -130,6 +135,11 @@ def add_pooling_routes(app: FastAPI, v1: APIRouter, serving: PoolingServing, gua
         app.add_api_route(path, handler, methods=["POST"], dependencies=guarded)
         v1.add_api_route(path, handler, methods=["POST"], name=f"v1_{path[1:]}")
     app.add_api_route("/v2/rerank", serving.rerank, methods=["POST"], dependencies=guarded, name="v2_rerank")
+
+
+def _pair_ids(tokenizer, first: str, second: str) -> list[int]:
+    """A text pair as one cross-encoder input: the tokenizer's pair encoding."""
+    return tokenizer(first, second)["input_ids"]
 
 
 def _as_list(given: PoolingInput) -> list[str | list[int]]:
