@@ -64,3 +64,26 @@ def test_mean_pooling_matches_hf_over_chunks(tiny_embed_dir, reference):
             assert torch.allclose(torch.tensor(vector), hidden.mean(dim=0), atol=1e-4, rtol=1e-4)
     cls_like = llm.encode([{"prompt_token_ids": PROMPTS[0]}], use_tqdm=False)[0].outputs.data
     assert cls_like.shape == (64,)
+
+
+def test_sentence_transformers_folder_of_a_bare_decoder(tiny_embed_dir, reference, tmp_path):
+    """The decoder saved alone (no ``model.`` prefix, no head) with sentence-transformers' modules:
+    mean pooling and a Normalize module, read from the folder."""
+    import json
+    import shutil
+
+    from transformers import LlamaForCausalLM
+
+    LlamaForCausalLM.from_pretrained(tiny_embed_dir).model.save_pretrained(tmp_path, safe_serialization=True)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "architectures": ["LlamaForCausalLM"]}))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(f"{tiny_embed_dir}/{name}", tmp_path / name)
+    (tmp_path / "1_Pooling").mkdir()
+    (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_mean_tokens": True}))
+    (tmp_path / "modules.json").write_text(json.dumps([
+        {"idx": i, "name": str(i), "path": path, "type": f"sentence_transformers.models.{kind}"}
+        for i, (kind, path) in enumerate([("Transformer", ""), ("Pooling", "1_Pooling"), ("Normalize", "2_Normalize")])]))
+    llm = make_pooling_llm(str(tmp_path))
+    for vector, hidden in zip(embed(llm, PROMPTS[:3]), reference):
+        assert torch.allclose(torch.tensor(vector), F.normalize(hidden.mean(dim=0), dim=-1), atol=1e-5)
