@@ -53,7 +53,8 @@ class Worker:
                                 attn_backend=get_attention_backend(config.attention_backend), seed=config.seed,
                                 hf_overrides=config.hf_overrides, tp_group=tp_group,
                                 load_quantized=config.load_quantized == "on",
-                                quantize_lm_head=config.quantize_lm_head, platform=self.platform)
+                                quantize_lm_head=config.quantize_lm_head, platform=self.platform,
+                                pooling=config.runner == "pooling")
         self.platform.place_weights(self.model)
         compile_model(self.model, self.platform)
         self.runner: ModelRunner | None = None  # built by initialize_cache

@@ -67,7 +67,7 @@ def test_mean_pooling_matches_hf_over_chunks(tiny_embed_dir, reference):
 
 
 def test_sentence_transformers_folder_of_a_bare_decoder(tiny_embed_dir, reference, tmp_path):
-    """The decoder saved alone (no ``model.`` prefix, no head) with sentence-transformers' modules:
+    """The decoder saved alone (no ``model.`` prefix, no head, untied) with sentence-transformers' modules:
     mean pooling and a Normalize module, read from the folder."""
     import json
     import shutil
@@ -76,7 +76,9 @@ def test_sentence_transformers_folder_of_a_bare_decoder(tiny_embed_dir, referenc
 
     LlamaForCausalLM.from_pretrained(tiny_embed_dir).model.save_pretrained(tmp_path, safe_serialization=True)
     config = json.loads((tmp_path / "config.json").read_text())
-    (tmp_path / "config.json").write_text(json.dumps({**config, "architectures": ["LlamaForCausalLM"]}))
+    # untied: the pooling runner holds no head, so its absence from the checkpoint is fine
+    (tmp_path / "config.json").write_text(json.dumps({**config, "architectures": ["LlamaForCausalLM"],
+                                                      "tie_word_embeddings": False}))
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(f"{tiny_embed_dir}/{name}", tmp_path / name)
     (tmp_path / "1_Pooling").mkdir()
