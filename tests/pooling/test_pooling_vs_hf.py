@@ -89,3 +89,14 @@ def test_sentence_transformers_folder_of_a_bare_decoder(tiny_embed_dir, referenc
     llm = make_pooling_llm(str(tmp_path))
     for vector, hidden in zip(embed(llm, PROMPTS[:3]), reference):
         assert torch.allclose(torch.tensor(vector), F.normalize(hidden.mean(dim=0), dim=-1), atol=1e-5)
+
+
+def test_preempted_pooling_requests_start_afresh(tiny_embed_dir, reference):
+    """Four prompts advance 8 tokens a step in 64 tokens of KV: running requests are preempted mid-prompt and
+    recompute from their start; the means stay exact."""
+    llm = make_pooling_llm(tiny_embed_dir, pooler_config={"pooling_type": "MEAN"}, num_gpu_blocks_override=16,
+                           max_model_len=64, max_num_batched_tokens=32, long_prefill_token_threshold=8)
+    for vector, hidden in zip(embed(llm, PROMPTS), reference):
+        assert cosine(vector, hidden.mean(dim=0)) >= 0.9999
+    assert llm.llm_engine.stats.num_preemptions > 0
+    assert llm.llm_engine.kv_cache.num_used_blocks == 0  # every pooling request's KV is freed when it ends
