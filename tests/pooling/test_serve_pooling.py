@@ -62,7 +62,7 @@ def test_token_ids_base64_score_rerank_pooling(http, offline):
     assert [s["score"] for s in scores] == pytest.approx([1.0, expected], abs=1e-5)
     assert http.post("/v1/score", json={"text_1": TEXTS[:2], "text_2": TEXTS[:2]}).status_code == 200
     reranked = http.post("/v1/rerank", json={"query": TEXTS[0], "documents": TEXTS, "top_n": 2}).json()
-    assert [r["index"] for r in reranked["results"]][0] == 0 and len(reranked["results"]) == 2
+    assert reranked["results"][0]["index"] == 0 and len(reranked["results"]) == 2
     assert reranked["results"][0]["document"] == {"text": TEXTS[0]}
     bare = http.post("/v2/rerank", json={"query": "a", "documents": ["b"], "return_documents": False}).json()
     assert "document" not in bare["results"][0]
