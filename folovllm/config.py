@@ -30,6 +30,8 @@ QUANTIZE_LM_HEAD = ("auto", "on", "off")
 DTYPE_ALIASES = {"half": "float16", "float": "float32"}  # vLLM's other spellings
 FP8_KV_CACHE_DTYPES = ("fp8", "fp8_e4m3", "fp8_e5m2")
 DP_ROUTING_POLICIES = ("prefix_aware", "least_loaded", "round_robin")
+RUNNERS = ("auto", "generate", "pooling")
+CONVERTS = ("auto", "none", "embed")
 logger = logging.getLogger(__name__)
 
 
@@ -116,6 +118,16 @@ class EngineConfig:
                 "(temperature, top_p, top_k, min_p, repetition_penalty, max_new_tokens); vllm: "
                 "SamplingParams' own defaults; or a folder holding a generation_config.json",
         group="ModelConfig")
+    runner: str = knob("auto", "generate: text generation; pooling: embeddings and scores (embed, score, "
+                               "/v1/embeddings, /score, /rerank, /pooling); auto: pooling when --convert embed, "
+                               "else generate", choices=list(RUNNERS), group="ModelConfig")
+    convert: str = knob("auto", "embed: serve a generative (*ForCausalLM) checkpoint as an embedding model "
+                                "(its final normed hidden states pooled, the LM head unused); auto: embed "
+                                "under --runner pooling", choices=list(CONVERTS), group="ModelConfig")
+    pooler_config: dict[str, Any] | None = knob(
+        None, "pooling runner: JSON with pooling_type (LAST, MEAN, CLS, ALL) and normalize, e.g. "
+              "'{\"pooling_type\": \"MEAN\", \"normalize\": true}' (default: the model folder's "
+              "sentence-transformers config, else LAST, normalized)", group="ModelConfig")
     # -- LoadConfig -------------------------------------------------------------------------------
     load_format: str = knob("auto", "dummy: random weights from the model's config (tests, ablations)",
                             choices=["auto", "dummy"], group="LoadConfig")
@@ -285,6 +297,21 @@ class EngineConfig:
         if self.kv_cache_memory is not None:
             object.__setattr__(self, "kv_cache_memory", parse_size(self.kv_cache_memory))
         self._check_kv_transfer()
+        self._check_runner()
+
+    def _check_runner(self) -> None:
+        """--runner and --convert agree (pooling a checkpoint means converting it; generating means not)."""
+        if self.runner not in RUNNERS:
+            raise ValueError(f"runner must be one of {', '.join(RUNNERS)}; got {self.runner!r}")
+        if self.convert not in CONVERTS:
+            raise ValueError(f"convert must be one of {', '.join(CONVERTS)}; got {self.convert!r}")
+        if self.runner == "generate" and self.convert == "embed":
+            raise ValueError("convert='embed' makes a pooling model: use runner='pooling' (or 'auto')")
+        if self.runner == "pooling" and self.convert == "none":
+            raise ValueError("runner='pooling' needs a pooling model; every architecture here is generative, "
+                             "so pass convert='embed' (or 'auto')")
+        if self.pooler_config is not None and self.runner != "pooling" and self.convert != "embed":
+            raise ValueError("pooler_config applies to a pooling model only: add runner='pooling'")
 
     def _check_kv_transfer(self) -> None:
         """--kv-transfer-config's kv_role and kv_connector become --kv-role and --kv-connector (the
@@ -379,7 +406,8 @@ class EngineConfig:
         the attention backend (triton on CUDA when installed; on CPU our kernel where it runs at the CPU's
         tier, else torch) and overlap scheduling (on CUDA only: on CPU the forward runs synchronously, so
         overlapping would only hand each token out one step later). structured_outputs_backend: xgrammar.
-        load_quantized: off (see its help). num_threads: the cores this process may run on (its CPU
+        load_quantized: off (see its help). runner: pooling when convert is embed (and convert embed
+        under a pooling runner). num_threads: the cores this process may run on (its CPU
         affinity, which a container or taskset narrows). Names of registered pieces (attention backend,
         policy, admission) are checked where they are looked up, when the engine builds them.
         """
@@ -394,7 +422,9 @@ class EngineConfig:
         structured = "xgrammar" if self.structured_outputs_backend == "auto" else self.structured_outputs_backend
         # 4-bit GGUF weights win one-stream decode on CPU but lose batched decode and prefill to bf16
         load_quantized = "off" if self.load_quantized == "auto" else self.load_quantized
-        return dataclasses.replace(self, device=device, dtype=dtype, attention_backend=backend,
+        pooling = self.runner == "pooling" or self.convert == "embed"
+        return dataclasses.replace(self, runner="pooling" if pooling else "generate",
+                                   convert="embed" if pooling else "none", device=device, dtype=dtype, attention_backend=backend,
                                    overlap_scheduling=overlap, enforce_eager=enforce_eager,
                                    load_quantized=load_quantized,
                                    num_threads=self.num_threads or usable_cores(),

@@ -59,3 +59,56 @@ class RequestOutput:
     # PD disaggregation: a producer's params for the consumer (set once the request finished)
     kv_transfer_params: dict[str, Any] | None = None
     num_external_computed_tokens: int = 0  # prompt tokens whose KV came from another instance
+    # a pooling request's result once finished: one vector, or one per prompt token (pooling type ALL)
+    pooled: list | None = None
+
+
+@dataclass
+class PoolingOutput:
+    """A pooling request's raw result: a [hidden] vector, or [num_tokens, hidden] for pooling type ALL."""
+
+    data: Any  # torch.Tensor (float32)
+
+
+@dataclass
+class PoolingRequestOutput:
+    """``LLM.encode``'s output per prompt (vLLM's shape)."""
+
+    request_id: str
+    outputs: PoolingOutput
+    prompt_token_ids: list[int]
+    finished: bool = True
+
+
+@dataclass
+class EmbeddingOutput:
+    embedding: list[float]
+
+    @property
+    def hidden_size(self) -> int:
+        return len(self.embedding)
+
+
+@dataclass
+class EmbeddingRequestOutput:
+    """``LLM.embed``'s output per prompt (vLLM's shape): ``.outputs.embedding``."""
+
+    request_id: str
+    outputs: EmbeddingOutput
+    prompt_token_ids: list[int]
+    finished: bool = True
+
+
+@dataclass
+class ScoringOutput:
+    score: float
+
+
+@dataclass
+class ScoringRequestOutput:
+    """``LLM.score``'s output per pair (vLLM's shape): ``.outputs.score``; the prompt ids are both texts'."""
+
+    request_id: str
+    outputs: ScoringOutput
+    prompt_token_ids: list[int]
+    finished: bool = True

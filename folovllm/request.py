@@ -5,6 +5,7 @@ import enum
 from typing import Any
 
 from folovllm.outputs import PromptLogprobs, RequestMetrics, SampleLogprobs
+from folovllm.pooling.pooler import PoolingRow
 from folovllm.sampling_params import SamplingParams
 
 
@@ -60,7 +61,8 @@ class Request:
                  arrival_time: float, max_tokens: int, eos_token_ids: list[int], sample_index: int = 0,
                  parent_id: str | None = None, cache_salt: str | None = None,
                  priority: int = 0, user: str | None = None,
-                 bad_words_token_ids: tuple[tuple[int, ...], ...] = ()) -> None:
+                 bad_words_token_ids: tuple[tuple[int, ...], ...] = (),
+                 pooling: PoolingRow | None = None) -> None:
         self.request_id = request_id
         self.parent_id = parent_id or request_id
         self.sample_index = sample_index
@@ -106,6 +108,9 @@ class Request:
         self.kv_transfer_params: dict[str, Any] | None = dict(extra) if extra else None
         self.kv_transfer_params_out: dict[str, Any] | None = None
         self.num_external_computed_tokens = 0  # prompt tokens whose KV came from another instance
+        # A pooling request: prefill only, its prompt's hidden states pooled into ``pooled`` (no token is sampled).
+        self.pooling = pooling
+        self.pooled: list | None = None
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -116,6 +121,12 @@ class Request:
         """Some prompt token still lacks its logprob: the request must compute its whole prompt
         (no prefix-cache hits, whose tokens are never run through the model)."""
         return self.prompt_logprobs is not None and self.num_prompt_logprobs < self.num_prompt_tokens - 1
+
+    @property
+    def reads_every_prompt_row(self) -> bool:
+        """Every prompt token must run through the model (no prefix-cache hits): prompt logprobs, or a
+        pooling that reads rows before the last."""
+        return self.needs_prompt_logprobs or (self.pooling is not None and self.pooling.pooling_type != "LAST")
 
     @property
     def is_ready(self) -> bool:

@@ -38,6 +38,10 @@ FORBIDDEN = {
                   "folovllm.worker", "folovllm.model", "folovllm.quantize", "folovllm.structured_output"],
     "sample": ["folovllm.entrypoints", "folovllm.bench", "folovllm.engine", "folovllm.core",
                "folovllm.worker", "folovllm.model", "folovllm.quantize", "folovllm.structured_output"],
+    # pooling: the worker pools hidden states, the engine and server pair and score; it knows none of them
+    "pooling": ["folovllm.entrypoints", "folovllm.bench", "folovllm.engine", "folovllm.core",
+                "folovllm.worker", "folovllm.model", "folovllm.quantize", "folovllm.structured_output"],
+    "pooling_params": ["folovllm"],
     # process groups, collectives, rank processes: model layers call it; it knows no layer, worker or engine
     "distributed": ["folovllm.entrypoints", "folovllm.bench", "folovllm.engine", "folovllm.core",
                     "folovllm.worker", "folovllm.model", "folovllm.attention", "folovllm.sample",

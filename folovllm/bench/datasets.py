@@ -253,9 +253,10 @@ def load_jsonl(path: str | Path, num_prompts: int | None = None) -> list[ServeRe
 
 
 def adapt_to_endpoint(requests: list[ServeRequest], endpoint: str) -> list[ServeRequest]:
-    """Chat turns text prompts into one user message; completions cannot take messages, chat no ids."""
+    """Chat turns text prompts into one user message; completions and embeddings cannot take messages,
+    chat no ids."""
     for i, req in enumerate(requests):
-        if endpoint == "completions" and req.messages is not None:
+        if endpoint in ("completions", "embeddings") and req.messages is not None:
             raise ValueError(f"request {i + 1} has 'messages': use --endpoint chat for it.")
         if endpoint == "chat" and isinstance(req.prompt, list):
             raise ValueError(f"request {i + 1} has a token-id prompt: chat takes text; use --endpoint completions.")

@@ -50,7 +50,7 @@ logger = logging.getLogger(__name__)
 
 
 def _endpoint(text: str) -> str:
-    """Our endpoint names, or vLLM's paths (``/v1/completions``, ``/v1/chat/completions``)."""
+    """Our endpoint names, or vLLM's paths (``/v1/completions``, ``/v1/chat/completions``, ``/v1/embeddings``)."""
     return {path: name for name, path in ENDPOINT_PATHS.items()}.get(text, text)
 
 
@@ -62,9 +62,11 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--port", type=int, default=8000)
     g.add_argument("--endpoint", type=_endpoint, choices=list(ENDPOINT_PATHS), default=None,
                    help="completions (or /v1/completions) sends token-id prompts (exact lengths); "
-                        "chat (or /v1/chat/completions) sends random words")
+                        "chat (or /v1/chat/completions) sends random words; embeddings (or /v1/embeddings) "
+                        "sends token-id inputs to a pooling server (throughput in inputs/s and tokens/s)")
     g.add_argument("--backend", "--endpoint-type", choices=list(_BACKENDS), default=None,
-                   help="vLLM's spelling of the endpoint: openai-chat = chat, vllm/openai = completions")
+                   help="vLLM's spelling of the endpoint: openai-chat = chat, vllm/openai = completions, "
+                        "openai-embeddings (or embeddings) = embeddings")
     g.add_argument("--model", default=None, help="model name to request (default: first id of GET /v1/models)")
     g.add_argument("--tokenizer", default=None,
                    help="accepted for compatibility, has no effect: prompts are token ids or words, and "
@@ -99,7 +101,8 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
-_BACKENDS = {"vllm": "completions", "openai": "completions", "openai-chat": "chat"}
+_BACKENDS = {"vllm": "completions", "openai": "completions", "openai-chat": "chat",
+             "openai-embeddings": "embeddings", "embeddings": "embeddings"}
 
 
 def endpoint_of(args: argparse.Namespace) -> str:

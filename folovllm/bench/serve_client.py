@@ -18,7 +18,7 @@ import httpx
 from folovllm.bench.datasets import ServeRequest
 from folovllm.bench.results import RequestTiming
 
-ENDPOINT_PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+ENDPOINT_PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions", "embeddings": "/v1/embeddings"}
 
 
 @dataclass
@@ -52,7 +52,10 @@ def auth_headers(api_key: str | None) -> dict[str, str]:
 def request_body(endpoint: str, model: str, req: ServeRequest,
                  extra_body: dict[str, Any] | None = None) -> dict[str, Any]:
     """Streamed, greedy (as vLLM's benchmark), with usage at the end; ignore_eos fixes the length.
-    ``extra_body``: more fields for every request (e.g. a structured-outputs constraint)."""
+    ``extra_body``: more fields for every request (e.g. a structured-outputs constraint). Embeddings:
+    the prompt as ``input``, nothing generated."""
+    if endpoint == "embeddings":
+        return {"model": model, "input": req.prompt, **(extra_body or {})}
     body: dict[str, Any] = {"model": model, "max_tokens": req.max_tokens, "temperature": 0.0,
                             "stream": True, "stream_options": {"include_usage": True}}
     if req.ignore_eos:
@@ -94,6 +97,8 @@ async def send_request(http: httpx.AsyncClient, endpoint: str, model: str, req: 
     """POSTs ``req`` streamed and records when each chunk carrying tokens arrives; never raises for
     a failed request: the outcome's ``error`` says why (HTTP status, server error, connection)."""
     body = request_body(endpoint, model, req, extra_body)
+    if endpoint == "embeddings":
+        return await _send_unstreamed(http, ENDPOINT_PATHS[endpoint], body, req)
     outcome = RequestOutcome(req, send_time=time.perf_counter(), end_time=0.0, prompt_tokens=req.prompt_len)
     usage: dict[str, Any] | None = None
     done = False
@@ -130,6 +135,23 @@ async def send_request(http: httpx.AsyncClient, endpoint: str, model: str, req: 
         else:
             outcome.output_tokens = len(outcome.chunk_times)
     outcome.end_time = outcome.chunk_times[-1] if outcome.success and outcome.chunk_times else time.perf_counter()
+    return outcome
+
+
+async def _send_unstreamed(http: httpx.AsyncClient, path: str, body: dict[str, Any],
+                           req: ServeRequest) -> RequestOutcome:
+    """An unstreamed request (embeddings): done when its response arrives; prompt tokens from its usage."""
+    outcome = RequestOutcome(req, send_time=time.perf_counter(), end_time=0.0, prompt_tokens=req.prompt_len)
+    try:
+        resp = await http.post(path, json=body)
+        if resp.status_code != 200:
+            outcome.error = error_message(resp.status_code, resp.text)
+        else:
+            usage = resp.json().get("usage") or {}
+            outcome.prompt_tokens = int(usage.get("prompt_tokens", outcome.prompt_tokens))
+    except (httpx.HTTPError, json.JSONDecodeError) as err:
+        outcome.error = f"{type(err).__name__}: {err}"
+    outcome.end_time = time.perf_counter()
     return outcome
 
 

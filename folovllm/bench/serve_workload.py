@@ -72,7 +72,7 @@ def build_workload_requests(args: argparse.Namespace, max_model_len: int | None,
     if args.num_prompts is not None and args.num_prompts < 1:
         raise ValueError(f"--num-prompts must be at least 1, got {args.num_prompts}.")
     if maker is None:
-        fmt = "ids" if endpoint == "completions" else "text"
+        fmt = "ids" if endpoint in ("completions", "embeddings") else "text"
         maker = ds.PromptMaker(fmt, np.random.default_rng(args.seed),
                                ds.parse_len_range(args.token_id_range, "--token-id-range"))
     name, n = args.dataset, args.num_prompts

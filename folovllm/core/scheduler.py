@@ -165,9 +165,9 @@ class Scheduler:
                 continue
             if not self.admission.fits(request, self.running):
                 break
-            # Cached tokens are never run through the model, so they would have no prompt logprobs.
+            # Cached tokens are never run through the model: no prompt logprobs, no rows to pool.
             # A request whose KV arrived from another instance already holds its blocks.
-            cached_blocks = [] if request.needs_prompt_logprobs or request.num_computed_tokens > 0 \
+            cached_blocks = [] if request.reads_every_prompt_row or request.num_computed_tokens > 0 \
                 else self.kv_cache.find_cached_prefix(request)
             num_cached = len(cached_blocks) * self.kv_cache.block_size
             if self.connector is not None and request.num_computed_tokens == 0:

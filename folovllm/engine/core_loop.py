@@ -69,12 +69,13 @@ class EngineInfo:
     kv_role: str | None = None  # PD disaggregation: the engine's --kv-role
     weight_bytes: int = 0  # the model's weights as this engine holds them (quantized: packed)
     platform: dict[str, str] = field(default_factory=dict)  # LLMEngine.platform_info: device, CPU tier
+    cross_encoder: bool = False  # a pooling model that scores text pairs through its head (LLMEngine.cross_encoder)
 
 
 def engine_info(engine: LLMEngine) -> EngineInfo:
     return EngineInfo(engine.model_path, engine.max_model_len, engine.default_sampling, engine.cache_config_info(),
                       kv_role=engine.config.kv_role, weight_bytes=engine.model.weight_bytes(),
-                      platform=engine.platform_info)
+                      platform=engine.platform_info, cross_encoder=engine.cross_encoder)
 
 
 @dataclass

@@ -24,6 +24,7 @@ from folovllm.core.scheduler import Scheduler, SchedulerLimits, SchedulerOutput
 from folovllm.distributed.launch import RankFailedError
 from folovllm.engine.fault_isolation import isolate_faults, subset
 from folovllm.engine.output_processor import OutputProcessor, RequestGroup
+from folovllm.engine.pooling import RequestParams, model_pooling, pooling_request
 from folovllm.engine.prompt_checks import check_logprobs, check_prompt_length, check_request_ids, truncate_prompt
 from folovllm.engine.stats import EngineStats, StepStats, step_cost_terms
 from folovllm.engine.worker_input import build_step_input
@@ -37,7 +38,6 @@ from folovllm.outputs import RequestOutput
 from folovllm.platforms import platform_for
 from folovllm.request import Request, RequestStatus
 from folovllm.sample.prompt_logprobs import PromptLogprobsChunk
-from folovllm.sampling_params import SamplingParams
 from folovllm.structured_output import GrammarCache, StructuredOutputManager
 from folovllm.worker.model_runner import LaunchedStep
 from folovllm.worker.tp_worker import TensorParallelWorker
@@ -88,6 +88,10 @@ class LLMEngine:
         self.vocab_size = arch.vocab_size
         self.max_model_len = self._resolve_max_model_len(arch.max_position_embeddings)
         self.eos_token_ids = list(arch.eos_token_ids)
+        self.hidden_size = arch.hidden_size
+        # runner="pooling": the model's pooling (None: it generates); a cross-encoder scores text pairs
+        self.pooler_config, self.cross_encoder = model_pooling(config.runner, config.pooler_config,
+                                                               self.model_path, arch.architecture)
 
         num_blocks = self.worker.determine_num_kv_blocks(self.max_model_len)
         if num_blocks * config.block_size < self.max_model_len:
@@ -148,7 +152,7 @@ class LLMEngine:
 
     # -- requests -----------------------------------------------------------------------------
 
-    def add_request(self, prompt: PromptInput, params: SamplingParams,
+    def add_request(self, prompt: PromptInput, params: RequestParams,
                     request_id: str | None = None, arrival_time: float | None = None,
                     cache_salt: str | None = None, priority: int = 0, user: str | None = None) -> str:
         """Validates and queues one request; raises ValueError on bad input (nothing is queued).
@@ -161,7 +165,7 @@ class LLMEngine:
         self._queue(group)
         return request_id
 
-    def add_requests(self, prompts: list[PromptInput], params: SamplingParams, request_ids: list[str],
+    def add_requests(self, prompts: list[PromptInput], params: RequestParams, request_ids: list[str],
                      arrival_time: float | None = None, priority: int = 0,
                      user: str | None = None) -> None:
         """Queues several prompts with the same parameters, all or nothing: a ValueError for any
@@ -173,7 +177,7 @@ class LLMEngine:
         for group in groups:
             self._queue(group)
 
-    def _new_group(self, prompt: PromptInput, params: SamplingParams, request_id: str,
+    def _new_group(self, prompt: PromptInput, params: RequestParams, request_id: str,
                    arrival_time: float | None, cache_salt: str | None, priority: int,
                    user: str | None) -> RequestGroup:
         """The request's samples, validated; the engine's queues are not touched."""
@@ -181,6 +185,7 @@ class LLMEngine:
             cache_salt = prompt["cache_salt"]
         if request_id in self.groups:
             raise ValueError(f"request id {request_id!r} is already in use")
+        pooling, params = pooling_request(params, self.pooler_config, self.hidden_size, self.cross_encoder)
         prompt_text, prompt_ids = self.tokenize(prompt)
         prompt_ids = truncate_prompt(prompt_ids, params.truncate_prompt_tokens, self.max_model_len)
         check_prompt_length(len(prompt_ids), self.max_model_len)
@@ -194,7 +199,7 @@ class LLMEngine:
             sample_id = request_id if params.n == 1 else f"{request_id}-{index}"
             sample = Request(sample_id, prompt_ids, params, arrival, max_tokens, self.eos_token_ids,
                              index, parent_id=request_id, cache_salt=cache_salt,
-                             priority=priority, user=user, bad_words_token_ids=bad_words)
+                             priority=priority, user=user, bad_words_token_ids=bad_words, pooling=pooling)
             self.scheduler.check_admissible(sample)
             self.output_processor.start(sample)
             samples.append(sample)
@@ -382,6 +387,8 @@ class LLMEngine:
             self.kv_cache.cache_computed_blocks(request)
         if out.prompt_logprobs:
             self._take_prompt_logprobs(step, out.prompt_logprobs, touched)
+        if out.pooled:
+            self._take_pooled(step, out.pooled, now, touched)
         for row, request in enumerate(step.sampled):
             request.num_pending_tokens -= 1
             if request.status.finished:  # ended meanwhile (stopped one step earlier, or aborted)
@@ -410,6 +417,20 @@ class LLMEngine:
             self.stats.generation_tokens += 1
             touched[request.parent_id] = self.groups[request.parent_id]
         return out.wait_s
+
+    def _take_pooled(self, step: InFlight, pooled: list[tuple[str, list]], now: float,
+                     touched: dict[str, RequestGroup]) -> None:
+        """A pooling request whose prompt the step ended is done: its result is its output."""
+        by_id = {request.request_id: request for request in step.sched.requests}
+        for request_id, result in pooled:
+            request = by_id[request_id]
+            if request.status.finished:  # aborted meanwhile
+                continue
+            request.pooled = result
+            request.metrics.first_token_time = request.metrics.last_token_time = now
+            request.metrics.finished_time = now
+            self._finish(request, RequestStatus.FINISHED_STOPPED)
+            touched[request.parent_id] = self.groups[request.parent_id]
 
     def _take_prompt_logprobs(self, step: InFlight, chunks: list[PromptLogprobsChunk],
                               touched: dict[str, RequestGroup]) -> None:

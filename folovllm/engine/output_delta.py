@@ -37,6 +37,7 @@ class OutputDelta:
     prompt_logprobs: PromptLogprobs | None = None  # likewise (complete by a request's first output)
     kv_transfer_params: dict | None = None  # set on the finished delta of a producer's request
     num_external_computed_tokens: int = 0
+    pooled: list | None = None  # a pooling request's result, on its finished delta
 
 
 class DeltaEncoder:
@@ -63,7 +64,7 @@ class DeltaEncoder:
                            output.num_cached_tokens, output.prompt if first else None,
                            output.prompt_token_ids if first else None,
                            output.prompt_logprobs if first else None, output.kv_transfer_params,
-                           output.num_external_computed_tokens)
+                           output.num_external_computed_tokens, output.pooled)
 
     def forget(self, request_id: str) -> None:
         """The request ended without a finished output (aborted)."""
@@ -93,7 +94,7 @@ class DeltaDecoder:
         output = RequestOutput(delta.request_id, previous.prompt, previous.prompt_token_ids, outputs,
                                delta.finished, delta.metrics, delta.num_cached_tokens,
                                previous.prompt_logprobs, delta.kv_transfer_params,
-                               delta.num_external_computed_tokens)
+                               delta.num_external_computed_tokens, delta.pooled)
         if delta.finished:
             self._last.pop(delta.request_id, None)
         else:

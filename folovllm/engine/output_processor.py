@@ -120,4 +120,4 @@ class OutputProcessor:
             metrics=metrics, num_cached_tokens=first.num_cached_tokens,
             prompt_logprobs=None if first.needs_prompt_logprobs else first.prompt_logprobs,
             kv_transfer_params=first.kv_transfer_params_out,
-            num_external_computed_tokens=first.num_external_computed_tokens)
+            num_external_computed_tokens=first.num_external_computed_tokens, pooled=first.pooled)

@@ -21,6 +21,10 @@ def build_step_input(sched: SchedulerOutput, finished_request_ids: list[str],
         end = start + num_new
         known = request.token_ids[start:end]  # a token past these is still pending on the device
         sampling = None
+        if request.pooling is not None:  # prefill only: its rows are pooled, nothing is sampled
+            scheduled.append(ScheduledRequest(request.request_id, known, 0, start, table, pooling=request.pooling,
+                                              pooling_done=end == request.num_prompt_tokens))
+            continue
         if end == request.num_tokens:  # caught up: this step's last logits give the next token
             sampling = sampling_row(request)
             sampled.append(request)

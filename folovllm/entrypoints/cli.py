@@ -204,6 +204,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_profile_args(profile)
     profile.set_defaults(func=lambda args: _run_bench(run_bench_profile, args))
+    embed = bench_sub.add_parser("embed", help="offline embedding throughput (runner pooling) vs transformers")
+    from folovllm.bench.embed import add_embed_args, run_bench_embed
+
+    add_model_positional(embed)
+    add_embed_args(embed)
+    embed.set_defaults(func=lambda args: _run_bench(run_bench_embed, args))
     perplexity = bench_sub.add_parser("perplexity", help="strided perplexity of a text (prompt logprobs)")
     from folovllm.bench.perplexity import add_perplexity_args, run_perplexity
 

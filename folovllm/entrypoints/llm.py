@@ -6,6 +6,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+import torch
 from tqdm.auto import tqdm
 
 from folovllm.beam_search import BeamSearchOutput, BeamSearchParams, BeamSearchSequence, best_finished, expand
@@ -13,7 +14,17 @@ from folovllm.config import EngineConfig
 from folovllm.engine.llm_engine import LLMEngine, PromptInput
 from folovllm.engine.metrics_reader import Metric, engine_metrics
 from folovllm.engine.run_loop import run_until_finished
-from folovllm.outputs import RequestOutput
+from folovllm.outputs import (
+    EmbeddingOutput,
+    EmbeddingRequestOutput,
+    PoolingOutput,
+    PoolingRequestOutput,
+    RequestOutput,
+    ScoringOutput,
+    ScoringRequestOutput,
+)
+from folovllm.pooling.score import cosine_scores, pair_up
+from folovllm.pooling_params import PoolingParams
 from folovllm.sampling_params import SamplingParams
 
 _ENGINE_ARGS = frozenset(f.name for f in dataclasses.fields(EngineConfig))
@@ -146,6 +157,68 @@ class LLM:
             results.append(BeamSearchOutput(best))
         return results
 
+    def embed(self, prompts: PromptInput | Sequence[PromptInput], pooling_params: PoolingParams | None = None,
+              use_tqdm: bool = True, truncate_prompt_tokens: int | None = None) -> list[EmbeddingRequestOutput]:
+        """One embedding per prompt (a pooling engine: ``runner="pooling"``), in input order."""
+        params = self._pooling_params(pooling_params, "embed", truncate_prompt_tokens)
+        return [EmbeddingRequestOutput(o.request_id, EmbeddingOutput(o.pooled), o.prompt_token_ids)
+                for o in self._pool(prompts, params, use_tqdm)]
+
+    def encode(self, prompts: PromptInput | Sequence[PromptInput], pooling_params: PoolingParams | None = None,
+               use_tqdm: bool = True, truncate_prompt_tokens: int | None = None) -> list[PoolingRequestOutput]:
+        """Each prompt's pooled hidden states as a tensor: a vector, or one row per token (pooling type ALL)."""
+        params = self._pooling_params(pooling_params, "encode", truncate_prompt_tokens)
+        return [PoolingRequestOutput(o.request_id, PoolingOutput(torch.tensor(o.pooled)), o.prompt_token_ids)
+                for o in self._pool(prompts, params, use_tqdm)]
+
+    def score(self, data_1: PromptInput | Sequence[PromptInput], data_2: PromptInput | Sequence[PromptInput],
+              use_tqdm: bool = True, pooling_params: PoolingParams | None = None,
+              truncate_prompt_tokens: int | None = None) -> list[ScoringRequestOutput]:
+        """Each pair's score: the cosine similarity of their embeddings, or a cross-encoder's
+        (``*ForSequenceClassification``) score of the pair; ``data_1`` one text against each of ``data_2``,
+        or the two lists pair by pair (vLLM's pairing); one output per pair."""
+        firsts, seconds = pair_up(data_1, data_2, (str, dict))
+        params = self._pooling_params(pooling_params, "score", truncate_prompt_tokens)
+        if self.llm_engine.cross_encoder:
+            return self._cross_encode(firsts, seconds, params, use_tqdm)
+        unique = list({_prompt_key(p): p for p in firsts + seconds}.values())
+        embedded = {_prompt_key(p): o for p, o in zip(unique, self._pool(unique, params, use_tqdm))}
+        left = [embedded[_prompt_key(p)] for p in firsts]
+        right = [embedded[_prompt_key(p)] for p in seconds]
+        scores = cosine_scores([o.pooled for o in left], [o.pooled for o in right])
+        return [ScoringRequestOutput(f"{a.request_id}_{b.request_id}", ScoringOutput(score),
+                                     a.prompt_token_ids + b.prompt_token_ids)
+                for a, b, score in zip(left, right, scores)]
+
+    def _cross_encode(self, firsts: list, seconds: list, params: PoolingParams,
+                      use_tqdm: bool) -> list[ScoringRequestOutput]:
+        """A cross-encoder's scores: each pair tokenized as one input (the tokenizer's pair form), scored by its head."""
+        if not all(isinstance(text, str) for text in firsts + seconds):
+            raise ValueError("a cross-encoder scores pairs of texts: give strings")
+        prompts = [{"prompt_token_ids": self.tokenizer(a, b)["input_ids"]} for a, b in zip(firsts, seconds)]
+        return [ScoringRequestOutput(o.request_id, ScoringOutput(o.pooled[0]), o.prompt_token_ids)
+                for o in self._pool(prompts, params, use_tqdm)]
+
+    @staticmethod
+    def _pooling_params(given: PoolingParams | None, task: str, truncate: int | None) -> PoolingParams:
+        params = dataclasses.replace(given or PoolingParams(), task=task)
+        return params if truncate is None else dataclasses.replace(params, truncate_prompt_tokens=truncate)
+
+    def _pool(self, prompts: PromptInput | Sequence[PromptInput], params: PoolingParams,
+              use_tqdm: bool) -> list[RequestOutput]:
+        """Queues every prompt as a pooling request, all or nothing; their finished outputs in input order."""
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        engine, ids = self.llm_engine, []
+        try:
+            for prompt in prompts:
+                ids.append(engine.add_request(prompt, params))
+        except ValueError:
+            for request_id in ids:
+                engine.abort_request(request_id)
+            raise
+        return self._run(ids, use_tqdm)
+
     def get_metrics(self) -> list[Metric]:
         """The engine's counters and gauges now (vLLM's ``get_metrics`` shape; /metrics' names)."""
         engine = self.llm_engine
@@ -170,3 +243,8 @@ class LLM:
 
     def get_kv_cache_stats(self) -> dict:
         return self.llm_engine.get_kv_cache_stats()
+
+
+def _prompt_key(prompt: PromptInput) -> tuple[str, str]:
+    """A prompt as a dict key: the same text (or token ids) is embedded once."""
+    return ("text", prompt) if isinstance(prompt, str) else ("dict", repr(prompt))

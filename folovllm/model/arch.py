@@ -42,6 +42,7 @@ class ArchConfig:
     quantization_config: dict[str, Any] = field(default_factory=dict)  # the checkpoint's settings for it
     eos_token_ids: list[int] = field(default_factory=list)
     name: str = ""
+    num_labels: int | None = None  # a *ForSequenceClassification checkpoint's score head outputs
 
     def __post_init__(self) -> None:
         if self.hidden_size <= 0 or self.num_attention_heads <= 0 or self.num_hidden_layers <= 0:
@@ -127,6 +128,7 @@ class ArchConfig:
             quantization_config=quantization_config,
             eos_token_ids=eos_ids,
             name=name or config.get("_name_or_path", ""),
+            num_labels=len(config["id2label"]) if config.get("id2label") else config.get("num_labels"),
         )
 
 

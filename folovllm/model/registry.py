@@ -25,8 +25,14 @@ def _registry() -> Registry[type[CausalLM]]:
 
 
 def get_model_class(architecture: str) -> type[CausalLM]:
-    """The model class for an architecture name; ValueError listing what is supported otherwise."""
+    """The model class for an architecture name (``XForSequenceClassification``: ``XForCausalLM`` with a
+    score head); ValueError listing what is supported otherwise."""
     registry = _registry()
+    causal = architecture.removesuffix("ForSequenceClassification") + "ForCausalLM"
+    if architecture.endswith("ForSequenceClassification") and causal in registry.names():
+        from folovllm.model.layers.score_head import sequence_classifier
+
+        return sequence_classifier(registry.get(causal))
     if architecture not in registry.names():
         raise ValueError(
             f"model architecture {architecture!r} is not supported; supported: {sorted(registry.names())}"

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from folovllm.platforms import Platform, to_device
+from folovllm.pooling.pooler import Pooler
 from folovllm.sample.metadata import is_plain_greedy_row
 from folovllm.sample.prompt_logprobs import DEFAULT_SLICE_ROWS, PromptLogprobsTensors, compute_prompt_logprobs
 from folovllm.sample.sampler import Sampler, TokenLogprobs, build_sampling_batch
@@ -37,6 +38,7 @@ class LaunchedStep:
     host_token_ids: torch.Tensor | None = None  # an asynchronous device: the host copy, valid once ``ready`` fires
     ready: Any = None  # that copy's event (``synchronize()`` waits for it)
     prompt_logprobs: PromptLogprobsTensors | None = None  # read back by ``resolve``
+    pooled: list[tuple[str, torch.Tensor]] | None = None  # pooling requests' results, read back by ``resolve``
 
     def row_of(self) -> dict[str, int]:
         return {rid: i for i, rid in enumerate(self.request_ids)}
@@ -63,6 +65,8 @@ class ModelRunner:
         self.sampler = Sampler()
         self.vocab_size = model.arch.vocab_size
         self.decode_inputs = DecodeInputBuffers(block_size) if decode_input_buffers else None
+        # pooling requests' results from the final hidden states (a cross-encoder's: through its score head)
+        self.pooler = Pooler(getattr(model, "classify", None))
 
     def launch(self, step: StepInput, generators: list[torch.Generator | None],
                previous: LaunchedStep | None = None) -> LaunchedStep:
@@ -85,8 +89,9 @@ class ModelRunner:
         prompt_logprobs = None
         if batch.prompt_logprobs is not None:
             prompt_logprobs = compute_prompt_logprobs(hidden, batch.prompt_logprobs, self.model.compute_logits)
+        pooled = self.pooler.pool(hidden, batch.pooling) if batch.pooling else None
         if not batch.sampling_rows:
-            return LaunchedStep([], None, None, prompt_logprobs=prompt_logprobs)
+            return LaunchedStep([], None, None, prompt_logprobs=prompt_logprobs, pooled=pooled)
         sampled_hidden = _sampled_rows(hidden, batch)
         if self.greedy_head is not None and all(is_plain_greedy_row(row) for row in batch.sampling_rows):
             # the head's tokens are the sampler's argmax; the sampling batch would go unread
@@ -99,7 +104,7 @@ class ModelRunner:
             token_ids, logprobs = self.sampler.sample(logits, sampling_batch)
             needs_sync = sampling_batch.needs_sync
         launched = LaunchedStep(batch.sampling_request_ids, token_ids, logprobs, needs_sync,
-                                prompt_logprobs=prompt_logprobs)
+                                prompt_logprobs=prompt_logprobs, pooled=pooled)
         if self.platform.asynchronous:  # start the copy home now; resolve() only waits for it
             launched.host_token_ids, launched.ready = self.platform.copy_home(token_ids)
         return launched
@@ -109,15 +114,16 @@ class ModelRunner:
         """Waits for the step's sampled tokens and hands them over as host lists."""
         start = time.perf_counter()
         prompt_logprobs = launched.prompt_logprobs.to_host() if launched.prompt_logprobs is not None else []
+        pooled = [(rid, result.tolist()) for rid, result in launched.pooled or ()]
         if launched.token_ids is None:
-            return StepOutput(prompt_logprobs=prompt_logprobs, wait_s=time.perf_counter() - start)
+            return StepOutput(prompt_logprobs=prompt_logprobs, wait_s=time.perf_counter() - start, pooled=pooled)
         if launched.ready is not None:
             launched.ready.synchronize()
             ids = launched.host_token_ids.tolist()
         else:
             ids = launched.token_ids.tolist()
         return StepOutput(launched.request_ids, ids, launched.logprobs, prompt_logprobs,
-                          time.perf_counter() - start)
+                          time.perf_counter() - start, pooled)
 
     def _join_logits_gathers(self, batch: StepBatch, hidden: torch.Tensor) -> None:
         """A rank that does not sample computes its vocab slice of the same logits rank 0 asks for,

@@ -7,6 +7,7 @@ import torch
 
 from folovllm.attention.metadata import AttentionMetadata
 from folovllm.platforms import to_device
+from folovllm.pooling.pooler import PoolingChunk
 from folovllm.sample.prompt_logprobs import PromptLogprobsBatch
 from folovllm.sample.sampler import SamplingRow
 from folovllm.worker.step_input import StepInput
@@ -25,6 +26,7 @@ class StepBatch:
     # Rows whose input token is still pending on the device (overlap): (row, request id).
     pending_inputs: list[tuple[int, str]] = field(default_factory=list)
     prompt_logprobs: PromptLogprobsBatch | None = None  # prefill rows whose next prompt token is scored
+    pooling: list[PoolingChunk] = field(default_factory=list)  # the rows of pooling requests
 
 
 def prepare_step_batch(step: StepInput, block_size: int, device: torch.device) -> StepBatch:
@@ -40,7 +42,11 @@ def prepare_step_batch(step: StepInput, block_size: int, device: torch.device) -
     sampling_request_ids: list[str] = []
     pending_inputs: list[tuple[int, str]] = []
     prompt_logprobs = PromptLogprobsBatch([], [], [], [])
+    pooling: list[PoolingChunk] = []
     for request in step.requests:
+        if request.pooling is not None:
+            pooling.append(PoolingChunk(request.request_id, len(input_ids), request.num_new_tokens,
+                                        request.num_computed_tokens, request.pooling, request.pooling_done))
         if request.prompt_logprobs is not None:  # the chunk's first rows predict the next prompt tokens
             first_row = len(input_ids)
             prompt_logprobs.request_ids.append(request.request_id)
@@ -84,4 +90,4 @@ def prepare_step_batch(step: StepInput, block_size: int, device: torch.device) -
     )
     return StepBatch(as_tensor(input_ids), as_tensor(positions), meta, as_tensor(logits_indices),
                      sampling_rows, sampling_request_ids, pending_inputs,
-                     prompt_logprobs if prompt_logprobs.requests else None)
+                     prompt_logprobs if prompt_logprobs.requests else None, pooling)

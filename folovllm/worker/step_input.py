@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from folovllm.pooling.pooler import PoolingRow
 from folovllm.sample.prompt_logprobs import PromptLogprobsChunk, PromptLogprobsRequest
 from folovllm.sample.rows import SamplingRow
 from folovllm.sample.sampler import TokenLogprobs
@@ -25,6 +26,8 @@ class ScheduledRequest:
     sampling: SamplingRow | None = None  # set when the last new token's logits give the next token
     # Set when the chunk's first rows predict prompt tokens whose logprobs the request asks for.
     prompt_logprobs: PromptLogprobsRequest | None = None
+    pooling: PoolingRow | None = None  # a pooling request: its rows are pooled, nothing is sampled
+    pooling_done: bool = False  # the chunk ends the pooling request's prompt: its result comes back
 
     @property
     def num_new_tokens(self) -> int:
@@ -49,3 +52,6 @@ class StepOutput:
     logprobs: list[TokenLogprobs | None] = field(default_factory=list)  # None: the row did not ask
     prompt_logprobs: list[PromptLogprobsChunk] = field(default_factory=list)  # requests that asked
     wait_s: float = 0.0  # time the host spent blocked on the device for this result
+    # (request id, pooled result) of the pooling requests whose prompt the step ended: a vector, or
+    # for pooling type ALL one vector per prompt token
+    pooled: list[tuple[str, list]] = field(default_factory=list)

@@ -53,7 +53,8 @@ class Worker:
                                 attn_backend=get_attention_backend(config.attention_backend), seed=config.seed,
                                 hf_overrides=config.hf_overrides, tp_group=tp_group,
                                 load_quantized=config.load_quantized == "on",
-                                quantize_lm_head=config.quantize_lm_head, platform=self.platform)
+                                quantize_lm_head=config.quantize_lm_head, platform=self.platform,
+                                pooling=config.runner == "pooling")
         self.platform.place_weights(self.model)
         compile_model(self.model, self.platform)
         self.runner: ModelRunner | None = None  # built by initialize_cache
@@ -109,6 +110,7 @@ class Worker:
             raise RuntimeError("Worker.initialize_cache must run before the first step")
         for request_id in step.finished_request_ids:
             self._generators.pop(request_id, None)
+            self.runner.pooler.forget(request_id)
         generators = [self._generator(r.request_id, r.sampling.seed)
                       for r in step.requests if r.sampling is not None]
         self._previous = self.runner.launch(step, generators, self._previous)

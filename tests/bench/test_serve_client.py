@@ -81,7 +81,11 @@ def test_connection_errors_become_failed_outcomes():
 
 def test_request_body_rejects_unknown_endpoint():
     with pytest.raises(ValueError, match="endpoint"):
-        request_body("embeddings", "m", ServeRequest([1], 2, 1))
+        request_body("classify", "m", ServeRequest([1], 2, 1))
+
+
+def test_embeddings_body_is_the_input_alone():
+    assert request_body("embeddings", "m", ServeRequest([1, 2], 2, 2)) == {"model": "m", "input": [1, 2]}
 
 
 def test_wait_for_health_polls_until_200_and_stops_on_check_or_timeout(monkeypatch):

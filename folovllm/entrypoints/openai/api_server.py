@@ -51,6 +51,7 @@ from folovllm.entrypoints.openai.reasoning import REASONING_PARSERS
 from folovllm.entrypoints.openai.serving import ClientDisconnected, ServingContext, now_s
 from folovllm.entrypoints.openai.serving_chat import ChatServing
 from folovllm.entrypoints.openai.serving_completion import CompletionServing
+from folovllm.entrypoints.openai.serving_pooling import PoolingServing, add_pooling_routes
 from folovllm.entrypoints.openai.serving_responses import ResponsesServing
 from folovllm.entrypoints.openai.tool_parsers import TOOL_PARSERS
 from folovllm.entrypoints.openai.validation import ChatSettings, RequestLimits
@@ -166,6 +167,8 @@ def build_app(core: ProcessCore | ThreadCore | DataParallelCore, tokenizer, conf
             "id": name, "object": "model", "created": now_s(), "owned_by": "folovllm",
             "root": engine.info.model_path, "max_model_len": ctx.max_model_len} for name in config.model_names]}
 
+    guarded = [Depends(require_api_key)]
+    add_pooling_routes(app, v1, PoolingServing(ctx), guarded)
     app.include_router(v1)
 
     @app.get("/health")
@@ -209,8 +212,6 @@ def build_app(core: ProcessCore | ThreadCore | DataParallelCore, tokenizer, conf
     @app.get("/metrics")
     async def prometheus_metrics():
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
-
-    guarded = [Depends(require_api_key)]
 
     @app.post("/tokenize", dependencies=guarded)
     async def tokenize(body: TokenizeRequest):

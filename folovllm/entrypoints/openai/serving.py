@@ -18,6 +18,7 @@ from folovllm.entrypoints.openai.protocol import SamplingRequest
 from folovllm.entrypoints.openai.structured import compile_error, structured_outputs_from_body
 from folovllm.entrypoints.openai.validation import ChatSettings, RequestLimits, Validator
 from folovllm.outputs import CompletionOutput, RequestOutput
+from folovllm.pooling_params import PoolingParams
 from folovllm.sampling_params import SamplingParams
 from folovllm.structured_output import GrammarCache
 
@@ -113,7 +114,7 @@ class ServingContext:
             raise APIError(404, f"the model {name!r} does not exist; this server serves {served}",
                            type="not_found_error", param="model", code="model_not_found")
 
-    async def start(self, prompts: list[dict], params: SamplingParams, request_id: str,
+    async def start(self, prompts: list[dict], params: SamplingParams | PoolingParams, request_id: str,
                     arrival_time: float, param_renames: dict[str, str] | None = None,
                     prompt_param: str = "prompt", priority: int = 0,
                     user: str | None = None) -> list[RequestStream]:
@@ -135,7 +136,7 @@ class ServingContext:
                               renames=param_renames) from err
         except EngineError as err:
             raise engine_error(err) from err
-        if self.on_admitted is not None:
+        if self.on_admitted is not None and isinstance(params, SamplingParams):  # n, max_tokens: generation's
             self.on_admitted(params, len(prompts), streams[0].engine)
         return streams
 

@@ -41,6 +41,8 @@ def load_checkpoint(model: CausalLM, weights: Iterable[tuple[str, torch.Tensor]]
             if model.skips_checkpoint_tensor(name):
                 continue
             target, shard_id = checkpoint_target(model, name)
+            if target not in params and f"model.{target}" in params:
+                target = f"model.{target}"  # the decoder saved alone (a sentence-transformers folder's)
             if target not in params and _is_zero_bias(name, tensor):
                 continue  # some quantized-checkpoint exporters store zero biases for bias-free layers
             if target not in params:

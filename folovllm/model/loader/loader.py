@@ -125,6 +125,7 @@ def load_model(
     load_quantized: bool = False,
     quantize_lm_head: str = "off",
     platform: Platform | None = None,
+    pooling: bool = False,
 ) -> CausalLM:
     """Build the model for ``model`` and fill its weights.
 
@@ -142,6 +143,8 @@ def load_model(
     held for an int4 kernel (ours, or torch's); the other types are dequantized as without it.
     quantize_lm_head: "on" holds the LM head (a tied one: the embedding too) as int8 rows; "auto" does
     so when the linears are quantized on a platform that runs int8 kernels; "off" keeps it in ``dtype``.
+    pooling: the model only pools its hidden states (``runner="pooling"``): its LM head takes the
+    embedding's table, so an untied head is neither loaded nor held (a decoder saved alone has none).
     The model comes back in its native form; ``folovllm.compilation`` makes the platform's faster one.
     """
     if load_format not in LOAD_FORMATS:
@@ -167,6 +170,9 @@ def load_model(
         raise ValueError(f"quantize_lm_head must be auto, on or off; got {quantize_lm_head!r}")
     method, head_method = select_linear_methods(quant_method, arch.quantization_config, kernels)
     module = cls(arch, backend, WeightConfig.for_group(dtype, device, method, tp_group, head_method))
+    # (not with an int8 head: tied, the embedding lookup would read its rounded rows)
+    if pooling and module.lm_head.tied is None and not kernels.int8_lm_head:
+        module.lm_head.tie(module.model.embed_tokens)
     packed: frozenset[str] = frozenset()
     if load_quantized and reader is not None:
         packed = gguf.use_gguf_int4(reader, module, kernels)
