@@ -26,7 +26,8 @@ def build_step_input(sched: SchedulerOutput, finished_request_ids: list[str],
             sampled.append(request)
             rows.append(sampling)
         scheduled.append(ScheduledRequest(request.request_id, known, num_new - len(known), start, table,
-                                          sampling, prompt_logprobs_request(request, start, end)))
+                                          sampling, prompt_logprobs_request(request, start, end),
+                                          request.lora_request))
     if structured is not None and any(r.grammar is not None for r in sampled):
         for row, bitmask in zip(rows, structured.fill_bitmasks(sampled)):
             row.allowed_token_bitmask = bitmask

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from folovllm.lora.request import LoRARequest
 from folovllm.sample.prompt_logprobs import PromptLogprobsChunk, PromptLogprobsRequest
 from folovllm.sample.rows import SamplingRow
 from folovllm.sample.sampler import TokenLogprobs
@@ -25,6 +26,7 @@ class ScheduledRequest:
     sampling: SamplingRow | None = None  # set when the last new token's logits give the next token
     # Set when the chunk's first rows predict prompt tokens whose logprobs the request asks for.
     prompt_logprobs: PromptLogprobsRequest | None = None
+    lora: LoRARequest | None = None  # the adapter its rows run with (None: the base model)
 
     @property
     def num_new_tokens(self) -> int:
