@@ -39,6 +39,7 @@ def test_gptq_base_takes_an_adapter(tiny_llama, tmp_path: Path) -> None:  # noqa
     assert out[1].outputs[0].token_ids == hf_greedy(merged_model(dense_dir, None), prompt, 6)
 
 
+@pytest.mark.slow  # the direct form (the default with LoRA on) is in every test of test_lora_generate.py
 @pytest.mark.parametrize("form", ["modules", "direct"])
 def test_each_decoder_form_adds_the_deltas(tiny_llama_dir: str, tmp_path: Path, form: str, monkeypatch) -> None:  # noqa: F811
     """The module calls and the direct calls give the same tokens with an adapter (fp32)."""
