@@ -16,7 +16,11 @@ def build_step_input(sched: SchedulerOutput, finished_request_ids: list[str],
     scheduled: list[ScheduledRequest] = []
     sampled: list[Request] = []
     rows: list[SamplingRow] = []
-    for request, num_new, table in zip(sched.requests, sched.num_new_tokens, sched.block_tables):
+    entries = list(zip(sched.requests, sched.num_new_tokens, sched.block_tables))
+    if any(request.lora_request is not None for request in sched.requests):
+        # one adapter's rows side by side: each adapted linear then works on slices of the batch
+        entries.sort(key=lambda e: 0 if e[0].lora_request is None else e[0].lora_request.lora_int_id)
+    for request, num_new, table in entries:
         start = request.num_computed_tokens
         end = start + num_new
         known = request.token_ids[start:end]  # a token past these is still pending on the device

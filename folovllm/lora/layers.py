@@ -66,16 +66,22 @@ class LoRALinearMethod(LinearMethod):
         return lambda x: add(x, base(x))
 
     def add_deltas(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        """``out`` (the base's result, written in place) plus each row's adapter delta."""
+        """``out`` (the base's result, written in place) plus each row's adapter delta, computed in the
+        adapters' dtype."""
         for slot, rows in self.batch.segments:
             weights = self.slots[slot]
             if weights is None:
                 continue
             a, b = weights
             if isinstance(rows, slice):
-                out[rows].addmm_(x[rows].mm(a.t()), b.t())
+                xs = x[rows].to(a.dtype)
+                if out.dtype == a.dtype:
+                    out[rows].addmm_(xs.mm(a.t()), b.t())
+                else:
+                    out[rows] += xs.mm(a.t()).mm(b.t())
             else:
-                out.index_add_(0, rows, x.index_select(0, rows).mm(a.t()).mm(b.t()))
+                delta = x.index_select(0, rows).to(a.dtype).mm(a.t()).mm(b.t())
+                out.index_add_(0, rows, delta.to(out.dtype))
         return out
 
 

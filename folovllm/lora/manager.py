@@ -12,6 +12,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Sequence
 
+import torch
 from torch import nn
 
 from folovllm.lora.adapter import LoRAAdapter, load_adapter
@@ -28,7 +29,9 @@ class LoRAManager:
     def __init__(self, model: nn.Module, max_loras: int, max_lora_rank: int, max_cpu_loras: int) -> None:
         self.arch: ArchConfig = model.arch
         self.max_loras, self.max_lora_rank, self.max_cpu_loras = max_loras, max_lora_rank, max_cpu_loras
-        self.dtype, self.device = model.dtype, next(model.parameters()).device
+        self.device = next(model.parameters()).device
+        # CPUs below AVX-512 BF16 multiply bf16 far slower than fp32: small LoRA matmuls run in fp32 there
+        self.dtype = torch.float32 if self.device.type == "cpu" else model.dtype
         self.batch = LoRABatch()
         self.linears: dict[tuple[int, str], LoRALinearMethod] = {}
         for key, linear in adapted_linears(model).items():
