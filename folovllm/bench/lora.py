@@ -126,4 +126,5 @@ def _alternate(llm: Any, params: Any, sides: dict[str, list[LoRARequest | None]]
             start = time.perf_counter()
             llm.generate(prompts, params, lora_request=sides[name], use_tqdm=False)
             samples[name].append(args.rows * params.max_tokens / (time.perf_counter() - start))
+            print(f"round {r}: {name:6s} {samples[name][-1]:8.1f} output tok/s", flush=True)
     return samples

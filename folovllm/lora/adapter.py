@@ -3,7 +3,7 @@
 A PEFT folder holds ``adapter_config.json`` (``r``, ``lora_alpha``, ``target_modules``, ``use_rslora``)
 and ``adapter_model.safetensors`` with, per targeted linear, ``...layers.N.self_attn.q_proj.lora_A.weight``
 [r, in] and ``...lora_B.weight`` [out, r]. Our decoder merges q/k/v into ``qkv_proj`` and gate/up into
-``gate_up_proj``: a piece's B fills its rows of the merged output, the others stay zero. Anything that
+``gate_up_proj``: a piece's B adds to its rows of the merged output only. Anything that
 does not fit the model (a rank above ``max_lora_rank``, a module we do not hold, a shape, a PEFT option
 we do not implement) is a ValueError naming it.
 """
@@ -44,15 +44,27 @@ def linear_pieces(arch: ArchConfig) -> dict[str, tuple[int, list[int]]]:
             "gate_up_proj": (hidden, [inter, inter]), "down_proj": (inter, [hidden])}
 
 
+@dataclass(frozen=True)
+class BPiece:
+    """One targeted piece's B [rows, r] (scale folded in): it adds to outputs ``[row, row + rows)`` from
+    A's rows ``[column, column + r)``."""
+
+    row: int
+    column: int
+    weight: torch.Tensor
+
+
+LinearLoRA = tuple[torch.Tensor, tuple[BPiece, ...]]  # A [R, in] (the pieces' A stacked), their B pieces
+
+
 @dataclass
 class LoRAAdapter:
-    """An adapter's weights per (layer, our linear): A [R, in] and B [out, R] with the scale folded into B,
-    R the ranks of the pieces it targets there stacked (B block-diagonal over the merged output)."""
+    """An adapter's weights per (layer, our linear): the pieces it targets there (see ``BPiece``)."""
 
     request: LoRARequest
     rank: int
     scaling: float
-    weights: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    weights: dict[tuple[int, str], LinearLoRA] = field(default_factory=dict)
 
     @property
     def modules(self) -> list[str]:
@@ -138,13 +150,10 @@ def load_adapter(request: LoRARequest, arch: ArchConfig, max_rank: int) -> LoRAA
 
 
 def _stack(parts: list[tuple[int | None, torch.Tensor, torch.Tensor]], outs: list[int],
-           scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """One merged linear's A [sum r, in] and scaled B [out, sum r]: each piece's B in its rows and columns."""
-    a = torch.cat([p[1] for p in parts])
-    b = torch.zeros(sum(outs), a.shape[0])
-    column = 0
-    for piece, _, piece_b in parts:
-        row = 0 if piece is None else sum(outs[:piece])
-        b[row:row + piece_b.shape[0], column:column + piece_b.shape[1]] = piece_b * scaling
-        column += piece_b.shape[1]
-    return a.contiguous(), b
+           scaling: float) -> LinearLoRA:
+    """One merged linear's A [sum r, in] and its pieces' scaled B, each placed at its output rows."""
+    pieces, column = [], 0
+    for piece, _, b in parts:
+        pieces.append(BPiece(0 if piece is None else sum(outs[:piece]), column, (b * scaling).contiguous()))
+        column += b.shape[1]
+    return torch.cat([p[1] for p in parts]).contiguous(), tuple(pieces)

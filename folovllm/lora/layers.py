@@ -2,8 +2,13 @@
 int8) and adds, to each row of a step, its adapter's ``x·Aᵀ·Bᵀ`` (scale folded into B).
 
 Rows are grouped by adapter slot once per step (``LoRABatch``, set by the worker's ``LoRAManager`` from the
-step's requests); each linear then runs two small matmuls per adapter present in the batch over that
-adapter's rows: the work is the rows' own rank, not every slot's, and rows with no adapter cost nothing.
+step's requests; the engine puts one adapter's rows side by side, so each group is a slice). Each linear
+then multiplies, per adapter present, that adapter's rows by its B pieces (a merged q/k/v or gate/up linear's
+piece adds to its own outputs only): the B side, where most of an adapter's weights are, is read once per
+adapter and multiplied by its own rows only. The A side is one matmul of every
+row by all slots' A stacked while those are few rows (``STACKED_A_ROWS``: a few small ops cost more than the
+wasted multiplications), else one per adapter too. The deltas are summed in the adapters' dtype and added
+to the base's result once.
 """
 from __future__ import annotations
 
@@ -13,9 +18,11 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from folovllm.lora.adapter import LinearLoRA
 from folovllm.model.quantization.linear_method import LinearMethod
 
 Rows = slice | torch.Tensor  # a run of consecutive rows, or their indices
+STACKED_A_ROWS = 256  # up to this many A rows over all slots, every row is multiplied by all of them at once
 
 
 @dataclass
@@ -48,8 +55,25 @@ class LoRALinearMethod(LinearMethod):
 
     def __init__(self, base: LinearMethod, max_loras: int, batch: LoRABatch) -> None:
         self.base = base
-        self.slots: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * max_loras
+        self.slots: list[LinearLoRA | None] = [None] * max_loras
         self.batch = batch  # shared by every adapted linear of the model; the manager sets it each step
+        self._stacked: tuple[torch.Tensor, dict[int, tuple[int, int]]] | None = None  # all slots' A, each's columns
+
+    def set_slot(self, slot: int, weights: LinearLoRA | None) -> None:
+        """Slot ``slot`` now holds these (A, B pieces) (None: its adapter leaves this linear alone)."""
+        self.slots[slot] = weights
+        self._stacked = None
+
+    def _stacked_a(self) -> tuple[torch.Tensor, dict[int, tuple[int, int]]]:
+        if self._stacked is None:
+            parts, columns, start = [], {}, 0
+            for slot, weights in enumerate(self.slots):
+                if weights is not None:
+                    parts.append(weights[0])
+                    columns[slot] = (start, start + weights[0].shape[0])
+                    start += weights[0].shape[0]
+            self._stacked = (torch.cat(parts), columns)
+        return self._stacked
 
     def create_weights(self, layer: nn.Module, input_size: int, output_size: int, bias: bool,
                        dtype: torch.dtype, device: torch.device) -> None:
@@ -68,20 +92,30 @@ class LoRALinearMethod(LinearMethod):
     def add_deltas(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """``out`` (the base's result, written in place) plus each row's adapter delta, computed in the
         adapters' dtype."""
-        for slot, rows in self.batch.segments:
-            weights = self.slots[slot]
-            if weights is None:
-                continue
-            a, b = weights
-            if isinstance(rows, slice):
-                xs = x[rows].to(a.dtype)
-                if out.dtype == a.dtype:
-                    out[rows].addmm_(xs.mm(a.t()), b.t())
-                else:
-                    out[rows] += xs.mm(a.t()).mm(b.t())
+        segments = [(slot, rows) for slot, rows in self.batch.segments if self.slots[slot] is not None]
+        if not segments:
+            return out
+        a_all, columns = self._stacked_a()
+        x = x.to(a_all.dtype)
+        xa_all = x.mm(a_all.t()) if a_all.shape[0] <= STACKED_A_ROWS else None
+        delta = out if out.dtype == a_all.dtype else torch.zeros(out.shape, dtype=a_all.dtype, device=out.device)
+        for slot, rows in segments:
+            a, pieces = self.slots[slot]
+            if xa_all is not None:
+                start, end = columns[slot]
+                xa = xa_all[rows, start:end]
             else:
-                delta = x.index_select(0, rows).to(a.dtype).mm(a.t()).mm(b.t())
-                out.index_add_(0, rows, delta.to(out.dtype))
+                xa = x[rows].mm(a.t())
+            for piece in pieces:
+                b = piece.weight
+                part = xa[:, piece.column:piece.column + b.shape[1]]
+                outputs = slice(piece.row, piece.row + b.shape[0])
+                if isinstance(rows, slice):
+                    delta[rows, outputs].addmm_(part, b.t())
+                else:
+                    delta[:, outputs].index_add_(0, rows, part.mm(b.t()))
+        if delta is not out:
+            out += delta
         return out
 
 

@@ -7,7 +7,7 @@ adapter fails that request alone, before it is queued); ``set_batch`` puts a ste
 """
 from __future__ import annotations
 
-import logging
+import dataclasses
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -15,12 +15,10 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from folovllm.lora.adapter import LoRAAdapter, load_adapter
+from folovllm.lora.adapter import LinearLoRA, LoRAAdapter, load_adapter
 from folovllm.lora.layers import LoRABatch, LoRALinearMethod, adapted_linears
 from folovllm.lora.request import LoRARequest
 from folovllm.model.arch import ArchConfig
-
-logger = logging.getLogger(__name__)
 
 
 class LoRAManager:
@@ -66,7 +64,7 @@ class LoRAManager:
         slot = self.slot_of.pop(lora_int_id, None)
         if slot is not None:
             for method in self.linears.values():
-                method.slots[slot] = None
+                method.set_slot(slot, None)
         return found or slot is not None
 
     def list_loras(self) -> list[int]:
@@ -102,10 +100,15 @@ class LoRAManager:
         adapter = self.add(request)
         for key, method in self.linears.items():
             weights = adapter.weights.get(key)
-            method.slots[slot] = None if weights is None else tuple(
-                w.to(self.device, self.dtype).contiguous() for w in weights)
+            method.set_slot(slot, None if weights is None else self._placed(weights))
         self.slot_of[lora_id] = slot
         return slot
+
+    def _placed(self, weights: LinearLoRA) -> LinearLoRA:
+        """An adapter's weights for one linear on the model's device, in the adapters' dtype."""
+        a, pieces = weights
+        return (a.to(self.device, self.dtype).contiguous(),
+                tuple(dataclasses.replace(p, weight=p.weight.to(self.device, self.dtype).contiguous()) for p in pieces))
 
     @property
     def slot_ids(self) -> list[int]:
