@@ -197,7 +197,9 @@ class ServerMetrics:
                 weights.labels(model_name, str(e)).set(weight_bytes)
         self._model_name = model_name
         self._last_token_time: dict[str, float] = {}  # request id -> when its latest token came
-        self._lora_info: Gauge | None = None  # created by the first snapshot of an engine with LoRA on
+        # one series (no samples while LoRA is off) whose labels name the adapters waiting and running
+        self._lora_info = Gauge(f"{prefix}:lora_requests_info", "Running stats on lora requests.",
+                                ["max_lora", "waiting_lora_adapters", "running_lora_adapters"], registry=r)
         self._lora_labels: tuple[str, str, str] | None = None
 
     def on_iteration(self, snap: EngineSnapshot, outputs: list[RequestOutput], ended: list[str]) -> None:
@@ -228,12 +230,8 @@ class ServerMetrics:
             self._last_token_time.pop(request_id, None)
 
     def _observe_loras(self, snap: EngineSnapshot) -> None:
-        """vLLM's ``lora_requests_info``: one series whose labels name the adapters waiting and running
-        (comma-separated), set to the time they last changed."""
-        if self._lora_info is None:
-            self._lora_info = Gauge(f"{self.prefix}:lora_requests_info", "Running stats on lora requests.",
-                                    ["max_lora", "waiting_lora_adapters", "running_lora_adapters"],
-                                    registry=self.registry)
+        """vLLM's ``lora_requests_info``: the adapters waiting and running (comma-separated labels), set to
+        the time they last changed."""
         labels = (str(snap.max_loras), ",".join(snap.lora_waiting), ",".join(snap.lora_running))
         if labels != self._lora_labels:
             self._lora_info.clear()
