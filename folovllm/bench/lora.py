@@ -4,7 +4,7 @@ One engine with LoRA on runs the same decode batch (``--rows`` requests, short p
 tokens each, greedy) three or more ways per round, in an order that rotates every round: every row on the
 base model, then for each rank in ``--ranks`` the rows spread over ``--adapters`` random adapters of that rank
 (every linear adapted). It reports each side's median output tok/s, their ratio to the base, the extra
-milliseconds per decode step that each rank costs, start-up and each adapter's load time.
+milliseconds each rank costs per ``--rows`` output tokens (prefill included), start-up and adapter load time.
 """
 from __future__ import annotations
 
@@ -91,7 +91,7 @@ def run_bench_lora(args: argparse.Namespace) -> dict[str, Any]:
                              sides, args)
     medians = {side: statistics.median(values) for side, values in samples.items()}
     base = medians["base"]
-    step_ms = {side: 1000 * args.rows / tok_s for side, tok_s in medians.items()}  # ms per decode step of all rows
+    step_ms = {side: 1000 * args.rows / tok_s for side, tok_s in medians.items()}  # ms per token of every row
     results: dict[str, Any] = {
         "rows": args.rows, "adapters": args.adapters, "prompt_len": args.prompt_len, "max_tokens": args.max_tokens,
         "threads": args.threads, "rounds": args.rounds, "startup_s": startup_s,
@@ -102,7 +102,7 @@ def run_bench_lora(args: argparse.Namespace) -> dict[str, Any]:
     print(f"platform: {engine.platform_info}; start-up {startup_s:.1f} s")
     for side, tok_s in medians.items():
         extra = "" if side == "base" else (f"  x{results['ratio_to_base'][side]:.3f} of base, "
-                                           f"+{results['extra_ms_per_step'][side]:.1f} ms/step, "
+                                           f"+{results['extra_ms_per_step'][side]:.1f} ms per {args.rows} tokens, "
                                            f"load {1000 * results['adapter_load_s'][side]:.1f} ms/adapter")
         print(f"{side:6s} {tok_s:8.1f} output tok/s{extra}")
     write_switch_results(results, args.out)
