@@ -32,8 +32,8 @@ class LoRABatch:
     segments: list[tuple[int, Rows]] = field(default_factory=list)
 
     @classmethod
-    def from_row_slots(cls, row_slots: list[int]) -> LoRABatch:
-        """From each row's slot (-1: the base model alone)."""
+    def from_row_slots(cls, row_slots: list[int], device: torch.device | str = "cpu") -> LoRABatch:
+        """From each row's slot (-1: the base model alone); row indices on ``device``."""
         by_slot: dict[int, list[int]] = {}
         for row, slot in enumerate(row_slots):
             if slot >= 0:
@@ -43,7 +43,7 @@ class LoRABatch:
             if rows[-1] - rows[0] + 1 == len(rows):
                 segments.append((slot, slice(rows[0], rows[-1] + 1)))
             else:
-                segments.append((slot, torch.tensor(rows, dtype=torch.int64)))
+                segments.append((slot, torch.tensor(rows, dtype=torch.int64, device=device)))
         return cls(segments)
 
 

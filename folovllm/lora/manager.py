@@ -81,7 +81,7 @@ class LoRAManager:
         row_slots: list[int] = []
         for request, rows in row_adapters:
             row_slots.extend([-1 if request is None else slots[request.lora_int_id]] * rows)
-        self.batch.segments = LoRABatch.from_row_slots(row_slots).segments if wanted else []
+        self.batch.segments = LoRABatch.from_row_slots(row_slots, self.device).segments if wanted else []
 
     def _slot(self, request: LoRARequest, in_step: dict[int, LoRARequest]) -> int:
         """The adapter's slot, filled now if it has none (the least recently used slot not in this step)."""
