@@ -5,6 +5,7 @@ envs.cap_torch_kernels()  # before torch runs a kernel: a FOLOVLLM_CPU_ISA cap h
 
 from folovllm.beam_search import BeamSearchParams
 from folovllm.inputs import PromptType, TextPrompt, TokensPrompt
+from folovllm.lora.request import LoRARequest
 from folovllm.outputs import (
     CompletionOutput,
     EmbeddingRequestOutput,
@@ -17,7 +18,7 @@ from folovllm.sampling_params import SamplingParams, StructuredOutputsParams
 
 __all__ = ["LLM", "SamplingParams", "StructuredOutputsParams", "BeamSearchParams", "RequestOutput",
            "CompletionOutput", "PromptType", "TextPrompt", "TokensPrompt", "PoolingParams",
-           "EmbeddingRequestOutput", "PoolingRequestOutput", "ScoringRequestOutput"]
+           "EmbeddingRequestOutput", "PoolingRequestOutput", "ScoringRequestOutput", "LoRARequest"]
 __version__ = "0.1.0"
 
 

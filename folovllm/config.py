@@ -56,7 +56,7 @@ def usable_cores() -> int:
 # last holds the knobs only FoloVLLM has.
 CONFIG_GROUPS = ("ModelConfig", "LoadConfig", "DeviceConfig", "CacheConfig", "ParallelConfig",
                  "SchedulerConfig", "StructuredOutputsConfig", "CompilationConfig", "ObservabilityConfig",
-                 "KVTransferConfig", "FoloVLLM")
+                 "KVTransferConfig", "LoRAConfig", "FoloVLLM")
 NO_EFFECT = "accepted for compatibility, has no effect"
 
 
@@ -216,6 +216,13 @@ class EngineConfig:
                                           "torch_distributed)", group="KVTransferConfig")
     kv_transfer_timeout: float = knob(120.0, "seconds a producer holds a finished request's KV for its "
                                              "consumer, and a consumer waits for a pull", group="KVTransferConfig")
+    # -- LoRAConfig (docs/lora.md) ---------------------------------------------------------------
+    enable_lora: bool = knob(False, "serve LoRA adapters (PEFT folders) on the base model, many in one batch",
+                             group="LoRAConfig")
+    max_loras: int = knob(1, "LoRA: adapters one step may use (slots)", group="LoRAConfig")
+    max_lora_rank: int = knob(16, "LoRA: the largest adapter rank accepted", group="LoRAConfig")
+    max_cpu_loras: int | None = knob(None, "LoRA: adapters kept loaded in CPU memory, least recently used "
+                                           "dropped first (default: max_loras)", group="LoRAConfig")
     # -- FoloVLLM's own knobs ---------------------------------------------------------------------
     attention_backend: str = knob("auto", "auto: triton on CUDA; on CPU cpu when its kernel runs at the CPU's "
                                           "tier (make kernels builds it), else torch")
@@ -298,6 +305,7 @@ class EngineConfig:
             object.__setattr__(self, "kv_cache_memory", parse_size(self.kv_cache_memory))
         self._check_kv_transfer()
         self._check_runner()
+        self._check_lora()
 
     def _check_runner(self) -> None:
         """--runner and --convert agree (pooling a checkpoint means converting it; generating means not)."""
@@ -312,6 +320,15 @@ class EngineConfig:
                              "so pass convert='embed' (or 'auto')")
         if self.pooler_config is not None and self.runner != "pooling" and self.convert != "embed":
             raise ValueError("pooler_config applies to a pooling model only: add runner='pooling'")
+
+    def _check_lora(self) -> None:
+        if self.max_loras < 1 or self.max_lora_rank < 1:
+            raise ValueError(f"max_loras and max_lora_rank must be >= 1; got {self.max_loras}, {self.max_lora_rank}")
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise ValueError(f"max_cpu_loras={self.max_cpu_loras} must be >= max_loras={self.max_loras}")
+        if self.enable_lora and self.tensor_parallel_size > 1:
+            raise ValueError("enable_lora runs with tensor_parallel_size=1 only; adapters are not split "
+                             "across ranks")
 
     def _check_kv_transfer(self) -> None:
         """--kv-transfer-config's kv_role and kv_connector become --kv-role and --kv-connector (the

@@ -4,6 +4,7 @@ from __future__ import annotations
 import enum
 from typing import Any
 
+from folovllm.lora.request import LoRARequest
 from folovllm.outputs import PromptLogprobs, RequestMetrics, SampleLogprobs
 from folovllm.pooling.pooler import PoolingRow
 from folovllm.sampling_params import SamplingParams
@@ -62,7 +63,7 @@ class Request:
                  parent_id: str | None = None, cache_salt: str | None = None,
                  priority: int = 0, user: str | None = None,
                  bad_words_token_ids: tuple[tuple[int, ...], ...] = (),
-                 pooling: PoolingRow | None = None) -> None:
+                 pooling: PoolingRow | None = None, lora_request: LoRARequest | None = None) -> None:
         self.request_id = request_id
         self.parent_id = parent_id or request_id
         self.sample_index = sample_index
@@ -85,6 +86,7 @@ class Request:
         self.arrival_seq = 0  # set by the scheduler: tie-break among equal arrival times
         self.admission_seq = 0  # set by the scheduler each time the request starts running
         self.cache_salt = cache_salt  # requests with different salts never share cached blocks
+        self.lora_request = lora_request  # the adapter it runs with (None: the base model)
         self.block_hashes: list[bytes] = []  # prefix-cache names of its full blocks, grown lazily
         self.num_preemptions = 0
         self.status = RequestStatus.WAITING

@@ -66,6 +66,9 @@ FORBIDDEN = {
     "kv_transfer": ["folovllm.entrypoints", "folovllm.bench", "folovllm.engine", "folovllm.core",
                     "folovllm.worker", "folovllm.model", "folovllm.attention", "folovllm.sample",
                     "folovllm.quantize", "folovllm.structured_output"],
+    # LoRA adapters: requests (engine side), loading and the op over the model's linears (worker side)
+    "lora": ["folovllm.entrypoints", "folovllm.bench", "folovllm.engine", "folovllm.core", "folovllm.worker",
+             "folovllm.quantize", "folovllm.structured_output", "folovllm.compilation"],
     # the offline quantizer: run by the CLI, reads models through folovllm.model
     "quantize": ["folovllm.entrypoints", "folovllm.bench", "folovllm.engine", "folovllm.core",
                  "folovllm.worker"],

@@ -1,6 +1,8 @@
 """The CPU platform's compile step: kernel forms, then the decoder layers as direct calls or a C++ chain."""
 from __future__ import annotations
 
+import logging
+
 import torch
 from torch import nn
 
@@ -8,9 +10,11 @@ from folovllm.attention.metadata import AttentionMetadata
 from folovllm.compilation.direct import DirectDecoderLayer, direct_layer, hook_tables
 from folovllm.compilation.layer_chain import LayerChain, layer_chain
 from folovllm.model.layers import CustomOp, DecoderLayers, KVCache, Rope
+from folovllm.model.layers.linear import LinearBase
 from folovllm.platforms.cpu import CpuPlatform
 
 DECODER_FORMS = ("modules", "direct", "chain", "team")
+logger = logging.getLogger(__name__)
 
 
 class CompiledDecoder:
@@ -40,6 +44,10 @@ def compile_cpu_model(model: nn.Module, platform: CpuPlatform) -> None:
         if isinstance(module, CustomOp):
             module.use_kernel_form(platform.fused_ops)
     form = platform.decoder_form
+    if form in ("chain", "team") and any(isinstance(m, LinearBase) and not m.method.fusable for m in model.modules()):
+        logger.info("LoRA adapters are on: the decoder layers run as direct calls (the C++ layer chain and the "
+                    "fused int4 MLP do not add the adapters' deltas)")
+        form = "direct"
     for stack in model.modules():
         if not isinstance(stack, DecoderLayers):
             continue

@@ -47,7 +47,9 @@ class DirectDecoderLayer:
         self.eps1, self.eps2 = layer.input_layernorm.eps, layer.post_attention_layernorm.eps
         self.qkv, self.o_proj = attn.qkv_proj.bound(), attn.o_proj.bound()
         self.gate_up, self.down = mlp.gate_up_proj.bound(), mlp.down_proj.bound()
-        self.mlp = fused_int4_mlp(mlp.gate_up_proj, mlp.down_proj)  # the three MLP ops as one call, or None
+        fusable = mlp.gate_up_proj.method.fusable and mlp.down_proj.method.fusable
+        # the three MLP ops as one call, or None
+        self.mlp = fused_int4_mlp(mlp.gate_up_proj, mlp.down_proj) if fusable else None
         self.num_heads, self.num_kv_heads, self.qk_eps = attn.num_heads, attn.num_kv_heads, attn.eps
         self.q_norm = None if attn.q_norm is None else attn.q_norm.weight
         self.k_norm = None if attn.k_norm is None else attn.k_norm.weight

@@ -158,6 +158,8 @@ class KVCacheManager:
         hashes = request.block_hashes
         size = self.block_size
         extra = self.model_key + b"|salt:" + (request.cache_salt or "").encode()
+        if request.lora_request is not None:  # an adapter's KV differs from the base model's and other adapters'
+            extra += request.lora_request.cache_key()
         while len(hashes) < num_blocks:
             i = len(hashes)
             parent = hashes[-1] if hashes else None

@@ -63,6 +63,7 @@ class SchedulerLimits:
     # > 0: a prompt advances at most this many tokens per step, leaving budget for other requests
     # (vLLM's long_prefill_token_threshold), so short requests are not stuck behind a long prefill.
     long_prefill_token_threshold: int = 0
+    max_loras: int = 0  # > 0: distinct LoRA adapters among the running requests at most (the worker's slots)
 
 
 class Scheduler:
@@ -160,7 +161,7 @@ class Scheduler:
         while plan.admit and index < len(self.waiting) and not shortage and budget > 0 \
                 and len(self.running) < self.limits.max_num_seqs:
             request = self.waiting[index]
-            if not request.is_ready:  # waits in the queue; those behind it may go
+            if not request.is_ready or not self._lora_fits(request):  # waits; those behind it may go
                 index += 1
                 continue
             if not self.admission.fits(request, self.running):
@@ -189,6 +190,20 @@ class Scheduler:
             if prefill_left is not None:
                 prefill_left -= num_new
         return out
+
+    def _lora_fits(self, request: Request) -> bool:
+        """Whether the request's adapter is running already or a slot is left for it."""
+        lora = request.lora_request
+        if lora is None or not self.limits.max_loras:
+            return True
+        running = {r.lora_request.lora_int_id for r in self.running if r.lora_request is not None}
+        return lora.lora_int_id in running or len(running) < self.limits.max_loras
+
+    def lora_adapters(self) -> tuple[list[str], list[str]]:
+        """The adapter names of the waiting and of the running requests (each once, sorted)."""
+        def names(requests: list[Request]) -> list[str]:
+            return sorted({r.lora_request.lora_name for r in requests if r.lora_request is not None})
+        return names(self.waiting), names(self.running)
 
     def _admit(self, request: Request, num_cached: int) -> None:
         self.waiting.remove(request)

@@ -12,16 +12,18 @@ the event loop needs: streams, pending adds, the latest queue lengths for backpr
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
 
 from folovllm.engine.core_client import ProcessCore, ThreadCore
-from folovllm.engine.core_loop import AbortOp, AddOp, EngineInfo, EngineSnapshot, IterationMessage, StopOp
+from folovllm.engine.core_loop import AbortOp, AddOp, EngineInfo, EngineSnapshot, IterationMessage, LoRAOp, StopOp
 from folovllm.engine.dp_core import DataParallelCore
 from folovllm.engine.errors import EngineDeadError, EngineError, EngineShutdownError, RequestFailedError
 from folovllm.engine.llm_engine import PromptInput
 from folovllm.engine.output_delta import DeltaDecoder
+from folovllm.lora.request import LoRARequest
 from folovllm.outputs import RequestOutput
 from folovllm.sampling_params import SamplingParams
 
@@ -80,6 +82,8 @@ class AsyncLLMEngine:
         self._num_waiting: dict[int, int] = {}  # per replica: its scheduler's waiting queue after its latest step
         self._stopping = False
         self._stopped: asyncio.Event | None = None
+        self._lora_ops: dict[str, asyncio.Future] = {}  # adapter loads/unloads sent, not yet answered
+        self._lora_ops_seq = itertools.count()
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -108,14 +112,16 @@ class AsyncLLMEngine:
 
     async def add_request(self, request_id: str, prompt: PromptInput, params: SamplingParams,
                           arrival_time: float | None = None, priority: int = 0,
-                          user: str | None = None) -> RequestStream:
+                          user: str | None = None, lora_request: LoRARequest | None = None) -> RequestStream:
         """Queues a request; raises the engine's ValueError (bad prompt) before any output."""
-        [stream] = await self.add_requests([request_id], [prompt], params, arrival_time, priority, user)
+        [stream] = await self.add_requests([request_id], [prompt], params, arrival_time, priority, user,
+                                           lora_request)
         return stream
 
     async def add_requests(self, request_ids: list[str], prompts: list[PromptInput],
                            params: SamplingParams, arrival_time: float | None = None,
-                           priority: int = 0, user: str | None = None) -> list[RequestStream]:
+                           priority: int = 0, user: str | None = None,
+                           lora_request: LoRARequest | None = None) -> list[RequestStream]:
         """Queues one request per prompt in one round trip, all or nothing: the engine's ValueError
         for any prompt queues none of them."""
         if self.dead_error is not None:
@@ -130,7 +136,7 @@ class AsyncLLMEngine:
         for stream in streams:
             self._pending[stream.request_id] = (accepted, stream)
         arrival = time.perf_counter() if arrival_time is None else arrival_time
-        self.core.send(AddOp(list(request_ids), list(prompts), params, arrival, priority, user))
+        self.core.send(AddOp(list(request_ids), list(prompts), params, arrival, priority, user, lora_request))
         try:
             await accepted
         except asyncio.CancelledError:
@@ -138,6 +144,21 @@ class AsyncLLMEngine:
                 self.abort(request_id)
             raise
         return streams
+
+    async def update_lora(self, lora_request: LoRARequest, load: bool) -> None:
+        """Loads (and checks) an adapter in the core, or drops it; raises the core's ValueError."""
+        if self.dead_error is not None:
+            raise self.dead_error
+        if self._stopped is None or self._stopping or self._stopped.is_set():
+            raise EngineShutdownError("the engine is not running")
+        op_id = f"lora-op-{next(self._lora_ops_seq)}"
+        done = asyncio.get_running_loop().create_future()
+        self._lora_ops[op_id] = done
+        self.core.send(LoRAOp(op_id, lora_request, load))
+        try:
+            await done
+        finally:
+            self._lora_ops.pop(op_id, None)
 
     def abort(self, request_id: str) -> None:
         """Aborts a request; the core frees its KV blocks before its next step."""
@@ -165,6 +186,15 @@ class AsyncLLMEngine:
 
     def _on_message(self, message: IterationMessage) -> None:
         for request_id, error in message.accepted:
+            lora_op = self._lora_ops.get(request_id)
+            if lora_op is not None:
+                if lora_op.done():
+                    continue
+                if error is None:
+                    lora_op.set_result(None)
+                else:
+                    lora_op.set_exception(error)
+                continue
             future, stream = self._pending.pop(request_id, (None, None))
             if future is None:  # its caller went away meanwhile (its abort follows the add)
                 continue
@@ -209,6 +239,9 @@ class AsyncLLMEngine:
             if not future.done():
                 future.set_exception(error)
         self._pending.clear()
+        for future in self._lora_ops.values():
+            if not future.done():
+                future.set_exception(error)
         for stream in self._streams.values():
             stream.put(error)
         self._streams.clear()

@@ -20,6 +20,7 @@ from folovllm.engine.errors import EngineError, EngineShutdownError
 from folovllm.engine.llm_engine import LLMEngine, PromptInput
 from folovllm.engine.output_delta import DeltaEncoder, OutputDelta
 from folovllm.engine.stats import EngineStats
+from folovllm.lora.request import LoRARequest
 from folovllm.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -37,6 +38,17 @@ class AddOp:
     arrival_time: float
     priority: int = 0
     user: str | None = None
+    lora_request: LoRARequest | None = None
+
+
+@dataclass
+class LoRAOp:
+    """Load and check an adapter into the pool (``load``), or drop the one with ``lora_request``'s id; answered
+    in ``accepted`` under ``op_id``."""
+
+    op_id: str
+    lora_request: LoRARequest
+    load: bool = True
 
 
 @dataclass
@@ -49,7 +61,7 @@ class StopOp:
     """Abort whatever is left, answer with a final message, end the loop."""
 
 
-Op = AddOp | AbortOp | StopOp
+Op = AddOp | AbortOp | StopOp | LoRAOp
 # Returns every op queued so far, in order; when ``block`` is true it waits for at least one.
 Inbox = Callable[[bool], list[Op]]
 
@@ -87,6 +99,9 @@ class EngineSnapshot:
     num_waiting: int
     kv_usage: float
     engine: int = 0  # which data-parallel replica it describes
+    max_loras: int = 0  # LoRA slots (0: LoRA off)
+    lora_waiting: list[str] = field(default_factory=list)  # adapter names of the waiting requests
+    lora_running: list[str] = field(default_factory=list)  # adapter names of the running requests
 
 
 @dataclass
@@ -104,8 +119,12 @@ class IterationMessage:
 
 def snapshot(engine: LLMEngine) -> EngineSnapshot:
     """The live stats object: sending it to a process copies it; ThreadCore copies it itself."""
-    return EngineSnapshot(engine.stats, len(engine.scheduler.running), len(engine.scheduler.waiting),
+    snap = EngineSnapshot(engine.stats, len(engine.scheduler.running), len(engine.scheduler.waiting),
                           engine.kv_cache.usage)
+    if engine.config.enable_lora:
+        snap.max_loras = engine.config.max_loras
+        snap.lora_waiting, snap.lora_running = engine.scheduler.lora_adapters()
+    return snap
 
 
 def run_core_loop(engine: LLMEngine, inbox: Inbox, emit: Callable[[IterationMessage], None]) -> None:
@@ -147,10 +166,19 @@ def _apply(engine: LLMEngine, ops: list[Op], message: IterationMessage) -> bool:
         elif isinstance(op, AbortOp):
             engine.abort_request(op.request_id)
             message.aborted.append(op.request_id)
+        elif isinstance(op, LoRAOp):
+            try:
+                if op.load:
+                    engine.add_lora(op.lora_request)
+                else:
+                    engine.remove_lora(op.lora_request.lora_int_id)
+                message.accepted.append((op.op_id, None))
+            except ValueError as err:
+                message.accepted.append((op.op_id, err))
         else:
             try:
                 engine.add_requests(op.prompts, op.params, op.request_ids, op.arrival_time,
-                                    priority=op.priority, user=op.user)
+                                    priority=op.priority, user=op.user, lora_request=op.lora_request)
                 error = None
             except ValueError as err:
                 error = err

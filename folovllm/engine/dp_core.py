@@ -26,6 +26,7 @@ from folovllm.engine.core_loop import (
     AddOp,
     EngineInfo,
     IterationMessage,
+    LoRAOp,
     Op,
     StopOp,
 )
@@ -116,6 +117,9 @@ class DataParallelCore:
             replica = self.router.replica_of(op.request_id)
             if replica is not None:  # otherwise it has ended already: nothing to abort
                 self.replicas[replica].send(op)
+        elif isinstance(op, LoRAOp):  # every replica holds its own adapters; the first answer is the op's
+            for replica in self.replicas:
+                replica.send(op)
         else:
             self._stop_sent = True
             for replica in self.replicas:

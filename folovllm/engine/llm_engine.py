@@ -30,6 +30,7 @@ from folovllm.engine.stats import EngineStats, StepStats, step_cost_terms
 from folovllm.engine.worker_input import build_step_input
 from folovllm.kv_transfer.base import ConnectorSide, KVConnectorBase
 from folovllm.kv_transfer.setup import kv_transfer_settings, make_connector
+from folovllm.lora.request import LoRARequest
 from folovllm.model.loader import default_model_path
 from folovllm.model.loader.generation_config import default_sampling_overrides
 from folovllm.model.loader.hub import resolve_model_files
@@ -111,7 +112,8 @@ class LLMEngine:
             max_batched = self.max_model_len
         self.scheduler = Scheduler(
             SchedulerLimits(max_batched, config.max_num_seqs, self.max_model_len,
-                            config.enable_chunked_prefill, config.long_prefill_token_threshold),
+                            config.enable_chunked_prefill, config.long_prefill_token_threshold,
+                            config.max_loras if config.enable_lora else 0),
             self.kv_cache,
             make_policy(config.scheduling_policy, config.max_queue_delay, config.tenant_weights),
             make_admission(config, num_blocks, max_batched), connector=self.kv_connector)
@@ -154,32 +156,35 @@ class LLMEngine:
 
     def add_request(self, prompt: PromptInput, params: RequestParams,
                     request_id: str | None = None, arrival_time: float | None = None,
-                    cache_salt: str | None = None, priority: int = 0, user: str | None = None) -> str:
+                    cache_salt: str | None = None, priority: int = 0, user: str | None = None,
+                    lora_request: LoRARequest | None = None) -> str:
         """Validates and queues one request; raises ValueError on bad input (nothing is queued).
 
         ``cache_salt`` (or a ``"cache_salt"`` key in a dict prompt) keeps the request's KV blocks
         apart from every request with another salt: tenants opt out of sharing prefixes.
+        ``lora_request``: the adapter it runs with (``enable_lora``); loaded and checked here.
         """
         request_id = request_id if request_id is not None else str(next(self._ids))
-        group = self._new_group(prompt, params, request_id, arrival_time, cache_salt, priority, user)
+        group = self._new_group(prompt, params, request_id, arrival_time, cache_salt, priority, user,
+                                lora_request)
         self._queue(group)
         return request_id
 
     def add_requests(self, prompts: list[PromptInput], params: RequestParams, request_ids: list[str],
                      arrival_time: float | None = None, priority: int = 0,
-                     user: str | None = None) -> None:
+                     user: str | None = None, lora_request: LoRARequest | None = None) -> None:
         """Queues several prompts with the same parameters, all or nothing: a ValueError for any
         of them (or a repeated id) queues none."""
         if len(set(request_ids)) != len(request_ids) or len(request_ids) != len(prompts):
             raise ValueError("add_requests needs one distinct request id per prompt")
-        groups = [self._new_group(prompt, params, request_id, arrival_time, None, priority, user)
+        groups = [self._new_group(prompt, params, request_id, arrival_time, None, priority, user, lora_request)
                   for prompt, request_id in zip(prompts, request_ids)]
         for group in groups:
             self._queue(group)
 
     def _new_group(self, prompt: PromptInput, params: RequestParams, request_id: str,
                    arrival_time: float | None, cache_salt: str | None, priority: int,
-                   user: str | None) -> RequestGroup:
+                   user: str | None, lora_request: LoRARequest | None = None) -> RequestGroup:
         """The request's samples, validated; the engine's queues are not touched."""
         if isinstance(prompt, dict) and prompt.get("cache_salt") is not None:
             cache_salt = prompt["cache_salt"]
@@ -191,6 +196,8 @@ class LLMEngine:
         check_prompt_length(len(prompt_ids), self.max_model_len)
         bad_words = check_request_ids(prompt_ids, params, self.vocab_size, self.tokenizer)
         check_logprobs(params, self.config.max_logprobs)
+        if lora_request is not None:
+            self.add_lora(lora_request)
         room = self.max_model_len - len(prompt_ids)
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
         arrival = time.perf_counter() if arrival_time is None else arrival_time
@@ -199,11 +206,28 @@ class LLMEngine:
             sample_id = request_id if params.n == 1 else f"{request_id}-{index}"
             sample = Request(sample_id, prompt_ids, params, arrival, max_tokens, self.eos_token_ids,
                              index, parent_id=request_id, cache_salt=cache_salt,
-                             priority=priority, user=user, bad_words_token_ids=bad_words, pooling=pooling)
+                             priority=priority, user=user, bad_words_token_ids=bad_words, pooling=pooling,
+                             lora_request=lora_request)
             self.scheduler.check_admissible(sample)
             self.output_processor.start(sample)
             samples.append(sample)
         return RequestGroup(request_id, prompt_text, prompt_ids, samples)
+
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Loads and checks an adapter into the worker's CPU pool (ValueError naming what does not fit)."""
+        if not self.config.enable_lora:
+            raise ValueError(f"request names LoRA adapter {lora_request.lora_name!r}, but LoRA is off; "
+                             "start the engine with enable_lora=True (--enable-lora)")
+        self.worker.add_lora(lora_request)
+        return True
+
+    def remove_lora(self, lora_int_id: int) -> bool:
+        """Drops an adapter from the worker's pool and slot (a request still using it loads it again)."""
+        return self.worker.remove_lora(lora_int_id)
+
+    def list_loras(self) -> list[int]:
+        """The ids of the adapters loaded in the worker's pool."""
+        return self.worker.list_loras() if self.config.enable_lora else []
 
     def _queue(self, group: RequestGroup) -> None:
         self.groups[group.request_id] = group

@@ -16,21 +16,27 @@ def build_step_input(sched: SchedulerOutput, finished_request_ids: list[str],
     scheduled: list[ScheduledRequest] = []
     sampled: list[Request] = []
     rows: list[SamplingRow] = []
-    for request, num_new, table in zip(sched.requests, sched.num_new_tokens, sched.block_tables):
+    entries = list(zip(sched.requests, sched.num_new_tokens, sched.block_tables))
+    if any(request.lora_request is not None for request in sched.requests):
+        # one adapter's rows side by side: each adapted linear then works on slices of the batch
+        entries.sort(key=lambda e: 0 if e[0].lora_request is None else e[0].lora_request.lora_int_id)
+    for request, num_new, table in entries:
         start = request.num_computed_tokens
         end = start + num_new
         known = request.token_ids[start:end]  # a token past these is still pending on the device
         sampling = None
         if request.pooling is not None:  # prefill only: its rows are pooled, nothing is sampled
             scheduled.append(ScheduledRequest(request.request_id, known, 0, start, table, pooling=request.pooling,
-                                              pooling_done=end == request.num_prompt_tokens))
+                                              pooling_done=end == request.num_prompt_tokens,
+                                              lora=request.lora_request))
             continue
         if end == request.num_tokens:  # caught up: this step's last logits give the next token
             sampling = sampling_row(request)
             sampled.append(request)
             rows.append(sampling)
         scheduled.append(ScheduledRequest(request.request_id, known, num_new - len(known), start, table,
-                                          sampling, prompt_logprobs_request(request, start, end)))
+                                          sampling, prompt_logprobs_request(request, start, end),
+                                          lora=request.lora_request))
     if structured is not None and any(r.grammar is not None for r in sampled):
         for row, bitmask in zip(rows, structured.fill_bitmasks(sampled)):
             row.allowed_token_bitmask = bitmask

@@ -210,6 +210,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_positional(embed)
     add_embed_args(embed)
     embed.set_defaults(func=lambda args: _run_bench(run_bench_embed, args))
+    lora = bench_sub.add_parser("lora", help="decode throughput with many LoRA adapters in one batch vs the base "
+                                             "model alone, alternating rounds")
+    from folovllm.bench.lora import add_lora_bench_args, run_bench_lora
+
+    add_lora_bench_args(lora)
+    lora.set_defaults(func=lambda args: _run_bench(run_bench_lora, args))
     perplexity = bench_sub.add_parser("perplexity", help="strided perplexity of a text (prompt logprobs)")
     from folovllm.bench.perplexity import add_perplexity_args, run_perplexity
 

@@ -14,6 +14,7 @@ from folovllm.config import EngineConfig
 from folovllm.engine.llm_engine import LLMEngine, PromptInput
 from folovllm.engine.metrics_reader import Metric, engine_metrics
 from folovllm.engine.run_loop import run_until_finished
+from folovllm.lora.request import LoRARequest
 from folovllm.outputs import (
     EmbeddingOutput,
     EmbeddingRequestOutput,
@@ -60,9 +61,11 @@ class LLM:
     def generate(self, prompts: PromptInput | Sequence[PromptInput],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = True, priority: Sequence[int] | None = None,
-                 user: Sequence[str | None] | None = None) -> list[RequestOutput]:
+                 user: Sequence[str | None] | None = None,
+                 lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None) -> list[RequestOutput]:
         """Generates for every prompt; ``priority`` / ``user`` (one per prompt) feed the
-        ``priority`` and ``fair`` scheduling policies."""
+        ``priority`` and ``fair`` scheduling policies; ``lora_request``: one adapter for every prompt, or
+        one (or None: the base model) per prompt (``enable_lora=True``)."""
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
         prompts = list(prompts)
@@ -78,13 +81,14 @@ class LLM:
         sampling_params = [final_only[id(p)] for p in sampling_params]
         priority = list(priority) if priority is not None else [0] * len(prompts)
         user = list(user) if user is not None else [None] * len(prompts)
-        if not len(priority) == len(user) == len(prompts):
-            raise ValueError(f"priority and user need one entry per prompt ({len(prompts)})")
+        loras = list(lora_request) if isinstance(lora_request, Sequence) else [lora_request] * len(prompts)
+        if not len(priority) == len(user) == len(loras) == len(prompts):
+            raise ValueError(f"priority, user and a list of lora_request need one entry per prompt ({len(prompts)})")
         engine = self.llm_engine
         ids = []
         try:
-            for prompt, params, prio, tenant in zip(prompts, sampling_params, priority, user):
-                ids.append(engine.add_request(prompt, params, priority=prio, user=tenant))
+            for prompt, params, prio, tenant, lora in zip(prompts, sampling_params, priority, user, loras):
+                ids.append(engine.add_request(prompt, params, priority=prio, user=tenant, lora_request=lora))
         except ValueError:
             for request_id in ids:  # all or nothing: a bad prompt queues none of the batch
                 engine.abort_request(request_id)

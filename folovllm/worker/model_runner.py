@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from folovllm.lora.manager import LoRAManager
 from folovllm.platforms import Platform, to_device
 from folovllm.pooling.pooler import Pooler
 from folovllm.sample.metadata import is_plain_greedy_row
@@ -49,12 +50,14 @@ class ModelRunner:
 
     def __init__(self, model: torch.nn.Module, kv_caches: KVCaches, block_size: int, platform: Platform,
                  cuda_graphs: CudaGraphRunner | None = None, samples: bool = True,
-                 greedy_head: GreedyHead | None = None, decode_input_buffers: bool = False) -> None:
+                 greedy_head: GreedyHead | None = None, decode_input_buffers: bool = False,
+                 lora: LoRAManager | None = None) -> None:
         """``samples``: False on tensor-parallel ranks other than 0, which only take part in the
         forward and the logits gather. ``greedy_head``: takes the tokens of an all plain-greedy step
         straight from the hidden states (``CausalLM.greedy_head``); None: through the logits and sampler.
         ``decode_input_buffers``: decode-only steps write their inputs into reused host buffers
-        (``worker/decode_inputs.py``; a synchronous platform only), else every step is built anew."""
+        (``worker/decode_inputs.py``; a synchronous platform only), else every step is built anew.
+        ``lora``: the model's adapters (``enable_lora``), told each step's rows by adapter before its forward."""
         self.model = model
         self.samples = samples
         self.greedy_head = greedy_head
@@ -67,6 +70,7 @@ class ModelRunner:
         self.decode_inputs = DecodeInputBuffers(block_size) if decode_input_buffers else None
         # pooling requests' results from the final hidden states (a cross-encoder's: through its score head)
         self.pooler = Pooler(getattr(model, "classify", None))
+        self.lora = lora
 
     def launch(self, step: StepInput, generators: list[torch.Generator | None],
                previous: LaunchedStep | None = None) -> LaunchedStep:
@@ -80,6 +84,8 @@ class ModelRunner:
     def _launch(self, step: StepInput, generators: list[torch.Generator | None],
                 previous: LaunchedStep | None) -> LaunchedStep:
         batch = self._prepare(step)
+        if self.lora is not None:
+            self.lora.set_batch([(r.lora, r.num_new_tokens) for r in step.requests])
         if batch.pending_inputs:
             self._fill_pending_inputs(batch, previous)
         hidden = self._forward(batch)

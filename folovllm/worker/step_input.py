@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from folovllm.lora.request import LoRARequest
 from folovllm.pooling.pooler import PoolingRow
 from folovllm.sample.prompt_logprobs import PromptLogprobsChunk, PromptLogprobsRequest
 from folovllm.sample.rows import SamplingRow
@@ -28,6 +29,7 @@ class ScheduledRequest:
     prompt_logprobs: PromptLogprobsRequest | None = None
     pooling: PoolingRow | None = None  # a pooling request: its rows are pooled, nothing is sampled
     pooling_done: bool = False  # the chunk ends the pooling request's prompt: its result comes back
+    lora: LoRARequest | None = None  # the adapter its rows run with (None: the base model)
 
     @property
     def num_new_tokens(self) -> int:

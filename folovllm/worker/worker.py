@@ -15,6 +15,8 @@ from folovllm.compilation import compile_model
 from folovllm.config import EngineConfig
 from folovllm.distributed.group import TPGroup
 from folovllm.kv_transfer.base import KVConnectorBase, KVConnectorMetadata, KVTransferResult
+from folovllm.lora.manager import LoRAManager
+from folovllm.lora.request import LoRARequest
 from folovllm.model.arch import ArchConfig
 from folovllm.model.loader import load_model
 from folovllm.platforms import platform_for
@@ -56,6 +58,9 @@ class Worker:
                                 quantize_lm_head=config.quantize_lm_head, platform=self.platform,
                                 pooling=config.runner == "pooling")
         self.platform.place_weights(self.model)
+        # adapters wrap the linears' methods before the compiled forms bind them
+        self.lora = LoRAManager(self.model, config.max_loras, config.max_lora_rank,
+                                config.max_cpu_loras or config.max_loras) if config.enable_lora else None
         compile_model(self.model, self.platform)
         self.runner: ModelRunner | None = None  # built by initialize_cache
         self._generators: dict[str, torch.Generator] = {}  # request id -> its RNG (seeded requests)
@@ -95,11 +100,13 @@ class Worker:
         cache_sizing.log_capacity(num_blocks, cfg.block_size, self._block_bytes(), max_model_len)
         caches = allocate_kv_caches(arch.num_hidden_layers, num_blocks, cfg.block_size,
                                     self.model.num_kv_heads, arch.head_dim, self.dtype, self.device)
-        graphs = capture_decode_graphs(self.model, caches, cfg, max_model_len) if self.platform.captures_graphs else None
+        graphs = None  # a graph would replay without the step's adapters: LoRA runs eager
+        if self.platform.captures_graphs and self.lora is None:
+            graphs = capture_decode_graphs(self.model, caches, cfg, max_model_len)
         samples = self.tp_group is None or self.tp_group.is_first
         greedy_head = self.model.greedy_head() if self.platform.greedy_head else None
         self.runner = ModelRunner(self.model, caches, cfg.block_size, self.platform, graphs, samples, greedy_head,
-                                  decode_input_buffers=not self.platform.asynchronous)
+                                  decode_input_buffers=not self.platform.asynchronous, lora=self.lora)
 
     # -- steps --------------------------------------------------------------------------------
 
@@ -123,6 +130,20 @@ class Worker:
     def execute(self, step: StepInput) -> StepOutput:
         """Launches one step and waits for its tokens."""
         return self.resolve(self.launch(step))
+
+    # -- LoRA adapters ------------------------------------------------------------------------
+
+    def add_lora(self, request: LoRARequest) -> None:
+        """Loads and checks an adapter into the CPU pool (ValueError naming what does not fit)."""
+        if self.lora is None:
+            raise ValueError("LoRA is off: build the engine with enable_lora=True")
+        self.lora.add(request)
+
+    def remove_lora(self, lora_int_id: int) -> bool:
+        return self.lora is not None and self.lora.remove(lora_int_id)
+
+    def list_loras(self) -> list[int]:
+        return [] if self.lora is None else self.lora.list_loras()
 
     def check_health(self) -> None:
         """Nothing can fail apart from this process (``TensorParallelWorker`` checks its ranks here)."""

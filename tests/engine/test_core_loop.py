@@ -18,6 +18,7 @@ class OneStepEngine:
         self.stats = EngineStats()
         self.scheduler = SimpleNamespace(running=[], waiting=[])
         self.kv_cache = SimpleNamespace(usage=0.0)
+        self.config = SimpleNamespace(enable_lora=False)
 
     def has_unfinished_requests(self) -> bool:
         return not self.modes

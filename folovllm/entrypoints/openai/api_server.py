@@ -38,6 +38,7 @@ from folovllm.entrypoints.openai.chat_template import load_chat_template
 from folovllm.entrypoints.openai.draining import DrainGate, DrainingServer, ServerState
 from folovllm.entrypoints.openai.errors import APIError, bad_request, install_error_handlers
 from folovllm.entrypoints.openai.http_stack import HTTP_CHOICES, LOOP_CHOICES, check_http_stack, describe_http_stack
+from folovllm.entrypoints.openai.lora_serving import LoRAServing, add_lora_server_args, runtime_updating_allowed
 from folovllm.entrypoints.openai.metrics import METRICS_PREFIXES, RejectionCounter, ServerMetrics
 from folovllm.entrypoints.openai.middleware import InFlight, RequestIdHeader, ServerLoad
 from folovllm.entrypoints.openai.protocol import (
@@ -86,6 +87,9 @@ class ServerConfig:
     root_path: str = ""
     cors: CORSConfig = field(default_factory=CORSConfig)
     structured_outputs_backend: str = "auto"  # the engine's, for checking constraints here
+    enable_lora: bool = False  # the engine's
+    lora_modules: list[dict] = field(default_factory=list)  # --lora-modules, parsed
+    allow_runtime_lora_updating: bool = False
 
     @property
     def model_name(self) -> str:
@@ -113,11 +117,13 @@ def build_app(core: ProcessCore | ThreadCore | DataParallelCore, tokenizer, conf
                          prompt_tokens_details=config.prompt_tokens_details, log_requests=config.log_requests,
                          structured_outputs_backend=config.structured_outputs_backend)
     completions, chat, responses = CompletionServing(ctx), ChatServing(ctx), ResponsesServing(ctx)
+    loras = LoRAServing(ctx, engine, config.enable_lora, config.allow_runtime_lora_updating, config.lora_modules)
     load = InFlight()
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
         engine.start()
+        await loras.check_start_modules()
         yield
         await engine.shutdown()
         metrics.reset_gauges()
@@ -165,7 +171,10 @@ def build_app(core: ProcessCore | ThreadCore | DataParallelCore, tokenizer, conf
     async def list_models():
         return {"object": "list", "data": [{
             "id": name, "object": "model", "created": now_s(), "owned_by": "folovllm",
-            "root": engine.info.model_path, "max_model_len": ctx.max_model_len} for name in config.model_names]}
+            "root": engine.info.model_path, "max_model_len": ctx.max_model_len} for name in config.model_names]
+            + loras.model_cards(engine.info.model_path)}
+
+    v1.include_router(loras.router())
 
     guarded = [Depends(require_api_key)]
     add_pooling_routes(app, v1, PoolingServing(ctx), guarded)
@@ -328,6 +337,9 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
                            f"{', '.join(sorted(REASONING_PARSERS))}")
 
 
+    add_lora_server_args(parser)
+
+
 def chat_settings(args: argparse.Namespace) -> ChatSettings:
     """The chat flags, checked (unknown parser names, a template file that cannot be read)."""
     return ChatSettings(
@@ -393,7 +405,9 @@ def run_server(args: argparse.Namespace, engine_config: EngineConfig) -> int:
         api_key=args.api_key or None, max_waiting_requests=args.max_waiting_requests,
         drain_timeout_s=args.drain_timeout, limits=limits, chat=chat, metrics_prefix=args.metrics_prefix,
         prompt_tokens_details=args.enable_prompt_tokens_details, log_requests=args.enable_log_requests,
-        root_path=args.root_path, cors=cors, structured_outputs_backend=engine_config.structured_outputs_backend)
+        root_path=args.root_path, cors=cors, structured_outputs_backend=engine_config.structured_outputs_backend,
+        enable_lora=engine_config.enable_lora, lora_modules=args.lora_modules,
+        allow_runtime_lora_updating=runtime_updating_allowed(args.allow_runtime_lora_updating))
     state = ServerState()
     app = build_app(core, tokenizer, config, state)
     # uvicorn cancels what is left only after our own drain timeout aborted it and streams had time to end

@@ -197,6 +197,10 @@ class ServerMetrics:
                 weights.labels(model_name, str(e)).set(weight_bytes)
         self._model_name = model_name
         self._last_token_time: dict[str, float] = {}  # request id -> when its latest token came
+        # one series (no samples while LoRA is off) whose labels name the adapters waiting and running
+        self._lora_info = Gauge(f"{prefix}:lora_requests_info", "Running stats on lora requests.",
+                                ["max_lora", "waiting_lora_adapters", "running_lora_adapters"], registry=r)
+        self._lora_labels: tuple[str, str, str] | None = None
 
     def on_iteration(self, snap: EngineSnapshot, outputs: list[RequestOutput], ended: list[str]) -> None:
         """The AsyncLLMEngine hook: one engine iteration's snapshot, outputs and aborted request ids
@@ -213,6 +217,8 @@ class ServerMetrics:
         series.num_waiting.set(snap.num_waiting)
         series.kv_usage.set(snap.kv_usage)
         series.kv_usage_old_name.set(snap.kv_usage)
+        if snap.max_loras:
+            self._observe_loras(snap)
         step = stats.last_step
         if step is not None and step.time != series.last_step_time:
             series.last_step_time = step.time
@@ -222,6 +228,15 @@ class ServerMetrics:
             self._observe_request(series, output, now)
         for request_id in ended:  # aborted requests end without a finished output
             self._last_token_time.pop(request_id, None)
+
+    def _observe_loras(self, snap: EngineSnapshot) -> None:
+        """vLLM's ``lora_requests_info``: the adapters waiting and running (comma-separated labels), set to
+        the time they last changed."""
+        labels = (str(snap.max_loras), ",".join(snap.lora_waiting), ",".join(snap.lora_running))
+        if labels != self._lora_labels:
+            self._lora_info.clear()
+            self._lora_info.labels(*labels).set_to_current_time()
+            self._lora_labels = labels
 
     def observe_params(self, params: SamplingParams, num_prompts: int, engine: int = 0) -> None:
         """A request reached engine replica ``engine``: its ``n`` and ``max_tokens`` (when the client

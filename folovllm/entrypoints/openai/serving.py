@@ -17,6 +17,7 @@ from folovllm.entrypoints.openai.errors import APIError, bad_request, server_bus
 from folovllm.entrypoints.openai.protocol import SamplingRequest
 from folovllm.entrypoints.openai.structured import compile_error, structured_outputs_from_body
 from folovllm.entrypoints.openai.validation import ChatSettings, RequestLimits, Validator
+from folovllm.lora.request import LoRARequest
 from folovllm.outputs import CompletionOutput, RequestOutput
 from folovllm.pooling_params import PoolingParams
 from folovllm.sampling_params import SamplingParams
@@ -70,6 +71,7 @@ class ServingContext:
         self.engine = engine
         self.model_names = [model_names] if isinstance(model_names, str) else list(model_names)
         self.model_name = self.model_names[0]  # the name responses report
+        self.loras: dict[str, LoRARequest] = {}  # served adapters by name: a request's model may name one
         self.on_admitted = on_admitted
         self.prompt_tokens_details = prompt_tokens_details  # usage.prompt_tokens_details.cached_tokens
         self.log_requests = log_requests
@@ -107,17 +109,21 @@ class ServingContext:
         self._tokenizer_thread.shutdown(wait=False, cancel_futures=True)
         self.grammars.close()
 
-    def check_model(self, name: str | None) -> None:
-        """Any served name is accepted; so is none (omitted or ""), meaning the served model."""
+    def check_model(self, name: str | None) -> LoRARequest | None:
+        """Any served name is accepted; so is none (omitted or ""), meaning the served model; a served
+        adapter's name gives that adapter."""
+        if name and name in self.loras:
+            return self.loras[name]
         if name and name not in self.model_names:
-            served = ", ".join(repr(n) for n in self.model_names)
+            served = ", ".join(repr(n) for n in [*self.model_names, *self.loras])
             raise APIError(404, f"the model {name!r} does not exist; this server serves {served}",
                            type="not_found_error", param="model", code="model_not_found")
+        return None
 
     async def start(self, prompts: list[dict], params: SamplingParams | PoolingParams, request_id: str,
                     arrival_time: float, param_renames: dict[str, str] | None = None,
                     prompt_param: str = "prompt", priority: int = 0,
-                    user: str | None = None) -> list[RequestStream]:
+                    user: str | None = None, lora_request: LoRARequest | None = None) -> list[RequestStream]:
         """Queues one engine request per prompt in one round trip, all or nothing; engine
         ValueErrors become 400s."""
         limit = self.max_waiting_requests
@@ -130,7 +136,7 @@ class ServingContext:
                             len(prompt.get("prompt_token_ids", ())), params)
         try:
             streams = await self.engine.add_requests(sub_ids, prompts, params, arrival_time,
-                                                     priority=priority, user=user)
+                                                     priority=priority, user=user, lora_request=lora_request)
         except ValueError as err:
             raise bad_request(err, param=prompt_param if "prompt" in str(err) else None,
                               renames=param_renames) from err

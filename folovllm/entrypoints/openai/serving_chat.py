@@ -29,13 +29,13 @@ class ChatServing:
     async def create(self, body: ChatCompletionRequest, raw: Request):
         arrival = time.perf_counter()
         ctx = self.ctx
-        ctx.check_model(body.model)
+        lora = ctx.check_model(body.model)
         prompt, params, renames = await ctx.off_loop(ctx.validator.chat, body)
         await ctx.check_structured_outputs(body, params)
         reader = ReplyReader.for_request(body, ctx.validator.chat_settings)
         request_id = request_id_of(raw, "chatcmpl-")
         streams = await ctx.start([prompt], params, request_id, arrival, renames, prompt_param="messages",
-                                  priority=body.priority, user=body.user)
+                                  priority=body.priority, user=body.user, lora_request=lora)
         if body.stream:
             chunks = self._stream(body, streams[0], request_id, params.stop, prompt["prompt_token_ids"], reader)
             return StreamingResponse(event_stream(chunks, ctx, streams), media_type="text/event-stream")

@@ -30,12 +30,12 @@ class CompletionServing:
     async def create(self, body: CompletionRequest, raw: Request):
         arrival = time.perf_counter()
         ctx = self.ctx
-        ctx.check_model(body.model)
+        lora = ctx.check_model(body.model)
         prompts, params = await ctx.off_loop(ctx.validator.completion, body)
         await ctx.check_structured_outputs(body, params)
         request_id = request_id_of(raw, "cmpl-")
         streams = await ctx.start(prompts, params, request_id, arrival, priority=body.priority,
-                                  user=body.user)
+                                  user=body.user, lora_request=lora)
         if body.stream:
             chunks = self._stream(body, prompts, streams, request_id, params.stop)
             return StreamingResponse(event_stream(chunks, ctx, streams), media_type="text/event-stream")

@@ -33,11 +33,12 @@ class ResponsesServing:
     async def create(self, body: ResponsesRequest, raw: Request):
         arrival = time.perf_counter()
         ctx = self.ctx
-        ctx.check_model(body.model)
+        lora = ctx.check_model(body.model)
         prompt, params = await ctx.off_loop(ctx.validator.responses, body)
         response_id = request_id_of(raw, "resp_")
         streams = await ctx.start([prompt], params, response_id, arrival,
-                                  {"max_tokens": "max_output_tokens"}, prompt_param="input", user=body.user)
+                                  {"max_tokens": "max_output_tokens"}, prompt_param="input", user=body.user,
+                                  lora_request=lora)
         draft = _Draft(body, response_id, f"msg_{uuid.uuid4().hex}", now_s(), ctx.model_name)
         if body.stream:
             return StreamingResponse(self._events(draft, streams[0]), media_type="text/event-stream")

@@ -58,6 +58,10 @@ class LinearMethod(ABC):
     uses those tags, so it works for any method's parameters.
     """
 
+    # False: the method adds to its kernel's result (LoRA), so a compiled form that calls the layer's
+    # kernel itself (the fused int4 MLP) must not stand in for it
+    fusable = True
+
     @classmethod
     def from_config(cls, quant_config: dict[str, Any], kernels: LinearKernels) -> LinearMethod:
         """The method for a checkpoint's ``quantization_config`` and the platform's kernels (methods without

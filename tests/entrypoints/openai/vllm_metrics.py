@@ -40,6 +40,7 @@ EMITTED: dict[str, str] = {
     "request_inference_time_seconds": "histogram",
     "request_prefill_time_seconds": "histogram",
     "request_decode_time_seconds": "histogram",
+    "lora_requests_info": "gauge",  # vLLM's labels (max_lora, waiting/running adapters); samples with --enable-lora
 }
 
 # Documented by vLLM, not exported here, and why.
@@ -48,7 +49,6 @@ NOT_EMITTED: dict[str, str] = {
     "corrupted_requests": "logits are not scanned for NaNs (vLLM too exports it only when asked to)",
     "mm_cache_queries": "text-only models: no multi-modal cache",
     "mm_cache_hits": "text-only models",
-    "lora_requests_info": "no LoRA adapters",
     "spec_decode_num_drafts": "no speculative decoding",
     "spec_decode_num_draft_tokens": "no speculative decoding",
     "spec_decode_num_accepted_tokens": "no speculative decoding",
