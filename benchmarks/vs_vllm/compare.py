@@ -32,7 +32,7 @@ import psutil
 
 import llama_cpp
 import report
-from embed import embed_phase, format_embed_table
+from embed import embed_phase
 from engines import DEFAULT_ENGINES, VARIANTS, Process, Server, Setup, Worker, label, run_client, variants
 from machine import PeakRss, Window, wait_quiet
 from make_hf_model import DEFAULT_OUT as DEFAULT_MODEL, default_gguf, is_model_folder
@@ -411,7 +411,7 @@ def main(argv: list[str] | None = None) -> None:
     if result["llama_rows"]:
         print(report.format_llama_table(result["llama_rows"], labels))
     if embed:
-        print(format_embed_table(embed, labels))
+        print(report.format_embed_table(embed, labels))
     print(report.format_notes(result))
     print(f"wrote {args.output} in {result['duration_s'] / 60:.1f} min")
 

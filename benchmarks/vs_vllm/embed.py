@@ -60,16 +60,3 @@ def embed_phase(setup: Setup, engines: tuple[str, ...], shape: tuple[int, int], 
             "median": {e: report.median([x["value"] for x in runs[e]]) for e in engines},
             "median_inputs_s": {e: report.median([x["inputs_s"] for x in runs[e]]) for e in engines},
             "agreement": agreement}
-
-
-def format_embed_table(phase: dict[str, Any], labels: dict[str, str]) -> str:
-    shape = phase["shape"]
-    lines = [f"Embeddings, {shape['num_inputs']} inputs x {shape['input_len']} tokens (median of rounds):", "",
-             "| engine | input tok/s | inputs/s |", "|---|---|---|"]
-    for e in phase["engines"]:
-        lines.append(f"| {labels.get(e, e)} | {phase['median'][e]:,.1f} | {phase['median_inputs_s'][e]:,.2f} |")
-    if phase["agreement"]:
-        a = phase["agreement"]
-        lines.append(f"\nvectors {a['engines'][0]} vs {a['engines'][1]}: min cosine {a['min_cosine']:.6f} "
-                     f"over {a['num_compared']} inputs")
-    return "\n".join(lines)

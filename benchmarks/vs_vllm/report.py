@@ -182,3 +182,16 @@ def format_notes(result: dict[str, Any]) -> str:
                      f"{loads['identical']}/{loads['outputs']} random-id workload outputs are identical "
                      f"({loads['token_match_rate']:.0%} of tokens).")
     return "\n".join(lines)
+
+
+def format_embed_table(phase: dict[str, Any], labels: dict[str, str]) -> str:
+    shape = phase["shape"]
+    lines = [f"Embeddings, {shape['num_inputs']} inputs x {shape['input_len']} tokens (median of rounds):", "",
+             "| engine | input tok/s | inputs/s |", "|---|---|---|"]
+    for e in phase["engines"]:
+        lines.append(f"| {labels.get(e, e)} | {phase['median'][e]:,.1f} | {phase['median_inputs_s'][e]:,.2f} |")
+    if phase["agreement"]:
+        a = phase["agreement"]
+        lines.append(f"\nvectors {a['engines'][0]} vs {a['engines'][1]}: min cosine {a['min_cosine']:.6f} "
+                     f"over {a['num_compared']} inputs")
+    return "\n".join(lines)

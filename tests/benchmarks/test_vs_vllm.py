@@ -249,5 +249,5 @@ def test_embed_inputs_cosine_and_table():
     phase = {"engines": ["vllm-fp32", "folo"], "shape": {"num_inputs": 4, "input_len": 16},
              "median": {"vllm-fp32": 100.0, "folo": 150.0}, "median_inputs_s": {"vllm-fp32": 6.25, "folo": 9.375},
              "agreement": {"engines": ["vllm-fp32", "folo"], "min_cosine": 0.99999, "num_compared": 4}}
-    table = embed.format_embed_table(phase, {"folo": "FoloVLLM"})
+    table = report.format_embed_table(phase, {"folo": "FoloVLLM"})
     assert "| FoloVLLM | 150.0 | 9.38 |" in table and "min cosine 0.999990" in table
