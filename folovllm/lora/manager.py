@@ -24,12 +24,13 @@ from folovllm.model.arch import ArchConfig
 class LoRAManager:
     """Adapters for one model (see the module doc); ``attach`` wraps its linears first."""
 
-    def __init__(self, model: nn.Module, max_loras: int, max_lora_rank: int, max_cpu_loras: int) -> None:
+    def __init__(self, model: nn.Module, max_loras: int, max_lora_rank: int, max_cpu_loras: int,
+                 dtype: torch.dtype) -> None:
+        """``dtype``: the adapters' matmuls (the platform's ``small_matmul_dtype`` of the model's)."""
         self.arch: ArchConfig = model.arch
         self.max_loras, self.max_lora_rank, self.max_cpu_loras = max_loras, max_lora_rank, max_cpu_loras
         self.device = next(model.parameters()).device
-        # CPUs below AVX-512 BF16 multiply bf16 far slower than fp32: small LoRA matmuls run in fp32 there
-        self.dtype = torch.float32 if self.device.type == "cpu" else model.dtype
+        self.dtype = dtype
         self.batch = LoRABatch()
         self.linears: dict[tuple[int, str], LoRALinearMethod] = {}
         for key, linear in adapted_linears(model).items():

@@ -66,6 +66,10 @@ class CpuPlatform(Platform):
                       "no linear kernel of ours here); --dtype float32 is several times faster")
         return requested
 
+    def small_matmul_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        # below native bf16 dot products torch emulates bf16 matmuls, several times slower than fp32
+        return torch.float32 if dtype == torch.bfloat16 and not isa.native_bf16(self.tier) else dtype
+
     def auto_attention_backend(self) -> str:
         if kernel_library.has_kernel("paged_attention"):
             return "cpu"

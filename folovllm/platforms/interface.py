@@ -70,6 +70,11 @@ class Platform(ABC):
     def describe(self) -> dict[str, str]:
         """What the start-up log, ``/metrics`` (platform_info) and every result JSON record of this device."""
 
+    def small_matmul_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        """The dtype of the small side matmuls (LoRA's x·Aᵀ·Bᵀ) of a ``dtype`` model: the model's own, unless the
+        platform multiplies it emulated."""
+        return dtype
+
     def set_threads(self, num_threads: int) -> None:
         """Sets the intra-op threads of the calling thread (OpenMP's count is per thread)."""
         torch.set_num_threads(num_threads)

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from tests.engine.conftest import tiny_llama_dir  # noqa: F401
-from tests.entrypoints.openai.conftest import MODEL_NAME, ServerProcess
+from tests.entrypoints.openai.conftest import MODEL_NAME, running_server
 from tests.lora.adapters import ATTN, MLP, hf_greedy, merged_model, write_adapter
 
 PROMPT = [5, 17, 33, 40, 99, 7]
@@ -57,14 +57,9 @@ def test_in_process_app(tiny_llama_dir, adapter_dirs) -> None:  # noqa: F811
 def test_live_server(tiny_llama_dir, adapter_dirs) -> None:  # noqa: F811
     import openai
 
-    proc = ServerProcess("--model", tiny_llama_dir, "--max-model-len", "256", *lora_args(adapter_dirs))
-    try:
-        proc.wait_ready()
+    with running_server("--model", tiny_llama_dir, "--max-model-len", "256", *lora_args(adapter_dirs)) as proc:
         client = openai.OpenAI(base_url=f"{proc.base_url}/v1", api_key="unused", max_retries=0)
         check_serving(client, httpx.Client(base_url=proc.base_url, timeout=30), tiny_llama_dir, adapter_dirs)
-    finally:
-        proc.stop()
-        proc.kill()
 
 
 def complete(client, model: str) -> list[int]:

@@ -30,3 +30,10 @@ def test_switching_our_linear_kernel_off_takes_bfloat16_off_auto_below_native_bf
 def test_float16_is_refused() -> None:
     with pytest.raises(ValueError, match="float16 is not supported on CPU"):
         CpuPlatform(CPU).resolve_dtype("float16")
+
+
+def test_small_matmuls_leave_bfloat16_only_where_it_is_emulated(engine_tier: str) -> None:
+    platform = CpuPlatform(CPU)
+    native = isa.native_bf16(platform.tier)
+    assert platform.small_matmul_dtype(torch.bfloat16) == (torch.bfloat16 if native else torch.float32)
+    assert platform.small_matmul_dtype(torch.float32) == torch.float32

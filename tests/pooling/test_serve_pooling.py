@@ -9,20 +9,15 @@ import torch
 import torch.nn.functional as F
 
 from folovllm import LLM
-from tests.entrypoints.openai.conftest import ServerProcess
+from tests.entrypoints.openai.conftest import running_server
 
 TEXTS = ["hello world", "the quick brown fox jumps over the lazy dog", "a"]
 
 
 @pytest.fixture(scope="module")
 def server(tiny_embed_dir):
-    proc = ServerProcess("--model", tiny_embed_dir, "--runner", "pooling", "--max-num-batched-tokens", "8")
-    try:
-        proc.wait_ready()
+    with running_server("--model", tiny_embed_dir, "--runner", "pooling", "--max-num-batched-tokens", "8") as proc:
         yield proc
-    finally:
-        proc.stop()
-        proc.kill()
 
 
 @pytest.fixture(scope="module")
@@ -94,14 +89,9 @@ def test_bad_requests_are_400_and_the_server_goes_on(http, path, body, says):
 
 @pytest.mark.slow
 def test_embeddings_on_a_generating_server_are_400(tiny_embed_dir):
-    proc = ServerProcess("--model", tiny_embed_dir)
-    try:
-        proc.wait_ready()
+    with running_server("--model", tiny_embed_dir) as proc:
         response = httpx.post(f"{proc.base_url}/v1/embeddings", json={"input": "hi"}, timeout=60)
         assert response.status_code == 400 and "runner='pooling'" in response.json()["error"]["message"]
-    finally:
-        proc.stop()
-        proc.kill()
 
 
 def test_bench_serve_embeddings(server, tmp_path):

@@ -1,11 +1,13 @@
 """A live `folovllm serve` subprocess on a free port, shared by the module tests."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -60,16 +62,23 @@ class ServerProcess:
             self.proc.wait()
 
 
-@pytest.fixture(scope="session")
-def server():
-    """The shared server: API key on, default admission queue, cached_tokens in usage."""
-    proc = ServerProcess("--api-key", API_KEY, "--enable-prompt-tokens-details")
+@contextlib.contextmanager
+def running_server(*extra_args: str) -> Iterator[ServerProcess]:
+    """A ``folovllm serve`` with ``extra_args``, ready inside the block, stopped (killed if need be) after it."""
+    proc = ServerProcess(*extra_args)
     try:
         proc.wait_ready()
         yield proc
     finally:
         proc.stop()
         proc.kill()
+
+
+@pytest.fixture(scope="session")
+def server():
+    """The shared server: API key on, default admission queue, cached_tokens in usage."""
+    with running_server("--api-key", API_KEY, "--enable-prompt-tokens-details") as proc:
+        yield proc
 
 
 @pytest.fixture(scope="session")
