@@ -97,7 +97,8 @@ class _StubCore:
 @functools.cache
 def _app() -> FastAPI:
     """The server's app over a stub engine, with the server's default settings (metrics prefix included)."""
-    from folovllm.entrypoints.openai.api_server import ServerConfig, build_app
+    from folovllm.entrypoints.openai.api_server import build_app
+    from folovllm.entrypoints.openai.server_args import ServerConfig
     from folovllm.model.loader import default_model_path
     from folovllm.model.loader.tokenizer import load_tokenizer
 
@@ -195,10 +196,8 @@ def _bench_key_rows(names: list[str]) -> list[tuple[str, ...]]:
 def render_docs() -> str:
     """The whole page, from the code and scripts/vllm_names.json."""
     from folovllm.entrypoints.cli import build_parser
-    from folovllm.entrypoints.openai.protocol import (
-        ChatCompletionRequest,
-        CompletionRequest,
-    )
+    from folovllm.entrypoints.openai.protocol import CompletionRequest
+    from folovllm.entrypoints.openai.protocol_chat import ChatCompletionRequest
 
     names = json.loads(NAMES.read_text())
     parser = build_parser()

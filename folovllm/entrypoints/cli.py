@@ -150,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="the OpenAI-compatible HTTP server")
     add_model_positional(serve)
-    from folovllm.entrypoints.openai.api_server import add_server_args
+    from folovllm.entrypoints.openai.server_args import add_server_args
 
     add_server_args(serve)
     add_engine_args(serve)

@@ -41,7 +41,8 @@ def test_in_process_app(tiny_llama_dir, adapter_dirs) -> None:  # noqa: F811
 
     from folovllm.engine.args import engine_config_from_args
     from folovllm.entrypoints.cli import build_parser
-    from folovllm.entrypoints.openai.api_server import ServerConfig, build_app, start_engine_core
+    from folovllm.entrypoints.openai.api_server import build_app, start_engine_core
+    from folovllm.entrypoints.openai.server_args import ServerConfig
 
     args = build_parser().parse_args(["serve", "--model", tiny_llama_dir, "--dtype", "float32", "--max-model-len",
                                       "256", "--no-engine-process", *lora_args(adapter_dirs)])

@@ -1,5 +1,6 @@
-"""A live `folovllm serve --runner pooling`: the openai client's embeddings, /score, /rerank, /pooling, and 4xx
-for what it cannot do (generation, bad inputs); embeddings on a generating server are a 400 too."""
+"""A live `folovllm serve --runner pooling`: the openai and langchain clients' embeddings, /score, /rerank,
+/pooling, and 4xx for what it cannot do (generation, bad inputs); embeddings on a generating server are a
+400 too."""
 import base64
 import struct
 
@@ -47,6 +48,21 @@ def test_openai_client_embeddings(server, offline):
     assert len(short.data[0].embedding) == 8
     assert torch.allclose(torch.tensor(short.data[0].embedding), expected, atol=1e-5)
 
+
+
+def test_langchain_openai_embeddings(server, offline):
+    """RAG frameworks call /v1/embeddings through langchain's OpenAIEmbeddings: documents and a query."""
+    from langchain_openai import OpenAIEmbeddings
+
+    # check_embedding_ctx_length=False sends the texts as they are (no tiktoken, which wants the internet)
+    embedder = OpenAIEmbeddings(model="smol", base_url=f"{server.base_url}/v1", api_key="none",
+                                check_embedding_ctx_length=False, max_retries=0)
+    documents = embedder.embed_documents(TEXTS)
+    assert len(documents) == len(TEXTS)
+    for got, expected in zip(documents, offline):
+        assert torch.allclose(torch.tensor(got), torch.tensor(expected), atol=1e-5)
+    query = embedder.embed_query(TEXTS[1])
+    assert torch.allclose(torch.tensor(query), torch.tensor(offline[1]), atol=1e-5)
 
 def test_token_ids_base64_score_rerank_pooling(http, offline):
     body = http.post("/v1/embeddings", json={"input": [[1, 2, 3], [4, 5]], "encoding_format": "base64"}).json()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from folovllm.entrypoints.openai.protocol import ChatCompletionRequest, ToolMode
+from folovllm.entrypoints.openai.protocol_chat import ChatCompletionRequest, ToolMode
 from folovllm.entrypoints.openai.reasoning import ReasoningDeltas, ReasoningParser, get_reasoning_parser
 from folovllm.entrypoints.openai.tool_parsers import ToolCallDeltas, ToolParser, get_tool_parser
 from folovllm.entrypoints.openai.tool_parsers.base import arguments_json

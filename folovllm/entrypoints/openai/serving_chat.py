@@ -8,7 +8,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from folovllm.entrypoints.openai.chat_reply import ReplyDeltas, ReplyReader
-from folovllm.entrypoints.openai.protocol import ChatCompletionRequest
+from folovllm.entrypoints.openai.protocol_chat import ChatCompletionRequest
 from folovllm.entrypoints.openai.serving import (
     ServingContext,
     TextDeltas,

@@ -21,7 +21,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from folovllm.engine.async_engine import EngineError, RequestStream
-from folovllm.entrypoints.openai.protocol import ResponsesRequest
+from folovllm.entrypoints.openai.protocol_responses import ResponsesRequest
 from folovllm.entrypoints.openai.serving import ServingContext, TextDeltas, engine_error, now_s, request_id_of
 from folovllm.outputs import RequestOutput
 

@@ -13,14 +13,9 @@ from typing import Any
 from folovllm.engine.prompt_checks import check_prompt_length, truncate_prompt
 from folovllm.entrypoints.openai.chat_template import RESERVED_TEMPLATE_KWARGS, render_chat_text
 from folovllm.entrypoints.openai.errors import bad_request
-from folovllm.entrypoints.openai.protocol import (
-    ChatCompletionRequest,
-    ChatMessage,
-    CompletionRequest,
-    ResponsesRequest,
-    SamplingRequest,
-    UnsupportedField,
-)
+from folovllm.entrypoints.openai.protocol import CompletionRequest, SamplingRequest, UnsupportedField
+from folovllm.entrypoints.openai.protocol_chat import ChatCompletionRequest, ChatMessage
+from folovllm.entrypoints.openai.protocol_responses import ResponsesRequest
 from folovllm.entrypoints.openai.reasoning import get_reasoning_parser
 from folovllm.entrypoints.openai.structured import structured_outputs_from_body
 from folovllm.entrypoints.openai.tool_parsers import get_tool_parser

@@ -10,7 +10,7 @@ import pytest
 from chat_templates import WEATHER_TOOL
 
 from folovllm.entrypoints.openai.chat_reply import ReplyDeltas, ReplyReader
-from folovllm.entrypoints.openai.protocol import ChatCompletionRequest
+from folovllm.entrypoints.openai.protocol_chat import ChatCompletionRequest
 from folovllm.entrypoints.openai.serving import usage, usage_counts
 from folovllm.entrypoints.openai.serving_chat import ChatServing
 from folovllm.entrypoints.openai.validation import ChatSettings

@@ -7,7 +7,7 @@ from chat_templates import HERMES_TEMPLATE, ROUND_TRIP, WEATHER_TOOL
 
 from folovllm.entrypoints.openai.chat_template import load_chat_template
 from folovllm.entrypoints.openai.errors import APIError
-from folovllm.entrypoints.openai.protocol import ChatCompletionRequest
+from folovllm.entrypoints.openai.protocol_chat import ChatCompletionRequest
 from folovllm.entrypoints.openai.validation import (
     ChatSettings,
     RequestLimits,
@@ -118,7 +118,7 @@ def test_chat_settings_check_parser_names():
 
 def test_serve_flags_become_chat_settings(tmp_path):
     from folovllm.entrypoints.cli import build_parser
-    from folovllm.entrypoints.openai.api_server import chat_settings
+    from folovllm.entrypoints.openai.server_args import chat_settings
 
     path = tmp_path / "t.jinja"
     path.write_text("{{ messages }}")

@@ -6,10 +6,8 @@ import json
 import pytest
 
 from folovllm.entrypoints.openai.errors import APIError
-from folovllm.entrypoints.openai.protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-)
+from folovllm.entrypoints.openai.protocol import CompletionRequest
+from folovllm.entrypoints.openai.protocol_chat import ChatCompletionRequest
 from folovllm.entrypoints.openai.structured import structured_outputs_from_body
 from folovllm.sampling_params import StructuredOutputsParams
 

@@ -6,7 +6,7 @@ from chat_templates import TIME_TOOL, WEATHER_TOOL
 from pydantic import ValidationError
 
 from folovllm.entrypoints.openai.errors import APIError
-from folovllm.entrypoints.openai.protocol import ChatCompletionRequest
+from folovllm.entrypoints.openai.protocol_chat import ChatCompletionRequest
 from folovllm.entrypoints.openai.validation import (
     ChatSettings,
     RequestLimits,

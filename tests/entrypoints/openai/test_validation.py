@@ -9,10 +9,8 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from folovllm.entrypoints.openai.errors import APIError
-from folovllm.entrypoints.openai.protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-)
+from folovllm.entrypoints.openai.protocol import CompletionRequest
+from folovllm.entrypoints.openai.protocol_chat import ChatCompletionRequest
 from folovllm.entrypoints.openai.validation import RequestLimits, Validator
 from folovllm.sampling_params import SamplingParams
 
