@@ -159,8 +159,10 @@ class EngineConfig:
                 "scale per token and KV head, set as each row is written (about 2x the tokens of bfloat16 in "
                 "the same memory)", choices=list(KV_CACHE_DTYPES), group="CacheConfig")
     calculate_kv_scales: bool = knob(
-        False, "vLLM: per-tensor fp8 KV scales from the first batch; an error here, where every quantized "
-               "row carries its own scale, set as it is written", group="CacheConfig")
+        False, "per-tensor fp8 KV scales from the first batch (not built: each quantized row carries its own "
+               "scale, set as it is written)", group="CacheConfig",
+        only=(False, "per-tensor KV scales from the first batch (a quantized KV cache here scales each token's "
+                     "row per KV head as it is written)"))
     enable_prefix_caching: bool = knob(True, "automatic prefix caching (--no-prefix-caching: off, for ablation)",
                                        flag="--enable-prefix-caching", aliases=("--no-prefix-caching",),
                                        group="CacheConfig")
@@ -307,9 +309,6 @@ class EngineConfig:
                              f"got {self.structured_outputs_backend!r}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}; got {self.kv_cache_dtype!r}")
-        if self.calculate_kv_scales:
-            raise ValueError("calculate_kv_scales: a quantized KV cache here scales each token's row of each KV "
-                             "head as it is written, so no per-tensor scale is computed; drop the flag")
         if self.kv_cache_memory is not None:
             object.__setattr__(self, "kv_cache_memory", parse_size(self.kv_cache_memory))
         self._check_kv_transfer()
