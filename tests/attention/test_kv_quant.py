@@ -14,7 +14,7 @@ from folovllm.attention.kv_quant import (KV_CACHE_FORMATS, cache_row_shape, dequ
                                          quantize_rows, write_quantized_kv)
 from folovllm.attention.torch_backend import write_kv_cache
 from tests.attention.paged_reference import reference_attention
-from tests.helpers import BlockPool, make_attn_metadata
+from tests.helpers import BlockPool, make_attn_metadata, use_triton_interpreter_without_cuda
 from tests.tiers import library_missing
 
 torch.set_num_threads(2)
@@ -37,7 +37,7 @@ def quantized_case(fmt_name: str, query_lens: list[int], seq_lens: list[int], ba
                    seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One step over a quantized cache whose context was stored by the reference quantizer; returns
     (ours, fp64 over the original K/V, fp64 over what the backend reads: dequantized K/V, except a fresh
-    prefill chunk's own)."""
+    prefill chunk's own on the torch and cpu backends, which attend it before it is quantized)."""
     fmt = KV_CACHE_FORMATS[fmt_name]
     gen = torch.Generator().manual_seed(seed)
     pool = BlockPool(num_blocks=sum(-(-s // block_size) for s in seq_lens) + 3, seed=seed)
@@ -50,7 +50,7 @@ def quantized_case(fmt_name: str, query_lens: list[int], seq_lens: list[int], ba
         past = torch.tensor([table[p // block_size] * block_size + p % block_size for p in range(s_len - q_len)],
                             dtype=torch.long)
         write_quantized_kv(k[: s_len - q_len], v[: s_len - q_len], k_cache, v_cache, past, fmt)
-        fresh = q_len == s_len
+        fresh = q_len == s_len and backend != "triton"
         readbacks.append((k, v) if fresh else tuple(dequantize_rows(quantize_rows(x, fmt).view(fmt.code_dtype),
                                                                     torch.float64) for x in (k, v)))
         tables.append(table)
@@ -60,6 +60,8 @@ def quantized_case(fmt_name: str, query_lens: list[int], seq_lens: list[int], ba
     new_k = torch.cat([k[s - n:] for (k, _), n, s in zip(contexts, query_lens, seq_lens)])
     new_v = torch.cat([v[s - n:] for (_, v), n, s in zip(contexts, query_lens, seq_lens)])
     scale = 1 / math.sqrt(head_dim)
+    if backend == "triton":
+        use_triton_interpreter_without_cuda()
     ours = get_attention_backend(backend).forward(torch.cat(queries), new_k, new_v, k_cache, v_cache, meta, scale,
                                                   sliding_window)
     ref = torch.cat([reference_attention(q, k, v, scale, sliding_window) for q, (k, v) in zip(queries, contexts)])
@@ -85,6 +87,16 @@ def test_bf16_queries_and_sliding_window(backend: str, fmt: str) -> None:
     assert ours.dtype == torch.bfloat16
     assert (ours.double() - read).abs().max() < 0.02  # bf16 outputs
     assert (ours.double() - ref).abs().max() < BOUND[fmt] + 0.02
+
+
+@pytest.mark.parametrize("fmt", list(KV_CACHE_FORMATS))
+@pytest.mark.parametrize("query_lens,seq_lens", [([1, 1], [5, 80]), ([9], [9]), ([5, 1], [13, 40])])
+def test_triton_dequantizes_in_the_kernel(fmt: str, query_lens: list[int], seq_lens: list[int]) -> None:
+    """In Triton's interpreter on CPU (the kernel reads every key from the cache, a fresh chunk's too)."""
+    pytest.importorskip("triton")
+    ours, ref, read = quantized_case(fmt, query_lens, seq_lens, "triton")
+    assert (ours.double() - read).abs().max() < 1e-4
+    assert (ours.double() - ref).abs().max() < BOUND[fmt]
 
 
 @pytest.mark.skipif(NOT_BUILT is not None, reason=f"{NOT_BUILT}")
@@ -136,5 +148,8 @@ def test_formats_names_and_sizes() -> None:
 def test_a_backend_that_cannot_read_a_quantized_cache_is_an_error_at_start_up() -> None:
     from folovllm.attention.kv_quant import check_backend_takes
     with pytest.raises(ValueError, match="cannot read a int8 KV cache"):
-        check_backend_takes(object(), "triton", KV_CACHE_FORMATS["int8"])
-    check_backend_takes(object(), "triton", None)
+        check_backend_takes(object(), "mine", KV_CACHE_FORMATS["int8"])
+    check_backend_takes(object(), "mine", None)
+    for name in ("torch", "cpu", "triton"):
+        from folovllm.attention.backend import ATTENTION_BACKENDS
+        assert ATTENTION_BACKENDS.get(name).takes_quantized_kv
