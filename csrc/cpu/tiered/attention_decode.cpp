@@ -1,6 +1,7 @@
 // The paged-attention kernel's decode form, built once per tier (csrc/cpu/vec.h): one query row, every head
 // of one kv head's GQA group, over keys scattered in the cache's blocks. attention.cpp takes it below the
-// AVX-512 tier (where its AVX-512 decode path runs instead), for any head_dim that is a multiple of kLanes.
+// AVX-512 tier (where its AVX-512 decode path runs instead), for any head_dim that is a multiple of kLanes;
+// attention_quant.cpp takes it at every tier for a quantized cache (int8/fp8 codes widened and scaled as read).
 //
 // Keys go in tiles of at most kTile: with look-ahead, the next tile's K/V rows (this item's, else the first
 // of the item the thread runs next) are asked for while a tile computes, so memory streams them meanwhile
