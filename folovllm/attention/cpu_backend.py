@@ -29,8 +29,8 @@ import torch.nn.functional as F
 
 from folovllm import envs
 from folovllm.attention.backend import check_sliding_window, register_attention_backend
-from folovllm.attention.metadata import AttentionMetadata
 from folovllm.attention.kv_quant import dequantize_rows, quantized_format
+from folovllm.attention.metadata import AttentionMetadata
 from folovllm.attention.torch_backend import write_kv_cache
 from folovllm.platforms import kernel_library
 

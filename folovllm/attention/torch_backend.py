@@ -9,7 +9,11 @@ import torch
 import torch.nn.functional as F
 
 from folovllm.attention.backend import check_sliding_window, register_attention_backend
-from folovllm.attention.kv_quant import dequantize_rows, quantized_format, write_quantized_kv
+from folovllm.attention.kv_quant import (
+    dequantize_rows,
+    quantized_format,
+    write_quantized_kv,
+)
 from folovllm.attention.metadata import AttentionMetadata
 from folovllm.paging import blocks_for_tokens
 

@@ -11,7 +11,13 @@ from __future__ import annotations
 import torch
 
 from folovllm.attention.backend import get_attention_backend
-from folovllm.attention.kv_quant import KVCacheFormat, cache_element_dtype, cache_row_shape, check_backend_takes, kv_cache_format
+from folovllm.attention.kv_quant import (
+    KVCacheFormat,
+    cache_element_dtype,
+    cache_row_shape,
+    check_backend_takes,
+    kv_cache_format,
+)
 from folovllm.compilation import compile_model
 from folovllm.config import EngineConfig
 from folovllm.distributed.group import TPGroup

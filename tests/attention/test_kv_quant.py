@@ -10,11 +10,21 @@ import pytest
 import torch
 
 from folovllm.attention.backend import get_attention_backend
-from folovllm.attention.kv_quant import (KV_CACHE_FORMATS, cache_row_shape, dequantize_rows, kv_cache_format,
-                                         quantize_rows, write_quantized_kv)
+from folovllm.attention.kv_quant import (
+    KV_CACHE_FORMATS,
+    cache_row_shape,
+    dequantize_rows,
+    kv_cache_format,
+    quantize_rows,
+    write_quantized_kv,
+)
 from folovllm.attention.torch_backend import write_kv_cache
 from tests.attention.paged_reference import reference_attention
-from tests.helpers import BlockPool, make_attn_metadata, use_triton_interpreter_without_cuda
+from tests.helpers import (
+    BlockPool,
+    make_attn_metadata,
+    use_triton_interpreter_without_cuda,
+)
 from tests.tiers import library_missing
 
 torch.set_num_threads(2)
