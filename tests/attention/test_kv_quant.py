@@ -30,7 +30,8 @@ from tests.tiers import library_missing
 torch.set_num_threads(2)
 NOT_BUILT = library_missing()
 BACKENDS = ["torch", pytest.param("cpu", marks=pytest.mark.skipif(NOT_BUILT is not None, reason=f"{NOT_BUILT}"))]
-# max |ours - fp64 over the original K/V| on N(0, 1) K/V and queries, head_dim 64: a few times what was measured
+# max |ours - fp64 over the original K/V| on N(0, 1) K/V and queries, head_dim 64 (outputs ~0.1-1): measured
+# on CASES 0.015 (int8), 0.095 (fp8_e4m3), 0.21 (fp8_e5m2); each format's half-step error, not a loose bound
 BOUND = {"int8": 0.03, "fp8_e4m3": 0.12, "fp8_e5m2": 0.25}
 CASES = [
     ([1, 1, 1], [5, 17, 80]),  # decode only, blocks cut at different offsets
