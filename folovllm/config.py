@@ -28,7 +28,7 @@ QUANTIZATIONS = ("auto", "gptq", "int8")
 LOAD_QUANTIZED = ("auto", "on", "off")
 QUANTIZE_LM_HEAD = ("auto", "on", "off")
 DTYPE_ALIASES = {"half": "float16", "float": "float32"}  # vLLM's other spellings
-FP8_KV_CACHE_DTYPES = ("fp8", "fp8_e4m3", "fp8_e5m2")
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "int8")  # fp8 = fp8_e4m3, as in vLLM
 DP_ROUTING_POLICIES = ("prefix_aware", "least_loaded", "round_robin")
 RUNNERS = ("auto", "generate", "pooling")
 CONVERTS = ("auto", "none", "embed")
@@ -154,9 +154,15 @@ class EngineConfig:
                                          group="CacheConfig")
     num_gpu_blocks_override: int | None = knob(None, "fixes the block count (tests, ablations)", cli=False,
                                                group="CacheConfig")
-    kv_cache_dtype: str = knob("auto", "auto: the model's dtype (the only one implemented; fp8 kinds are "
-                                       "an error)", choices=["auto", *FP8_KV_CACHE_DTYPES],
-                               group="CacheConfig", only=("auto", "an fp8 KV cache"))
+    kv_cache_dtype: str = knob(
+        "auto", "auto: K/V in the model's dtype; int8, fp8 (= fp8_e4m3), fp8_e5m2: one-byte codes with a float16 "
+                "scale per token and KV head, set as each row is written (about 2x the tokens of bfloat16 in "
+                "the same memory)", choices=list(KV_CACHE_DTYPES), group="CacheConfig")
+    calculate_kv_scales: bool = knob(
+        False, "per-tensor fp8 KV scales from the first batch (not built: each quantized row carries its own "
+               "scale, set as it is written)", group="CacheConfig",
+        only=(False, "per-tensor KV scales from the first batch (a quantized KV cache here scales each token's "
+                     "row per KV head as it is written)"))
     enable_prefix_caching: bool = knob(True, "automatic prefix caching (--no-prefix-caching: off, for ablation)",
                                        flag="--enable-prefix-caching", aliases=("--no-prefix-caching",),
                                        group="CacheConfig")
@@ -301,6 +307,8 @@ class EngineConfig:
         if self.structured_outputs_backend not in ("auto", "xgrammar"):
             raise ValueError("structured_outputs_backend must be auto or xgrammar; "
                              f"got {self.structured_outputs_backend!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}; got {self.kv_cache_dtype!r}")
         if self.kv_cache_memory is not None:
             object.__setattr__(self, "kv_cache_memory", parse_size(self.kv_cache_memory))
         self._check_kv_transfer()

@@ -21,6 +21,7 @@
 #include "attention.h"
 #include "attention_decode.h"
 #include "attention_prefill.h"
+#include "ops.h"
 #include "tiered.h"
 
 #include <ATen/Parallel.h>
@@ -282,6 +283,9 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
                      const at::Tensor& query_start_loc, double scale, bool skip_fresh_prefills,
                      int64_t sliding_window, bool decode_fast_path, int64_t skip_prefills_from,
                      bool decode_bf16_dot, bool decode_prefetch, bool chunked_claims) {
+  if (kv_format_of(k_cache.scalar_type()) != 0)
+    return paged_attention_quantized(out, query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
+                                     skip_fresh_prefills, sliding_window, skip_prefills_from);
   TORCH_CHECK(sliding_window >= 0, "sliding_window must be >= 0 (0: no window)");
   TORCH_CHECK(skip_prefills_from >= 0, "skip_prefills_from must be >= 0 (0: compute every chunk over context)");
   TORCH_CHECK(query.dim() == 3 && k_cache.dim() == 4, "query must be [T, Hq, D] and the caches "

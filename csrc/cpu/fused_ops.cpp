@@ -2,7 +2,7 @@
 //   add_rms_norm      residual += x, then out = RMSNorm(residual) * weight  (one pass over the rows)
 //   rms_norm          out = RMSNorm(x) * weight
 //   rotary_store_kv   q/k (optional per-head RMSNorm first) rotated by cos/sin, k and v stored at their
-//                     paged-cache slots, in one call per layer
+//                     paged-cache slots (quantized for an int8/fp8 cache, kv_quant.h), in one call per layer
 //   silu_and_mul      out = silu(gate) * up for a merged [gate | up] projection (csrc/cpu/tiered/activation.cpp)
 //
 // Each op rounds where the torch sequence it replaces rounds (a bf16 result after every torch op), so
@@ -13,6 +13,8 @@
 // Portable build: plain C++ the compiler auto-vectorizes, compiled for each x86-64 level (FOLO_PER_LEVEL)
 // and run at the one the tier allows.
 
+#include "kv_quant.h"
+#include "ops.h"
 #include "simd.h"
 #include "tiered.h"
 
@@ -20,6 +22,9 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <c10/util/BFloat16.h>
+#include <c10/util/Float8_e4m3fn.h>
+#include <c10/util/Float8_e5m2.h>
+#include <c10/util/Half.h>
 #include <c10/util/Optional.h>
 #include <torch/library.h>
 
@@ -153,11 +158,34 @@ struct RotaryProblem {
   float eps;
   T* q_out;               // [tokens, Hq, D]
   T* k_out;               // [tokens, Hkv, D]
-  T* k_cache;             // [slots, Hkv, D]
-  T* v_cache;
+  void* k_cache;          // [slots, Hkv, D] in T, or [slots, Hkv, D + kKvScaleBytes] bytes (kv_format)
+  void* v_cache;
   const int64_t* slots;
   int64_t num_heads, num_kv_heads, head_dim;
+  int kv_format;          // 0: rows in T; else a KvFormat
 };
+
+// One K or V row quantized as folovllm/attention/kv_quant.py does (same roundings): scale = absmax / the
+// format's largest code (at least 2^-14), rounded to float16; codes = x / scale clamped to that range, rounded to the format.
+template <typename T>
+FOLO_INLINE void quantize_kv_row(const T* x, int64_t D, KvFormat format, uint8_t* dst) {
+  const float max_code = format == KvFormat::kInt8 ? 127.f : format == KvFormat::kFp8E4m3 ? 448.f : 57344.f;
+  float absmax = 0.f;
+  for (int64_t d = 0; d < D; ++d) absmax = std::max(absmax, std::abs(to_float(x[d])));
+  const c10::Half scale_h(std::max(absmax / max_code, 0x1p-14f));  // float16's smallest normal at least
+  const float scale = static_cast<float>(scale_h);
+  for (int64_t d = 0; d < D; ++d) {
+    const float v = std::clamp(to_float(x[d]) / scale, -max_code, max_code);
+    if (format == KvFormat::kInt8) {
+      dst[d] = static_cast<uint8_t>(static_cast<int8_t>(std::nearbyint(v)));
+    } else if (format == KvFormat::kFp8E4m3) {
+      dst[d] = c10::Float8_e4m3fn(v).x;
+    } else {
+      dst[d] = c10::Float8_e5m2(v).x;
+    }
+  }
+  std::memcpy(dst + D, &scale_h.x, kKvScaleBytes);
+}
 
 // One head row: optional RMSNorm, then x * cos + [x2, x1] * (-sin | sin), each product rounded as torch.
 template <typename T>
@@ -194,8 +222,18 @@ FOLO_INLINE void rotary_rows(const RotaryProblem<T>& p, int64_t begin, int64_t e
       rotate_head(k_src + h * D, p.k_weight, p.eps, cos, sin, k_dst + h * D, buf.data(), D);
     const int64_t slot = p.slots[t];
     if (slot < 0) continue;  // a padding row owns no cache slot
-    std::memcpy(p.k_cache + slot * kv_width, k_dst, kv_width * sizeof(T));
-    std::memcpy(p.v_cache + slot * kv_width, k_src + kv_width, kv_width * sizeof(T));
+    if (p.kv_format == 0) {
+      std::memcpy(static_cast<T*>(p.k_cache) + slot * kv_width, k_dst, kv_width * sizeof(T));
+      std::memcpy(static_cast<T*>(p.v_cache) + slot * kv_width, k_src + kv_width, kv_width * sizeof(T));
+      continue;
+    }
+    const int64_t row_bytes = D + kKvScaleBytes;
+    const KvFormat format = static_cast<KvFormat>(p.kv_format);
+    for (int64_t h = 0; h < p.num_kv_heads; ++h) {
+      const int64_t at = (slot * p.num_kv_heads + h) * row_bytes;
+      quantize_kv_row(k_dst + h * D, D, format, static_cast<uint8_t*>(p.k_cache) + at);
+      quantize_kv_row(k_src + kv_width + h * D, D, format, static_cast<uint8_t*>(p.v_cache) + at);
+    }
   }
 }
 
@@ -230,7 +268,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rotary_store_kv(
   TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16, "qkv must be float32 or bfloat16");
   TORCH_CHECK(k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes() && k_cache.is_contiguous() &&
               v_cache.is_contiguous(), "the caches must be contiguous [num_blocks, block_size, Hkv, D]");
-  const int64_t T = qkv.size(0), D = k_cache.size(3);
+  const int kv_format = kv_format_of(k_cache.scalar_type());
+  const int64_t T = qkv.size(0), D = k_cache.size(3) - (kv_format ? kKvScaleBytes : 0);
   TORCH_CHECK(k_cache.size(2) == num_kv_heads && D % 2 == 0 && num_heads > 0,
               "the caches' heads and head_dim must match num_kv_heads and an even head_dim");
   TORCH_CHECK(qkv.size(1) == (num_heads + 2 * num_kv_heads) * D, "qkv width must be (Hq + 2 Hkv) * head_dim");
@@ -239,7 +278,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rotary_store_kv(
               (cos.dim() == 2 || (cos.dim() == 3 && cos.size(1) == 1)),
               "cos and sin must be [T, head_dim] or [T, 1, head_dim] with contiguous rows of one stride");
   for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&cos, &sin, &k_cache, &v_cache})
-    TORCH_CHECK(t->scalar_type() == dtype, "qkv, cos, sin and the caches must share one dtype");
+    TORCH_CHECK(t->scalar_type() == dtype || (kv_format && t->scalar_type() == k_cache.scalar_type()),
+                "qkv, cos, sin and the caches must share one dtype (or the caches one int8/fp8 dtype)");
   for (const auto* w : {&q_weight, &k_weight})
     if (w->has_value()) {
       check_rows(**w, "q/k norm weight");
@@ -264,8 +304,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rotary_store_kv(
                        cos.stride(0),
                        q_weight.has_value() ? q_weight->const_data_ptr<S>() : nullptr,
                        k_weight.has_value() ? k_weight->const_data_ptr<S>() : nullptr, static_cast<float>(eps),
-                       q_out.mutable_data_ptr<S>(), k_out.mutable_data_ptr<S>(), k_cache.mutable_data_ptr<S>(),
-                       v_cache.mutable_data_ptr<S>(), slots.data(), num_heads, num_kv_heads, D};
+                       q_out.mutable_data_ptr<S>(), k_out.mutable_data_ptr<S>(), k_cache.data_ptr(),
+                       v_cache.data_ptr(), slots.data(), num_heads, num_kv_heads, D, kv_format};
     at::parallel_for(0, T, grain_rows(qkv.size(1)), [&](int64_t b, int64_t e) { rotary_dispatch(p, b, e); });
   });
   return {q_out, k_out, v};

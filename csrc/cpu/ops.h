@@ -20,6 +20,14 @@ void prefill_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k
 // Whether prefill_attention takes q/k/v of this dtype (bf16, else fp32) and head_dim at the current tier.
 bool prefill_attention_takes(bool bf16, int64_t head_dim);
 
+// attention_quant.cpp: paged_attention over an int8/fp8 cache (kv_quant.h); kv_format_of: its KvFormat, 0 for
+// a cache in the query's dtype.
+int kv_format_of(at::ScalarType dtype);
+void paged_attention_quantized(at::Tensor& out, const at::Tensor& query, const at::Tensor& k_cache,
+                               const at::Tensor& v_cache, const at::Tensor& block_tables, const at::Tensor& seq_lens,
+                               const at::Tensor& query_start_loc, double scale, bool skip_fresh_prefills,
+                               int64_t sliding_window, int64_t skip_prefills_from);
+
 // fused_ops.cpp
 at::Tensor add_rms_norm(at::Tensor& residual, const at::Tensor& x, const at::Tensor& weight, double eps);
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);

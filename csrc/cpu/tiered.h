@@ -45,6 +45,11 @@ constexpr int64_t prefill_workspace_floats(int64_t dim) {
   void decode_attention(const void* query, void* out, bool bf16, int64_t heads, int64_t dim, float scale,         \
                         const PagedHead& kv, int64_t first_key, int64_t num_keys, const PagedHead* next,         \
                         int64_t next_first, int64_t next_end);                                                   \
+  /* The same over a quantized cache (kv_quant.h; `format` a KvFormat): PagedHead offsets count bytes, rows */  \
+  /* of dim + kKvScaleBytes; no look-ahead.                                                              */  \
+  void decode_attention_quantized(const void* query, void* out, bool bf16, int64_t heads, int64_t dim,          \
+                                  float scale, const PagedHead& kv, int format, int64_t first_key,             \
+                                  int64_t num_keys);                                                           \
   /* Causal prefill of one fresh chunk's kv head: K, V rows (fp32 or bf16, row strides) widened into the    */ \
   /* fp32 layouts of attention_prefill.cpp (len rounded up to kPrefillTile rows, zero-padded); then one item: */ \
   /* `rows` query rows (q tile q_tile, row stride q_stride) of one head over key tiles 0..q_tile into out.   */ \

@@ -59,6 +59,17 @@ FOLO_VINLINE Vec vload_bf16(const uint16_t* p) {
   const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
 }
+// kLanes int8 -> fp32
+FOLO_VINLINE Vec vload_i8(const int8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+// kLanes one-byte floats (sign, then the rest) -> fp32 bits: sign to bit 31, the rest shifted up by `shift`
+FOLO_VINLINE Vec vload_byte_float(const uint8_t* p, int shift) {
+  const __m512i wide = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m512i magnitude = _mm512_sll_epi32(_mm512_and_si512(wide, _mm512_set1_epi32(0x7f)), _mm_cvtsi32_si128(shift));
+  const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(wide, _mm512_set1_epi32(0x80)), 24);
+  return _mm512_castsi512_ps(_mm512_or_si512(magnitude, sign));
+}
 // fp32 -> bf16, rounded to nearest even as torch's cast does (NaN aside: a kernel's sums make none)
 FOLO_VINLINE void vstore_bf16(uint16_t* p, Vec v) {
   const __m512i bits = _mm512_castps_si512(v);
@@ -117,6 +128,15 @@ FOLO_VINLINE Vec bf16_odd(VecI pairs) {
 FOLO_VINLINE Vec vload_bf16(const uint16_t* p) {
   const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+FOLO_VINLINE Vec vload_i8(const int8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+FOLO_VINLINE Vec vload_byte_float(const uint8_t* p, int shift) {
+  const __m256i wide = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  const __m256i magnitude = _mm256_sll_epi32(_mm256_and_si256(wide, _mm256_set1_epi32(0x7f)), _mm_cvtsi32_si128(shift));
+  const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(wide, _mm256_set1_epi32(0x80)), 24);
+  return _mm256_castsi256_ps(_mm256_or_si256(magnitude, sign));
 }
 FOLO_VINLINE void vstore_bf16(uint16_t* p, Vec v) {
   const __m256i bits = _mm256_castps_si256(v);

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from folovllm import envs
 from folovllm.attention.backend import check_sliding_window, register_attention_backend
+from folovllm.attention.kv_quant import dequantize_rows, quantized_format
 from folovllm.attention.metadata import AttentionMetadata
 from folovllm.attention.torch_backend import write_kv_cache
 from folovllm.platforms import kernel_library
@@ -42,8 +43,11 @@ class CpuAttentionBackend:
 
     Every layer of a step is called with the same metadata object, so the step's fresh prefill chunks
     (and their sliding-window masks) are built once per metadata object (as in the torch backend: build
-    a new one each step).
+    a new one each step). Takes a quantized cache (attention/kv_quant.py): the kernel dequantizes rows as it
+    reads them; chunks left to SDPA gather and dequantize their cached context.
     """
+
+    takes_quantized_kv = True
 
     def __init__(self, sdpa_from: int = SDPA_MIN_ROWS, decode_prefetch: bool = True,
                  chunked_claims: bool = True) -> None:
@@ -96,7 +100,7 @@ class CpuAttentionBackend:
             if context == 0:
                 k, v = key[start:end], value[start:end]
             else:  # the chunk's own K/V are in the cache already: gather the whole sequence once
-                k, v = (gather_sequence(cache, meta.block_tables[seq], context + end - start)
+                k, v = (gather_sequence(cache, meta.block_tables[seq], context + end - start, query.dtype)
                         for cache in (k_cache, v_cache))
             mask = self._mask(end - start, context, sliding_window, query.device)
             # 4-D [1, H, L, D]: SDPA takes its fused CPU kernel only for batched inputs
@@ -166,11 +170,16 @@ def heads_contiguous(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(2) == 1 and x.stride(1) == x.shape[2] else x.contiguous()
 
 
-def gather_sequence(cache: torch.Tensor, table: torch.Tensor, length: int) -> torch.Tensor:
-    """[length, Hkv, D]: one sequence's first ``length`` cached tokens, in order, out of its blocks."""
+def gather_sequence(cache: torch.Tensor, table: torch.Tensor, length: int,
+                    dtype: torch.dtype | None = None) -> torch.Tensor:
+    """[length, Hkv, D]: one sequence's first ``length`` cached tokens, in order, out of its blocks (a
+    quantized cache's dequantized to ``dtype``)."""
     block_size = cache.shape[1]
     blocks = table[:-(-length // block_size)]
-    return cache.index_select(0, blocks).flatten(0, 1)[:length]
+    if quantized_format(cache) is None:
+        return cache.index_select(0, blocks).flatten(0, 1)[:length]
+    rows = cache.view(torch.uint8).index_select(0, blocks).flatten(0, 1)[:length]
+    return dequantize_rows(rows.view(cache.dtype), dtype or torch.float32)
 
 
 def causal_mask(length: int, context: int, sliding_window: int | None, device: torch.device) -> torch.Tensor:

@@ -9,6 +9,11 @@ import torch
 import torch.nn.functional as F
 
 from folovllm.attention.backend import check_sliding_window, register_attention_backend
+from folovllm.attention.kv_quant import (
+    dequantize_rows,
+    quantized_format,
+    write_quantized_kv,
+)
 from folovllm.attention.metadata import AttentionMetadata
 from folovllm.paging import blocks_for_tokens
 
@@ -45,8 +50,11 @@ class TorchAttentionBackend:
 
     Every layer of a step is called with the same metadata object, so index work (padded block
     tables, masks) is planned once per metadata object and sliding window: build a new
-    AttentionMetadata each step rather than mutating one in place.
+    AttentionMetadata each step rather than mutating one in place. Takes a quantized cache
+    (attention/kv_quant.py): rows are quantized as they are stored and dequantized as they are gathered.
     """
+
+    takes_quantized_kv = True
 
     def __init__(self) -> None:
         self._last_meta: AttentionMetadata | None = None
@@ -146,8 +154,8 @@ def _decode(
     num_kv_heads = k_cache.shape[2]
     # Padded context as [B * Hkv, L, D]. Whole-block rows stream from DRAM faster than per-head
     # rows (measured); contiguous() first is much faster than bmm on the strided view.
-    keys = gather_blocks(k_cache, plan.block_ids, batch).transpose(1, 2).contiguous().flatten(0, 1)
-    values = gather_blocks(v_cache, plan.block_ids, batch).transpose(1, 2).contiguous().flatten(0, 1)
+    keys = gather_blocks(k_cache, plan.block_ids, batch, query.dtype).transpose(1, 2).contiguous().flatten(0, 1)
+    values = gather_blocks(v_cache, plan.block_ids, batch, query.dtype).transpose(1, 2).contiguous().flatten(0, 1)
     q = query.view(batch * num_kv_heads, num_heads // num_kv_heads, head_dim)  # GQA: heads grouped
     # scale and padding mask ride along in the GEMM; softmax accumulates in fp32
     scores = torch.baddbmm(plan.pad_bias, q, keys.transpose(1, 2), alpha=scale)  # [B * Hkv, G, L]
@@ -167,8 +175,8 @@ def _prefill(
     if chunk.block_ids is None:  # no cached context: the fresh keys are the whole context
         keys, values = key, value
     else:
-        keys = gather_blocks(k_cache, chunk.block_ids, 1)[0, : chunk.seq_len]
-        values = gather_blocks(v_cache, chunk.block_ids, 1)[0, : chunk.seq_len]
+        keys = gather_blocks(k_cache, chunk.block_ids, 1, query.dtype)[0, : chunk.seq_len]
+        values = gather_blocks(v_cache, chunk.block_ids, 1, query.dtype)[0, : chunk.seq_len]
     out = F.scaled_dot_product_attention(
         query.transpose(0, 1).unsqueeze(0),
         keys.transpose(0, 1).unsqueeze(0),
@@ -188,15 +196,25 @@ def write_kv_cache(
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> None:
-    """Store each token's K/V at its cache slot (block_id * block_size + offset)."""
+    """Store each token's K/V at its cache slot (block_id * block_size + offset), quantized for a quantized cache."""
+    fmt = quantized_format(k_cache)
+    if fmt is not None:
+        write_quantized_kv(key, value, k_cache, v_cache, slot_mapping, fmt)
+        return
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, key)
     v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, value)
 
 
-def gather_blocks(cache: torch.Tensor, block_ids: torch.Tensor, num_seqs: int) -> torch.Tensor:
-    """Flattened [num_seqs * nb] block ids -> [num_seqs, nb * block_size, Hkv, D] (junk past ends)."""
-    num_blocks, _, num_kv_heads, head_dim = cache.shape
+def gather_blocks(cache: torch.Tensor, block_ids: torch.Tensor, num_seqs: int,
+                  dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Flattened [num_seqs * nb] block ids -> [num_seqs, nb * block_size, Hkv, D] (junk past ends); a
+    quantized cache's rows dequantized to ``dtype``."""
+    num_blocks, _, num_kv_heads, row = cache.shape
+    fmt = quantized_format(cache)
     # index_select of whole-block rows is several times faster than advanced indexing on CPU
-    rows = cache.view(num_blocks, -1).index_select(0, block_ids)
-    return rows.view(num_seqs, -1, num_kv_heads, head_dim)
+    source = cache if fmt is None else cache.view(torch.uint8)
+    rows = source.view(num_blocks, -1).index_select(0, block_ids).view(num_seqs, -1, num_kv_heads, row)
+    if fmt is None:
+        return rows
+    return dequantize_rows(rows.view(cache.dtype), dtype or torch.float32)

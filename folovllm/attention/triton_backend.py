@@ -8,12 +8,17 @@ from __future__ import annotations
 import torch
 
 from folovllm.attention.backend import check_sliding_window, register_attention_backend
+from folovllm.attention.kv_quant import quantized_format, write_quantized_kv
 from folovllm.attention.metadata import AttentionMetadata
 
 
 @register_attention_backend("triton")
 class TritonAttentionBackend:
-    """Fast path for CUDA; on CPU it runs only under Triton's interpreter (``TRITON_INTERPRET=1``)."""
+    """Fast path for CUDA; on CPU it runs only under Triton's interpreter (``TRITON_INTERPRET=1``). A quantized
+    cache (attention/kv_quant.py) is written by the torch reference's quantizer (plain tensor ops, which a CUDA
+    graph captures) and dequantized inside the attention kernel."""
+
+    takes_quantized_kv = True
 
     def __init__(self) -> None:
         from folovllm.attention import triton_kernels  # imports triton only when this backend is chosen
@@ -35,7 +40,10 @@ class TritonAttentionBackend:
         num_tokens, num_heads, head_dim = query.shape
         self._check(query, k_cache, v_cache)
         check_sliding_window(sliding_window)
-        if not kv_stored:
+        fmt = quantized_format(k_cache)
+        if not kv_stored and fmt is not None:
+            write_quantized_kv(key, value, k_cache, v_cache, meta.slot_mapping, fmt)
+        elif not kv_stored:
             self._kernels.store_kv(key, value, k_cache, v_cache, meta.slot_mapping)
         out = self._kernels.paged_attention(query, k_cache, v_cache, meta.block_tables, meta.seq_lens,
                                             meta.query_start_loc, scale, sliding_window=sliding_window)

@@ -21,6 +21,8 @@ _NO_WINDOW = 1 << 30
 _MIN_DOT_ROWS = 16
 # Triton 3.6's interpreter multiplies bf16 bit patterns in tl.dot, so it gets fp32 operands instead.
 _TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+# KV_FORMAT of a cache (attention/kv_quant.py's rows): 0 the query's dtype, else its one-byte codes' format
+_KV_FORMATS = {torch.int8: 1, torch.float8_e4m3fn: 2, torch.float8_e5m2: 3}
 
 
 def is_interpreted() -> bool:
@@ -51,6 +53,27 @@ def _store_kv_kernel(
 
 
 @triton.jit
+def _dequantized_rows(cache_ptr, row_offset, dims, valid, HEAD_DIM: tl.constexpr, KV_FORMAT: tl.constexpr):
+    """[N, D] fp32 values of N quantized rows at byte offsets ``row_offset``: each code (int8, or an fp8's
+    bits moved into fp32's place, its exponent bias made up by a power of two) times the row's float16 scale."""
+    codes = tl.load(cache_ptr + row_offset[:, None] + dims[None, :], mask=valid[:, None], other=0).to(tl.uint32)
+    low = tl.load(cache_ptr + row_offset + HEAD_DIM, mask=valid, other=0).to(tl.uint32)
+    high = tl.load(cache_ptr + row_offset + HEAD_DIM + 1, mask=valid, other=0).to(tl.uint32)
+    # float16 bits -> fp32: 13 bits up, bias 15 -> 127 is 2^112 (scales are normal float16s)
+    scale = (((low | (high << 8)) & 0x7FFF) << 13).to(tl.float32, bitcast=True) * 5.192296858534828e33
+    if KV_FORMAT == 1:
+        values = codes.to(tl.int32) - ((codes & 0x80) << 1).to(tl.int32)  # the byte as two's complement
+        values = values.to(tl.float32)
+    elif KV_FORMAT == 2:  # e4m3: bias 7, 3 mantissa bits -> 2^120
+        bits = ((codes & 0x7F) << 20) | ((codes & 0x80) << 24)
+        values = bits.to(tl.float32, bitcast=True) * 1.329227995784916e36
+    else:  # e5m2: bias 15, 2 mantissa bits -> 2^112
+        bits = ((codes & 0x7F) << 21) | ((codes & 0x80) << 24)
+        values = bits.to(tl.float32, bitcast=True) * 5.192296858534828e33
+    return values * scale[:, None]
+
+
+@triton.jit
 def _paged_attention_kernel(
     out_ptr, q_ptr, k_cache_ptr, v_cache_ptr,
     block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
@@ -65,6 +88,7 @@ def _paged_attention_kernel(
     HEAD_DIM: tl.constexpr,
     DOT_DTYPE: tl.constexpr,  # operand type of tl.dot: the input dtype (fp32 in the interpreter)
     DOT_PRECISION: tl.constexpr,
+    KV_FORMAT: tl.constexpr,  # 0: K/V rows in the query's dtype; else quantized rows (_dequantized_rows)
 ):
     """Causal attention of a tile of query rows over its sequence's paged K/V (flash-style).
 
@@ -124,7 +148,10 @@ def _paged_attention_kernel(
         key_valid = key_pos < kv_end
         block = tl.load(block_table + key_pos // BLOCK_SIZE, mask=key_valid, other=0)
         kv_offset = block * stride_cb + (key_pos % BLOCK_SIZE) * stride_cs + kv_head * stride_ch
-        k_t = tl.load(k_cache_ptr + kv_offset[None, :] + dims[:, None], mask=key_valid[None, :], other=0.0)
+        if KV_FORMAT == 0:
+            k_t = tl.load(k_cache_ptr + kv_offset[None, :] + dims[:, None], mask=key_valid[None, :], other=0.0)
+        else:
+            k_t = tl.trans(_dequantized_rows(k_cache_ptr, kv_offset, dims, key_valid, HEAD_DIM, KV_FORMAT))
         scores = tl.dot(q, k_t.to(DOT_DTYPE), input_precision=DOT_PRECISION) * scale_log2
         visible = key_valid[None, :] & (key_pos[None, :] <= q_pos[:, None])
         visible = visible & (key_pos[None, :] > q_pos[:, None] - sliding_window)
@@ -133,8 +160,11 @@ def _paged_attention_kernel(
         alpha = tl.exp2(m - m_new)
         p = tl.exp2(scores - m_new[:, None])
         l = l * alpha + tl.sum(p, 1)
-        v = tl.load(v_cache_ptr + kv_offset[:, None] + dims[None, :], mask=key_valid[:, None], other=0.0)
-        p = p.to(v.dtype).to(DOT_DTYPE)  # probabilities rounded to the input dtype, as on the GPU
+        if KV_FORMAT == 0:
+            v = tl.load(v_cache_ptr + kv_offset[:, None] + dims[None, :], mask=key_valid[:, None], other=0.0)
+        else:
+            v = _dequantized_rows(v_cache_ptr, kv_offset, dims, key_valid, HEAD_DIM, KV_FORMAT)
+        p = p.to(q_ptr.dtype.element_ty).to(DOT_DTYPE)  # probabilities rounded to the input dtype, as on the GPU
         acc = acc * alpha[:, None] + tl.dot(p, v.to(DOT_DTYPE), input_precision=DOT_PRECISION)
         m = m_new
 
@@ -163,7 +193,8 @@ def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
                     block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
                     scale: float, out: torch.Tensor | None = None,
                     sliding_window: int | None = None) -> torch.Tensor:
-    """Causal attention of query [T, H, D] over each sequence's paged context; returns [T, H, D].
+    """Causal attention of query [T, H, D] over each sequence's paged context; returns [T, H, D]. The caches
+    hold rows in the query's dtype or quantized ones (attention/kv_quant.py), dequantized as they are loaded.
 
     Sequence i owns query rows ``query_start_loc[i]:query_start_loc[i+1]`` and has ``seq_lens[i]``
     keys in the cache (its new keys included: store them first). ``out`` (contiguous, like query)
@@ -172,6 +203,9 @@ def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     """
     query = _unit_last_stride(query)
     num_tokens, num_heads, head_dim = query.shape
+    kv_format = _KV_FORMATS.get(k_cache.dtype, 0)
+    if kv_format:  # quantized rows are read as bytes
+        k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
     num_kv_heads = k_cache.shape[2]
     num_seqs = seq_lens.shape[0]
     out = query.new_empty(query.shape) if out is None else out
@@ -191,7 +225,7 @@ def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
         BLOCK_SIZE=k_cache.shape[1], GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q,
         BLOCK_N=64 if head_dim <= 128 else 32, HEAD_DIM=head_dim,
         DOT_DTYPE=tl.float32 if is_interpreted() else _TL_DTYPES[query.dtype],
-        DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+        DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32", KV_FORMAT=kv_format,
     )
     return out
 

@@ -42,6 +42,8 @@ class PerplexityResult:
     model: str
     quantization: str
     dtype: str
+    kv_cache_dtype: str
+    max_num_batched_tokens: int  # below the window: later chunks read earlier ones from the (quantized) KV cache
     text_file: str | None  # None: the default text (pydoc_data.topics)
     python_version: str  # the default text's wording depends on it
     num_text_tokens: int
@@ -144,7 +146,8 @@ def run_perplexity(args: argparse.Namespace) -> PerplexityResult:
     windows = strided_windows(len(token_ids), args.max_tokens_per_window, args.stride)
     result = PerplexityResult(
         model=llm.model_path, quantization=config.quantization,
-        dtype=str(llm.llm_engine.config.torch_dtype).removeprefix("torch."), text_file=args.text_file,
+        dtype=str(llm.llm_engine.config.torch_dtype).removeprefix("torch."), kv_cache_dtype=config.kv_cache_dtype,
+        max_num_batched_tokens=config.max_num_batched_tokens, text_file=args.text_file,
         python_version=platform.python_version(), num_text_tokens=len(token_ids), tokens_scored=scored,
         num_windows=num_windows, max_tokens_per_window=args.max_tokens_per_window, stride=args.stride,
         nll=nll, perplexity=math.exp(nll / scored), time_s=elapsed,

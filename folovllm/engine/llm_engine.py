@@ -18,6 +18,7 @@ import torch
 
 from folovllm.config import EngineConfig
 from folovllm.core.admission import make_admission
+from folovllm.attention.kv_quant import kv_cache_format
 from folovllm.core.kv_cache import KVCacheManager
 from folovllm.core.policy import make_policy
 from folovllm.core.scheduler import Scheduler, SchedulerLimits, SchedulerOutput
@@ -519,8 +520,10 @@ class LLMEngine:
     def cache_config_info(self) -> dict[str, str]:
         """The KV cache settings as label values (the ``cache_config_info`` metric)."""
         config = self.config
+        kv_format = kv_cache_format(config.kv_cache_dtype)
         return {"block_size": str(config.block_size),
-                "cache_dtype": str(config.torch_dtype).removeprefix("torch."),
+                "cache_dtype": str(config.torch_dtype).removeprefix("torch.") if kv_format is None else kv_format.name,
+                "num_cache_tokens": str(self.kv_cache.num_blocks * config.block_size),
                 "enable_prefix_caching": str(config.enable_prefix_caching),
                 "gpu_memory_utilization": str(config.gpu_memory_utilization),
                 "num_gpu_blocks": str(self.kv_cache.num_blocks), "prefix_caching_hash_algo": "sha256"}

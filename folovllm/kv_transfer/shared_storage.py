@@ -88,7 +88,8 @@ class SharedStorageConnector(KVConnectorBase):
                             or stored.dtype != cache.dtype:
                         raise ValueError(f"{name} is {stored.dtype} {tuple(stored.shape)}, this cache's "
                                          f"blocks are {cache.dtype} {tuple(cache.shape[1:])}")
-                    cache.index_copy_(0, target, stored.to(device))
+                    # as bytes: index_copy_ has no float8 kernel (a quantized cache's rows and scales)
+                    cache.view(torch.uint8).index_copy_(0, target, stored.to(device).view(torch.uint8))
                     num_bytes += stored.nbytes
         shutil.rmtree(folder, ignore_errors=True)  # read once: nothing else will ask for it
         return num_bytes

@@ -314,8 +314,9 @@ class TorchDistributedConnector(KVConnectorBase):
             index = torch.tensor(arrival.load.block_ids, dtype=torch.long, device=device)
             while arrival.copied < len(arrival.staged) and spent < budget:
                 (k, v), (sk, sv) = self.kv_caches[arrival.copied], arrival.staged[arrival.copied]
-                k.index_copy_(0, index, sk.to(device))
-                v.index_copy_(0, index, sv.to(device))
+                # as bytes: index_copy_ has no float8 kernel, and a quantized cache's rows are bytes anyway
+                k.view(torch.uint8).index_copy_(0, index, sk.to(device).view(torch.uint8))
+                v.view(torch.uint8).index_copy_(0, index, sv.to(device).view(torch.uint8))
                 spent += sk.nbytes + sv.nbytes
                 arrival.copied += 1
             if arrival.copied < len(arrival.staged):

@@ -6,6 +6,7 @@ import logging
 import psutil
 import torch
 
+from folovllm.attention.kv_quant import KVCacheFormat, cache_element_dtype, cache_row_shape
 from folovllm.attention.metadata import AttentionMetadata
 from folovllm.config import DEFAULT_CPU_KV_CACHE_MEMORY
 from folovllm.model.layers import CausalLM
@@ -15,9 +16,10 @@ logger = logging.getLogger(__name__)
 
 
 def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,
-                    dtype: torch.dtype) -> int:
-    element_size = torch.empty((), dtype=dtype).element_size()
-    return 2 * num_layers * block_size * num_kv_heads * head_dim * element_size  # K and V
+                    dtype: torch.dtype, fmt: KVCacheFormat | None = None) -> int:
+    """K and V bytes of one block over every layer: rows in ``dtype``, or a quantized format's codes and scales."""
+    element_size = torch.empty((), dtype=cache_element_dtype(dtype, fmt)).element_size()
+    return 2 * num_layers * block_size * num_kv_heads * cache_row_shape(head_dim, fmt) * element_size
 
 
 def cpu_kv_budget(kv_cache_memory: int | None) -> int:
@@ -91,8 +93,8 @@ def cuda_kv_budget(model: CausalLM, num_tokens: int, max_model_len: int, block_s
     return budget
 
 
-def log_capacity(num_blocks: int, block_size: int, block_bytes: int, max_model_len: int) -> None:
+def log_capacity(num_blocks: int, block_size: int, block_bytes: int, max_model_len: int, kv_dtype: str) -> None:
     tokens = num_blocks * block_size
-    logger.info("KV cache: %d blocks x %d tokens = %d tokens (%.2f GiB); %.1fx max_model_len=%d",
-                num_blocks, block_size, tokens, num_blocks * block_bytes / 2**30,
+    logger.info("KV cache (%s): %d blocks x %d tokens = %d tokens (%.2f GiB); %.1fx max_model_len=%d",
+                kv_dtype, num_blocks, block_size, tokens, num_blocks * block_bytes / 2**30,
                 tokens / max_model_len, max_model_len)

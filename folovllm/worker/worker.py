@@ -11,6 +11,13 @@ from __future__ import annotations
 import torch
 
 from folovllm.attention.backend import get_attention_backend
+from folovllm.attention.kv_quant import (
+    KVCacheFormat,
+    cache_element_dtype,
+    cache_row_shape,
+    check_backend_takes,
+    kv_cache_format,
+)
 from folovllm.compilation import compile_model
 from folovllm.config import EngineConfig
 from folovllm.distributed.group import TPGroup
@@ -27,9 +34,12 @@ from folovllm.worker.step_input import StepInput, StepOutput
 
 
 def allocate_kv_caches(num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
-                       head_dim: int, dtype: torch.dtype, device: torch.device) -> KVCaches:
-    """One preallocated K and V tensor per layer, ``[num_blocks, block_size, kv_heads, head_dim]``."""
-    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+                       head_dim: int, dtype: torch.dtype, device: torch.device,
+                       fmt: KVCacheFormat | None = None) -> KVCaches:
+    """One preallocated K and V tensor per layer, ``[num_blocks, block_size, kv_heads, head_dim]`` (a
+    quantized format: its codes with each row's scale after them, attention/kv_quant.py)."""
+    shape = (num_blocks, block_size, num_kv_heads, cache_row_shape(head_dim, fmt))
+    dtype = cache_element_dtype(dtype, fmt)
     return [(torch.zeros(shape, dtype=dtype, device=device),
              torch.zeros(shape, dtype=dtype, device=device)) for _ in range(num_layers)]
 
@@ -48,11 +58,14 @@ class Worker:
         if tp_group is not None:
             self.device = self.platform.rank_device(tp_group.rank % config.ranks_per_node)
         self.dtype = config.torch_dtype
+        self.kv_format = kv_cache_format(config.kv_cache_dtype)
+        backend = get_attention_backend(config.attention_backend)
+        check_backend_takes(backend, config.attention_backend, self.kv_format)
         torch.manual_seed(config.seed)  # unseeded sampling draws from the global RNG
         self.platform.set_threads(config.threads_per_rank)
         self.model = load_model(model_path, load_format=config.load_format, quantization=config.quantization,
                                 dtype=self.dtype, device=self.device,
-                                attn_backend=get_attention_backend(config.attention_backend), seed=config.seed,
+                                attn_backend=backend, seed=config.seed,
                                 hf_overrides=config.hf_overrides, tp_group=tp_group,
                                 load_quantized=config.load_quantized == "on",
                                 quantize_lm_head=config.quantize_lm_head, platform=self.platform,
@@ -77,7 +90,7 @@ class Worker:
     def _block_bytes(self) -> int:
         arch = self.arch
         return cache_sizing.bytes_per_block(arch.num_hidden_layers, self.config.block_size,
-                                            self.model.num_kv_heads, arch.head_dim, self.dtype)
+                                            self.model.num_kv_heads, arch.head_dim, self.dtype, self.kv_format)
 
     def determine_num_kv_blocks(self, max_model_len: int) -> int:
         """How many KV blocks fit this device's memory budget (or ``num_gpu_blocks_override``); under
@@ -98,9 +111,10 @@ class Worker:
     def initialize_cache(self, num_blocks: int, max_model_len: int) -> None:
         """Allocates ``num_blocks`` KV blocks, captures the decode graphs, and readies the runner."""
         cfg, arch = self.config, self.arch
-        cache_sizing.log_capacity(num_blocks, cfg.block_size, self._block_bytes(), max_model_len)
+        kv_dtype = str(self.dtype).removeprefix("torch.") if self.kv_format is None else self.kv_format.name
+        cache_sizing.log_capacity(num_blocks, cfg.block_size, self._block_bytes(), max_model_len, kv_dtype)
         caches = allocate_kv_caches(arch.num_hidden_layers, num_blocks, cfg.block_size,
-                                    self.model.num_kv_heads, arch.head_dim, self.dtype, self.device)
+                                    self.model.num_kv_heads, arch.head_dim, self.dtype, self.device, self.kv_format)
         graphs = None  # a graph would replay without the step's adapters: LoRA runs eager
         if self.platform.captures_graphs and self.lora is None:
             graphs = capture_decode_graphs(self.model, caches, cfg, max_model_len)

@@ -75,7 +75,7 @@ def test_vllm_spellings_of_our_switches() -> None:
 
 
 @pytest.mark.parametrize("argv, missing", [
-    (("--kv-cache-dtype", "fp8"), "an fp8 KV cache is not implemented"),
+    (("--kv-cache-dtype", "fp8", "--calculate-kv-scales"), "calculate_kv_scales"),
     (("--data-parallel-size", "0"), "data_parallel_size must be >= 1"),
 ])
 def test_settings_that_would_change_results_are_errors(argv, missing) -> None:

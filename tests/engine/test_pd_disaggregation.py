@@ -127,3 +127,30 @@ def test_consumer_without_params_runs_as_usual(tiny_llama_dir, prompts, colocate
         assert all(o.kv_transfer_params is None for o in outputs)
     finally:
         consumer.llm_engine.shutdown()
+
+
+@pytest.mark.parametrize("connector", ["shared_storage", "torch_distributed"])
+@pytest.mark.parametrize("kv_cache_dtype", ["int8", "fp8_e4m3"])
+def test_a_quantized_cache_moves_its_codes_and_scales(tiny_llama_dir, prompts, colocated, connector, kv_cache_dtype,
+                                                      tmp_path):
+    config = {"kv_connector": connector, "kv_connector_extra_config": {"shared_storage_path": str(tmp_path)}}
+    producer = make_llm(tiny_llama_dir, kv_cache_dtype=kv_cache_dtype,
+                        kv_transfer_config={**config, "kv_role": "kv_producer"})
+    consumer = make_llm(tiny_llama_dir, kv_cache_dtype=kv_cache_dtype,
+                        kv_transfer_config={**config, "kv_role": "kv_consumer"})
+    try:
+        c_engine = consumer.llm_engine
+        tokens, outputs = disaggregated(producer, consumer, prompts)
+        assert [o.num_external_computed_tokens for o in outputs] == [len(p) - 1 for p in prompts]
+        # a block is one-byte codes plus each row's 2-byte scale: head_dim 16 -> 18 bytes a row
+        layer_k = c_engine.worker.runner.kv_caches[0][0]
+        assert layer_k.shape[-1] == 18 and layer_k.element_size() == 1
+        block_bytes = 2 * len(c_engine.worker.runner.kv_caches) * layer_k[0].nbytes
+        blocks = sum(-(-(len(p) - 1) // c_engine.config.block_size) for p in prompts)
+        assert c_engine.stats.kv_transfer_recv_bytes == blocks * block_bytes
+        # the first token reads the whole prompt from the moved blocks (dequantized): it is the unquantized one
+        assert [t[0] for t in tokens] == [t[0] for t in colocated]
+        settle(producer)
+    finally:
+        producer.llm_engine.shutdown()
+        consumer.llm_engine.shutdown()

@@ -1,12 +1,14 @@
 // The paged-attention kernel's decode form, built once per tier (csrc/cpu/vec.h): one query row, every head
 // of one kv head's GQA group, over keys scattered in the cache's blocks. attention.cpp takes it below the
-// AVX-512 tier (where its AVX-512 decode path runs instead), for any head_dim that is a multiple of kLanes.
+// AVX-512 tier (where its AVX-512 decode path runs instead), for any head_dim that is a multiple of kLanes;
+// attention_quant.cpp takes it at every tier for a quantized cache (int8/fp8 codes widened and scaled as read).
 //
 // Keys go in tiles of at most kTile: with look-ahead, the next tile's K/V rows (this item's, else the first
 // of the item the thread runs next) are asked for while a tile computes, so memory streams them meanwhile
 // (without, each tile's rows are asked for at once as it starts); bf16 rows are widened once into an fp32 tile that every
 // head of the group then reads, four keys share one horizontal reduction, and each head's online softmax
 // (running max, rescaled sums and accumulators) updates once per tile. Accumulation is fp32 throughout.
+#include "../kv_quant.h"
 #include "../tiered.h"
 #include "../vec.h"
 
@@ -65,31 +67,55 @@ int tile_offsets(const PagedHead& kv, int64_t t0, int64_t t1, int64_t* offsets) 
   return static_cast<int>(t1 - t0);
 }
 
-// Asks for the K and V lines of n rows (cache offsets) of `kv`: they sit in scattered blocks, so asking
-// for a tile's rows while the tile before it computes overlaps their memory latencies with that work.
-template <typename T>
-void prefetch_rows(const PagedHead& kv, int64_t dim, const int64_t* offsets, int n) {
-  const T* k = static_cast<const T*>(kv.k);
-  const T* v = static_cast<const T*>(kv.v);
-  const int64_t row_bytes = dim * static_cast<int64_t>(sizeof(T));
+// Asks for the K and V lines of n rows (cache offsets, in elements of `elem_bytes`) of `kv`: they sit in
+// scattered blocks, so asking for a tile's rows while the tile before it computes overlaps their memory
+// latencies with that work.
+void prefetch_rows(const PagedHead& kv, int64_t elem_bytes, int64_t row_bytes, const int64_t* offsets, int n) {
+  const char* k = static_cast<const char*>(kv.k);
+  const char* v = static_cast<const char*>(kv.v);
   for (int j = 0; j < n; ++j)
     for (int64_t b = 0; b < row_bytes; b += 64) {
-      _mm_prefetch(reinterpret_cast<const char*>(k + offsets[j]) + b, _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(v + offsets[j]) + b, _MM_HINT_T0);
+      _mm_prefetch(k + offsets[j] * elem_bytes + b, _MM_HINT_T0);
+      _mm_prefetch(v + offsets[j] * elem_bytes + b, _MM_HINT_T0);
     }
 }
 
-// Row j of a tile as fp32: read in place from an fp32 cache, widened into `buf` (row j) from a bf16 one.
+// Rows of a cache in the query's dtype: fp32 read in place, bf16 widened into `buf` (row j).
 template <typename T>
-FOLO_VINLINE const float* tile_row(const T* cache, int64_t offset, int64_t dim, float* buf, int j) {
-  if constexpr (std::is_same_v<T, float>) {
-    return cache + offset;
-  } else {
-    float* row = buf + j * dim;
-    for (int64_t d = 0; d < dim; d += kLanes) vstore(row + d, vload_bf16(cache + offset + d));
-    return row;
+struct PlainRows {
+  static constexpr int64_t kElemBytes = sizeof(T);
+  static int64_t row_bytes(int64_t dim) { return dim * kElemBytes; }
+  FOLO_VINLINE const float* operator()(const void* cache, int64_t offset, int64_t dim, float* buf, int j) const {
+    const T* row = static_cast<const T*>(cache) + offset;
+    if constexpr (std::is_same_v<T, float>) {
+      return row;
+    } else {
+      float* out = buf + j * dim;
+      for (int64_t d = 0; d < dim; d += kLanes) vstore(out + d, vload_bf16(row + d));
+      return out;
+    }
   }
-}
+};
+
+// Rows of a quantized cache (kv_quant.h): codes widened to fp32 in registers, times the row's scale, into `buf`.
+template <KvFormat F>
+struct QuantRows {
+  static constexpr int64_t kElemBytes = 1;
+  static int64_t row_bytes(int64_t dim) { return dim + kKvScaleBytes; }
+  FOLO_VINLINE const float* operator()(const void* cache, int64_t offset, int64_t dim, float* buf, int j) const {
+    const uint8_t* row = static_cast<const uint8_t*>(cache) + offset;
+    float* out = buf + j * dim;
+    if constexpr (F == KvFormat::kInt8) {
+      const Vec scale = vset1(kv_row_scale(row, dim));
+      for (int64_t d = 0; d < dim; d += kLanes)
+        vstore(out + d, vmul(vload_i8(reinterpret_cast<const int8_t*>(row) + d), scale));
+    } else {
+      const Vec scale = vset1(kv_row_scale(row, dim) * kv_fp8_factor(F));
+      for (int64_t d = 0; d < dim; d += kLanes) vstore(out + d, vmul(vload_byte_float(row + d, kv_fp8_shift(F)), scale));
+    }
+    return out;
+  }
+};
 
 // scores[j] = q . k_j for keys [j0, j0 + G) (q already scaled): G independent sums, so the FMAs of G keys
 // overlap instead of each waiting on the last; G/4 horizontal reductions.
@@ -140,12 +166,13 @@ FOLO_VINLINE void add_values(float* acc, const float* w, const float* const* val
   for (int c = 0; c < C; ++c) vstore(acc + d0 + c * kLanes, sum[c]);
 }
 
-template <typename T>
+// Rows: how K/V rows are read as fp32 (PlainRows<T>, QuantRows<F>).
+template <typename T, typename Rows>
 void decode(const T* query, T* out, int64_t heads, int64_t dim, float scale, const PagedHead& kv, int64_t first_key,
             int64_t num_keys, const PagedHead* next, int64_t next_first, int64_t next_end) {
   Scratch& s = scratch(heads, dim);
-  const T* k_cache = static_cast<const T*>(kv.k);
-  const T* v_cache = static_cast<const T*>(kv.v);
+  const Rows read_row{};
+  const int64_t row_bytes = Rows::row_bytes(dim);
   const int64_t stride = kTile + kLanes;  // a head's score row
   float* row_max = s.row_max.data();
   float* row_sum = s.row_sum.data();
@@ -162,15 +189,16 @@ void decode(const T* query, T* out, int64_t heads, int64_t dim, float scale, con
   for (int64_t t0 = first_key; t0 < num_keys; t0 += tile) {
     const int n = tile_offsets(kv, t0, std::min(t0 + tile, num_keys), s.offsets.data());
     if (next == nullptr) {  // no look-ahead: this tile's rows, all asked for at once
-      prefetch_rows<T>(kv, dim, s.offsets.data(), n);
+      prefetch_rows(kv, Rows::kElemBytes, row_bytes, s.offsets.data(), n);
     } else if (t0 + tile < num_keys) {  // this item's next tile
       const int64_t t1 = t0 + tile;
-      prefetch_rows<T>(kv, dim, s.ahead.data(), tile_offsets(kv, t1, std::min(t1 + tile, num_keys), s.ahead.data()));
+      prefetch_rows(kv, Rows::kElemBytes, row_bytes, s.ahead.data(),
+                    tile_offsets(kv, t1, std::min(t1 + tile, num_keys), s.ahead.data()));
     } else if (next_first < next_end) {  // the first tile of the item this thread runs next
       const int64_t t1 = std::min(next_first + tile_size(next_end - next_first), next_end);
-      prefetch_rows<T>(*next, dim, s.ahead.data(), tile_offsets(*next, next_first, t1, s.ahead.data()));
+      prefetch_rows(*next, Rows::kElemBytes, row_bytes, s.ahead.data(), tile_offsets(*next, next_first, t1, s.ahead.data()));
     }
-    for (int j = 0; j < n; ++j) rows[j] = tile_row(k_cache, s.offsets[j], dim, s.keys.data(), j);
+    for (int j = 0; j < n; ++j) rows[j] = read_row(kv.k, s.offsets[j], dim, s.keys.data(), j);
     const int padded = (n + kLanes - 1) / kLanes * kLanes;
     for (int64_t r = 0; r < heads; ++r) {
       float* sc = &s.scores[r * stride];
@@ -186,7 +214,7 @@ void decode(const T* query, T* out, int64_t heads, int64_t dim, float scale, con
         for (int64_t d = 0; d < dim; d += kLanes)
           vstore(&s.acc[r * dim + d], vmul(vload(&s.acc[r * dim + d]), vset1(correction)));
     }
-    for (int j = 0; j < n; ++j) rows[j] = tile_row(v_cache, s.offsets[j], dim, s.values.data(), j);
+    for (int j = 0; j < n; ++j) rows[j] = read_row(kv.v, s.offsets[j], dim, s.values.data(), j);
     for (int64_t r = 0; r < heads; ++r) {
       float* acc = &s.acc[r * dim];
       const float* w = &s.scores[r * stride];
@@ -207,11 +235,30 @@ void decode_attention(const void* query, void* out, bool bf16, int64_t heads, in
                       const PagedHead& kv, int64_t first_key, int64_t num_keys, const PagedHead* next,
                       int64_t next_first, int64_t next_end) {
   if (bf16) {
-    decode(static_cast<const uint16_t*>(query), static_cast<uint16_t*>(out), heads, dim, scale, kv, first_key,
-           num_keys, next, next_first, next_end);
+    decode<uint16_t, PlainRows<uint16_t>>(static_cast<const uint16_t*>(query), static_cast<uint16_t*>(out), heads,
+                                          dim, scale, kv, first_key, num_keys, next, next_first, next_end);
   } else {
-    decode(static_cast<const float*>(query), static_cast<float*>(out), heads, dim, scale, kv, first_key, num_keys,
-           next, next_first, next_end);
+    decode<float, PlainRows<float>>(static_cast<const float*>(query), static_cast<float*>(out), heads, dim, scale,
+                                    kv, first_key, num_keys, next, next_first, next_end);
+  }
+}
+
+void decode_attention_quantized(const void* query, void* out, bool bf16, int64_t heads, int64_t dim, float scale,
+                                const PagedHead& kv, int format, int64_t first_key, int64_t num_keys) {
+  auto run = [&](auto rows) {
+    using Rows = decltype(rows);
+    if (bf16) {
+      decode<uint16_t, Rows>(static_cast<const uint16_t*>(query), static_cast<uint16_t*>(out), heads, dim, scale,
+                             kv, first_key, num_keys, nullptr, 0, 0);
+    } else {
+      decode<float, Rows>(static_cast<const float*>(query), static_cast<float*>(out), heads, dim, scale, kv,
+                          first_key, num_keys, nullptr, 0, 0);
+    }
+  };
+  switch (static_cast<KvFormat>(format)) {
+    case KvFormat::kInt8: return run(QuantRows<KvFormat::kInt8>{});
+    case KvFormat::kFp8E4m3: return run(QuantRows<KvFormat::kFp8E4m3>{});
+    case KvFormat::kFp8E5m2: return run(QuantRows<KvFormat::kFp8E5m2>{});
   }
 }
 
