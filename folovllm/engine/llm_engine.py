@@ -39,8 +39,7 @@ from folovllm.outputs import RequestOutput
 from folovllm.platforms import platform_for
 from folovllm.request import Request, RequestStatus
 from folovllm.sample.prompt_logprobs import PromptLogprobsChunk
-from folovllm.spec_decode.config import SpeculativeConfig
-from folovllm.spec_decode.speculator import Speculator
+from folovllm.spec_decode.speculator import make_speculator
 from folovllm.structured_output import GrammarCache, StructuredOutputManager
 from folovllm.worker.model_runner import LaunchedStep
 from folovllm.worker.tp_worker import TensorParallelWorker
@@ -129,8 +128,8 @@ class LLMEngine:
         self._ids = itertools.count()
         self._step_started = 0.0
         self.stats = EngineStats()
-        spec = config.speculative_config  # overlap is off with it (config.resolve)
-        self.speculator = Speculator(SpeculativeConfig.from_dict(spec), self.structured, self.stats) if spec else None
+        # proposals each step (overlap is off with them: config.resolve)
+        self.speculator = make_speculator(config, self.structured, self.stats, self.vocab_size, self.max_model_len)
         # Line-buffered so a trace is complete up to the last step even if the process is killed.
         self._trace = open(config.trace_path, "w", buffering=1) if config.trace_path else None
 
@@ -516,6 +515,8 @@ class LLMEngine:
         if request.metrics.finished_time is None:
             request.metrics.finished_time = time.perf_counter()
         self.scheduler.finish_request(request, status)
+        if self.speculator is not None:
+            self.speculator.finished(request)
 
     def check_health(self) -> None:
         """Raises RankFailedError if a tensor-parallel rank has died (a single worker is always fine)."""

@@ -10,13 +10,17 @@ they never name a proposal.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 
+from folovllm.config import EngineConfig
 from folovllm.core.scheduler import SchedulerOutput
 from folovllm.engine.stats import EngineStats
+from folovllm.model.loader.hub import resolve_model_files
 from folovllm.request import Request
 from folovllm.spec_decode.config import SpeculativeConfig
+from folovllm.spec_decode.draft import DraftModelProposer
 from folovllm.spec_decode.ngram import propose_ngram
 from folovllm.structured_output import StructuredOutputManager
 from folovllm.worker.step_input import StepOutput
@@ -25,14 +29,27 @@ logger = logging.getLogger(__name__)
 LOG_INTERVAL_S = 10.0  # how often the acceptance rate is logged while requests speculate
 
 
-class Speculator:
-    """Proposes for the running requests (n-gram lookup over prompt and output) and settles each step."""
+def make_speculator(config: EngineConfig, structured: StructuredOutputManager, stats: EngineStats,
+                    vocab_size: int, max_model_len: int) -> Speculator | None:
+    """The engine's speculator for its resolved ``config`` (None: no speculative_config)."""
+    if config.speculative_config is None:
+        return None
+    spec = SpeculativeConfig.from_dict(config.speculative_config)
+    draft = None
+    if spec.method == "draft_model":
+        draft_path = resolve_model_files(dataclasses.replace(config, model=spec.model, tokenizer=None)).model
+        draft = DraftModelProposer(config, draft_path, vocab_size, max_model_len)
+    return Speculator(spec, structured, stats, draft)
 
-    def __init__(self, config: SpeculativeConfig, structured: StructuredOutputManager, stats: EngineStats) -> None:
-        if config.method != "ngram":
-            raise ValueError(f"speculative_config: method {config.method!r} is not implemented in this build; "
-                             "use method 'ngram'")
+
+class Speculator:
+    """Proposes for the running requests (n-gram lookup over prompt and output, or a draft model) and
+    settles each step."""
+
+    def __init__(self, config: SpeculativeConfig, structured: StructuredOutputManager, stats: EngineStats,
+                 draft: DraftModelProposer | None = None) -> None:
         self.config = config
+        self.draft = draft
         self.structured = structured
         self.stats = stats
         stats.spec_decode_num_accepted_tokens_per_pos = [0] * config.num_speculative_tokens
@@ -46,13 +63,22 @@ class Speculator:
         config = self.config
         for request in running:
             request.spec_token_ids = []
-            if not enabled or not _decoding(request):
-                continue
-            drafts = propose_ngram(request.token_ids, config.num_speculative_tokens, config.prompt_lookup_min,
-                                   config.prompt_lookup_max)
+        decoding = [request for request in running if enabled and _decoding(request)]
+        if self.draft is not None:
+            self.draft.keep_only({request.request_id for request in running})  # preempted ones start over
+            proposals = self.draft.propose(decoding, config.num_speculative_tokens) if decoding else []
+        else:
+            proposals = [propose_ngram(request.token_ids, config.num_speculative_tokens, config.prompt_lookup_min,
+                                       config.prompt_lookup_max) for request in decoding]
+        for request, drafts in zip(decoding, proposals):
             if drafts and request.grammar is not None:  # a proposal the grammar refuses is cut
                 drafts = self.structured.fitting_prefix(request, drafts)
             request.spec_token_ids = drafts
+
+    def finished(self, request: Request) -> None:
+        """A request ended: the draft model's blocks for it are freed now."""
+        if self.draft is not None:
+            self.draft.forget(request.request_id)
 
     def settle(self, sched: SchedulerOutput, sampled: list[Request], out: StepOutput) -> None:
         """Moves each speculating request's ``num_computed_tokens`` back over its rejected proposals

@@ -68,10 +68,14 @@ def prepare_step_batch(step: StepInput, block_size: int, device: torch.device) -
         positions.extend(range(start, end))
         slot_mapping.extend(table[pos // block_size] * block_size + pos % block_size
                             for pos in range(start, end))
-        query_start_loc.append(query_start_loc[-1] + num_new)
-        query_lens.append(num_new)
-        seq_lens.append(end)
-        block_tables.append(table)
+        # A row verifying proposals attends as one decode row per token (causal by its seq_len): the
+        # decode kernels' arithmetic, so its tokens are bit for bit those of one-token steps.
+        for query_end in (range(start + 1, end + 1) if request.draft_token_ids else (end,)):
+            query_len = query_end - (query_end - 1 if request.draft_token_ids else start)
+            query_start_loc.append(query_start_loc[-1] + query_len)
+            query_lens.append(query_len)
+            seq_lens.append(query_end)
+            block_tables.append(table)
         if request.sampling is not None:  # caught up: this step's last logits give the next token
             num_drafts = len(request.draft_token_ids)  # and with proposals, the rows scoring each of them
             logits_indices.extend(range(query_start_loc[-1] - 1 - num_drafts, query_start_loc[-1]))

@@ -120,3 +120,54 @@ def test_no_proposals_above_disable_by_batch_size(tiny_llama_dir):  # noqa: F811
     assert llm.llm_engine.stats.spec_decode_num_drafts == 0
     run(llm, prompts[:1], GREEDY)
     assert llm.llm_engine.stats.spec_decode_num_drafts > 0
+
+
+@pytest.fixture(scope="module")
+def draft_dir(tmp_path_factory) -> str:
+    """A one-layer random Llama with the tiny model's vocabulary: a draft that is often wrong."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from folovllm.bench.gpu_runs import save_tokenizer
+    from tests.engine.conftest import TINY_VOCAB
+
+    torch.manual_seed(1)
+    config = LlamaConfig(vocab_size=TINY_VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         eos_token_id=2, bos_token_id=1, initializer_range=0.2, tie_word_embeddings=False)
+    path = tmp_path_factory.mktemp("tiny_draft")
+    LlamaForCausalLM(config).eval().save_pretrained(path, safe_serialization=True)
+    save_tokenizer(path)
+    return str(path)
+
+
+@pytest.mark.parametrize("settings", [{}, dict(max_num_batched_tokens=16, max_num_seqs=4),
+                                      dict(num_gpu_blocks_override=40, max_model_len=160)],
+                         ids=["plain", "chunked", "preemption"])
+def test_draft_model_greedy_output_is_unchanged(tiny_llama_dir, draft_dir, baseline, settings):  # noqa: F811
+    prompts = grounded_prompts(8, seed=6)
+    llm = make_llm(tiny_llama_dir, speculative_config={"model": draft_dir, "num_speculative_tokens": 3}, **settings)
+    assert run(llm, prompts, GREEDY) == run(baseline, prompts, GREEDY)
+    engine = llm.llm_engine
+    assert engine.stats.spec_decode_num_drafts > 0
+    assert engine.kv_cache.num_used_blocks == 0 and engine.speculator.draft.kv_cache.num_used_blocks == 0
+
+
+def test_the_target_as_its_own_draft_is_always_accepted(tiny_llama_dir, baseline):  # noqa: F811
+    llm = make_llm(tiny_llama_dir, speculative_config={"model": tiny_llama_dir, "num_speculative_tokens": 3})
+    prompts = grounded_prompts(4, seed=7)
+    assert run(llm, prompts, GREEDY) == run(baseline, prompts, GREEDY)
+    stats = llm.llm_engine.stats
+    assert stats.spec_decode_num_accepted_tokens == stats.spec_decode_num_draft_tokens > 0
+
+
+def test_a_draft_of_another_vocabulary_is_refused(tiny_llama_dir, tmp_path):  # noqa: F811
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(2)
+    config = LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    LlamaForCausalLM(config).save_pretrained(tmp_path, safe_serialization=True)
+    with pytest.raises(ValueError, match="vocabulary"):
+        make_llm(tiny_llama_dir, speculative_config={"model": str(tmp_path), "num_speculative_tokens": 2})
