@@ -171,3 +171,13 @@ def test_a_draft_of_another_vocabulary_is_refused(tiny_llama_dir, tmp_path):  # 
     LlamaForCausalLM(config).save_pretrained(tmp_path, safe_serialization=True)
     with pytest.raises(ValueError, match="vocabulary"):
         make_llm(tiny_llama_dir, speculative_config={"model": str(tmp_path), "num_speculative_tokens": 2})
+
+
+def test_processors_see_the_proposals_before_each_row(spec, baseline):
+    prompts = grounded_prompts(4, seed=8)
+    eos = spec.llm_engine.eos_token_ids[0]
+    for params in (SamplingParams(temperature=0.0, max_tokens=24, repetition_penalty=1.3, frequency_penalty=0.4),
+                   SamplingParams(temperature=0.0, max_tokens=24, min_tokens=12, stop_token_ids=[eos]),
+                   SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True,
+                                  logit_bias={prompts[1]["prompt_token_ids"][1]: -5.0})):
+        assert run(spec, prompts, params) == run(baseline, prompts, params)
