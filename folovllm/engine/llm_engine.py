@@ -424,11 +424,7 @@ class LLMEngine:
             request.num_pending_tokens -= 1
             if request.status.finished:  # ended meanwhile (stopped one step earlier, or aborted)
                 continue
-            if out.spec_token_ids:  # it verified proposals: its kept ones and one more
-                tokens, logprobs = out.spec_token_ids[row], out.spec_logprobs[row]
-            else:
-                tokens, logprobs = [out.sampled_token_ids[row]], [out.logprobs[row] if out.logprobs else None]
-            for token_id, token_logprobs in zip(tokens, logprobs):
+            for token_id, token_logprobs in zip(*out.row_tokens(row)):  # several: it verified proposals
                 if not self._take_token(request, token_id, token_logprobs, now, touched):
                     break
         return out.wait_s

@@ -65,3 +65,9 @@ class StepOutput:
     # their logprobs; ``sampled_token_ids`` holds the first of each
     spec_token_ids: list[list[int]] = field(default_factory=list)
     spec_logprobs: list[list[TokenLogprobs | None]] = field(default_factory=list)
+
+    def row_tokens(self, row: int) -> tuple[list[int], list[TokenLogprobs | None]]:
+        """A sampling row's tokens in order (several when it verified proposals) and their logprobs."""
+        if self.spec_token_ids:
+            return self.spec_token_ids[row], self.spec_logprobs[row]
+        return [self.sampled_token_ids[row]], [self.logprobs[row] if self.logprobs else None]
