@@ -116,6 +116,7 @@ def run_bench_spec(args: argparse.Namespace) -> dict[str, Any]:
                 else:
                     seconds, tokens, texts[name][on] = _decode_batch(engines[on], args.batch, random.Random(seed))
                 samples[name][on].append(tokens / seconds)
+                print(f"round {r} {name} spec {'on' if on else 'off'}: {tokens / seconds:.2f} output tok/s", flush=True)
                 if on:
                     counts[name] = [c + a - b for c, a, b in zip(counts[name], _spec_counts(engines[on]), before)]
     results: dict[str, Any] = {"speculative_config": config.speculative_config, "rounds": args.rounds,
