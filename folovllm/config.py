@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from folovllm.platforms import platform_for, resolve_device
+from folovllm.spec_decode.config import SpeculativeConfig
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _SIZE_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20, "mb": 2**20,
@@ -56,7 +57,7 @@ def usable_cores() -> int:
 # last holds the knobs only FoloVLLM has.
 CONFIG_GROUPS = ("ModelConfig", "LoadConfig", "DeviceConfig", "CacheConfig", "ParallelConfig",
                  "SchedulerConfig", "StructuredOutputsConfig", "CompilationConfig", "ObservabilityConfig",
-                 "KVTransferConfig", "LoRAConfig", "FoloVLLM")
+                 "KVTransferConfig", "LoRAConfig", "SpeculativeConfig", "FoloVLLM")
 NO_EFFECT = "accepted for compatibility, has no effect"
 
 
@@ -229,6 +230,11 @@ class EngineConfig:
     max_lora_rank: int = knob(16, "LoRA: the largest adapter rank accepted", group="LoRAConfig")
     max_cpu_loras: int | None = knob(None, "LoRA: adapters kept loaded in CPU memory, least recently used "
                                            "dropped first (default: max_loras)", group="LoRAConfig")
+    # -- SpeculativeConfig (docs/speculative_decoding.md) ----------------------------------------------
+    speculative_config: dict[str, Any] | None = knob(
+        None, "JSON: '{\"method\": \"ngram\", \"num_speculative_tokens\": 4, \"prompt_lookup_max\": 4}' or "
+              "'{\"model\": DRAFT, \"num_speculative_tokens\": 4}'; optional disable_by_batch_size; "
+              "turns overlap scheduling off", group="SpeculativeConfig")
     # -- FoloVLLM's own knobs ---------------------------------------------------------------------
     attention_backend: str = knob("auto", "auto: triton on CUDA; on CPU cpu when its kernel runs at the CPU's "
                                           "tier (make kernels builds it), else torch")
@@ -402,6 +408,8 @@ class EngineConfig:
                 raise ValueError(f"{f.name}={value!r}: {feature} is not implemented yet; use {allowed!r}")
         if self.max_logprobs < -1:
             raise ValueError(f"max_logprobs must be -1 (no limit) or >= 0; got {self.max_logprobs}")
+        if self.speculative_config is not None:
+            SpeculativeConfig.from_dict(self.speculative_config)
         if self.hf_overrides is not None and not isinstance(self.hf_overrides, dict):
             raise ValueError(f"hf_overrides must be a dict (JSON object); got {type(self.hf_overrides).__name__}")
 
@@ -441,6 +449,10 @@ class EngineConfig:
         dtype = platform.resolve_dtype(self.dtype)
         backend = platform.auto_attention_backend() if self.attention_backend == "auto" else self.attention_backend
         overlap = platform.asynchronous if self.overlap_scheduling == "auto" else bool(self.overlap_scheduling)
+        if self.speculative_config is not None and overlap:  # proposals read the last token on the host
+            if self.overlap_scheduling is True:
+                raise ValueError("speculative decoding needs overlap scheduling off; leave it at 'auto' or pass --no-overlap")
+            overlap = False
         enforce_eager = self.enforce_eager
         if self.tensor_parallel_size > 1:
             overlap, enforce_eager = self._tensor_parallel_settings(device, overlap)

@@ -81,6 +81,8 @@ class Request:
         # yet in token_ids. They count in num_tokens, so the next step can be scheduled meanwhile.
         self.num_pending_tokens = 0
         self.num_cached_tokens = 0  # prompt tokens served from the prefix cache
+        # Speculative decoding: tokens proposed after the last one, verified by the next step (never cached)
+        self.spec_token_ids: list[int] = []
         self.priority = priority  # lower runs first under the priority policy
         self.user = user  # the tenant, for the fair policy
         self.arrival_seq = 0  # set by the scheduler: tie-break among equal arrival times

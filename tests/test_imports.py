@@ -1,6 +1,7 @@
 """The package's imports run one way: CLI -> bench/server/simulator -> engine -> core/worker ->
 compilation -> model/attention/sample -> platforms -> envs, engine/server -> structured_output,
-CLI -> quantize -> model, and CLI -> proxy; the config asks the platforms only; the small shared modules
+CLI -> quantize -> model, and CLI -> proxy; the config asks the platforms (and the speculative
+config's checks) only; the small shared modules
 depend on nothing in the package."""
 from __future__ import annotations
 
@@ -69,12 +70,16 @@ FORBIDDEN = {
     # LoRA adapters: requests (engine side), loading and the op over the model's linears (worker side)
     "lora": ["folovllm.entrypoints", "folovllm.bench", "folovllm.engine", "folovllm.core", "folovllm.worker",
              "folovllm.quantize", "folovllm.structured_output", "folovllm.compilation"],
+    # speculative decoding's engine side: proposals (n-gram, a draft model's worker) and settling each step
+    "spec_decode": ["folovllm.entrypoints", "folovllm.bench", "folovllm.quantize", "folovllm.simulator"],
+    # vLLM's speculative_config dict, checked: the config asks it, so it depends on nothing
+    "spec_decode/config": ["folovllm"],
     # the offline quantizer: run by the CLI, reads models through folovllm.model
     "quantize": ["folovllm.entrypoints", "folovllm.bench", "folovllm.engine", "folovllm.core",
                  "folovllm.worker"],
 }
 # Exceptions to FORBIDDEN: what a part may import even so.
-ALLOWED = {"config": ["folovllm.platforms", "folovllm.envs"], "platforms": ["folovllm.platforms", "folovllm.envs"]}
+ALLOWED = {"config": ["folovllm.platforms", "folovllm.envs", "folovllm.spec_decode.config"], "platforms": ["folovllm.platforms", "folovllm.envs"]}
 
 
 def imported_modules(path: Path) -> set[str]:

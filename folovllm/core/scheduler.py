@@ -30,8 +30,12 @@ class SchedulerOutput:
     num_new_tokens: list[int] = field(default_factory=list)
     block_tables: list[list[int]] = field(default_factory=list)  # each request's, after allocation
     preempted: list[Request] = field(default_factory=list)
+    # speculative decoding: request id -> the proposals its step verifies (after its last token)
+    draft_token_ids: dict[str, list[int]] = field(default_factory=dict)
 
     def add(self, request: Request, num_new_tokens: int, block_table: list[int]) -> None:
+        if request.spec_token_ids:
+            self.draft_token_ids[request.request_id] = list(request.spec_token_ids)
         self.requests.append(request)
         self.num_new_tokens.append(num_new_tokens)
         self.block_tables.append(block_table)
@@ -45,12 +49,13 @@ class SchedulerOutput:
         return not self.requests
 
     def num_decode_tokens(self) -> int:
-        return sum(1 for r, n in zip(self.requests, self.num_new_tokens) if is_decode_row(r, n))
+        return sum(n for r, n in zip(self.requests, self.num_new_tokens) if is_decode_row(r, n))
 
 
 def is_decode_row(request: Request, num_new_tokens: int) -> bool:
-    """Whether the request generates one token from a full cache (not a prompt chunk), before the step runs."""
-    return (num_new_tokens == 1 and request.num_output_tokens > 0
+    """Whether the request generates from a full cache (not a prompt chunk), before the step runs: its
+    last token, plus the proposals it verifies when it speculates."""
+    return (num_new_tokens == 1 + len(request.spec_token_ids) and request.num_output_tokens > 0
             and request.num_computed_tokens == request.num_tokens - 1)
 
 
@@ -264,6 +269,11 @@ class Scheduler:
         if request.num_output_tokens >= request.max_tokens or request.num_tokens >= self.limits.max_model_len:
             return 0  # overlap: its last token is still pending and will end it by length
         num_new = request.num_tokens - request.num_computed_tokens - num_cached
+        if num_new == 1 and request.spec_token_ids:  # its proposals, as far as budget and limits allow
+            room = min(budget, self.limits.max_model_len - request.num_tokens,
+                       request.max_tokens - request.num_output_tokens) - 1
+            del request.spec_token_ids[max(room, 0):]
+            return 1 + len(request.spec_token_ids)
         threshold = self.limits.long_prefill_token_threshold
         if chunked and self.limits.enable_chunked_prefill and 0 < threshold < num_new:
             num_new = threshold
@@ -312,6 +322,7 @@ class Scheduler:
         self.running.remove(request)
         self.kv_cache.free(request)
         request.num_computed_tokens = 0
+        request.spec_token_ids = []
         request.num_preemptions += 1
         request.status = RequestStatus.PREEMPTED
         self.waiting.insert(0, request)

@@ -40,6 +40,7 @@ from folovllm.outputs import RequestOutput
 from folovllm.platforms import platform_for
 from folovllm.request import Request, RequestStatus
 from folovllm.sample.prompt_logprobs import PromptLogprobsChunk
+from folovllm.spec_decode.speculator import make_speculator
 from folovllm.structured_output import GrammarCache, StructuredOutputManager
 from folovllm.worker.model_runner import LaunchedStep
 from folovllm.worker.tp_worker import TensorParallelWorker
@@ -128,6 +129,8 @@ class LLMEngine:
         self._ids = itertools.count()
         self._step_started = 0.0
         self.stats = EngineStats()
+        # proposals each step (overlap is off with them: config.resolve)
+        self.speculator = make_speculator(config, self.structured, self.stats, self.vocab_size, self.max_model_len)
         # Line-buffered so a trace is complete up to the last step even if the process is killed.
         self._trace = open(config.trace_path, "w", buffering=1) if config.trace_path else None
 
@@ -281,6 +284,8 @@ class LLMEngine:
             wait_s += self._resolve(previous, touched)  # a logits processor reads every earlier token
             previous = None
         self._update_grammars(touched)
+        if self.speculator is not None:
+            self.speculator.propose(self.scheduler.running)
         sched = self.scheduler.schedule()
         if sched.is_empty and previous is None and self.structured.has_compiling:
             self.structured.wait(0.02)  # only grammars are pending: do not spin
@@ -408,6 +413,8 @@ class LLMEngine:
                 self._fail_group(request.parent_id, touched)
             return 0.0
         now = time.perf_counter()
+        if self.speculator is not None:  # first: the prefix cache must not name a rejected proposal
+            self.speculator.settle(step.sched, step.sampled, out)
         for request in step.sched.requests:
             self.kv_cache.cache_computed_blocks(request)
         if out.prompt_logprobs:
@@ -418,30 +425,36 @@ class LLMEngine:
             request.num_pending_tokens -= 1
             if request.status.finished:  # ended meanwhile (stopped one step earlier, or aborted)
                 continue
-            logprobs = out.logprobs[row] if out.logprobs else None
-            token_id = out.sampled_token_ids[row]
-            refused = self.structured.accept(request, token_id) if request.grammar is not None else None
-            if refused is not None:
-                logger.warning("request %s: %s", request.request_id, refused)
-                self._fail_group(request.parent_id, touched, refused)
-                continue
-            try:
-                status = self.output_processor.append_token(request, token_id, logprobs)
-            except Exception:
-                logger.exception("output processing failed for request %s; ending it", request.request_id)
-                self._fail_group(request.parent_id, touched)
-                continue
-            if status is None and request.grammar is not None and request.grammar.is_terminated:
-                status = RequestStatus.FINISHED_STOPPED  # a stop token ended the grammar (ignore_eos)
-            if request.metrics.first_token_time is None:
-                request.metrics.first_token_time = now
-            request.metrics.last_token_time = now
-            if status is not None:
-                request.metrics.finished_time = now
-                self._finish(request, status)
-            self.stats.generation_tokens += 1
-            touched[request.parent_id] = self.groups[request.parent_id]
+            for token_id, token_logprobs in zip(*out.row_tokens(row)):  # several: it verified proposals
+                if not self._take_token(request, token_id, token_logprobs, now, touched):
+                    break
         return out.wait_s
+
+    def _take_token(self, request: Request, token_id: int, logprobs, now: float,
+                    touched: dict[str, RequestGroup]) -> bool:
+        """One sampled token through the grammar, output and stop checks; False once the request ended."""
+        refused = self.structured.accept(request, token_id) if request.grammar is not None else None
+        if refused is not None:
+            logger.warning("request %s: %s", request.request_id, refused)
+            self._fail_group(request.parent_id, touched, refused)
+            return False
+        try:
+            status = self.output_processor.append_token(request, token_id, logprobs)
+        except Exception:
+            logger.exception("output processing failed for request %s; ending it", request.request_id)
+            self._fail_group(request.parent_id, touched)
+            return False
+        if status is None and request.grammar is not None and request.grammar.is_terminated:
+            status = RequestStatus.FINISHED_STOPPED  # a stop token ended the grammar (ignore_eos)
+        if request.metrics.first_token_time is None:
+            request.metrics.first_token_time = now
+        request.metrics.last_token_time = now
+        if status is not None:
+            request.metrics.finished_time = now
+            self._finish(request, status)
+        self.stats.generation_tokens += 1
+        touched[request.parent_id] = self.groups[request.parent_id]
+        return status is None
 
     def _take_pooled(self, step: InFlight, pooled: list[tuple[str, list]], now: float,
                      touched: dict[str, RequestGroup]) -> None:
@@ -499,6 +512,8 @@ class LLMEngine:
         if request.metrics.finished_time is None:
             request.metrics.finished_time = time.perf_counter()
         self.scheduler.finish_request(request, status)
+        if self.speculator is not None:
+            self.speculator.finished(request)
 
     def check_health(self) -> None:
         """Raises RankFailedError if a tensor-parallel rank has died (a single worker is always fine)."""

@@ -47,6 +47,12 @@ class EngineStats:
     kv_transfer_sends: int = 0
     kv_transfer_recv_bytes: int = 0  # KV received by pulls that arrived
     kv_transfer_recv_seconds: float = 0.0  # their summed time, asked to in place
+    # speculative decoding (vLLM's spec_decode_* counters): steps a request verified proposals in, the
+    # proposals, those accepted, and those accepted at each proposal position
+    spec_decode_num_drafts: int = 0
+    spec_decode_num_draft_tokens: int = 0
+    spec_decode_num_accepted_tokens: int = 0
+    spec_decode_num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
     peak_num_running: int = 0
     host_time_s: float = 0.0  # CPU time in step() not spent waiting for the device (schedule, prepare, update)
     last_step: StepStats | None = None
@@ -84,7 +90,7 @@ def step_cost_terms(sched: SchedulerOutput) -> tuple[int, int, tuple[int, int]]:
         computed = request.num_computed_tokens
         context += computed + n
         if is_decode_row(request, n):
-            num_decode += 1
+            num_decode += n
         else:
             cached_pairs += n * computed
             new_pairs += n * (n + 1) // 2

@@ -5,6 +5,7 @@ from folovllm.core.scheduler import SchedulerOutput
 from folovllm.request import Request
 from folovllm.sample.prompt_logprobs import PromptLogprobsRequest
 from folovllm.sample.rows import SamplingRow
+from folovllm.spec_decode.rows import draft_rows
 from folovllm.structured_output import StructuredOutputManager
 from folovllm.worker.step_input import ScheduledRequest, StepInput
 
@@ -23,20 +24,25 @@ def build_step_input(sched: SchedulerOutput, finished_request_ids: list[str],
     for request, num_new, table in entries:
         start = request.num_computed_tokens
         end = start + num_new
-        known = request.token_ids[start:end]  # a token past these is still pending on the device
+        drafts = sched.draft_token_ids.get(request.request_id, [])  # proposals this step verifies
+        known = request.token_ids[start:end] + drafts  # a token past these is still pending on the device
         sampling = None
         if request.pooling is not None:  # prefill only: its rows are pooled, nothing is sampled
             scheduled.append(ScheduledRequest(request.request_id, known, 0, start, table, pooling=request.pooling,
                                               pooling_done=end == request.num_prompt_tokens,
                                               lora=request.lora_request))
             continue
-        if end == request.num_tokens:  # caught up: this step's last logits give the next token
+        later_rows = []
+        if end - len(drafts) == request.num_tokens:  # caught up: this step's last logits give the next token
             sampling = sampling_row(request)
             sampled.append(request)
             rows.append(sampling)
+            if drafts:
+                bitmasks = structured.draft_bitmasks(request, drafts) if request.grammar is not None else None
+                later_rows = draft_rows(sampling, drafts, bitmasks)
         scheduled.append(ScheduledRequest(request.request_id, known, num_new - len(known), start, table,
                                           sampling, prompt_logprobs_request(request, start, end),
-                                          lora=request.lora_request))
+                                          lora=request.lora_request, draft_token_ids=drafts, draft_rows=later_rows))
     if structured is not None and any(r.grammar is not None for r in sampled):
         for row, bitmask in zip(rows, structured.fill_bitmasks(sampled)):
             row.allowed_token_bitmask = bitmask

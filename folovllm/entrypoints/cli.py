@@ -216,6 +216,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_lora_bench_args(lora)
     lora.set_defaults(func=lambda args: _run_bench(run_bench_lora, args))
+    spec = bench_sub.add_parser("spec", help="speculative decoding on vs off: one stream on input-grounded prompts "
+                                             "and a decode batch, alternating rounds")
+    from folovllm.bench.spec_decode import add_bench_spec_args, run_bench_spec
+
+    add_bench_spec_args(spec)
+    spec.set_defaults(func=lambda args: _run_bench(run_bench_spec, args))
     perplexity = bench_sub.add_parser("perplexity", help="strided perplexity of a text (prompt logprobs)")
     from folovllm.bench.perplexity import add_perplexity_args, run_perplexity
 

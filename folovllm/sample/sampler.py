@@ -66,28 +66,31 @@ class Sampler:
         if batch.is_plain_greedy:
             return logits.argmax(dim=-1), no_logprobs
 
-        raw_logprobs = None
-        if batch.max_num_logprobs is not None:
-            raw_logprobs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
-        # Everything below works in place on our own float32 copy.
-        logits = logits.to(torch.float32, memory_format=torch.contiguous_format, copy=True)
-
-        for processor in batch.processors:
-            processor.apply(logits)
-
+        logits, raw_logprobs = self.adjusted(logits, batch)
         if batch.all_greedy:
             sampled = logits.argmax(dim=-1)
         else:
             sampled = self._sample(logits, batch)
         if raw_logprobs is None:
             return sampled, no_logprobs
-        return sampled, _gather_logprobs(raw_logprobs, sampled, sampled.tolist(), batch)
+        return sampled, gather_logprobs(raw_logprobs, sampled, sampled.tolist(), batch)
 
-    def _sample(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-        greedy_tokens = None
-        if batch.greedy_mask is not None:
-            greedy_tokens = logits.argmax(dim=-1)
+    @staticmethod
+    def adjusted(logits: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A float32 copy of the logits with the logits processors applied (greedy rows take its
+        argmax), and the raw logits' log-softmax when some row asks for logprobs."""
+        raw_logprobs = None
+        if batch.max_num_logprobs is not None:
+            raw_logprobs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
+        logits = logits.to(torch.float32, memory_format=torch.contiguous_format, copy=True)
+        for processor in batch.processors:
+            processor.apply(logits)
+        return logits, raw_logprobs
 
+    @staticmethod
+    def probabilities(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+        """Each random row's distribution (temperature, top-k/top-p, min-p), in place on ``adjusted``'s
+        logits; greedy rows are left at temperature 1 and should be read by their argmax instead."""
         logits.div_(batch.temperature.unsqueeze(1))  # set whenever some row is random
         if batch.top_p is not None:
             _apply_top_k_top_p(logits, batch.top_k, batch.top_p)
@@ -95,9 +98,13 @@ class Sampler:
             _apply_top_k_only(logits, batch.top_k, batch.max_top_k)
         if batch.min_p is not None:
             _apply_min_p(logits, batch.min_p)
+        return logits.softmax(dim=-1)
 
-        probs = logits.softmax(dim=-1)
-        sampled = _exponential_race(probs, batch.generators)
+    def _sample(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+        greedy_tokens = None
+        if batch.greedy_mask is not None:
+            greedy_tokens = logits.argmax(dim=-1)
+        sampled = _exponential_race(self.probabilities(logits, batch), batch.generators)
         if greedy_tokens is not None:
             sampled = torch.where(batch.greedy_mask, greedy_tokens, sampled)
         return sampled
@@ -150,7 +157,7 @@ def _exponential_race(probs: torch.Tensor, generators: dict[int, torch.Generator
     return probs.div_(noise).argmax(dim=-1)
 
 
-def _gather_logprobs(
+def gather_logprobs(
     raw_logprobs: torch.Tensor, sampled: torch.Tensor, token_ids: list[int], batch: SamplingBatch
 ) -> list[TokenLogprobs | None]:
     # Computed for every row (cheaper than gathering the rows that asked, especially on CPU).

@@ -28,6 +28,9 @@ class GrammarMatcher(Protocol):
     def is_terminated(self) -> bool:
         """The grammar is complete and a stop token was accepted: nothing may follow."""
 
+    def rollback(self, num_tokens: int) -> None:
+        """Undoes the last ``num_tokens`` accepted tokens (speculative decoding's proposals)."""
+
 
 class StructuredOutputBackend(ABC):
     """Compiles constraints for one tokenizer and fills token bitmasks for a batch of matchers.

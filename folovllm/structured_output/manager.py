@@ -107,3 +107,29 @@ class StructuredOutputManager:
             return (f"token {token_id} does not fit the request's structured-outputs constraint "
                     "(a stop token was banned by min_tokens, or the constraint allows nothing here)")
         return None
+
+    def fitting_prefix(self, request: Request, token_ids: Sequence[int]) -> list[int]:
+        """The longest prefix of proposed tokens the request's grammar accepts; the matcher is left as it was."""
+        matcher = request.grammar.matcher
+        fitting = 0
+        for token_id in token_ids:
+            if matcher.is_terminated() or not matcher.accept_token(token_id):
+                break
+            fitting += 1
+        if fitting:
+            matcher.rollback(fitting)
+        return list(token_ids[:fitting])
+
+    def draft_bitmasks(self, request: Request, token_ids: Sequence[int]) -> list[np.ndarray]:
+        """The allowed-token bitmask after each proposed token (which the grammar must accept); the
+        matcher is left as it was."""
+        matcher = request.grammar.matcher
+        backend = self.cache.backend
+        bitmask = np.empty((len(token_ids), backend.bitmask_width), dtype=np.int32)
+        for row, token_id in enumerate(token_ids):
+            if not matcher.accept_token(token_id):
+                raise RuntimeError(f"proposed token {token_id} does not fit the grammar it was checked against")
+            backend.fill_bitmask([matcher], bitmask[row:row + 1])
+        matcher.rollback(len(token_ids))
+        return list(bitmask)
+

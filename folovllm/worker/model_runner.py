@@ -6,6 +6,7 @@ scheduling); a token still on the device is fed to the next step straight from d
 """
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from folovllm.platforms import Platform, to_device
 from folovllm.pooling.pooler import Pooler
 from folovllm.sample.metadata import is_plain_greedy_row
 from folovllm.sample.prompt_logprobs import DEFAULT_SLICE_ROWS, PromptLogprobsTensors, compute_prompt_logprobs
+from folovllm.sample.rejection_sampler import accept_greedy, verify
 from folovllm.sample.sampler import Sampler, TokenLogprobs, build_sampling_batch
 from folovllm.worker.cuda_graphs import CudaGraphRunner
 from folovllm.worker.decode_inputs import DecodeInputBuffers, is_decode_only
@@ -40,6 +42,9 @@ class LaunchedStep:
     ready: Any = None  # that copy's event (``synchronize()`` waits for it)
     prompt_logprobs: PromptLogprobsTensors | None = None  # read back by ``resolve``
     pooled: list[tuple[str, torch.Tensor]] | None = None  # pooling requests' results, read back by ``resolve``
+    # a step that verified proposals: each row's emitted tokens and their logprobs, already on the host
+    spec_token_ids: list[list[int]] | None = None
+    spec_logprobs: list[list[TokenLogprobs | None]] | None = None
 
     def row_of(self) -> dict[str, int]:
         return {rid: i for i, rid in enumerate(self.request_ids)}
@@ -99,6 +104,8 @@ class ModelRunner:
         if not batch.sampling_rows:
             return LaunchedStep([], None, None, prompt_logprobs=prompt_logprobs, pooled=pooled)
         sampled_hidden = _sampled_rows(hidden, batch)
+        if batch.draft_token_ids:
+            return self._verify(batch, sampled_hidden, generators, prompt_logprobs, pooled)
         if self.greedy_head is not None and all(is_plain_greedy_row(row) for row in batch.sampling_rows):
             # the head's tokens are the sampler's argmax; the sampling batch would go unread
             token_ids = self.greedy_head(sampled_hidden)
@@ -115,6 +122,23 @@ class ModelRunner:
             launched.host_token_ids, launched.ready = self.platform.copy_home(token_ids)
         return launched
 
+    def _verify(self, batch: StepBatch, sampled_hidden: torch.Tensor, generators: list[torch.Generator | None],
+                prompt_logprobs: PromptLogprobsTensors | None, pooled: list | None) -> LaunchedStep:
+        """A step with proposals: every proposal's row scored, the kept tokens read back at once (the
+        engine turns overlap off while speculating, so nothing waits on this step's tokens)."""
+        drafts = batch.draft_token_ids
+        if self.greedy_head is not None and all(is_plain_greedy_row(row) for row in batch.sampling_rows):
+            target = self.greedy_head(sampled_hidden).tolist()
+            starts = itertools.accumulate((len(d) + 1 for d in drafts), initial=0)
+            emitted = [accept_greedy(target[start:start + len(d) + 1], d) for start, d in zip(starts, drafts)]
+            logprobs = [[None] * len(tokens) for tokens in emitted]
+        else:
+            logits = self.model.compute_logits(sampled_hidden)
+            emitted, logprobs = verify(logits, batch.sampling_rows, drafts, generators, self.sampler)
+        first = torch.tensor([tokens[0] for tokens in emitted], device=self.device)
+        return LaunchedStep(batch.sampling_request_ids, first, None, prompt_logprobs=prompt_logprobs, pooled=pooled,
+                            spec_token_ids=emitted, spec_logprobs=logprobs)
+
     @staticmethod
     def resolve(launched: LaunchedStep) -> StepOutput:
         """Waits for the step's sampled tokens and hands them over as host lists."""
@@ -128,6 +152,9 @@ class ModelRunner:
             ids = launched.host_token_ids.tolist()
         else:
             ids = launched.token_ids.tolist()
+        if launched.spec_token_ids is not None:
+            return StepOutput(launched.request_ids, ids, [row[0] for row in launched.spec_logprobs], prompt_logprobs,
+                              time.perf_counter() - start, pooled, launched.spec_token_ids, launched.spec_logprobs)
         return StepOutput(launched.request_ids, ids, launched.logprobs, prompt_logprobs,
                           time.perf_counter() - start, pooled)
 

@@ -27,6 +27,9 @@ class StepBatch:
     pending_inputs: list[tuple[int, str]] = field(default_factory=list)
     prompt_logprobs: PromptLogprobsBatch | None = None  # prefill rows whose next prompt token is scored
     pooling: list[PoolingChunk] = field(default_factory=list)  # the rows of pooling requests
+    # speculative decoding: each sampling request's proposals (its rows: one more than those); empty
+    # when no request proposes
+    draft_token_ids: list[list[int]] = field(default_factory=list)
 
 
 def prepare_step_batch(step: StepInput, block_size: int, device: torch.device) -> StepBatch:
@@ -43,6 +46,7 @@ def prepare_step_batch(step: StepInput, block_size: int, device: torch.device) -
     pending_inputs: list[tuple[int, str]] = []
     prompt_logprobs = PromptLogprobsBatch([], [], [], [])
     pooling: list[PoolingChunk] = []
+    draft_token_ids: list[list[int]] = []
     for request in step.requests:
         if request.pooling is not None:
             pooling.append(PoolingChunk(request.request_id, len(input_ids), request.num_new_tokens,
@@ -64,14 +68,21 @@ def prepare_step_batch(step: StepInput, block_size: int, device: torch.device) -
         positions.extend(range(start, end))
         slot_mapping.extend(table[pos // block_size] * block_size + pos % block_size
                             for pos in range(start, end))
-        query_start_loc.append(query_start_loc[-1] + num_new)
-        query_lens.append(num_new)
-        seq_lens.append(end)
-        block_tables.append(table)
+        # A row verifying proposals attends as one decode row per token (causal by its seq_len): the
+        # decode kernels' arithmetic, so its tokens are bit for bit those of one-token steps.
+        for query_end in (range(start + 1, end + 1) if request.draft_token_ids else (end,)):
+            query_len = query_end - (query_end - 1 if request.draft_token_ids else start)
+            query_start_loc.append(query_start_loc[-1] + query_len)
+            query_lens.append(query_len)
+            seq_lens.append(query_end)
+            block_tables.append(table)
         if request.sampling is not None:  # caught up: this step's last logits give the next token
-            logits_indices.append(query_start_loc[-1] - 1)
+            num_drafts = len(request.draft_token_ids)  # and with proposals, the rows scoring each of them
+            logits_indices.extend(range(query_start_loc[-1] - 1 - num_drafts, query_start_loc[-1]))
             sampling_rows.append(request.sampling)
+            sampling_rows.extend(request.draft_rows)
             sampling_request_ids.append(request.request_id)
+            draft_token_ids.append(request.draft_token_ids)
 
     max_blocks = max(len(t) for t in block_tables)
     tables = [t + [0] * (max_blocks - len(t)) for t in block_tables]
@@ -90,4 +101,5 @@ def prepare_step_batch(step: StepInput, block_size: int, device: torch.device) -
     )
     return StepBatch(as_tensor(input_ids), as_tensor(positions), meta, as_tensor(logits_indices),
                      sampling_rows, sampling_request_ids, pending_inputs,
-                     prompt_logprobs if prompt_logprobs.requests else None, pooling)
+                     prompt_logprobs if prompt_logprobs.requests else None, pooling,
+                     draft_token_ids if any(draft_token_ids) else [])

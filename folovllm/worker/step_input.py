@@ -30,6 +30,10 @@ class ScheduledRequest:
     pooling: PoolingRow | None = None  # a pooling request: its rows are pooled, nothing is sampled
     pooling_done: bool = False  # the chunk ends the pooling request's prompt: its result comes back
     lora: LoRARequest | None = None  # the adapter its rows run with (None: the base model)
+    # Speculative decoding: the proposals ending ``new_token_ids``, verified by this step, and the
+    # sampling settings of the row after each of them (``sampling`` is the row before the first)
+    draft_token_ids: list[int] = field(default_factory=list)
+    draft_rows: list[SamplingRow] = field(default_factory=list)
 
     @property
     def num_new_tokens(self) -> int:
@@ -57,3 +61,13 @@ class StepOutput:
     # (request id, pooled result) of the pooling requests whose prompt the step ended: a vector, or
     # for pooling type ALL one vector per prompt token
     pooled: list[tuple[str, list]] = field(default_factory=list)
+    # a step that verified proposals: every row's emitted tokens (its kept proposals and one more) and
+    # their logprobs; ``sampled_token_ids`` holds the first of each
+    spec_token_ids: list[list[int]] = field(default_factory=list)
+    spec_logprobs: list[list[TokenLogprobs | None]] = field(default_factory=list)
+
+    def row_tokens(self, row: int) -> tuple[list[int], list[TokenLogprobs | None]]:
+        """A sampling row's tokens in order (several when it verified proposals) and their logprobs."""
+        if self.spec_token_ids:
+            return self.spec_token_ids[row], self.spec_logprobs[row]
+        return [self.sampled_token_ids[row]], [self.logprobs[row] if self.logprobs else None]

@@ -11,8 +11,15 @@ from folovllm.engine.stats import (
 )
 
 
-def row(computed: int, total: int, outputs: int) -> SimpleNamespace:
-    return SimpleNamespace(num_computed_tokens=computed, num_tokens=total, num_output_tokens=outputs)
+def row(computed: int, total: int, outputs: int, spec: tuple[int, ...] = ()) -> SimpleNamespace:
+    return SimpleNamespace(num_computed_tokens=computed, num_tokens=total, num_output_tokens=outputs,
+                           spec_token_ids=list(spec))
+
+
+def test_a_speculating_decode_row_is_decode_with_its_proposals():
+    sched = SchedulerOutput(requests=[row(499, 500, 3, spec=(7, 8, 9))], num_new_tokens=[4])
+    assert sched.num_decode_tokens() == 4
+    assert step_cost_terms(sched) == (4, 503, (0, 0))
 
 
 def test_cached_pairs_count_prefill_chunks_over_computed_tokens_only():

@@ -53,7 +53,11 @@ _COUNTERS = {"prompt_tokens": "prompt_tokens", "generation_tokens": "generation_
              "kv_transfer_loads": "kv_transfer_loads", "kv_transfer_load_failures": "kv_transfer_load_failures",
              "kv_transfer_sends": "kv_transfer_sends",
              "kv_transfer_recv_bytes": "kv_transfer_recv_bytes",
-             "kv_transfer_recv_seconds": "kv_transfer_recv_seconds"}
+             "kv_transfer_recv_seconds": "kv_transfer_recv_seconds",
+             # speculative decoding (zero while it is off)
+             "spec_decode_num_drafts": "spec_decode_num_drafts",
+             "spec_decode_num_draft_tokens": "spec_decode_num_draft_tokens",
+             "spec_decode_num_accepted_tokens": "spec_decode_num_accepted_tokens"}
 PROBE_PATHS = ("/health", "/ping", "/metrics", "/load", "/version")  # their statuses describe the server
 
 
@@ -80,6 +84,9 @@ class EngineSeries:
                 self.prompt_external = family.labels(*values, "external_kv_transfer")  # PD disaggregation
             elif name == "success":
                 self.success = {reason: family.labels(*values, reason) for reason in FINISH_REASONS}
+            elif name == "spec_per_pos":  # a child per proposal position, made when first counted
+                self.spec_per_pos = {}
+                self.spec_per_pos_child = lambda position, family=family: family.labels(*values, position)
             elif name == "counters":
                 self.counters = {field: counter.labels(*values) for field, counter in family.items()}
             else:
@@ -133,6 +140,9 @@ class ServerMetrics:
                                         "never covers a prompt's last token).")
         families["by_source"] = Counter(f"{prefix}:prompt_tokens_by_source", "Prompt tokens by source.",
                                         labels + ["source"], registry=r)
+        families["spec_per_pos"] = Counter(f"{prefix}:spec_decode_num_accepted_tokens_per_pos",
+                                           "Accepted proposed tokens, by their position in the proposal.",
+                                           labels + ["position"], registry=r)
         families["success"] = Counter(f"{prefix}:request_success", "Count of successfully processed requests.",
                                       labels + ["finished_reason"], registry=r)
         self._rejected = Counter(f"{prefix}:request_rejected",
@@ -213,6 +223,10 @@ class ServerMetrics:
             success = series.success.get(reason)
             if success is not None:
                 self._inc(series, f"finished:{reason}", success, total)
+        for position, total in enumerate(stats.spec_decode_num_accepted_tokens_per_pos):
+            child = series.spec_per_pos.get(position) or series.spec_per_pos_child(str(position))
+            series.spec_per_pos[position] = child
+            self._inc(series, f"spec_pos:{position}", child, total)
         series.num_running.set(snap.num_running)
         series.num_waiting.set(snap.num_waiting)
         series.kv_usage.set(snap.kv_usage)

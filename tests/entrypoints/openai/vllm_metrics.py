@@ -40,6 +40,10 @@ EMITTED: dict[str, str] = {
     "request_inference_time_seconds": "histogram",
     "request_prefill_time_seconds": "histogram",
     "request_decode_time_seconds": "histogram",
+    "spec_decode_num_drafts": "counter",  # zero unless --speculative-config
+    "spec_decode_num_draft_tokens": "counter",
+    "spec_decode_num_accepted_tokens": "counter",
+    "spec_decode_num_accepted_tokens_per_pos": "counter",  # samples (by position) with --speculative-config
     "lora_requests_info": "gauge",  # vLLM's labels (max_lora, waiting/running adapters); samples with --enable-lora
 }
 
@@ -49,10 +53,6 @@ NOT_EMITTED: dict[str, str] = {
     "corrupted_requests": "logits are not scanned for NaNs (vLLM too exports it only when asked to)",
     "mm_cache_queries": "text-only models: no multi-modal cache",
     "mm_cache_hits": "text-only models",
-    "spec_decode_num_drafts": "no speculative decoding",
-    "spec_decode_num_draft_tokens": "no speculative decoding",
-    "spec_decode_num_accepted_tokens": "no speculative decoding",
-    "spec_decode_num_accepted_tokens_per_pos": "no speculative decoding",
     "kv_block_lifetime_seconds": "KV block residency sampling is not implemented (opt-in in vLLM)",
     "kv_block_idle_before_evict_seconds": "KV block residency sampling is not implemented",
     "kv_block_reuse_gap_seconds": "KV block residency sampling is not implemented",
