@@ -14,6 +14,15 @@ from typing import Any
 
 import torch
 
+from folovllm.config_checks import (
+    CONVERTS,
+    KV_ROLES,
+    RUNNERS,
+    check_kv_transfer,
+    check_lora,
+    check_nodes,
+    check_runner,
+)
 from folovllm.platforms import platform_for, resolve_device
 from folovllm.spec_decode.config import SpeculativeConfig
 
@@ -21,18 +30,13 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 _SIZE_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20, "mb": 2**20,
                "mib": 2**20, "g": 2**30, "gb": 2**30, "gib": 2**30}
 DEFAULT_CPU_KV_CACHE_MEMORY = 2 * 2**30
-KV_ROLES = ("producer", "consumer", "both")
 # vLLM's --kv-transfer-config: its kv_role values, and the keys read here
-_VLLM_KV_ROLES = {"kv_producer": "producer", "kv_consumer": "consumer", "kv_both": "both"}
-KV_TRANSFER_CONFIG_KEYS = ("kv_connector", "kv_role", "kv_ip", "kv_port", "engine_id", "kv_connector_extra_config")
 QUANTIZATIONS = ("auto", "gptq", "int8")
 LOAD_QUANTIZED = ("auto", "on", "off")
 QUANTIZE_LM_HEAD = ("auto", "on", "off")
 DTYPE_ALIASES = {"half": "float16", "float": "float32"}  # vLLM's other spellings
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "int8")  # fp8 = fp8_e4m3, as in vLLM
 DP_ROUTING_POLICIES = ("prefix_aware", "least_loaded", "round_robin")
-RUNNERS = ("auto", "generate", "pooling")
-CONVERTS = ("auto", "none", "embed")
 logger = logging.getLogger(__name__)
 
 
@@ -300,7 +304,7 @@ class EngineConfig:
             raise ValueError(f"num_threads must be >= 1; got {self.num_threads}")
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be >= 1; got {self.tensor_parallel_size}")
-        self._check_nodes()
+        check_nodes(self)
         if self.data_parallel_size < 1:
             raise ValueError(f"data_parallel_size must be >= 1; got {self.data_parallel_size}")
         if self.dp_routing not in DP_ROUTING_POLICIES:
@@ -317,84 +321,9 @@ class EngineConfig:
             raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}; got {self.kv_cache_dtype!r}")
         if self.kv_cache_memory is not None:
             object.__setattr__(self, "kv_cache_memory", parse_size(self.kv_cache_memory))
-        self._check_kv_transfer()
-        self._check_runner()
-        self._check_lora()
-
-    def _check_runner(self) -> None:
-        """--runner and --convert agree (pooling a checkpoint means converting it; generating means not)."""
-        if self.runner not in RUNNERS:
-            raise ValueError(f"runner must be one of {', '.join(RUNNERS)}; got {self.runner!r}")
-        if self.convert not in CONVERTS:
-            raise ValueError(f"convert must be one of {', '.join(CONVERTS)}; got {self.convert!r}")
-        if self.runner == "generate" and self.convert == "embed":
-            raise ValueError("convert='embed' makes a pooling model: use runner='pooling' (or 'auto')")
-        if self.runner == "pooling" and self.convert == "none":
-            raise ValueError("runner='pooling' needs a pooling model; every architecture here is generative, "
-                             "so pass convert='embed' (or 'auto')")
-        if self.pooler_config is not None and self.runner != "pooling" and self.convert != "embed":
-            raise ValueError("pooler_config applies to a pooling model only: add runner='pooling'")
-
-    def _check_lora(self) -> None:
-        if self.max_loras < 1 or self.max_lora_rank < 1:
-            raise ValueError(f"max_loras and max_lora_rank must be >= 1; got {self.max_loras}, {self.max_lora_rank}")
-        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
-            raise ValueError(f"max_cpu_loras={self.max_cpu_loras} must be >= max_loras={self.max_loras}")
-        if self.enable_lora and self.tensor_parallel_size > 1:
-            raise ValueError("enable_lora runs with tensor_parallel_size=1 only; adapters are not split "
-                             "across ranks")
-
-    def _check_kv_transfer(self) -> None:
-        """--kv-transfer-config's kv_role and kv_connector become --kv-role and --kv-connector (the
-        two must agree when both are given)."""
-        given = self.kv_transfer_config
-        if given is not None:
-            if not isinstance(given, dict):
-                raise ValueError(f"kv_transfer_config must be a dict (JSON object); got {type(given).__name__}")
-            unknown = sorted(set(given) - set(KV_TRANSFER_CONFIG_KEYS))
-            if unknown:
-                raise ValueError(f"kv_transfer_config keys {unknown} are not implemented; "
-                                 f"use {', '.join(KV_TRANSFER_CONFIG_KEYS)}")
-            for key, name in (("kv_role", "kv_role"), ("kv_connector", "kv_connector")):
-                value = given.get(key)
-                if key == "kv_role" and value is not None:
-                    if value not in _VLLM_KV_ROLES:
-                        raise ValueError(f"kv_transfer_config kv_role must be one of {list(_VLLM_KV_ROLES)}; "
-                                         f"got {value!r}")
-                    value = _VLLM_KV_ROLES[value]
-                if value is None:
-                    continue
-                if getattr(self, name) not in (None, value):
-                    raise ValueError(f"--{name.replace('_', '-')}={getattr(self, name)!r} disagrees with "
-                                     f"kv_transfer_config's {key}={given[key]!r}; give one")
-                object.__setattr__(self, name, value)
-        if self.kv_role is not None and self.kv_role not in KV_ROLES:
-            raise ValueError(f"kv_role must be one of {', '.join(KV_ROLES)}; got {self.kv_role!r}")
-        if self.kv_role is None and self.kv_connector is not None:
-            raise ValueError(f"kv_connector={self.kv_connector!r} needs a kv_role (producer, consumer or both)")
-        if self.kv_role is not None and (self.tensor_parallel_size > 1 or self.data_parallel_size > 1):
-            raise ValueError("PD disaggregation (kv_role) works with tensor_parallel_size=1 and "
-                             "data_parallel_size=1 only: run more producers or consumers behind the proxy")
-        if self.kv_transfer_timeout <= 0:
-            raise ValueError(f"kv_transfer_timeout must be > 0 seconds; got {self.kv_transfer_timeout}")
-
-    def _check_nodes(self) -> None:
-        """Tensor parallelism across machines: the ranks split evenly, and every node can find node 0."""
-        if self.nnodes < 1:
-            raise ValueError(f"nnodes must be >= 1; got {self.nnodes}")
-        if not 0 <= self.node_rank < self.nnodes:
-            raise ValueError(f"node_rank={self.node_rank} must lie in [0, nnodes={self.nnodes}); "
-                             "node 0 runs the engine, nodes 1..nnodes-1 only their ranks")
-        if self.tensor_parallel_size % self.nnodes:
-            raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size} does not split evenly over "
-                             f"nnodes={self.nnodes}: give a multiple of {self.nnodes} (the ranks per node are "
-                             "tensor_parallel_size / nnodes)")
-        if self.master_port is not None and not 0 <= self.master_port <= 65535:
-            raise ValueError(f"master_port must be a TCP port in [0, 65535]; got {self.master_port}")
-        if self.nnodes > 1 and (not self.master_addr or not self.master_port):
-            raise ValueError(f"nnodes={self.nnodes} needs --master-addr and --master-port (node 0's address "
-                             "and a port every node can reach, the same on every node); got "
-                             f"master_addr={self.master_addr!r}, master_port={self.master_port!r}")
+        check_kv_transfer(self)
+        check_runner(self)
+        check_lora(self)
 
     def _check_vllm_settings(self) -> None:
         """vLLM's settings: a value whose absence here would change results is an error naming what is

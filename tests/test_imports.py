@@ -1,7 +1,7 @@
 """The package's imports run one way: CLI -> bench/server/simulator -> engine -> core/worker ->
 compilation -> model/attention/sample -> platforms -> envs, engine/server -> structured_output,
-CLI -> quantize -> model, and CLI -> proxy; the config asks the platforms (and the speculative
-config's checks) only; the small shared modules
+CLI -> quantize -> model, and CLI -> proxy; the config asks the platforms (its own cross-knob checks and the
+speculative config's) only; the small shared modules
 depend on nothing in the package."""
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "folovllm"
 # What each part may not import (by dotted prefix); a part is a module or a subpackage.
 FORBIDDEN = {
     "config": ["folovllm"],
+    # the config's checks that span several knobs: they see the config (its type) and nothing else
+    "config_checks": ["folovllm"],
     "envs": ["folovllm"],
     # what each device decides, the CPU's tiers and its kernel library: below every part that asks
     "platforms": ["folovllm"],
@@ -79,7 +81,8 @@ FORBIDDEN = {
                  "folovllm.worker"],
 }
 # Exceptions to FORBIDDEN: what a part may import even so.
-ALLOWED = {"config": ["folovllm.platforms", "folovllm.envs", "folovllm.spec_decode.config"], "platforms": ["folovllm.platforms", "folovllm.envs"]}
+ALLOWED = {"config": ["folovllm.platforms", "folovllm.envs", "folovllm.spec_decode.config", "folovllm.config_checks"],
+           "config_checks": ["folovllm.config"], "platforms": ["folovllm.platforms", "folovllm.envs"]}
 
 
 def imported_modules(path: Path) -> set[str]:

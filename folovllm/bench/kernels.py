@@ -3,6 +3,7 @@
     folovllm bench kernel linear --rows 1,8,64,512 --dtype bfloat16
     folovllm bench kernel int4 --rows 1,64
     folovllm bench kernel attention --rows 1,64 --context 256
+    folovllm bench kernel attention --rows 128 --context 2048 --kv-cache-dtype auto,int8,fp8_e4m3
     FOLOVLLM_CPU_ISA=avx2 folovllm bench kernel linear       # the avx2 forms on a higher host
 
 Each candidate is one way to run the op (``folovllm``: ours; ``onednn``, ``torch``: what ours replaces),
@@ -37,6 +38,9 @@ def add_kernel_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="bfloat16", choices=list(DTYPES))
     parser.add_argument("--rows", default="1,8,64", help="comma-separated rows per call (batch or prompt tokens)")
     parser.add_argument("--context", type=int, default=256, help="attention: cached tokens per sequence")
+    parser.add_argument("--backends", default="cpu,torch", help="attention: the backends to time (cpu: ours, torch: the reference)")
+    parser.add_argument("--kv-cache-dtype", default="auto",
+                        help="attention: comma-separated cache formats to time, e.g. auto,int8,fp8_e4m3 (auto: --dtype)")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", help="write the results here (JSON)")
@@ -148,18 +152,26 @@ def bench_linears(args: argparse.Namespace, arch: Any, dtype: torch.dtype) -> li
 def bench_attention(args: argparse.Namespace, arch: Any, dtype: torch.dtype) -> list[dict[str, Any]]:
     """One decode step's attention over all layers' caches: our kernel against the torch backend."""
     from folovllm.attention.backend import get_attention_backend
+    from folovllm.attention.kv_quant import KVCacheFormat, kv_cache_format, quantize_rows
     from folovllm.attention.metadata import AttentionMetadata
 
     block = 16
-    candidates = {name: get_attention_backend(name) for name in ("cpu", "torch")
-                  if name == "torch" or platform_for("cpu").auto_attention_backend() == "cpu"}
+    backends = {name: get_attention_backend(name) for name in args.backends.split(",")
+                if name == "torch" or platform_for("cpu").auto_attention_backend() == "cpu"}
+    formats = {name: kv_cache_format(name) for name in args.kv_cache_dtype.split(",")}
+    candidates = {(b if f == "auto" else f"{b}/{f}"): (backend, fmt)
+                  for b, backend in backends.items() for f, fmt in formats.items()}
     heads, kv_heads, dim = arch.num_attention_heads, arch.num_key_value_heads, arch.head_dim
+
+    def cache(rows: int, fmt: KVCacheFormat | None) -> torch.Tensor:
+        values = torch.randn(rows, block, kv_heads, dim, dtype=dtype)
+        return values if fmt is None else quantize_rows(values, fmt).view(fmt.code_dtype)
+
     rows_out = []
     for batch in (int(r) for r in args.rows.split(",")):
         blocks = -(-(args.context + 1) // block)
-        caches = [(torch.randn(batch * blocks, block, kv_heads, dim, dtype=dtype),
-                   torch.randn(batch * blocks, block, kv_heads, dim, dtype=dtype))
-                  for _ in range(arch.num_hidden_layers)]
+        caches = {f: [(cache(batch * blocks, fmt), cache(batch * blocks, fmt)) for _ in range(arch.num_hidden_layers)]
+                  for f, fmt in formats.items()}
         seq_lens = [args.context + 1] * batch
         tables = torch.arange(batch * blocks).view(batch, blocks)
         slots = tables[:, args.context // block] * block + args.context % block
@@ -172,14 +184,15 @@ def bench_attention(args: argparse.Namespace, arch: Any, dtype: torch.dtype) -> 
         order = list(candidates)
         for r in range(args.rounds):
             for cand in order[r % len(order):] + order[:r % len(order)]:
-                backend = candidates[cand]
-                step = lambda: [backend.forward(q, k, v, kc, vc, meta, dim**-0.5) for kc, vc in caches]  # noqa: E731
+                backend, fmt = candidates[cand]
+                layers = caches[cand.partition("/")[2] or "auto"]
+                step = lambda: [backend.forward(q, k, v, kc, vc, meta, dim**-0.5) for kc, vc in layers]  # noqa: E731
                 samples[cand].append(timed(step))
         for cand, times in samples.items():
             row = {"batch": batch, "context": args.context, "candidate": cand,
                    "us_per_step": statistics.median(times) * 1e6}
             rows_out.append(row)
-            print(f"attention batch {batch:4d} context {args.context:5d} {cand:6s} {row['us_per_step']:10.1f} us "
+            print(f"attention batch {batch:4d} context {args.context:5d} {cand:14s} {row['us_per_step']:10.1f} us "
                   f"per step ({arch.num_hidden_layers} layers)")
     return rows_out
 

@@ -25,8 +25,8 @@ from folovllm.core.scheduler import Scheduler, SchedulerLimits, SchedulerOutput
 from folovllm.distributed.launch import RankFailedError
 from folovllm.engine.fault_isolation import isolate_faults, subset
 from folovllm.engine.output_processor import OutputProcessor, RequestGroup
-from folovllm.engine.pooling import RequestParams, model_pooling, pooling_request
-from folovllm.engine.prompt_checks import check_logprobs, check_prompt_length, check_request_ids, truncate_prompt
+from folovllm.engine.pooling import RequestParams, model_pooling
+from folovllm.engine.request_intake import ModelLimits, PromptInput, RequestIntake
 from folovllm.engine.stats import EngineStats, StepStats, step_cost_terms
 from folovllm.engine.worker_input import build_step_input
 from folovllm.kv_transfer.base import ConnectorSide, KVConnectorBase
@@ -48,7 +48,6 @@ from folovllm.worker.worker import Worker
 
 logger = logging.getLogger(__name__)
 
-PromptInput = str | list[int] | dict
 KV_TRANSFER_POLL_S = 0.005  # an engine with only KV transfers under way sleeps this long per step
 
 
@@ -120,6 +119,9 @@ class LLMEngine:
             make_policy(config.scheduling_policy, config.max_queue_delay, config.tenant_weights),
             make_admission(config, num_blocks, max_batched), connector=self.kv_connector)
         self.output_processor = OutputProcessor(self.tokenizer, self.max_model_len)
+        self.intake = RequestIntake(self.tokenizer, ModelLimits(
+            self.max_model_len, self.vocab_size, tuple(self.eos_token_ids), self.hidden_size, config.max_logprobs,
+            self.pooler_config, self.cross_encoder))
         self.structured = StructuredOutputManager(GrammarCache(
             config.structured_outputs_backend, self.tokenizer, self.vocab_size, self.eos_token_ids))
         self.overlap = config.overlap_scheduling
@@ -189,33 +191,16 @@ class LLMEngine:
     def _new_group(self, prompt: PromptInput, params: RequestParams, request_id: str,
                    arrival_time: float | None, cache_salt: str | None, priority: int,
                    user: str | None, lora_request: LoRARequest | None = None) -> RequestGroup:
-        """The request's samples, validated; the engine's queues are not touched."""
-        if isinstance(prompt, dict) and prompt.get("cache_salt") is not None:
-            cache_salt = prompt["cache_salt"]
+        """The request's samples, validated and admissible; the engine's queues are not touched."""
         if request_id in self.groups:
             raise ValueError(f"request id {request_id!r} is already in use")
-        pooling, params = pooling_request(params, self.pooler_config, self.hidden_size, self.cross_encoder)
-        prompt_text, prompt_ids = self.tokenize(prompt)
-        prompt_ids = truncate_prompt(prompt_ids, params.truncate_prompt_tokens, self.max_model_len)
-        check_prompt_length(len(prompt_ids), self.max_model_len)
-        bad_words = check_request_ids(prompt_ids, params, self.vocab_size, self.tokenizer)
-        check_logprobs(params, self.config.max_logprobs)
+        group = self.intake.build(prompt, params, request_id, arrival_time, cache_salt, priority, user, lora_request)
         if lora_request is not None:
             self.add_lora(lora_request)
-        room = self.max_model_len - len(prompt_ids)
-        max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
-        arrival = time.perf_counter() if arrival_time is None else arrival_time
-        samples = []
-        for index in range(params.n):
-            sample_id = request_id if params.n == 1 else f"{request_id}-{index}"
-            sample = Request(sample_id, prompt_ids, params, arrival, max_tokens, self.eos_token_ids,
-                             index, parent_id=request_id, cache_salt=cache_salt,
-                             priority=priority, user=user, bad_words_token_ids=bad_words, pooling=pooling,
-                             lora_request=lora_request)
+        for sample in group.samples:
             self.scheduler.check_admissible(sample)
             self.output_processor.start(sample)
-            samples.append(sample)
-        return RequestGroup(request_id, prompt_text, prompt_ids, samples)
+        return group
 
     def add_lora(self, lora_request: LoRARequest) -> bool:
         """Loads and checks an adapter into the worker's CPU pool (ValueError naming what does not fit)."""
@@ -243,18 +228,7 @@ class LLMEngine:
 
     def tokenize(self, prompt: PromptInput) -> tuple[str | None, list[int]]:
         """A prompt's text (if it has one) and token ids."""
-        if isinstance(prompt, dict):
-            if "prompt_token_ids" in prompt:
-                return prompt.get("prompt"), list(prompt["prompt_token_ids"])
-            if "prompt" in prompt:
-                prompt = prompt["prompt"]
-            else:
-                raise ValueError("a dict prompt needs 'prompt' or 'prompt_token_ids'")
-        if isinstance(prompt, str):
-            return prompt, self.tokenizer.encode(prompt) if prompt else []
-        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
-            return None, list(prompt)
-        raise ValueError(f"a prompt must be a string, a list of token ids or a dict; got {type(prompt).__name__}")
+        return self.intake.tokenize(prompt)
 
     def abort_request(self, request_id: str) -> None:
         group = self.groups.pop(request_id, None)
@@ -320,16 +294,8 @@ class LLMEngine:
             if request_id in waiting:
                 logger.warning("request %s: its KV could not be pulled; computing its prefill locally",
                                request_id)
-        stats = self.stats
         ended = [waiting[i] for i in result.finished_recving | result.failed_recving if i in waiting]
-        stats.external_prefix_cache_queries += sum(r.num_prompt_tokens for r in ended)
-        stats.external_prompt_tokens += sum(r.num_external_computed_tokens for r in ended
-                                            if r.request_id in result.finished_recving)
-        stats.kv_transfer_loads += len(result.finished_recving)
-        stats.kv_transfer_load_failures += len(result.failed_recving)
-        stats.kv_transfer_sends += len(result.finished_sending)
-        stats.kv_transfer_recv_bytes += result.recv_bytes
-        stats.kv_transfer_recv_seconds += result.recv_seconds
+        self.stats.record_kv_transfers(result, ended)
         self.scheduler.update_from_kv_transfers(result)
 
     def _run_isolating_faults(self, sched: SchedulerOutput, error: Exception,
@@ -486,23 +452,16 @@ class LLMEngine:
 
     def _record_step(self, now: float, sched: SchedulerOutput, num_decode: int, context: int,
                      pairs: tuple[int, int], started: float) -> None:
-        stats = self.stats
-        stats.num_steps += 1
-        num_prefill = sched.total_num_tokens - num_decode
-        stats.prompt_tokens += num_prefill
-        stats.num_preemptions += len(sched.preempted)
-        stats.prefix_cache_queries = self.kv_cache.prefix_cache_queries
-        stats.prefix_cache_hits = self.kv_cache.prefix_cache_hits
-        stats.last_step = StepStats(
-            time=now, num_prefill_tokens=num_prefill, num_decode_tokens=num_decode,
+        step = StepStats(
+            time=now, num_prefill_tokens=sched.total_num_tokens - num_decode, num_decode_tokens=num_decode,
             num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
             num_preempted=len(sched.preempted), kv_blocks_used=self.kv_cache.num_used_blocks,
             kv_usage=self.kv_cache.usage, num_scheduled=len(sched.requests), context_tokens=context,
-            prefill_cached_pairs=pairs[0], prefill_new_pairs=pairs[1],
-            duration_s=now - started)
-        stats.peak_num_running = max(stats.peak_num_running, stats.last_step.num_running)
+            prefill_cached_pairs=pairs[0], prefill_new_pairs=pairs[1], duration_s=now - started)
+        self.stats.record_step(step, len(sched.preempted), self.kv_cache.prefix_cache_queries,
+                               self.kv_cache.prefix_cache_hits)
         if self._trace is not None:
-            self._trace.write(json.dumps(dataclasses.asdict(stats.last_step)) + "\n")
+            self._trace.write(json.dumps(dataclasses.asdict(step)) + "\n")
 
     def _finish(self, request: Request, status: RequestStatus) -> None:
         if request.status.finished:

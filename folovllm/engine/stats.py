@@ -5,6 +5,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from folovllm.core.scheduler import SchedulerOutput, is_decode_row
+from folovllm.kv_transfer.base import KVTransferResult
+from folovllm.request import Request
 
 
 @dataclass
@@ -56,6 +58,27 @@ class EngineStats:
     peak_num_running: int = 0
     host_time_s: float = 0.0  # CPU time in step() not spent waiting for the device (schedule, prepare, update)
     last_step: StepStats | None = None
+
+    def record_step(self, step: StepStats, num_preempted: int, prefix_cache_queries: int,
+                    prefix_cache_hits: int) -> None:
+        """Adds a finished step to the totals and makes it the latest."""
+        self.num_steps += 1
+        self.prompt_tokens += step.num_prefill_tokens
+        self.num_preemptions += num_preempted
+        self.prefix_cache_queries, self.prefix_cache_hits = prefix_cache_queries, prefix_cache_hits
+        self.peak_num_running = max(self.peak_num_running, step.num_running)
+        self.last_step = step
+
+    def record_kv_transfers(self, result: KVTransferResult, ended: list[Request]) -> None:
+        """Counts the KV pulls and sends a step's transfers ended (``ended``: the waiting requests they were for)."""
+        self.external_prefix_cache_queries += sum(r.num_prompt_tokens for r in ended)
+        self.external_prompt_tokens += sum(r.num_external_computed_tokens for r in ended
+                                           if r.request_id in result.finished_recving)
+        self.kv_transfer_loads += len(result.finished_recving)
+        self.kv_transfer_load_failures += len(result.failed_recving)
+        self.kv_transfer_sends += len(result.finished_sending)
+        self.kv_transfer_recv_bytes += result.recv_bytes
+        self.kv_transfer_recv_seconds += result.recv_seconds
 
     @property
     def prefix_cache_hit_rate(self) -> float:

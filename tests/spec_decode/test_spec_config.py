@@ -1,7 +1,7 @@
 import pytest
 
 from folovllm.config import EngineConfig
-from folovllm.spec_decode.config import SpeculativeConfig
+from folovllm.spec_decode.config import DEFAULT_DISABLE_BY_BATCH_SIZE, SpeculativeConfig
 
 
 def test_ngram_defaults_follow_vllm():
@@ -9,6 +9,13 @@ def test_ngram_defaults_follow_vllm():
     assert (config.method, config.num_speculative_tokens, config.prompt_lookup_min, config.prompt_lookup_max) == \
         ("ngram", 3, 4, 4)
     assert SpeculativeConfig.from_dict({"method": "ngram", "num_speculative_tokens": 1}).prompt_lookup_min == 5
+
+
+def test_speculation_pauses_above_a_measured_batch_unless_told_otherwise():
+    base = {"method": "ngram", "num_speculative_tokens": 2}
+    assert SpeculativeConfig.from_dict(base).disable_by_batch_size == DEFAULT_DISABLE_BY_BATCH_SIZE
+    assert SpeculativeConfig.from_dict({**base, "disable_by_batch_size": None}).disable_by_batch_size is None
+    assert SpeculativeConfig.from_dict({**base, "disable_by_batch_size": 3}).disable_by_batch_size == 3
 
 
 def test_model_alone_means_a_draft_model():
