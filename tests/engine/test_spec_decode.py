@@ -181,3 +181,16 @@ def test_processors_see_the_proposals_before_each_row(spec, baseline):
                    SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True,
                                   logit_bias={prompts[1]["prompt_token_ids"][1]: -5.0})):
         assert run(spec, prompts, params) == run(baseline, prompts, params)
+
+
+def test_tensor_parallel_speculation_keeps_greedy_output(tiny_llama_dir, baseline):  # noqa: F811
+    """Two gloo ranks verify the proposals (the engine proposes and settles; each rank runs its half of
+    the heads over the k + 1 rows): the same tokens as one rank without speculation."""
+    llm = make_llm(tiny_llama_dir, tensor_parallel_size=2, speculative_config=NGRAM)
+    try:
+        prompts = grounded_prompts(6, seed=7)
+        assert run(llm, prompts, GREEDY) == run(baseline, prompts, GREEDY)
+        assert llm.llm_engine.stats.spec_decode_num_drafts > 0  # proposals were verified across the ranks
+        assert llm.llm_engine.kv_cache.num_used_blocks == 0
+    finally:
+        llm.llm_engine.shutdown()
