@@ -378,7 +378,10 @@ class EngineConfig:
         dtype = platform.resolve_dtype(self.dtype)
         backend = platform.auto_attention_backend() if self.attention_backend == "auto" else self.attention_backend
         overlap = platform.asynchronous if self.overlap_scheduling == "auto" else bool(self.overlap_scheduling)
-        if self.speculative_config is not None and overlap:  # proposals read the last token on the host
+        speculative = self.speculative_config
+        if speculative is not None and "disable_by_batch_size" not in speculative:  # where speculation stops paying
+            speculative = {**speculative, "disable_by_batch_size": platform.speculation_pause_batch}
+        if speculative is not None and overlap:  # proposals read the last token on the host
             if self.overlap_scheduling is True:
                 raise ValueError("speculative decoding needs overlap scheduling off; leave it at 'auto' or pass --no-overlap")
             overlap = False
@@ -394,7 +397,7 @@ class EngineConfig:
                                    overlap_scheduling=overlap, enforce_eager=enforce_eager,
                                    load_quantized=load_quantized,
                                    num_threads=self.num_threads or usable_cores(),
-                                   structured_outputs_backend=structured)
+                                   structured_outputs_backend=structured, speculative_config=speculative)
 
     def _tensor_parallel_settings(self, device: str, overlap: bool) -> tuple[bool, bool]:
         """(overlap_scheduling, enforce_eager) under tensor parallelism: both off.

@@ -38,6 +38,9 @@ class Platform(ABC):
     name: ClassVar[str]
     # the device runs queued work while the host goes on, so scheduling step N+1 during step N pays
     asynchronous: ClassVar[bool]
+    # speculative decoding pauses above this many running requests unless disable_by_batch_size is given
+    # (None: it never pauses, vLLM's default)
+    speculation_pause_batch: ClassVar[int | None] = None
     # the collectives' backend between tensor-parallel ranks
     distributed_backend: ClassVar[str]
     # the KV cache's budget is what a profiled forward leaves of device memory (else a given size of RAM)

@@ -9,10 +9,6 @@ _KEYS = {"method", "model", "num_speculative_tokens", "prompt_lookup_max", "prom
          "disable_by_batch_size"}
 # vLLM's other methods, named so that the error says what is missing rather than "unknown"
 _NOT_IMPLEMENTED = ("eagle", "eagle3", "medusa", "mlp_speculator", "mtp", "suffix", "deepseek_mtp")
-# Without disable_by_batch_size, speculation pauses above this many running requests: past it a verify
-# step's extra rows cost more than the accepted tokens save (docs/benchmarks.md, "Speculative decoding").
-# An explicit null keeps it on at every batch size, as vLLM's default does.
-DEFAULT_DISABLE_BY_BATCH_SIZE = 32
 
 
 @dataclass(frozen=True)
@@ -24,7 +20,7 @@ class SpeculativeConfig:
     prompt_lookup_max: int = 5  # ngram: the longest suffix matched against earlier tokens
     prompt_lookup_min: int = 5  # ngram: the shortest
     model: str | None = None  # draft_model: the draft's folder or hub id (same tokenizer as the target)
-    disable_by_batch_size: int | None = DEFAULT_DISABLE_BY_BATCH_SIZE  # no proposals while more requests run
+    disable_by_batch_size: int | None = None  # no proposals while more requests run (None: always propose)
 
     @classmethod
     def from_dict(cls, spec: dict[str, Any]) -> SpeculativeConfig:
@@ -55,7 +51,7 @@ class SpeculativeConfig:
         if not (isinstance(low, int) and isinstance(high, int) and 1 <= low <= high):
             raise ValueError(f"speculative_config: need 1 <= prompt_lookup_min <= prompt_lookup_max; "
                              f"got {low!r}, {high!r}")
-        limit = spec.get("disable_by_batch_size", DEFAULT_DISABLE_BY_BATCH_SIZE)
+        limit = spec.get("disable_by_batch_size")
         if limit is not None and (not isinstance(limit, int) or limit < 1):
             raise ValueError(f"speculative_config: disable_by_batch_size must be an int >= 1; got {limit!r}")
         return cls(method, k, high, low, spec.get("model"), limit)

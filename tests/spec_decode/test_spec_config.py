@@ -1,7 +1,8 @@
 import pytest
 
 from folovllm.config import EngineConfig
-from folovllm.spec_decode.config import DEFAULT_DISABLE_BY_BATCH_SIZE, SpeculativeConfig
+from folovllm.platforms.cpu import CpuPlatform
+from folovllm.spec_decode.config import SpeculativeConfig
 
 
 def test_ngram_defaults_follow_vllm():
@@ -11,11 +12,14 @@ def test_ngram_defaults_follow_vllm():
     assert SpeculativeConfig.from_dict({"method": "ngram", "num_speculative_tokens": 1}).prompt_lookup_min == 5
 
 
-def test_speculation_pauses_above_a_measured_batch_unless_told_otherwise():
+def test_speculation_pauses_where_the_platform_measured_it_unless_told_otherwise():
     base = {"method": "ngram", "num_speculative_tokens": 2}
-    assert SpeculativeConfig.from_dict(base).disable_by_batch_size == DEFAULT_DISABLE_BY_BATCH_SIZE
-    assert SpeculativeConfig.from_dict({**base, "disable_by_batch_size": None}).disable_by_batch_size is None
-    assert SpeculativeConfig.from_dict({**base, "disable_by_batch_size": 3}).disable_by_batch_size == 3
+    assert SpeculativeConfig.from_dict(base).disable_by_batch_size is None  # vLLM's dict semantics
+    resolved = EngineConfig(device="cpu", speculative_config=base).resolve().speculative_config
+    assert resolved["disable_by_batch_size"] == CpuPlatform.speculation_pause_batch
+    for given in (None, 3):
+        resolved = EngineConfig(device="cpu", speculative_config={**base, "disable_by_batch_size": given}).resolve()
+        assert SpeculativeConfig.from_dict(resolved.speculative_config).disable_by_batch_size == given
 
 
 def test_model_alone_means_a_draft_model():
