@@ -53,6 +53,9 @@ VARIABLES: dict[str, EnvVar] = {v.name: v for v in (
     EnvVar("FOLOVLLM_CPU_PREFILL_ATTENTION", "kernel",
            "fresh prompt chunks: our causal prefill kernel where the tier has it (kernel) or torch's SDPA (sdpa)",
            ("kernel", "sdpa")),
+    EnvVar("FOLOVLLM_CPU_LORA_KERNEL", "on",
+           "LoRA adapters' deltas through our kernel, one call per linear for every adapter in the step, in "
+           "fp32 (off: torch matmuls per adapter and piece, in the platform's small-matmul dtype)", ON_OFF),
     EnvVar("FOLOVLLM_HUGE_PAGE_WEIGHTS", "on",
            "after loading on the CPU, the weights are copied into one block advised onto 2 MiB pages "
            "(fewer TLB misses when a decode step streams them)", ON_OFF),

@@ -30,6 +30,20 @@ constexpr int64_t prefill_workspace_floats(int64_t dim) {
   return 2 * kPrefillTile * dim + kPrefillTile * kPrefillTile + 2 * kPrefillTile;
 }
 
+// One LoRA-wrapped linear's adapters in slots (csrc/cpu/lora.cpp builds them from the op's tensors): A fp32
+// [rows, in], slot s owning rows [a_start[s], a_start[s + 1]) and pieces [p_start[s], p_start[s + 1]); a
+// piece (5 int64: A rows [kb, ke), outputs [lo, hi), offset) adds xa[kb..ke) times its Bt [ke - kb, hi - lo]
+// fp32 at b + offset.
+constexpr int64_t kLoraRowBlock = 8;  // rows of one slot a kernel call takes together
+struct LoraTables {
+  const float* a;
+  const int64_t* a_start;
+  const float* b;
+  const int64_t* pieces;
+  const int64_t* p_start;
+  int64_t in;
+};
+
 #define FOLO_TIERED_KERNELS                                                                                   \
   /* Work items [i0, i1) of y = x W^T (x fp32 [M, K]; W bf16 packed [N/64][K/2][64][2]; bias fp32 [N] or */    \
   /* null): item i is weight block i % (N/64) times input rows [128 (i / (N/64)), +128). */                     \
@@ -79,7 +93,13 @@ constexpr int64_t prefill_workspace_floats(int64_t dim) {
                         float* sum);                                                                           \
   void int4_a8_blocks(const int8_t* a, int64_t M, int64_t K, const float* scale, const float* sum,             \
                       int64_t groups, const uint32_t* codes, const void* scales, const void* zeros,             \
-                      bool bf16_scales, int64_t group_size, const LinearOut& out, int64_t b0, int64_t b1);
+                      bool bf16_scales, int64_t group_size, const LinearOut& out, int64_t b0, int64_t b1);    \
+  /* Rows [begin, end) of out += each row's adapter delta (tiered/lora.cpp); row_slot[n] -1: none. x, out  */ \
+  /* fp32 or bf16 with row strides; ws: kLoraRowBlock (in + the largest slot's A rows + out width) floats. */ \
+  void lora_rows(const float* x, int64_t x_stride, float* out, int64_t out_stride, const int64_t* row_slot,     \
+                 int64_t begin, int64_t end, const LoraTables& tables, float* ws);                              \
+  void lora_rows(const uint16_t* x, int64_t x_stride, uint16_t* out, int64_t out_stride,                       \
+                 const int64_t* row_slot, int64_t begin, int64_t end, const LoraTables& tables, float* ws);
 
 namespace avx2 {
 FOLO_TIERED_KERNELS

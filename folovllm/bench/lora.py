@@ -1,10 +1,11 @@
-"""`folovllm bench lora`: decode throughput with adapters against the base model alone, in one engine.
+"""`folovllm bench lora`: decode throughput with adapters against the base model alone.
 
-One engine with LoRA on runs the same decode batch (``--rows`` requests, short prompts, ``--max-tokens`` new
-tokens each, greedy) three or more ways per round, in an order that rotates every round: every row on the
-base model, then for each rank in ``--ranks`` the rows spread over ``--adapters`` random adapters of that rank
-(every linear adapted). It reports each side's median output tok/s, their ratio to the base, the extra
-milliseconds each rank costs per ``--rows`` output tokens (prefill included), start-up and adapter load time.
+Two engines of the same model, one with LoRA off (``base``: its fastest compiled form) and one with LoRA on,
+run the same decode batch (``--rows`` requests, short prompts, ``--max-tokens`` new tokens each, greedy) several
+ways per round, in an order that rotates every round: every row on the base model in each engine, then for each
+rank in ``--ranks`` the rows spread over ``--adapters`` random adapters of that rank (every linear adapted), in
+the LoRA engine. It reports each side's median output tok/s, their ratio to the base, the extra milliseconds
+each costs per ``--rows`` output tokens (prefill included), start-up and adapter load time.
 """
 from __future__ import annotations
 
@@ -71,11 +72,13 @@ def run_bench_lora(args: argparse.Namespace) -> dict[str, Any]:
     config = dataclasses.replace(engine_config_from_args(args), num_threads=args.threads, enable_lora=True,
                                  max_loras=args.adapters, max_lora_rank=max(ranks),
                                  max_cpu_loras=args.adapters * len(ranks), max_num_seqs=max(args.rows, 1))
+    base_llm = LLM(**vars(dataclasses.replace(config, enable_lora=False)))
     start = time.perf_counter()
     llm = LLM(**vars(config))
     startup_s = time.perf_counter() - start
     engine = llm.llm_engine
-    sides: dict[str, list[LoRARequest | None]] = {"base": [None] * args.rows}
+    sides: dict[str, tuple[Any, list[LoRARequest | None]]] = {
+        "base": (base_llm, [None] * args.rows), "lora-on": (llm, [None] * args.rows)}
     load_s: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for rank in ranks:
@@ -86,8 +89,8 @@ def run_bench_lora(args: argparse.Namespace) -> dict[str, Any]:
                 adapters.append(LoRARequest(f"r{rank}-{i}", lora_id, str(folder)))
                 engine.add_lora(adapters[-1])
             load_s[f"r{rank}"] = [engine.worker.lora.load_seconds[a.lora_int_id] for a in adapters]
-            sides[f"r{rank}"] = [adapters[row % args.adapters] for row in range(args.rows)]
-        samples = _alternate(llm, SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True),
+            sides[f"r{rank}"] = (llm, [adapters[row % args.adapters] for row in range(args.rows)])
+        samples = _alternate(SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True),
                              sides, args)
     medians = {side: statistics.median(values) for side, values in samples.items()}
     base = medians["base"]
@@ -102,29 +105,32 @@ def run_bench_lora(args: argparse.Namespace) -> dict[str, Any]:
     print(f"platform: {engine.platform_info}; start-up {startup_s:.1f} s")
     for side, tok_s in medians.items():
         extra = "" if side == "base" else (f"  x{results['ratio_to_base'][side]:.3f} of base, "
-                                           f"+{results['extra_ms_per_step'][side]:.1f} ms per {args.rows} tokens, "
-                                           f"load {1000 * results['adapter_load_s'][side]:.1f} ms/adapter")
+                                           f"+{results['extra_ms_per_step'][side]:.1f} ms per {args.rows} tokens")
+        if side in results["adapter_load_s"]:
+            extra += f", load {1000 * results['adapter_load_s'][side]:.1f} ms/adapter"
         print(f"{side:6s} {tok_s:8.1f} output tok/s{extra}")
     write_switch_results(results, args.out)
     return results
 
 
-def _alternate(llm: Any, params: Any, sides: dict[str, list[LoRARequest | None]],
+def _alternate(params: Any, sides: dict[str, tuple[Any, list[LoRARequest | None]]],
                args: argparse.Namespace) -> dict[str, list[float]]:
-    """Output tok/s of each side per round; the order rotates so no side always runs first."""
+    """Output tok/s of each side (its engine, each row's adapter) per round; the order rotates so no side
+    always runs first."""
     rng = random.Random(0)
-    low, high = prompt_id_range(llm.llm_engine.vocab_size)
+    low, high = prompt_id_range(sides["base"][0].llm_engine.vocab_size)
     names = list(sides)
     samples: dict[str, list[float]] = {name: [] for name in names}
-    for name in names:  # warm-up: every adapter in a slot, every code path run once
+    for llm, loras in sides.values():  # warm-up: every adapter in a slot, every code path run once
         llm.generate([{"prompt_token_ids": [low] * args.prompt_len}] * args.rows,
-                     dataclasses.replace(params, max_tokens=2), lora_request=sides[name], use_tqdm=False)
+                     dataclasses.replace(params, max_tokens=2), lora_request=loras, use_tqdm=False)
     for r in range(args.rounds):
         prompts = [{"prompt_token_ids": [rng.randrange(low, high) for _ in range(args.prompt_len)]}
                    for _ in range(args.rows)]  # fresh each round: a cached prefix would time nothing
         for name in names[r % len(names):] + names[:r % len(names)]:
+            llm, loras = sides[name]
             start = time.perf_counter()
-            llm.generate(prompts, params, lora_request=sides[name], use_tqdm=False)
+            llm.generate(prompts, params, lora_request=loras, use_tqdm=False)
             samples[name].append(args.rows * params.max_tokens / (time.perf_counter() - start))
             print(f"round {r}: {name:6s} {samples[name][-1]:8.1f} output tok/s", flush=True)
     return samples

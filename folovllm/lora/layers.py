@@ -9,6 +9,10 @@ adapter and multiplied by its own rows only. The A side is one matmul of every
 row by all slots' A stacked while those are few rows (``STACKED_A_ROWS``: a few small ops cost more than the
 wasted multiplications), else one per adapter too. The deltas are summed in the adapters' dtype and added
 to the base's result once.
+
+Where the platform has our kernel (``torch.ops.folovllm.lora_add``, the CPU from avx2 on; the switch is
+``FOLOVLLM_CPU_LORA_KERNEL``), each linear makes one call for all its rows instead: every row multiplies its
+own adapter's A and B only, in fp32, from tables built here when a slot changes (``LoRATables``).
 """
 from __future__ import annotations
 
@@ -30,6 +34,7 @@ class LoRABatch:
     """A step's rows by adapter slot: (slot, its rows) for each slot some row uses; empty: no adapter."""
 
     segments: list[tuple[int, Rows]] = field(default_factory=list)
+    row_slot: torch.Tensor | None = None  # int64 [rows]: each row's slot, -1 for none (the kernel form's)
 
     @classmethod
     def from_row_slots(cls, row_slots: list[int], device: torch.device | str = "cpu") -> LoRABatch:
@@ -44,25 +49,56 @@ class LoRABatch:
                 segments.append((slot, slice(rows[0], rows[-1] + 1)))
             else:
                 segments.append((slot, torch.tensor(rows, dtype=torch.int64, device=device)))
-        return cls(segments)
+        return cls(segments, torch.tensor(row_slots, dtype=torch.int64, device=device) if segments else None)
+
+
+def kernel_tables(slots: list[LinearLoRA | None]) -> tuple[torch.Tensor, ...]:
+    """The kernel's tables for one linear's slots (csrc/cpu/lora.cpp): A [R, in] fp32, a_start [slots + 1],
+    b (each piece's B transposed, flat), pieces [P, 5] (A rows, outputs, offset in b), p_start [slots + 1];
+    () where no slot adapts this linear."""
+    if all(weights is None for weights in slots):
+        return ()
+    a_parts, b_parts, pieces = [], [], []
+    a_start, p_start, rows, offset = [0], [0], 0, 0
+    for weights in slots:
+        if weights is not None:
+            a, bs = weights
+            a_parts.append(a.float())
+            for piece in bs:
+                rank, width = piece.weight.shape[1], piece.weight.shape[0]
+                b_parts.append(piece.weight.float().t().reshape(-1))
+                pieces.append([rows + piece.column, rows + piece.column + rank, piece.row, piece.row + width, offset])
+                offset += rank * width
+            rows += a.shape[0]
+        a_start.append(rows)
+        p_start.append(len(pieces))
+    device = a_parts[0].device
+
+    def index(values: list) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int64, device=device)
+    return (torch.cat(a_parts).contiguous(), index(a_start), torch.cat(b_parts).contiguous(),
+            index(pieces).reshape(-1, 5), index(p_start))
 
 
 class LoRALinearMethod(LinearMethod):
     """One layer's base method plus its adapters' weights per slot (None: that slot's adapter leaves this
-    linear alone). Created over a loaded layer (``create_weights`` is the base's, never called again)."""
+    linear alone). Created over a loaded layer (``create_weights`` is the base's, never called again).
+    ``kernel``: deltas through ``torch.ops.folovllm.lora_add`` (adapters in fp32), else the torch form."""
 
     fusable = False  # a compiled form must call this method, not the base kernel it wraps
 
-    def __init__(self, base: LinearMethod, max_loras: int, batch: LoRABatch) -> None:
+    def __init__(self, base: LinearMethod, max_loras: int, batch: LoRABatch, kernel: bool = False) -> None:
         self.base = base
         self.slots: list[LinearLoRA | None] = [None] * max_loras
         self.batch = batch  # shared by every adapted linear of the model; the manager sets it each step
+        self.kernel = kernel
         self._stacked: tuple[torch.Tensor, dict[int, tuple[int, int]]] | None = None  # all slots' A, each's columns
+        self._tables: tuple[torch.Tensor, ...] | None = None  # the kernel's (kernel_tables)
 
     def set_slot(self, slot: int, weights: LinearLoRA | None) -> None:
         """Slot ``slot`` now holds these (A, B pieces) (None: its adapter leaves this linear alone)."""
         self.slots[slot] = weights
-        self._stacked = None
+        self._stacked = self._tables = None
 
     def _stacked_a(self) -> tuple[torch.Tensor, dict[int, tuple[int, int]]]:
         if self._stacked is None:
@@ -92,6 +128,12 @@ class LoRALinearMethod(LinearMethod):
     def add_deltas(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """``out`` (the base's result, written in place) plus each row's adapter delta, computed in the
         adapters' dtype."""
+        if self.kernel:
+            if self._tables is None:
+                self._tables = kernel_tables(self.slots)
+            if self.batch.row_slot is not None and self._tables:
+                torch.ops.folovllm.lora_add(out, x, self.batch.row_slot, *self._tables)
+            return out
         segments = [(slot, rows) for slot, rows in self.batch.segments if self.slots[slot] is not None]
         if not segments:
             return out

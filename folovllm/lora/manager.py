@@ -25,16 +25,17 @@ class LoRAManager:
     """Adapters for one model (see the module doc); ``attach`` wraps its linears first."""
 
     def __init__(self, model: nn.Module, max_loras: int, max_lora_rank: int, max_cpu_loras: int,
-                 dtype: torch.dtype) -> None:
-        """``dtype``: the adapters' matmuls (the platform's ``small_matmul_dtype`` of the model's)."""
+                 dtype: torch.dtype, kernel: bool = False) -> None:
+        """``dtype``: the adapters' matmuls (the platform's ``small_matmul_dtype`` of the model's); ``kernel``:
+        the platform's lora_add op adds the deltas (it reads fp32 adapters)."""
         self.arch: ArchConfig = model.arch
         self.max_loras, self.max_lora_rank, self.max_cpu_loras = max_loras, max_lora_rank, max_cpu_loras
         self.device = next(model.parameters()).device
-        self.dtype = dtype
+        self.dtype = torch.float32 if kernel else dtype
         self.batch = LoRABatch()
         self.linears: dict[tuple[int, str], LoRALinearMethod] = {}
         for key, linear in adapted_linears(model).items():
-            method = LoRALinearMethod(linear.method, max_loras, self.batch)
+            method = LoRALinearMethod(linear.method, max_loras, self.batch, kernel)
             linear.method = method
             self.linears[key] = method
         self.pool: OrderedDict[int, LoRAAdapter] = OrderedDict()  # int id -> adapter, least recent first
@@ -82,7 +83,8 @@ class LoRAManager:
         row_slots: list[int] = []
         for request, rows in row_adapters:
             row_slots.extend([-1 if request is None else slots[request.lora_int_id]] * rows)
-        self.batch.segments = LoRABatch.from_row_slots(row_slots, self.device).segments if wanted else []
+        step = LoRABatch.from_row_slots(row_slots if wanted else [], self.device)
+        self.batch.segments, self.batch.row_slot = step.segments, step.row_slot
 
     def _slot(self, request: LoRARequest, in_step: dict[int, LoRARequest]) -> int:
         """The adapter's slot, filled now if it has none (the least recently used slot not in this step)."""

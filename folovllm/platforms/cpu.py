@@ -49,6 +49,7 @@ class CpuPlatform(Platform):
         self.fused_ops = envs.switch("FOLOVLLM_CPU_FUSED_OPS") and kernel_library.has_kernel("fused_ops")
         self.decoder_form = envs.value("FOLOVLLM_CPU_DECODER")
         self.greedy_head = envs.switch("FOLOVLLM_CPU_GREEDY_HEAD")
+        self.lora_kernel = envs.switch("FOLOVLLM_CPU_LORA_KERNEL") and kernel_library.has_kernel("lora")
 
     def resolve_dtype(self, requested: str) -> str:
         """auto: bfloat16 where its matmuls run fast (native bf16 dot products, or our linear kernel, which

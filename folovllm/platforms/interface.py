@@ -51,6 +51,8 @@ class Platform(ABC):
     shares_cores: ClassVar[bool]
     # an all plain-greedy step takes its tokens from the LM head's argmax where the head's method offers one
     greedy_head: bool = False
+    # LoRA adapters' deltas through the kernel library's lora_add (adapters held in fp32)
+    lora_kernel: bool = False
 
     def __init__(self, device: torch.device) -> None:
         self.device = device

@@ -74,7 +74,8 @@ class Worker:
         # adapters wrap the linears' methods before the compiled forms bind them
         self.lora = LoRAManager(self.model, config.max_loras, config.max_lora_rank,
                                 config.max_cpu_loras or config.max_loras,
-                                self.platform.small_matmul_dtype(self.model.dtype)) if config.enable_lora else None
+                                self.platform.small_matmul_dtype(self.model.dtype),
+                                kernel=self.platform.lora_kernel) if config.enable_lora else None
         compile_model(self.model, self.platform)
         self.runner: ModelRunner | None = None  # built by initialize_cache
         self._generators: dict[str, torch.Generator] = {}  # request id -> its RNG (seeded requests)

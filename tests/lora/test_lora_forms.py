@@ -51,3 +51,22 @@ def test_each_decoder_form_adds_the_deltas(tiny_llama_dir: str, tmp_path: Path, 
     llm = make_llm(tiny_llama_dir, enable_lora=True, max_lora_rank=4)
     out = llm.generate([prompt], GREEDY, lora_request=LoRARequest("a", 1, str(folder)), use_tqdm=False)
     assert out[0].outputs[0].token_ids == expected
+
+
+@pytest.mark.parametrize("kernel", ["on", "off"])
+def test_kernel_and_torch_forms_equal_the_merged_reference(tiny_llama_dir: str, tmp_path: Path, kernel: str,
+                                                            monkeypatch) -> None:  # noqa: F811
+    """A mixed batch (two adapters, the base) with the CPU's lora_add kernel and with the torch form it
+    replaces (``FOLOVLLM_CPU_LORA_KERNEL=off``): each row equals its merged HF model (fp32)."""
+    monkeypatch.setenv("FOLOVLLM_CPU_LORA_KERNEL", kernel)
+    config = AutoConfig.from_pretrained(tiny_llama_dir)
+    folders = [write_adapter(tmp_path / "a", config, 8, ATTN + MLP, seed=11),
+               write_adapter(tmp_path / "b", config, 16, ("q_proj", "down_proj"), seed=12)]
+    prompt = [3, 14, 15, 92, 65, 35]
+    expected = [hf_greedy(merged_model(tiny_llama_dir, folder), prompt, 6) for folder in [*folders, None]]
+    llm = make_llm(tiny_llama_dir, enable_lora=True, max_loras=2, max_lora_rank=16)
+    assert llm.llm_engine.worker.lora.linears[(0, "qkv_proj")].kernel == (
+        kernel == "on" and llm.llm_engine.worker.platform.lora_kernel)
+    loras = [LoRARequest("a", 1, str(folders[0])), LoRARequest("b", 2, str(folders[1])), None]
+    out = llm.generate([prompt] * 3, GREEDY, lora_request=loras, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in out] == expected
