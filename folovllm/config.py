@@ -375,7 +375,8 @@ class EngineConfig:
         """
         device = resolve_device(self.device)
         platform = platform_for(device)
-        dtype = platform.resolve_dtype(self.dtype)
+        pooling = self.runner == "pooling" or self.convert == "embed"
+        dtype = platform.resolve_dtype(self.dtype, prefill_only=pooling)
         backend = platform.auto_attention_backend() if self.attention_backend == "auto" else self.attention_backend
         overlap = platform.asynchronous if self.overlap_scheduling == "auto" else bool(self.overlap_scheduling)
         speculative = self.speculative_config
@@ -391,7 +392,6 @@ class EngineConfig:
         structured = "xgrammar" if self.structured_outputs_backend == "auto" else self.structured_outputs_backend
         # 4-bit GGUF weights win one-stream decode on CPU but lose batched decode and prefill to bf16
         load_quantized = "off" if self.load_quantized == "auto" else self.load_quantized
-        pooling = self.runner == "pooling" or self.convert == "embed"
         return dataclasses.replace(self, runner="pooling" if pooling else "generate",
                                    convert="embed" if pooling else "none", device=device, dtype=dtype, attention_backend=backend,
                                    overlap_scheduling=overlap, enforce_eager=enforce_eager,

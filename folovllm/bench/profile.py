@@ -3,6 +3,7 @@
     folovllm bench profile --batch 1 --steps 64              # one stream's decode steps
     folovllm bench profile --batch 64 --prompt-len 16        # a decode batch
     folovllm bench profile --batch 4 --prompt-len 512 --steps 4 --dtype float32   # prefill steps
+    folovllm bench profile --runner pooling --batch 64 --prompt-len 128 --prefill --steps 4   # embedding steps
 
 Requests of ``--prompt-len`` random tokens are added and stepped until their prompts are done; then
 ``--steps`` engine steps run under the profiler. Reported: the step time (median), the ops that took the
@@ -30,7 +31,8 @@ def add_profile_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=int, default=1, help="requests stepped together")
     parser.add_argument("--prompt-len", type=int, default=16)
     parser.add_argument("--steps", type=int, default=32, help="engine steps profiled (decode steps, after the prompts)")
-    parser.add_argument("--prefill", action="store_true", help="profile the prompts' steps instead of decodes")
+    parser.add_argument("--prefill", action="store_true",
+                        help="profile the prompts' steps instead of decodes (always, for a pooling engine)")
     parser.add_argument("--top", type=int, default=15, help="ops listed")
     parser.add_argument("--out", help="write the results here (JSON)")
     add_model_positional(parser)
@@ -38,22 +40,25 @@ def add_profile_args(parser: argparse.ArgumentParser) -> None:
 
 
 def run_bench_profile(args: argparse.Namespace) -> dict[str, Any]:
-    from folovllm import LLM, SamplingParams  # the engine, only once a run is asked for
+    from folovllm import LLM, PoolingParams, SamplingParams  # the engine, only once a run is asked for
 
     llm = LLM(**vars(engine_config_from_args(args)))
     engine = llm.llm_engine
     rng = random.Random(0)
     low, high = prompt_id_range(engine.vocab_size)
-    params = SamplingParams(temperature=0, max_tokens=args.steps + 8, ignore_eos=True)
+    pooling = engine.pooler_config is not None  # its requests end with their prompts: those steps are profiled
+    prefill = args.prefill or pooling
+    params = PoolingParams() if pooling else SamplingParams(temperature=0, max_tokens=args.steps + 8, ignore_eos=True)
     engine.add_request({"prompt_token_ids": [rng.randrange(low, high) for _ in range(8)]},
-                       SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), request_id="warm-up")
+                       PoolingParams() if pooling else SamplingParams(temperature=0, max_tokens=4, ignore_eos=True),
+                       request_id="warm-up")
     while engine.has_unfinished_requests():
         engine.step()
     for i in range(args.batch):
         engine.add_request({"prompt_token_ids": [rng.randrange(low, high) for _ in range(args.prompt_len)]},
                            params, request_id=str(i))
     scheduler = engine.scheduler
-    while not args.prefill and any(r.num_computed_tokens < r.num_prompt_tokens
+    while not prefill and any(r.num_computed_tokens < r.num_prompt_tokens
                                    for r in scheduler.running + scheduler.waiting):
         engine.step()
     step_s: list[float] = []
@@ -71,13 +76,13 @@ def run_bench_profile(args: argparse.Namespace) -> dict[str, Any]:
     in_ops_us = sum(e.self_cpu_time_total for e in ops) / steps
     step_us = statistics.median(step_s) * 1e6
     print(f"platform: {engine.platform_info}")
-    print(f"{steps} steps of {args.batch} requests ({'prefill' if args.prefill else 'decode'}): "
+    print(f"{steps} steps of {args.batch} requests ({'prefill' if prefill else 'decode'}): "
           f"{step_us:.0f} us per step (median)")
     for row in top:
         print(f"  {row['op']:45s} {row['us_per_step']:9.1f} us  {row['calls_per_step']:6.1f} calls")
     host_us = max(0.0, sum(step_s) * 1e6 / steps - in_ops_us)
     print(f"  {'(no op: Python, the engine, the host)':45s} {host_us:9.1f} us")
-    results = {"batch": args.batch, "prompt_len": args.prompt_len, "steps": steps, "prefill": args.prefill,
+    results = {"batch": args.batch, "prompt_len": args.prompt_len, "steps": steps, "prefill": prefill,
                "step_us_median": step_us, "host_us_per_step": host_us, "ops": top,
                "platform": engine.platform_info}
     if args.out:

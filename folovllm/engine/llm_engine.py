@@ -28,6 +28,7 @@ from folovllm.engine.output_processor import OutputProcessor, RequestGroup
 from folovllm.engine.pooling import RequestParams, model_pooling
 from folovllm.engine.request_intake import ModelLimits, PromptInput, RequestIntake
 from folovllm.engine.stats import EngineStats, StepStats, step_cost_terms
+from folovllm.engine.step_results import StepResults
 from folovllm.engine.worker_input import build_step_input
 from folovllm.kv_transfer.base import ConnectorSide, KVConnectorBase
 from folovllm.kv_transfer.setup import kv_transfer_settings, make_connector
@@ -39,7 +40,6 @@ from folovllm.model.loader.tokenizer import load_tokenizer
 from folovllm.outputs import RequestOutput
 from folovllm.platforms import platform_for
 from folovllm.request import Request, RequestStatus
-from folovllm.sample.prompt_logprobs import PromptLogprobsChunk
 from folovllm.spec_decode.speculator import make_speculator
 from folovllm.structured_output import GrammarCache, StructuredOutputManager
 from folovllm.worker.model_runner import LaunchedStep
@@ -126,13 +126,14 @@ class LLMEngine:
             config.structured_outputs_backend, self.tokenizer, self.vocab_size, self.eos_token_ids))
         self.overlap = config.overlap_scheduling
         self._in_flight: InFlight | None = None
-        self._finished_ids: list[str] = []  # ended since the last launch: the worker frees their state
-        self.groups: dict[str, RequestGroup] = {}
         self._ids = itertools.count()
         self._step_started = 0.0
         self.stats = EngineStats()
         # proposals each step (overlap is off with them: config.resolve)
         self.speculator = make_speculator(config, self.structured, self.stats, self.vocab_size, self.max_model_len)
+        self.results = StepResults(self.scheduler, self.kv_cache, self.structured, self.output_processor,
+                                   self.stats, self.speculator)
+        self.groups = self.results.groups  # the requests in the engine, by user request id
         # Line-buffered so a trace is complete up to the last step even if the process is killed.
         self._trace = open(config.trace_path, "w", buffering=1) if config.trace_path else None
 
@@ -235,7 +236,7 @@ class LLMEngine:
         if group is None:
             return
         for sample in group.samples:
-            self._finish(sample, RequestStatus.FINISHED_ABORTED)
+            self.results.finish(sample, RequestStatus.FINISHED_ABORTED)
 
     def has_unfinished_requests(self) -> bool:
         """Requests to step, a step in flight, or KV held for another instance (it is freed by a step)."""
@@ -312,7 +313,7 @@ class LLMEngine:
             logger.error("ending the request(s) the step fails on with finish_reason 'error': %s",
                          ", ".join(r.request_id for r in culprits))
         for request in culprits:
-            self._fail_group(request.parent_id, touched)
+            self.results.fail_group(request.parent_id, touched)
         self._record_step(time.perf_counter(), sched, num_decode, context, pairs, self._step_started)
         return wait_s
 
@@ -320,19 +321,7 @@ class LLMEngine:
         """Requests whose grammar compiled may be scheduled; one whose grammar failed ends alone."""
         for request, reason in self.structured.update():
             logger.warning("request %s: %s", request.parent_id, reason)
-            self._fail_group(request.parent_id, touched, reason)
-
-    def _fail_group(self, request_id: str, touched: dict[str, RequestGroup], reason: str | None = None) -> None:
-        """Ends every sample of a user request with FINISHED_ERROR; its output says "error"
-        (and ``reason``, when given, as its stop_reason)."""
-        group = self.groups.get(request_id)
-        if group is None:
-            return
-        for sample in group.samples:
-            if reason is not None and not sample.status.finished:
-                sample.stop_reason = reason
-            self._finish(sample, RequestStatus.FINISHED_ERROR)
-        touched[request_id] = group
+            self.results.fail_group(request.parent_id, touched, reason)
 
     def _collect_outputs(self, touched: dict[str, RequestGroup]) -> list[RequestOutput]:
         """One output per group that made progress (final_only groups: only when finished)."""
@@ -349,9 +338,9 @@ class LLMEngine:
         """Hands a scheduled batch to the worker; its tokens count as pending until ``_resolve``.
         Nothing changes if the worker raises, so a failed batch can be launched again in parts."""
         num_decode, context, pairs = step_cost_terms(sched)  # before num_computed_tokens moves
-        step_input, sampled = build_step_input(sched, self._finished_ids, self.structured)
+        step_input, sampled = build_step_input(sched, self.results.finished_ids, self.structured)
         launched = self.worker.launch(step_input)
-        self._finished_ids = []
+        self.results.finished_ids = []
         for request, num_new in zip(sched.requests, sched.num_new_tokens):
             request.num_computed_tokens += num_new
         for request in sampled:
@@ -367,88 +356,19 @@ class LLMEngine:
         return wait_s
 
     def _take_tokens(self, step: InFlight, touched: dict[str, RequestGroup]) -> float:
-        """Append, stop checks, prefix-cache naming. A request whose output processing raises ends
-        alone; if reading the tokens back fails, every request of the step ends (its tokens may
-        already feed a later step, so it cannot be relaunched)."""
+        """The step's results applied to its requests (engine/step_results.py); if reading the tokens back
+        fails, every request of the step ends (its tokens may already feed a later step, so it cannot be
+        relaunched). Returns the time spent waiting for the device."""
         try:
             out = self.worker.resolve(step.launched)
         except Exception:
             logger.exception("reading a step's sampled tokens failed; ending its %d requests",
                              len(step.sched.requests))
             for request in step.sched.requests:
-                self._fail_group(request.parent_id, touched)
+                self.results.fail_group(request.parent_id, touched)
             return 0.0
-        now = time.perf_counter()
-        if self.speculator is not None:  # first: the prefix cache must not name a rejected proposal
-            self.speculator.settle(step.sched, step.sampled, out)
-        for request in step.sched.requests:
-            self.kv_cache.cache_computed_blocks(request)
-        if out.prompt_logprobs:
-            self._take_prompt_logprobs(step, out.prompt_logprobs, touched)
-        if out.pooled:
-            self._take_pooled(step, out.pooled, now, touched)
-        for row, request in enumerate(step.sampled):
-            request.num_pending_tokens -= 1
-            if request.status.finished:  # ended meanwhile (stopped one step earlier, or aborted)
-                continue
-            for token_id, token_logprobs in zip(*out.row_tokens(row)):  # several: it verified proposals
-                if not self._take_token(request, token_id, token_logprobs, now, touched):
-                    break
+        self.results.apply(step.sched, step.sampled, out, touched)
         return out.wait_s
-
-    def _take_token(self, request: Request, token_id: int, logprobs, now: float,
-                    touched: dict[str, RequestGroup]) -> bool:
-        """One sampled token through the grammar, output and stop checks; False once the request ended."""
-        refused = self.structured.accept(request, token_id) if request.grammar is not None else None
-        if refused is not None:
-            logger.warning("request %s: %s", request.request_id, refused)
-            self._fail_group(request.parent_id, touched, refused)
-            return False
-        try:
-            status = self.output_processor.append_token(request, token_id, logprobs)
-        except Exception:
-            logger.exception("output processing failed for request %s; ending it", request.request_id)
-            self._fail_group(request.parent_id, touched)
-            return False
-        if status is None and request.grammar is not None and request.grammar.is_terminated:
-            status = RequestStatus.FINISHED_STOPPED  # a stop token ended the grammar (ignore_eos)
-        if request.metrics.first_token_time is None:
-            request.metrics.first_token_time = now
-        request.metrics.last_token_time = now
-        if status is not None:
-            request.metrics.finished_time = now
-            self._finish(request, status)
-        self.stats.generation_tokens += 1
-        touched[request.parent_id] = self.groups[request.parent_id]
-        return status is None
-
-    def _take_pooled(self, step: InFlight, pooled: list[tuple[str, list]], now: float,
-                     touched: dict[str, RequestGroup]) -> None:
-        """A pooling request whose prompt the step ended is done: its result is its output."""
-        by_id = {request.request_id: request for request in step.sched.requests}
-        for request_id, result in pooled:
-            request = by_id[request_id]
-            if request.status.finished:  # aborted meanwhile
-                continue
-            request.pooled = result
-            request.metrics.first_token_time = request.metrics.last_token_time = now
-            request.metrics.finished_time = now
-            self._finish(request, RequestStatus.FINISHED_STOPPED)
-            touched[request.parent_id] = self.groups[request.parent_id]
-
-    def _take_prompt_logprobs(self, step: InFlight, chunks: list[PromptLogprobsChunk],
-                              touched: dict[str, RequestGroup]) -> None:
-        """Stores each chunk's prompt logprobs in its request, by position."""
-        by_id = {request.request_id: request for request in step.sched.requests}
-        for chunk in chunks:
-            request = by_id[chunk.request_id]
-            if request.status.finished:
-                continue
-            try:
-                self.output_processor.add_prompt_logprobs(request, chunk.first_position, chunk.entries)
-            except Exception:
-                logger.exception("prompt logprobs failed for request %s; ending it", request.request_id)
-                self._fail_group(request.parent_id, touched)
 
     def _record_step(self, now: float, sched: SchedulerOutput, num_decode: int, context: int,
                      pairs: tuple[int, int], started: float) -> None:
@@ -462,17 +382,6 @@ class LLMEngine:
                                self.kv_cache.prefix_cache_hits)
         if self._trace is not None:
             self._trace.write(json.dumps(dataclasses.asdict(step)) + "\n")
-
-    def _finish(self, request: Request, status: RequestStatus) -> None:
-        if request.status.finished:
-            return
-        self.stats.finished_by_reason[status.value] += 1
-        self._finished_ids.append(request.request_id)
-        if request.metrics.finished_time is None:
-            request.metrics.finished_time = time.perf_counter()
-        self.scheduler.finish_request(request, status)
-        if self.speculator is not None:
-            self.speculator.finished(request)
 
     def check_health(self) -> None:
         """Raises RankFailedError if a tensor-parallel rank has died (a single worker is always fine)."""

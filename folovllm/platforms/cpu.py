@@ -51,14 +51,21 @@ class CpuPlatform(Platform):
         self.greedy_head = envs.switch("FOLOVLLM_CPU_GREEDY_HEAD")
         self.lora_kernel = envs.switch("FOLOVLLM_CPU_LORA_KERNEL") and kernel_library.has_kernel("lora")
 
-    def resolve_dtype(self, requested: str) -> str:
+    def resolve_dtype(self, requested: str, prefill_only: bool = False) -> str:
         """auto: bfloat16 where its matmuls run fast (native bf16 dot products, or our linear kernel, which
         keeps bf16 weights and multiplies in fp32 FMAs), else float32 (torch would emulate bf16 products
-        several times slower than its fp32 ones)."""
+        several times slower than its fp32 ones). A prefill-only engine (pooling) below native bf16 takes
+        float32: its steps are large matmuls, where oneDNN's fp32 GEMMs beat bf16 weights widened in our
+        kernel (1.16x in 4 alternating rounds on an AVX2 host, docs/benchmarks.md "Embeddings"; decode, which
+        streams the weights, is where half the bytes pay; AVX-512 without BF16 is unmeasured)."""
         if requested == "float16":
             raise ValueError("float16 is not supported on CPU; use bfloat16 or float32")
         fast_bf16 = isa.native_bf16(self.tier) or (
             kernel_library.has_kernel("linear") and envs.value("FOLOVLLM_CPU_LINEAR") in ("auto", "folovllm"))
+        if requested == "auto" and prefill_only and not isa.native_bf16(self.tier):
+            _log_once(f"dtype auto: float32 for a prefill-only (pooling) engine at tier {self.tier}: no native bf16 "
+                      "dot products, and fp32 GEMMs beat bf16 weights widened in registers at prefill")
+            return "float32"
         if requested == "auto":
             dtype = "bfloat16" if fast_bf16 else "float32"
             if not fast_bf16:

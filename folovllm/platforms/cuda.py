@@ -16,7 +16,7 @@ class CudaPlatform(Platform):
     captures_graphs = True
     shares_cores = False
 
-    def resolve_dtype(self, requested: str) -> str:
+    def resolve_dtype(self, requested: str, prefill_only: bool = False) -> str:
         return "bfloat16" if requested == "auto" else requested
 
     def auto_attention_backend(self) -> str:

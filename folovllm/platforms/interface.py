@@ -58,9 +58,9 @@ class Platform(ABC):
         self.device = device
 
     @abstractmethod
-    def resolve_dtype(self, requested: str) -> str:
-        """The activations' dtype for ``requested`` (``auto``: this platform's choice); ValueError for one
-        it cannot run."""
+    def resolve_dtype(self, requested: str, prefill_only: bool = False) -> str:
+        """The activations' dtype for ``requested`` (``auto``: this platform's choice; ``prefill_only``: for an
+        engine that never decodes, a pooling runner); ValueError for one it cannot run."""
 
     @abstractmethod
     def auto_attention_backend(self) -> str:
