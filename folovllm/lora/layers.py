@@ -11,8 +11,9 @@ wasted multiplications), else one per adapter too. The deltas are summed in the 
 to the base's result once.
 
 Where the platform has our kernel (``torch.ops.folovllm.lora_add``, the CPU from avx2 on; the switch is
-``FOLOVLLM_CPU_LORA_KERNEL``), each linear makes one call for all its rows instead: every row multiplies its
-own adapter's A and B only, in fp32, from tables built here when a slot changes (``LoRATables``).
+``FOLOVLLM_CPU_LORA_KERNEL``; on CUDA its Triton form, lora/triton_lora.py), each linear makes one call for
+all its rows instead: every row multiplies its own adapter's A and B only, in fp32, from tables built here
+when a slot changes (``kernel_tables``).
 """
 from __future__ import annotations
 
@@ -83,7 +84,8 @@ def kernel_tables(slots: list[LinearLoRA | None]) -> tuple[torch.Tensor, ...]:
 class LoRALinearMethod(LinearMethod):
     """One layer's base method plus its adapters' weights per slot (None: that slot's adapter leaves this
     linear alone). Created over a loaded layer (``create_weights`` is the base's, never called again).
-    ``kernel``: deltas through ``torch.ops.folovllm.lora_add`` (adapters in fp32), else the torch form."""
+    ``kernel``: deltas through ``torch.ops.folovllm.lora_add`` on CPU tensors, else its Triton form (adapters
+    in fp32 for both); without it the torch form."""
 
     fusable = False  # a compiled form must call this method, not the base kernel it wraps
 
@@ -94,6 +96,7 @@ class LoRALinearMethod(LinearMethod):
         self.kernel = kernel
         self._stacked: tuple[torch.Tensor, dict[int, tuple[int, int]]] | None = None  # all slots' A, each's columns
         self._tables: tuple[torch.Tensor, ...] | None = None  # the kernel's (kernel_tables)
+        self._max_rank: int | None = None  # the tables' largest piece rank (the Triton form's tile)
 
     def set_slot(self, slot: int, weights: LinearLoRA | None) -> None:
         """Slot ``slot`` now holds these (A, B pieces) (None: its adapter leaves this linear alone)."""
@@ -131,8 +134,18 @@ class LoRALinearMethod(LinearMethod):
         if self.kernel:
             if self._tables is None:
                 self._tables = kernel_tables(self.slots)
-            if self.batch.row_slot is not None and self._tables:
+                self._max_rank = None
+            if self.batch.row_slot is None or not self._tables:
+                return out
+            if out.device.type == "cpu":
                 torch.ops.folovllm.lora_add(out, x, self.batch.row_slot, *self._tables)
+            else:
+                # imports triton: only where a device runs it
+                from folovllm.lora import triton_lora
+
+                if self._max_rank is None:
+                    self._max_rank = triton_lora.max_rank(self._tables[3])
+                triton_lora.lora_add(out, x, self.batch.row_slot, *self._tables, rank=self._max_rank)
             return out
         segments = [(slot, rows) for slot, rows in self.batch.segments if self.slots[slot] is not None]
         if not segments:

@@ -1,4 +1,4 @@
-"""The CUDA platform: an asynchronous device with Triton attention, CUDA graphs and NCCL."""
+"""The CUDA platform: an asynchronous device with Triton attention and LoRA, CUDA graphs and NCCL."""
 from __future__ import annotations
 
 import importlib.util
@@ -15,6 +15,7 @@ class CudaPlatform(Platform):
     profiles_memory = True
     captures_graphs = True
     shares_cores = False
+    lora_kernel = importlib.util.find_spec("triton") is not None  # lora/triton_lora.py's lora_add
 
     def resolve_dtype(self, requested: str, prefill_only: bool = False) -> str:
         return "bfloat16" if requested == "auto" else requested
