@@ -1,4 +1,5 @@
-"""`folovllm serve --speculative-config`: the same greedy text as without, and vLLM's spec_decode_* series."""
+"""`folovllm serve --speculative-config`: the same greedy text as the engine without it, and vLLM's spec_decode_*
+series."""
 from __future__ import annotations
 
 import json
@@ -18,8 +19,12 @@ def complete(base_url: str) -> str:
 
 
 def test_served_speculation_keeps_the_text_and_counts_drafts(tiny_model):
-    with running_server("--model", tiny_model) as plain:
-        want = complete(plain.base_url)
+    from folovllm import LLM, SamplingParams
+
+    plain = LLM(model=tiny_model)  # the same defaults as the server, without speculation
+    want = plain.generate([PROMPT], SamplingParams(max_tokens=24, temperature=0, ignore_eos=True),
+                          use_tqdm=False)[0].outputs[0].text
+    del plain
     spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
     with running_server("--model", tiny_model, "--speculative-config", json.dumps(spec)) as server:
         assert complete(server.base_url) == want
