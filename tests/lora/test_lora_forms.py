@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 from transformers import AutoConfig
 
 from folovllm import LoRARequest, SamplingParams
@@ -54,8 +53,8 @@ def test_each_decoder_form_adds_the_deltas(tiny_llama_dir: str, tmp_path: Path, 
 
 
 @pytest.mark.parametrize("kernel", ["on", "off"])
-def test_kernel_and_torch_forms_equal_the_merged_reference(tiny_llama_dir: str, tmp_path: Path, kernel: str,
-                                                            monkeypatch) -> None:  # noqa: F811
+def test_kernel_and_torch_forms_equal_the_merged_reference(tiny_llama_dir: str, tmp_path: Path,  # noqa: F811
+                                                            kernel: str, monkeypatch) -> None:
     """A mixed batch (two adapters, the base) with the CPU's lora_add kernel and with the torch form it
     replaces (``FOLOVLLM_CPU_LORA_KERNEL=off``): each row equals its merged HF model (fp32)."""
     monkeypatch.setenv("FOLOVLLM_CPU_LORA_KERNEL", kernel)
