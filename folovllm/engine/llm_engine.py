@@ -133,9 +133,13 @@ class LLMEngine:
         self.speculator = make_speculator(config, self.structured, self.stats, self.vocab_size, self.max_model_len)
         self.results = StepResults(self.scheduler, self.kv_cache, self.structured, self.output_processor,
                                    self.stats, self.speculator)
-        self.groups = self.results.groups  # the requests in the engine, by user request id
         # Line-buffered so a trace is complete up to the last step even if the process is killed.
         self._trace = open(config.trace_path, "w", buffering=1) if config.trace_path else None
+
+    @property
+    def groups(self) -> dict[str, RequestGroup]:
+        """The requests in the engine, by user request id (the step results hold them)."""
+        return self.results.groups
 
     # -- start-up -----------------------------------------------------------------------------
 

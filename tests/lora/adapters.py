@@ -1,4 +1,5 @@
-"""PEFT-format LoRA adapters written with safetensors (no peft needed), and the merged transformers reference."""
+"""PEFT-format LoRA adapters written with safetensors (no peft needed), the merged transformers reference, and
+one linear's LoRA method in its torch and kernel forms over the same random slots."""
 from __future__ import annotations
 
 import json
@@ -7,6 +8,10 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
+
+from folovllm.lora.adapter import BPiece
+from folovllm.lora.layers import LoRABatch, LoRALinearMethod
+from folovllm.model.quantization.linear_method import UnquantizedLinearMethod
 
 ATTN, MLP = ("q_proj", "k_proj", "v_proj", "o_proj"), ("gate_proj", "up_proj", "down_proj")
 
@@ -72,3 +77,19 @@ def hf_greedy(model, prompt: list[int], max_tokens: int) -> list[int]:
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens, do_sample=False,
                              min_new_tokens=max_tokens, pad_token_id=0)
     return out[0, len(prompt):].tolist()
+
+
+def adapted_forms(gen: torch.Generator, row_slots: list[int], in_features: int, outs: list[int], specs: list):
+    """The torch form and the kernel form over the same slots; spec (rank, pieces) per slot, None: no weights."""
+    batch = LoRABatch.from_row_slots(row_slots)
+    forms = [LoRALinearMethod(UnquantizedLinearMethod(), len(specs), batch, kernel) for kernel in (False, True)]
+    for slot, spec in enumerate(specs):
+        weights = None
+        if spec is not None:
+            rank, pieces = spec
+            a = torch.randn(rank * len(pieces), in_features, generator=gen) * 0.1
+            weights = (a, tuple(BPiece(sum(outs[:p]), j * rank, torch.randn(outs[p], rank, generator=gen) * 0.1)
+                                for j, p in enumerate(pieces)))
+        for method in forms:
+            method.set_slot(slot, weights)
+    return forms

@@ -10,6 +10,7 @@ from folovllm.lora import layers
 from folovllm.lora.adapter import BPiece
 from folovllm.lora.layers import LoRABatch, LoRALinearMethod
 from folovllm.model.quantization.linear_method import UnquantizedLinearMethod
+from tests.lora.adapters import adapted_forms
 from tests.tiers import skip_unless_kernel
 
 OUTS = [8, 4, 4]  # a merged q/k/v-like linear
@@ -65,19 +66,7 @@ def test_kernel_equals_the_torch_form_at_each_tier(kernel_tier: str, dtype: torc
     gen = torch.Generator().manual_seed(1)
     in_features, outs = 72, [40, 24, 24]
     row_slots = [0] * 11 + [-1, 1, 1, 2, 3, 3, -1] + [4] * 9 + [1]
-    batch = LoRABatch.from_row_slots(row_slots)
-    forms = [LoRALinearMethod(UnquantizedLinearMethod(), 5, batch, kernel) for kernel in (False, True)]
-    specs = [(8, [0, 1, 2]), (4, [1]), (64, [0, 2]), None, (16, [2])]
-    for slot, spec in enumerate(specs):
-        if spec is None:
-            weights = None
-        else:
-            rank, pieces = spec
-            a = torch.randn(rank * len(pieces), in_features, generator=gen) * 0.1
-            weights = (a, tuple(BPiece(sum(outs[:p]), j * rank, torch.randn(outs[p], rank, generator=gen) * 0.1)
-                                for j, p in enumerate(pieces)))
-        for method in forms:
-            method.set_slot(slot, weights)
+    forms = adapted_forms(gen, row_slots, in_features, outs, [(8, [0, 1, 2]), (4, [1]), (64, [0, 2]), None, (16, [2])])
     x = torch.randn(len(row_slots), in_features, generator=gen).to(dtype)
     base = torch.randn(len(row_slots), sum(outs), generator=gen).to(dtype)
     expected = forms[0].add_deltas(x.float(), base.float().clone())

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from folovllm.lora.adapter import BPiece
-from folovllm.lora.layers import LoRABatch, LoRALinearMethod, kernel_tables
-from folovllm.model.quantization.linear_method import UnquantizedLinearMethod
+from folovllm.lora.layers import LoRABatch, kernel_tables
 from tests.helpers import use_triton_interpreter_without_cuda
+from tests.lora.adapters import adapted_forms
 
 if importlib.util.find_spec("triton") is None:  # not importorskip: triton must not be imported yet
     pytest.skip("triton is not installed (the test extra pins it on x86-64 Linux)", allow_module_level=True)
@@ -21,22 +21,6 @@ use_triton_interpreter_without_cuda()  # before the kernel's module is imported 
 from folovllm.lora import triton_lora
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def adapted_forms(gen: torch.Generator, row_slots: list[int], in_features: int, outs: list[int], specs: list):
-    """The torch form and the kernel form over the same slots; spec (rank, pieces) per slot, None: no weights."""
-    batch = LoRABatch.from_row_slots(row_slots)
-    forms = [LoRALinearMethod(UnquantizedLinearMethod(), len(specs), batch, kernel) for kernel in (False, True)]
-    for slot, spec in enumerate(specs):
-        weights = None
-        if spec is not None:
-            rank, pieces = spec
-            a = torch.randn(rank * len(pieces), in_features, generator=gen) * 0.1
-            weights = (a, tuple(BPiece(sum(outs[:p]), j * rank, torch.randn(outs[p], rank, generator=gen) * 0.1)
-                                for j, p in enumerate(pieces)))
-        for method in forms:
-            method.set_slot(slot, weights)
-    return forms
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
