@@ -101,6 +101,19 @@ def test_rotary_store_kv(dtype: torch.dtype, tokens: int, heads: int, kv_heads: 
     torch.testing.assert_close(q.double(), ref, rtol=REF_TOL[dtype], atol=REF_TOL[dtype])
 
 
+def assert_rotated_close(ours: torch.Tensor, theirs: torch.Tensor) -> None:
+    """Rotary after a norm: the torch path rounds the normed head to bf16 before rotating, the fused op
+    does not, so each output (a*cos - b*sin) may differ by a rounding step of a or b. Where the two
+    terms cancel that step is large relative to the output, so it is bounded by the head's largest
+    value, not by the output's own."""
+    if ours.dtype == torch.float32:
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
+        return
+    ours, theirs = ours.float(), theirs.float()
+    bound = BF16_ULP * theirs.abs().amax(dim=-1, keepdim=True)
+    assert ((ours - theirs).abs() <= bound).all(), (ours - theirs).abs().max()
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rotary_store_kv_with_qk_norm(dtype: torch.dtype) -> None:
     tokens, heads, kv_heads, head_dim = 11, 6, 2, 32
@@ -111,8 +124,8 @@ def test_rotary_store_kv_with_qk_norm(dtype: torch.dtype) -> None:
     q_in, k_in, _ = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
     expected_q = apply_rotary(q_norm(q_in.reshape(tokens, heads, head_dim)), rope)
     expected_k = apply_rotary(k_norm(k_in.reshape(tokens, kv_heads, head_dim)), rope)
-    assert_close_to_torch_path(q, expected_q)
-    assert_close_to_torch_path(k, expected_k)
+    assert_rotated_close(q, expected_q)
+    assert_rotated_close(k, expected_k)
     assert torch.equal(k_cache.view(-1, kv_heads, head_dim)[slots], k)
 
 
