@@ -6,8 +6,6 @@ Each field's metadata carries its command-line help (and choices, or a flag name
 from __future__ import annotations
 
 import dataclasses
-import logging
-import os
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +21,7 @@ from folovllm.config_checks import (
     check_nodes,
     check_runner,
 )
+from folovllm.config_resolve import resolve_config, usable_cores
 from folovllm.platforms import platform_for, resolve_device
 from folovllm.spec_decode.config import SpeculativeConfig
 
@@ -37,7 +36,6 @@ QUANTIZE_LM_HEAD = ("auto", "on", "off")
 DTYPE_ALIASES = {"half": "float16", "float": "float32"}  # vLLM's other spellings
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "int8")  # fp8 = fp8_e4m3, as in vLLM
 DP_ROUTING_POLICIES = ("prefix_aware", "least_loaded", "round_robin")
-logger = logging.getLogger(__name__)
 
 
 def parse_size(text: str | int) -> int:
@@ -48,13 +46,6 @@ def parse_size(text: str | int) -> int:
     if not match or match.group(2).lower() not in _SIZE_UNITS:
         raise ValueError(f"cannot parse memory size {text!r}; use e.g. 512MiB or 2GiB")
     return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its affinity mask), the default for ``num_threads``."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
 
 
 # The option groups of `folovllm serve --help`, in vLLM's order (vLLM's config class names); the
@@ -362,63 +353,9 @@ class EngineConfig:
         return lines
 
     def resolve(self) -> EngineConfig:
-        """This config with every ``auto`` decided for this machine (the one place that decides).
-
-        device: cuda if available, else cpu. The device's platform (``folovllm/platforms``) decides dtype,
-        the attention backend (triton on CUDA when installed; on CPU our kernel where it runs at the CPU's
-        tier, else torch) and overlap scheduling (on CUDA only: on CPU the forward runs synchronously, so
-        overlapping would only hand each token out one step later). structured_outputs_backend: xgrammar.
-        load_quantized: off (see its help). runner: pooling when convert is embed (and convert embed
-        under a pooling runner). num_threads: the cores this process may run on (its CPU
-        affinity, which a container or taskset narrows). Names of registered pieces (attention backend,
-        policy, admission) are checked where they are looked up, when the engine builds them.
-        """
-        device = resolve_device(self.device)
-        platform = platform_for(device)
-        pooling = self.runner == "pooling" or self.convert == "embed"
-        dtype = platform.resolve_dtype(self.dtype, prefill_only=pooling)
-        backend = platform.auto_attention_backend() if self.attention_backend == "auto" else self.attention_backend
-        overlap = platform.asynchronous if self.overlap_scheduling == "auto" else bool(self.overlap_scheduling)
-        speculative = self.speculative_config
-        if speculative is not None and "disable_by_batch_size" not in speculative:  # where speculation stops paying
-            speculative = {**speculative, "disable_by_batch_size": platform.speculation_pause_batch}
-        if speculative is not None and overlap:  # proposals read the last token on the host
-            if self.overlap_scheduling is True:
-                raise ValueError("speculative decoding needs overlap scheduling off; leave it at 'auto' or pass --no-overlap")
-            overlap = False
-        enforce_eager = self.enforce_eager
-        if self.tensor_parallel_size > 1:
-            overlap, enforce_eager = self._tensor_parallel_settings(device, overlap)
-        structured = "xgrammar" if self.structured_outputs_backend == "auto" else self.structured_outputs_backend
-        # 4-bit GGUF weights win one-stream decode on CPU but lose batched decode and prefill to bf16
-        load_quantized = "off" if self.load_quantized == "auto" else self.load_quantized
-        return dataclasses.replace(self, runner="pooling" if pooling else "generate",
-                                   convert="embed" if pooling else "none", device=device, dtype=dtype, attention_backend=backend,
-                                   overlap_scheduling=overlap, enforce_eager=enforce_eager,
-                                   load_quantized=load_quantized,
-                                   num_threads=self.num_threads or usable_cores(),
-                                   structured_outputs_backend=structured, speculative_config=speculative)
-
-    def _tensor_parallel_settings(self, device: str, overlap: bool) -> tuple[bool, bool]:
-        """(overlap_scheduling, enforce_eager) under tensor parallelism: both off.
-
-        The other ranks learn a step's input tokens from the host, so a token still on rank 0's device
-        (overlap) cannot reach them; decode CUDA graphs are not captured with collectives inside.
-        """
-        platform = platform_for(device)
-        if platform.device.index is not None:
-            raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size} places rank r on device r; "
-                             f"pass device={platform.name!r} instead of {device!r}")
-        visible = platform.visible_devices()
-        if visible is not None and visible < self.ranks_per_node:
-            raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size} over nnodes={self.nnodes} needs "
-                             f"{self.ranks_per_node} {platform.name} devices on each node; {visible} are visible")
-        if self.overlap_scheduling is True:
-            raise ValueError("overlap scheduling does not work with tensor_parallel_size > 1; "
-                             "leave overlap_scheduling at 'auto' or pass --no-overlap")
-        if overlap:
-            logger.info("tensor parallelism: overlap scheduling off (other ranks read input tokens from the host)")
-        return False, True
+        """This config with every ``auto`` decided for this machine (config_resolve.py: the one place that
+        decides)."""
+        return resolve_config(self)
 
     @property
     def ranks_per_node(self) -> int:

@@ -17,6 +17,8 @@ FORBIDDEN = {
     "config": ["folovllm"],
     # the config's checks that span several knobs: they see the config (its type) and nothing else
     "config_checks": ["folovllm"],
+    # resolving the config's autos: it sees the config (its type) and asks the device's platform
+    "config_resolve": ["folovllm"],
     "envs": ["folovllm"],
     # what each device decides, the CPU's tiers and its kernel library: below every part that asks
     "platforms": ["folovllm"],
@@ -81,8 +83,10 @@ FORBIDDEN = {
                  "folovllm.worker"],
 }
 # Exceptions to FORBIDDEN: what a part may import even so.
-ALLOWED = {"config": ["folovllm.platforms", "folovllm.envs", "folovllm.spec_decode.config", "folovllm.config_checks"],
-           "config_checks": ["folovllm.config"], "platforms": ["folovllm.platforms", "folovllm.envs"]}
+ALLOWED = {"config": ["folovllm.platforms", "folovllm.envs", "folovllm.spec_decode.config", "folovllm.config_checks",
+                      "folovllm.config_resolve"],
+           "config_checks": ["folovllm.config"], "config_resolve": ["folovllm.config", "folovllm.platforms"],
+           "platforms": ["folovllm.platforms", "folovllm.envs"]}
 
 
 def imported_modules(path: Path) -> set[str]:
