@@ -5,9 +5,12 @@
 //
 // Keys go in tiles of at most kTile: with look-ahead, the next tile's K/V rows (this item's, else the first
 // of the item the thread runs next) are asked for while a tile computes, so memory streams them meanwhile
-// (without, each tile's rows are asked for at once as it starts); bf16 rows are widened once into an fp32 tile that every
-// head of the group then reads, four keys share one horizontal reduction, and each head's online softmax
-// (running max, rescaled sums and accumulators) updates once per tile. Accumulation is fp32 throughout.
+// (without, each tile's rows are asked for at once as it starts). Each K and V vector is widened to fp32 in
+// a register as it is read (bf16 shifted, int8/fp8 scaled) and used there by up to kHeadBlock heads of the
+// group at once, so a row is read once per group of heads and never copied; four keys share one horizontal
+// reduction, and each head's online softmax (running max, rescaled sums and accumulators) updates once per
+// tile. Every sum runs in the order the earlier widen-into-a-buffer form used (along the row for a score,
+// key by key for a value), so the results are the same bits. Accumulation is fp32 throughout.
 #include "../kv_quant.h"
 #include "../tiered.h"
 #include "../vec.h"
@@ -22,21 +25,21 @@
 namespace folovllm::cpu::FOLO_TIER {
 namespace {
 
-constexpr int64_t kTile = 64;  // keys per online-softmax update: a bf16 tile's widened K and V stay in L1
-constexpr int kAccVecs = 8;    // accumulator vectors a head keeps in registers while it sums a tile's values
+constexpr int64_t kTile = 64;  // keys per online-softmax update
+constexpr int kHeadBlock = 3;  // group heads that share each K/V row read: 3 x 4 sums fill the registers
+constexpr int kValueVecs = 4;  // value vectors per head a pass keeps in registers
 
 struct Scratch {
-  std::vector<float> q, acc, scores, keys, values, row_max, row_sum;
+  std::vector<float> q, acc, scores, row_max, row_sum;
   std::vector<int64_t> offsets, ahead;
 };
 
 // The thread's scratch, grown to `heads` rows of `dim` (scores padded to whole vectors).
 Scratch& scratch(int64_t heads, int64_t dim) {
   thread_local Scratch s;
-  const size_t rows = static_cast<size_t>(heads * dim), tile = static_cast<size_t>(kTile * dim);
+  const size_t rows = static_cast<size_t>(heads * dim);
   if (s.q.size() < rows) s.q.resize(rows), s.acc.resize(rows);
   if (s.row_max.size() < static_cast<size_t>(heads)) s.row_max.resize(heads), s.row_sum.resize(heads);
-  if (s.keys.size() < tile) s.keys.resize(tile), s.values.resize(tile);
   const size_t scores = static_cast<size_t>(heads * (kTile + kLanes));
   if (s.scores.size() < scores) s.scores.resize(scores);
   if (s.offsets.empty()) s.offsets.resize(kTile), s.ahead.resize(kTile);
@@ -80,66 +83,108 @@ void prefetch_rows(const PagedHead& kv, int64_t elem_bytes, int64_t row_bytes, c
     }
 }
 
-// Rows of a cache in the query's dtype: fp32 read in place, bf16 widened into `buf` (row j).
+// Rows of a cache in the query's dtype: a row's vector at column d, fp32 as stored or bf16 widened in a register.
 template <typename T>
 struct PlainRows {
   static constexpr int64_t kElemBytes = sizeof(T);
   static int64_t row_bytes(int64_t dim) { return dim * kElemBytes; }
-  FOLO_VINLINE const float* operator()(const void* cache, int64_t offset, int64_t dim, float* buf, int j) const {
-    const T* row = static_cast<const T*>(cache) + offset;
-    if constexpr (std::is_same_v<T, float>) {
-      return row;
-    } else {
-      float* out = buf + j * dim;
-      for (int64_t d = 0; d < dim; d += kLanes) vstore(out + d, vload_bf16(row + d));
-      return out;
-    }
+  struct Row {
+    const T* p;
+    FOLO_VINLINE Vec at(int64_t d) const { return load(p + d); }
+  };
+  FOLO_VINLINE Row operator()(const void* cache, int64_t offset, int64_t) const {
+    return Row{static_cast<const T*>(cache) + offset};
   }
 };
 
-// Rows of a quantized cache (kv_quant.h): codes widened to fp32 in registers, times the row's scale, into `buf`.
+// Rows of a quantized cache (kv_quant.h): a row's codes at column d widened to fp32 in a register, times the
+// row's scale.
 template <KvFormat F>
 struct QuantRows {
   static constexpr int64_t kElemBytes = 1;
   static int64_t row_bytes(int64_t dim) { return dim + kKvScaleBytes; }
-  FOLO_VINLINE const float* operator()(const void* cache, int64_t offset, int64_t dim, float* buf, int j) const {
-    const uint8_t* row = static_cast<const uint8_t*>(cache) + offset;
-    float* out = buf + j * dim;
-    if constexpr (F == KvFormat::kInt8) {
-      const Vec scale = vset1(kv_row_scale(row, dim));
-      for (int64_t d = 0; d < dim; d += kLanes)
-        vstore(out + d, vmul(vload_i8(reinterpret_cast<const int8_t*>(row) + d), scale));
-    } else {
-      const Vec scale = vset1(kv_row_scale(row, dim) * kv_fp8_factor(F));
-      for (int64_t d = 0; d < dim; d += kLanes) vstore(out + d, vmul(vload_byte_float(row + d, kv_fp8_shift(F)), scale));
+  struct Row {
+    const uint8_t* p;
+    Vec scale;
+    FOLO_VINLINE Vec at(int64_t d) const {
+      if constexpr (F == KvFormat::kInt8) return vmul(vload_i8(reinterpret_cast<const int8_t*>(p) + d), scale);
+      else return vmul(vload_byte_float(p + d, kv_fp8_shift(F)), scale);
     }
-    return out;
+  };
+  FOLO_VINLINE Row operator()(const void* cache, int64_t offset, int64_t dim) const {
+    const uint8_t* row = static_cast<const uint8_t*>(cache) + offset;
+    if constexpr (F == KvFormat::kInt8) return Row{row, vset1(kv_row_scale(row, dim))};
+    else return Row{row, vset1(kv_row_scale(row, dim) * kv_fp8_factor(F))};
   }
 };
 
-// scores[j] = q . k_j for keys [j0, j0 + G) (q already scaled): G independent sums, so the FMAs of G keys
-// overlap instead of each waiting on the last; G/4 horizontal reductions.
-template <int G>
-FOLO_VINLINE void score_keys(const float* q, const float* const* keys, int j0, int64_t dim, float* scores) {
-  Vec part[G];
-  for (int i = 0; i < G; ++i) part[i] = vzero();
+// Scores of keys [j0, j0 + J) for heads [h0, h0 + H) (q rows already scaled, a head's scores at
+// scores + h * stride): each key's row is read once for all H heads, and each sum runs along the row in
+// order; four keys share one horizontal reduction.
+template <int H, int J, typename Row>
+FOLO_VINLINE void score_block(const float* q, int64_t dim, const Row* keys, int j0, float* scores, int64_t stride) {
+  Vec part[H][J];
+  for (int h = 0; h < H; ++h)
+    for (int i = 0; i < J; ++i) part[h][i] = vzero();
   for (int64_t d = 0; d < dim; d += kLanes) {
-    const Vec qv = vload(q + d);
-    for (int i = 0; i < G; ++i) part[i] = vfma(qv, vload(keys[j0 + i] + d), part[i]);
+    Vec qv[H];
+    for (int h = 0; h < H; ++h) qv[h] = vload(q + h * dim + d);
+    for (int i = 0; i < J; ++i) {
+      const Vec kv = keys[j0 + i].at(d);
+      for (int h = 0; h < H; ++h) part[h][i] = vfma(qv[h], kv, part[h][i]);
+    }
   }
-  for (int i = 0; i < G; i += 4) vsum4(part[i], part[i + 1], part[i + 2], part[i + 3], scores + j0 + i);
+  for (int h = 0; h < H; ++h) {
+    if constexpr (J == 4) {
+      vsum4(part[h][0], part[h][1], part[h][2], part[h][3], scores + h * stride + j0);
+    } else {
+      for (int i = 0; i < J; ++i) scores[h * stride + j0 + i] = vhsum(part[h][i]);
+    }
+  }
 }
 
-// The tile's n scores: eight keys at a time, then four, then one by one.
-FOLO_VINLINE void score_tile(const float* q, const float* const* keys, int n, int64_t dim, float* scores) {
+// The tile's n scores for heads [h0, h0 + H): four keys at a time, then one by one.
+template <int H, typename Row>
+FOLO_VINLINE void score_heads(const float* q, int64_t dim, const Row* keys, int n, float* scores, int64_t stride) {
   int j = 0;
-  for (; j + 8 <= n; j += 8) score_keys<8>(q, keys, j, dim, scores);
-  for (; j + 4 <= n; j += 4) score_keys<4>(q, keys, j, dim, scores);
-  for (; j < n; ++j) {
-    Vec part = vzero();
-    for (int64_t d = 0; d < dim; d += kLanes) part = vfma(vload(q + d), vload(keys[j] + d), part);
-    scores[j] = vhsum(part);
+  for (; j + 4 <= n; j += 4) score_block<H, 4>(q, dim, keys, j, scores, stride);
+  for (; j < n; ++j) score_block<H, 1>(q, dim, keys, j, scores, stride);
+}
+
+// acc[h][c] += sum over the tile's keys j of w[h][j] * v_j[c], heads [h0, h0 + H), C vectors from column d0
+// (kept in registers; each value row read once for all H heads).
+template <int H, int C, typename Row>
+FOLO_VINLINE void value_block(float* acc, int64_t dim, const float* w, int64_t stride, const Row* values, int n,
+                              int64_t d0) {
+  Vec sum[H][C];
+  for (int h = 0; h < H; ++h)
+    for (int c = 0; c < C; ++c) sum[h][c] = vload(acc + h * dim + d0 + c * kLanes);
+  for (int j = 0; j < n; ++j) {
+    Vec wj[H];
+    for (int h = 0; h < H; ++h) wj[h] = vbroadcast(w + h * stride + j);
+    for (int c = 0; c < C; ++c) {
+      const Vec vv = values[j].at(d0 + c * kLanes);
+      for (int h = 0; h < H; ++h) sum[h][c] = vfma(wj[h], vv, sum[h][c]);
+    }
   }
+  for (int h = 0; h < H; ++h)
+    for (int c = 0; c < C; ++c) vstore(acc + h * dim + d0 + c * kLanes, sum[h][c]);
+}
+
+template <int H, typename Row>
+FOLO_VINLINE void value_heads(float* acc, int64_t dim, const float* w, int64_t stride, const Row* values, int n) {
+  int64_t d0 = 0;
+  for (; d0 + kValueVecs * kLanes <= dim; d0 += kValueVecs * kLanes) value_block<H, kValueVecs>(acc, dim, w, stride, values, n, d0);
+  for (; d0 < dim; d0 += kLanes) value_block<H, 1>(acc, dim, w, stride, values, n, d0);
+}
+
+// Heads [0, heads) in groups of up to kHeadBlock: fn(std::integral_constant<int, H>, h0).
+template <typename Fn>
+FOLO_VINLINE void by_head_groups(int64_t heads, Fn&& fn) {
+  int64_t h = 0;
+  for (; h + kHeadBlock <= heads; h += kHeadBlock) fn(std::integral_constant<int, kHeadBlock>{}, h);
+  if (heads - h == 2) fn(std::integral_constant<int, 2>{}, h);
+  if (heads - h == 1) fn(std::integral_constant<int, 1>{}, h);
 }
 
 // exp(s - shift) in place over n scores padded to whole vectors with -inf (which give 0); returns the sum.
@@ -152,18 +197,6 @@ FOLO_VINLINE float exp_shifted_sum(float* s, int n, float shift) {
     total = vadd(total, e);
   }
   return vhsum(total);
-}
-
-// acc[c] += sum over the tile's keys j of w[j] * v_j[c], for C vectors from column d0 (kept in registers).
-template <int C>
-FOLO_VINLINE void add_values(float* acc, const float* w, const float* const* values, int n, int64_t d0) {
-  Vec sum[C];
-  for (int c = 0; c < C; ++c) sum[c] = vload(acc + d0 + c * kLanes);
-  for (int j = 0; j < n; ++j) {
-    const Vec wj = vbroadcast(w + j);
-    for (int c = 0; c < C; ++c) sum[c] = vfma(wj, vload(values[j] + d0 + c * kLanes), sum[c]);
-  }
-  for (int c = 0; c < C; ++c) vstore(acc + d0 + c * kLanes, sum[c]);
 }
 
 // Rows: how K/V rows are read as fp32 (PlainRows<T>, QuantRows<F>).
@@ -184,7 +217,7 @@ void decode(const T* query, T* out, int64_t heads, int64_t dim, float scale, con
       vstore(&s.acc[r * dim + d], vzero());
     }
   }
-  const float* rows[kTile];
+  typename Rows::Row rows[kTile];
   const int64_t tile = tile_size(num_keys - first_key);
   for (int64_t t0 = first_key; t0 < num_keys; t0 += tile) {
     const int n = tile_offsets(kv, t0, std::min(t0 + tile, num_keys), s.offsets.data());
@@ -198,11 +231,13 @@ void decode(const T* query, T* out, int64_t heads, int64_t dim, float scale, con
       const int64_t t1 = std::min(next_first + tile_size(next_end - next_first), next_end);
       prefetch_rows(*next, Rows::kElemBytes, row_bytes, s.ahead.data(), tile_offsets(*next, next_first, t1, s.ahead.data()));
     }
-    for (int j = 0; j < n; ++j) rows[j] = read_row(kv.k, s.offsets[j], dim, s.keys.data(), j);
+    for (int j = 0; j < n; ++j) rows[j] = read_row(kv.k, s.offsets[j], dim);
+    by_head_groups(heads, [&](auto block, int64_t h0) {
+      score_heads<decltype(block)::value>(&s.q[h0 * dim], dim, rows, n, &s.scores[h0 * stride], stride);
+    });
     const int padded = (n + kLanes - 1) / kLanes * kLanes;
     for (int64_t r = 0; r < heads; ++r) {
       float* sc = &s.scores[r * stride];
-      score_tile(&s.q[r * dim], rows, n, dim, sc);
       std::fill(sc + n, sc + padded, -std::numeric_limits<float>::infinity());
       Vec m = vset1(-std::numeric_limits<float>::infinity());
       for (int j = 0; j < padded; j += kLanes) m = vmax(m, vload(sc + j));
@@ -214,14 +249,10 @@ void decode(const T* query, T* out, int64_t heads, int64_t dim, float scale, con
         for (int64_t d = 0; d < dim; d += kLanes)
           vstore(&s.acc[r * dim + d], vmul(vload(&s.acc[r * dim + d]), vset1(correction)));
     }
-    for (int j = 0; j < n; ++j) rows[j] = read_row(kv.v, s.offsets[j], dim, s.values.data(), j);
-    for (int64_t r = 0; r < heads; ++r) {
-      float* acc = &s.acc[r * dim];
-      const float* w = &s.scores[r * stride];
-      int64_t d0 = 0;
-      for (; d0 + kAccVecs * kLanes <= dim; d0 += kAccVecs * kLanes) add_values<kAccVecs>(acc, w, rows, n, d0);
-      for (; d0 < dim; d0 += kLanes) add_values<1>(acc, w, rows, n, d0);
-    }
+    for (int j = 0; j < n; ++j) rows[j] = read_row(kv.v, s.offsets[j], dim);
+    by_head_groups(heads, [&](auto block, int64_t h0) {
+      value_heads<decltype(block)::value>(&s.acc[h0 * dim], dim, &s.scores[h0 * stride], stride, rows, n);
+    });
   }
   for (int64_t r = 0; r < heads; ++r) {
     const Vec inv = vset1(1.f / row_sum[r]);
