@@ -4,13 +4,16 @@ The same random token-id inputs (``--num-inputs`` × ``--input-len``, seeded) go
 (``runner="pooling"``) and through the transformers model's base forward in batches of
 ``--hf-batch-size``, both pooled the same way (``--pooling-type``) and normalized. Each side is warmed
 up first; the result JSON holds both runs (inputs/s and tokens/s), their ratio and the smallest cosine
-between the two sides' vectors (a check that they embedded the same thing).
+between the two sides' vectors (a check that they embedded the same thing). With ``--rounds N`` both
+sides stay loaded and take turns, ours then transformers', N times; each side's figure is its median
+round, and every round's seconds are kept in the JSON.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import gc
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -46,6 +49,8 @@ def add_embed_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         help="'hf': also run transformers' batched forward on the same inputs in this process")
     parser.add_argument("--hf-batch-size", type=int, default=64, help="inputs per transformers forward")
     parser.add_argument("--output-json", default=None, help="write the list of result objects here")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="timed runs per side, taking turns (each side's figure: its median round)")
     add_engine_args(parser)
     return parser
 
@@ -80,6 +85,8 @@ def run_bench_embed(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Run ``bench embed`` as ``args`` say; print and return the results."""
     from folovllm import LLM  # the engine is heavy; keep `--help` free of it
 
+    if args.rounds < 1:
+        raise ValueError(f"--rounds must be at least 1; got {args.rounds}")
     config = engine_config_from_args(args)
     threads = config.num_threads or usable_cores()
     config = dataclasses.replace(config, num_threads=threads, runner="pooling",
@@ -93,27 +100,48 @@ def run_bench_embed(args: argparse.Namespace) -> list[dict[str, Any]]:
                     "seed": args.seed, "num_threads": threads,
                     "max_num_batched_tokens": config.max_num_batched_tokens}
     prompts = [{"prompt_token_ids": ids} for ids in inputs]
+    def embed_ours() -> tuple[torch.Tensor, float, float]:
+        llm.reset_prefix_cache()  # every timed run computes every input (no blocks from the warm-up or a last round)
+        hits = llm.llm_engine.kv_cache.prefix_cache_hits
+        t0 = time.perf_counter()
+        vectors = torch.tensor([o.outputs.embedding for o in llm.embed(prompts, PoolingParams(), use_tqdm=False)])
+        duration = time.perf_counter() - t0
+        cached_tokens.append(llm.llm_engine.kv_cache.prefix_cache_hits - hits)
+        return vectors, t0, duration
+
+    cached_tokens: list[int] = []
+
     llm.embed(prompts[:NUM_WARMUP_INPUTS], use_tqdm=False)
-    t0 = time.perf_counter()
-    ours_vectors = torch.tensor([o.outputs.embedding for o in llm.embed(prompts, PoolingParams(), use_tqdm=False)])
-    duration = time.perf_counter() - t0
+    ours_vectors, t0, duration = embed_ours()
+    ours_rounds = [duration]
+    ours_peak = read_peak_rss_mb()  # before transformers' model is loaded beside it
     model_path = str(llm.model_path)
-    ours = _result("folovllm", Path(model_path).name, dtype, bench_config, inputs, t0, duration,
-                   read_peak_rss_mb(), {})
-    print(format_result(ours), flush=True)
-    results = [ours]
-    del llm
-    gc.collect()
+    model = None
     if args.baseline == "hf":
+        if args.rounds == 1:  # one run each: the engine goes first, so each side's peak memory is its own
+            del llm
+            gc.collect()
         model = load_hf_model(model_path, dtype)
         hf_embed(model, inputs[:NUM_WARMUP_INPUTS], args.hf_batch_size, args.pooling_type)
-        t0 = time.perf_counter()
-        theirs_vectors = hf_embed(model, inputs, args.hf_batch_size, args.pooling_type)
-        hf_duration = time.perf_counter() - t0
+    hf_rounds = []
+    for r in range(args.rounds):
+        if r > 0:
+            ours_vectors, t0, duration = embed_ours()
+            ours_rounds.append(duration)
+        if model is not None:
+            hf_t0 = time.perf_counter()
+            theirs_vectors = hf_embed(model, inputs, args.hf_batch_size, args.pooling_type)
+            hf_rounds.append(time.perf_counter() - hf_t0)
+    ours = _result("folovllm", Path(model_path).name, dtype, {**bench_config, "rounds": args.rounds}, inputs, t0,
+                   statistics.median(ours_rounds), ours_peak,
+                   {"round_seconds": ours_rounds, "prefix_cache_hit_tokens": sum(cached_tokens)})
+    print(format_result(ours), flush=True)
+    results = [ours]
+    if model is not None:
         cosine = F.cosine_similarity(ours_vectors, theirs_vectors, dim=-1).min().item()
         theirs = _result("hf-batched-forward", Path(model_path).name, dtype,
-                         {**bench_config, "hf_batch_size": args.hf_batch_size}, inputs, t0, hf_duration,
-                         read_peak_rss_mb(), {})
+                         {**bench_config, "rounds": args.rounds, "hf_batch_size": args.hf_batch_size}, inputs,
+                         hf_t0, statistics.median(hf_rounds), read_peak_rss_mb(), {"round_seconds": hf_rounds})
         ours["extra"]["min_cosine_vs_hf"] = cosine
         print(format_result(theirs))
         print(format_ratio_table(ours, [theirs], ["inputs_per_s", "input_tok_s"]))
