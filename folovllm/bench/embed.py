@@ -100,20 +100,17 @@ def run_bench_embed(args: argparse.Namespace) -> list[dict[str, Any]]:
                     "seed": args.seed, "num_threads": threads,
                     "max_num_batched_tokens": config.max_num_batched_tokens}
     prompts = [{"prompt_token_ids": ids} for ids in inputs]
-    def embed_ours() -> tuple[torch.Tensor, float, float]:
+
+    def embed_ours() -> tuple[torch.Tensor, float, float, int]:
+        """(vectors, start, seconds, tokens read from the prefix cache) of one timed run over every input."""
         llm.reset_prefix_cache()  # every timed run computes every input (no blocks from the warm-up or a last round)
         hits = llm.llm_engine.kv_cache.prefix_cache_hits
         t0 = time.perf_counter()
         vectors = torch.tensor([o.outputs.embedding for o in llm.embed(prompts, PoolingParams(), use_tqdm=False)])
-        duration = time.perf_counter() - t0
-        cached_tokens.append(llm.llm_engine.kv_cache.prefix_cache_hits - hits)
-        return vectors, t0, duration
-
-    cached_tokens: list[int] = []
+        return vectors, t0, time.perf_counter() - t0, llm.llm_engine.kv_cache.prefix_cache_hits - hits
 
     llm.embed(prompts[:NUM_WARMUP_INPUTS], use_tqdm=False)
-    ours_vectors, t0, duration = embed_ours()
-    ours_rounds = [duration]
+    ours_runs = [embed_ours()]
     ours_peak = read_peak_rss_mb()  # before transformers' model is loaded beside it
     model_path = str(llm.model_path)
     model = None
@@ -126,15 +123,16 @@ def run_bench_embed(args: argparse.Namespace) -> list[dict[str, Any]]:
     hf_rounds = []
     for r in range(args.rounds):
         if r > 0:
-            ours_vectors, t0, duration = embed_ours()
-            ours_rounds.append(duration)
+            ours_runs.append(embed_ours())
         if model is not None:
             hf_t0 = time.perf_counter()
             theirs_vectors = hf_embed(model, inputs, args.hf_batch_size, args.pooling_type)
             hf_rounds.append(time.perf_counter() - hf_t0)
+    ours_vectors, t0 = ours_runs[-1][:2]
+    ours_rounds = [run[2] for run in ours_runs]
     ours = _result("folovllm", Path(model_path).name, dtype, {**bench_config, "rounds": args.rounds}, inputs, t0,
                    statistics.median(ours_rounds), ours_peak,
-                   {"round_seconds": ours_rounds, "prefix_cache_hit_tokens": sum(cached_tokens)})
+                   {"round_seconds": ours_rounds, "prefix_cache_hit_tokens": sum(run[3] for run in ours_runs)})
     print(format_result(ours), flush=True)
     results = [ours]
     if model is not None:
