@@ -87,7 +87,8 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const c10::opti
   const float* xp = xf.const_data_ptr<float>();
   const uint32_t* wp = reinterpret_cast<const uint32_t*>(packed.const_data_ptr());
   const bool wide = tier_at_least(Tier::kAvx512);
-  at::parallel_for(0, items, 1, [&](int64_t i0, int64_t i1) {
+  const int64_t fp32_items = wide ? avx512::linear_item_count(M, N) : avx2::linear_item_count(M, N);
+  at::parallel_for(0, fp32_items, 1, [&](int64_t i0, int64_t i1) {
     if (wide) {
       avx512::linear_items(xp, M, K, wp, bp, out, i0, i1);
     } else {

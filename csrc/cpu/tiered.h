@@ -46,7 +46,9 @@ struct LoraTables {
 
 #define FOLO_TIERED_KERNELS                                                                                   \
   /* Work items [i0, i1) of y = x W^T (x fp32 [M, K]; W bf16 packed [N/64][K/2][64][2]; bias fp32 [N] or */    \
-  /* null): item i is weight block i % (N/64) times input rows [128 (i / (N/64)), +128). */                     \
+  /* null), linear_item_count(M, N) in all: an item is one weight block, or one panel of it where M is     */    \
+  /* large enough, times input rows [128 c, 128 c + 128), c counting chunks after all blocks of one chunk.  */    \
+  int64_t linear_item_count(int64_t M, int64_t N);                                                             \
   void linear_items(const float* x, int64_t M, int64_t K, const uint32_t* w, const float* bias,                 \
                     const LinearOut& out, int64_t i0, int64_t i1);                                              \
   /* Each row's best of x W^T over weight blocks [block0, block1) (bf16-rounded first with round_bf16):     */ \

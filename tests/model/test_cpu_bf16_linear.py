@@ -73,14 +73,15 @@ def test_kernel_matches_f_linear(rows: int, out_features: int, in_features: int,
 
 
 def test_each_row_is_computed_alone_whatever_the_batch(linear_tier: str) -> None:
-    # rows are multiplied in register groups (and chunks over threads): a row's result must not depend
-    # on which group it lands in, bit for bit (its fp32 sum runs along K in one order)
+    # rows are multiplied in register groups (and chunks, or a block's panels, over threads): a row's result
+    # must not depend on which group it lands in, bit for bit (its fp32 sum runs along K in one order)
     torch.manual_seed(1)
     weight = torch.randn(192, 160, dtype=torch.bfloat16)
     packed = pack_linear_weight(weight, ours=True)
     x = torch.randn(263, 160, dtype=torch.bfloat16)  # two 128-row chunks and a tail; 6-row groups and tails
+    # (12 rows or more split each weight block into panels, fewer run whole blocks: slices of either side)
     together = packed_linear(x, packed, None)
-    for rows in (slice(0, 1), slice(5, 9), slice(100, 111), slice(256, 263)):
+    for rows in (slice(0, 1), slice(5, 9), slice(100, 111), slice(40, 52), slice(256, 263)):
         assert torch.equal(together[rows], packed_linear(x[rows], packed, None))
 
 

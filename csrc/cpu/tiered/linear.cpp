@@ -37,6 +37,12 @@ constexpr int tile_vecs() {
   return R == 1 ? 8 : R <= 3 ? 4 : 2;   // AVX2: at most 12 accumulators
 }
 constexpr int kPanelVecs = tile_vecs<kMaxRows>();  // width of a widened panel, in vectors
+constexpr int kPanels = kBlockVecs / kPanelVecs;   // panels per block
+
+// Work items per block and chunk of rows: a chunk of kPanelRows rows or more splits each block into its
+// panels (AVX2: 4), so a weight of few blocks still spreads evenly over the threads (a 576-row weight
+// is 9 blocks: 5 and 4 items on two threads, but 18 and 18 panels).
+int64_t items_per_block(int64_t M) { return M >= kPanelRows ? kPanels : 1; }
 
 // The weights a tile reads, pair p, vector c: straight from the packed bf16 block (widened in registers as
 // read), or from a panel of it widened to fp32 once ([pair][even, odd][kPanelVecs vectors]) for a chunk of
@@ -139,13 +145,14 @@ FOLO_VINLINE void by_row_groups(int64_t first, int64_t last, Fn&& fn) {
   }
 }
 
-// Rows [first, last) of x times block `wb`, tile by tile in increasing columns for each row: consume(acc, m,
-// v0) gets the sums of rows [m, m + R) at the block's vectors [v0, v0 + C). Few rows read the packed
-// block as they go; many widen each panel once and run over it.
+// Rows [first, last) of x times panels [q0, q1) of block `wb` (kPanelVecs vectors each), tile by tile in
+// increasing columns for each row: consume(acc, m, v0) gets the sums of rows [m, m + R) at the block's
+// vectors [v0, v0 + C). Few rows times the whole block read the packed block as they go; otherwise each
+// panel is widened once and the rows run over it.
 template <typename Consume>
 FOLO_VINLINE void block_tiles(const float* x, int64_t K, int64_t pairs, const uint32_t* wb, int64_t first,
-                              int64_t last, Consume&& consume) {
-  if (last - first < kPanelRows) {
+                              int64_t last, int q0, int q1, Consume&& consume) {
+  if (last - first < kPanelRows && q0 == 0 && q1 == kPanels) {
     by_row_groups(first, last, [&](auto rows, int64_t m) {
       constexpr int R = decltype(rows)::value, C = tile_vecs<R>();
       for (int v0 = 0; v0 < kBlockVecs; v0 += C) {
@@ -157,7 +164,7 @@ FOLO_VINLINE void block_tiles(const float* x, int64_t K, int64_t pairs, const ui
     return;
   }
   float* panel = panel_scratch(pairs);
-  for (int v0 = 0; v0 < kBlockVecs; v0 += kPanelVecs) {
+  for (int v0 = q0 * kPanelVecs; v0 < q1 * kPanelVecs; v0 += kPanelVecs) {
     widen_panel(wb, pairs, v0, panel);
     by_row_groups(first, last, [&](auto rows, int64_t m) {
       constexpr int R = decltype(rows)::value;
@@ -170,14 +177,18 @@ FOLO_VINLINE void block_tiles(const float* x, int64_t K, int64_t pairs, const ui
 
 }  // namespace
 
+int64_t linear_item_count(int64_t M, int64_t N) {
+  return (N / kBlockRows) * items_per_block(M) * ((M + kChunkRows - 1) / kChunkRows);
+}
+
 void linear_items(const float* x, int64_t M, int64_t K, const uint32_t* w, const float* bias, const LinearOut& out,
                   int64_t i0, int64_t i1) {
-  const int64_t pairs = K / 2, blocks = out.N / kBlockRows;
+  const int64_t pairs = K / 2, per_block = items_per_block(M), per_chunk = out.N / kBlockRows * per_block;
   for (int64_t i = i0; i < i1; ++i) {
-    const int64_t b = i % blocks, first = (i / blocks) * kChunkRows, last = std::min(M, first + kChunkRows);
-    block_tiles(x, K, pairs, w + b * pairs * kBlockRows, first, last, [&](const auto& acc, int64_t m, int v0) {
-      store_tile(acc, bias, out, m, b * kBlockRows + v0 * kLanes);
-    });
+    const int64_t j = i % per_chunk, b = j / per_block, first = (i / per_chunk) * kChunkRows;
+    const int q0 = per_block == 1 ? 0 : static_cast<int>(j % per_block), q1 = per_block == 1 ? kPanels : q0 + 1;
+    block_tiles(x, K, pairs, w + b * pairs * kBlockRows, first, std::min(M, first + kChunkRows), q0, q1,
+                [&](const auto& acc, int64_t m, int v0) { store_tile(acc, bias, out, m, b * kBlockRows + v0 * kLanes); });
   }
 }
 
@@ -187,7 +198,7 @@ void linear_argmax_part(const float* x, int64_t M, int64_t K, const uint32_t* w,
                         bool round_bf16, float* best, int64_t* best_id) {
   const int64_t pairs = K / 2;
   for (int64_t b = block0; b < block1; ++b) {
-    block_tiles(x, K, pairs, w + b * pairs * kBlockRows, 0, M, [&](const auto& acc, int64_t m, int v0) {
+    block_tiles(x, K, pairs, w + b * pairs * kBlockRows, 0, M, 0, kPanels, [&](const auto& acc, int64_t m, int v0) {
       constexpr int R = std::extent_v<std::remove_reference_t<decltype(acc)>, 0>;
       constexpr int C = std::extent_v<std::remove_reference_t<decltype(acc)>, 1>;
       for (int r = 0; r < R; ++r) {
