@@ -10,6 +10,8 @@
 // 6 rows x a quarter; AVX-512 (32 zmm) up to 6 rows x the whole block. A chunk of 12 rows or more (a
 // prefill, a large batch) first widens each panel of its block to fp32 in a scratch buffer and then runs
 // the classic broadcast-FMA tile over it, so the widening is paid once per chunk, not once per row group.
+// Work items are a block times a chunk of up to 128 rows, or, for 12 rows or more, one panel of a block (a
+// quarter on AVX2), so a weight of few blocks still splits evenly over the threads.
 // linear_argmax keeps each row's best output instead of writing them (a greedy LM head).
 #include "../tiered.h"
 #include "../vec.h"
