@@ -76,14 +76,15 @@ FOLO_INLINE void attend_decode_tiered(const Item& item, const Problem<scalar_t>&
   const int64_t q_start = p.query_start_loc[item.seq];
   const int64_t q_len = p.query_start_loc[item.seq + 1] - q_start;
   const int64_t pos = p.seq_lens[item.seq] - q_len + item.q_begin;  // the row's position: context + q_begin
-  const int64_t at = ((q_start + item.q_begin) * p.num_heads + item.kv_head * group) * p.head_dim;
+  const int64_t at = ((q_start + item.q_begin) * p.num_heads + item.kv_head * group) * p.head_dim;  // kv_heads x group rows
   const PagedHead kv{p.k_cache, p.v_cache, p.block_tables + item.seq * p.table_width, p.block_size,
                      p.num_kv_heads * p.head_dim, item.kv_head * p.head_dim};
   NextKeys after{nullptr, 0, 0, 0};
   if (p.prefetch_next && next_item != nullptr)
     after = item_keys(*next_item, p.block_tables, p.table_width, p.seq_lens, p.query_start_loc, p.sliding_window);
   const PagedHead next{p.k_cache, p.v_cache, after.table, p.block_size, kv.token_stride, after.kv_head * p.head_dim};
-  avx2::decode_attention(p.query + at, p.out + at, std::is_same_v<scalar_t, c10::BFloat16>, group, p.head_dim,
+  avx2::decode_attention(p.query + at, p.out + at, std::is_same_v<scalar_t, c10::BFloat16>, item.kv_heads, group,
+                         p.head_dim,
                          p.scale, kv, first_visible_key(pos, p.sliding_window), pos + 1,
                          p.prefetch_next ? &next : nullptr, after.first_key, after.num_keys);
 }
@@ -222,9 +223,12 @@ FOLO_INLINE void attend_items(const Item* items, int64_t n, const Problem<c10::B
   attend_items_bf16(items, n, p, ws, next, num_threads);
 }
 
+// Items, heaviest first: query tiles of a sequence times each kv head, or with whole_rows each single decode
+// row times all kv heads at once (the per-tier decode form reads a token's rows of every kv head together:
+// one contiguous run of the cache per token instead of one per kv head).
 std::vector<Item> plan_items(const int64_t* seq_lens, const int64_t* query_start_loc, int64_t num_seqs,
                              int64_t num_kv_heads, bool skip_fresh_prefills, int64_t skip_prefills_from,
-                             int64_t sliding_window) {
+                             int64_t sliding_window, bool whole_rows) {
   std::vector<Item> items;
   for (int64_t s = 0; s < num_seqs; ++s) {
     const int64_t q_len = query_start_loc[s + 1] - query_start_loc[s];
@@ -235,6 +239,10 @@ std::vector<Item> plan_items(const int64_t* seq_lens, const int64_t* query_start
       const int64_t end = std::min(begin + kQueryTile, q_len);
       const int64_t keys = context + end - first_visible_key(context + begin, sliding_window);
       const int64_t cost = (end - begin) * keys;
+      if (whole_rows && q_len == 1) {
+        items.push_back({s, 0, begin, end, cost * num_kv_heads, num_kv_heads});
+        continue;
+      }
       for (int64_t h = 0; h < num_kv_heads; ++h) items.push_back({s, h, begin, end, cost});
     }
   }
@@ -245,7 +253,8 @@ std::vector<Item> plan_items(const int64_t* seq_lens, const int64_t* query_start
 template <typename scalar_t>
 void run(const Problem<scalar_t>& p, int64_t num_seqs, bool skip_fresh_prefills, int64_t skip_prefills_from) {
   const std::vector<Item> items = plan_items(p.seq_lens, p.query_start_loc, num_seqs, p.num_kv_heads,
-                                             skip_fresh_prefills, skip_prefills_from, p.sliding_window);
+                                             skip_fresh_prefills, skip_prefills_from, p.sliding_window,
+                                             p.tiered_decode);
   const int64_t n = static_cast<int64_t>(items.size());
   if (n == 0) return;
   const bool decode_only = takes_decode_fast_path(p) &&

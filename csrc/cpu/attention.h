@@ -25,6 +25,7 @@ struct Item {
   int64_t q_begin;  // query rows [q_begin, q_end) of the sequence's chunk
   int64_t q_end;
   int64_t cost;     // query rows x keys they read, for heaviest-first ordering
+  int64_t kv_heads = 1;  // kv heads [kv_head, kv_head + kv_heads): a per-tier decode row takes them all
 };
 
 template <typename scalar_t>

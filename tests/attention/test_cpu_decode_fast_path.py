@@ -152,3 +152,33 @@ def test_chunked_claims_leave_the_output_unchanged(seq_lens: list[int], prefetch
     finally:
         torch.set_num_threads(saved)
     assert torch.equal(outputs[0], outputs[1]) and torch.equal(outputs[0], outputs[2])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("heads", [(9, 3), (8, 4)])
+def test_each_kv_head_decodes_as_if_alone(dtype: torch.dtype, heads: tuple[int, int]) -> None:
+    # a decode row may read the rows of all its kv heads together (the per-tier form does): each kv head's
+    # query heads must get the bits they get from a cache holding that kv head alone
+    num_heads, num_kv_heads = heads
+    group, head_dim, block_size = num_heads // num_kv_heads, 64, 16
+    gen = torch.Generator().manual_seed(3)
+    seq_lens = [300, 1, 74, 129]
+    width = max(-(-s // block_size) for s in seq_lens)
+    tables = torch.randperm(len(seq_lens) * width, generator=gen).view(len(seq_lens), width)
+    k_cache = torch.randn(len(seq_lens) * width, block_size, num_kv_heads, head_dim, generator=gen).to(dtype)
+    v_cache = torch.randn(k_cache.shape, generator=gen).to(dtype)
+    query = torch.randn(len(seq_lens), num_heads, head_dim, generator=gen).to(dtype)
+    starts = torch.arange(len(seq_lens) + 1)
+
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        out = torch.full_like(q, float("nan"))
+        torch.ops.folovllm.paged_attention(out, q, k, v, tables, torch.tensor(seq_lens), starts, head_dim ** -0.5,
+                                           False, 0, True, 0, True, True, True)
+        return out
+
+    together = attend(query, k_cache, v_cache)
+    for g in range(num_kv_heads):
+        heads_of_g = slice(g * group, (g + 1) * group)
+        alone = attend(query[:, heads_of_g].contiguous(), k_cache[:, :, g:g + 1].contiguous(),
+                       v_cache[:, :, g:g + 1].contiguous())
+        assert torch.equal(together[:, heads_of_g], alone)

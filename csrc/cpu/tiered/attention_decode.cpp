@@ -3,6 +3,9 @@
 // AVX-512 tier (where its AVX-512 decode path runs instead), for any head_dim that is a multiple of kLanes;
 // attention_quant.cpp takes it at every tier for a quantized cache (int8/fp8 codes widened and scaled as read).
 //
+// An item is one query row over one or more consecutive kv heads (attention.cpp gives a plain cache's decode
+// row all of them): each tile reads a token's rows of every kv head together, one contiguous run of the cache
+// per token instead of one 128-byte piece per kv head, and every head keeps its own sums and softmax state.
 // Keys go in tiles of at most kTile: with look-ahead, the next tile's K/V rows (this item's, else the first
 // of the item the thread runs next) are asked for while a tile computes, so memory streams them meanwhile
 // (without, each tile's rows are asked for at once as it starts). Each K and V vector is widened to fp32 in
@@ -73,11 +76,11 @@ int tile_offsets(const PagedHead& kv, int64_t t0, int64_t t1, int64_t* offsets) 
 // Asks for the K and V lines of n rows (cache offsets, in elements of `elem_bytes`) of `kv`: they sit in
 // scattered blocks, so asking for a tile's rows while the tile before it computes overlaps their memory
 // latencies with that work.
-void prefetch_rows(const PagedHead& kv, int64_t elem_bytes, int64_t row_bytes, const int64_t* offsets, int n) {
+void prefetch_rows(const PagedHead& kv, int64_t elem_bytes, int64_t span_bytes, const int64_t* offsets, int n) {
   const char* k = static_cast<const char*>(kv.k);
   const char* v = static_cast<const char*>(kv.v);
   for (int j = 0; j < n; ++j)
-    for (int64_t b = 0; b < row_bytes; b += 64) {
+    for (int64_t b = 0; b < span_bytes; b += 64) {
       _mm_prefetch(k + offsets[j] * elem_bytes + b, _MM_HINT_T0);
       _mm_prefetch(v + offsets[j] * elem_bytes + b, _MM_HINT_T0);
     }
@@ -200,12 +203,15 @@ FOLO_VINLINE float exp_shifted_sum(float* s, int n, float shift) {
 }
 
 // Rows: how K/V rows are read as fp32 (PlainRows<T>, QuantRows<F>).
+// kv_heads consecutive kv heads (rows head_stride elements apart), `group` query heads each.
 template <typename T, typename Rows>
-void decode(const T* query, T* out, int64_t heads, int64_t dim, float scale, const PagedHead& kv, int64_t first_key,
-            int64_t num_keys, const PagedHead* next, int64_t next_first, int64_t next_end) {
+void decode(const T* query, T* out, int64_t kv_heads, int64_t group, int64_t head_stride, int64_t dim, float scale,
+            const PagedHead& kv, int64_t first_key, int64_t num_keys, const PagedHead* next, int64_t next_first,
+            int64_t next_end) {
+  const int64_t heads = kv_heads * group;
   Scratch& s = scratch(heads, dim);
   const Rows read_row{};
-  const int64_t row_bytes = Rows::row_bytes(dim);
+  const int64_t row_bytes = (kv_heads - 1) * head_stride * Rows::kElemBytes + Rows::row_bytes(dim);  // a token's rows
   const int64_t stride = kTile + kLanes;  // a head's score row
   float* row_max = s.row_max.data();
   float* row_sum = s.row_sum.data();
@@ -231,10 +237,13 @@ void decode(const T* query, T* out, int64_t heads, int64_t dim, float scale, con
       const int64_t t1 = std::min(next_first + tile_size(next_end - next_first), next_end);
       prefetch_rows(*next, Rows::kElemBytes, row_bytes, s.ahead.data(), tile_offsets(*next, next_first, t1, s.ahead.data()));
     }
-    for (int j = 0; j < n; ++j) rows[j] = read_row(kv.k, s.offsets[j], dim);
-    by_head_groups(heads, [&](auto block, int64_t h0) {
-      score_heads<decltype(block)::value>(&s.q[h0 * dim], dim, rows, n, &s.scores[h0 * stride], stride);
-    });
+    for (int64_t g = 0; g < kv_heads; ++g) {
+      for (int j = 0; j < n; ++j) rows[j] = read_row(kv.k, s.offsets[j] + g * head_stride, dim);
+      by_head_groups(group, [&](auto block, int64_t h) {
+        const int64_t h0 = g * group + h;
+        score_heads<decltype(block)::value>(&s.q[h0 * dim], dim, rows, n, &s.scores[h0 * stride], stride);
+      });
+    }
     const int padded = (n + kLanes - 1) / kLanes * kLanes;
     for (int64_t r = 0; r < heads; ++r) {
       float* sc = &s.scores[r * stride];
@@ -249,10 +258,13 @@ void decode(const T* query, T* out, int64_t heads, int64_t dim, float scale, con
         for (int64_t d = 0; d < dim; d += kLanes)
           vstore(&s.acc[r * dim + d], vmul(vload(&s.acc[r * dim + d]), vset1(correction)));
     }
-    for (int j = 0; j < n; ++j) rows[j] = read_row(kv.v, s.offsets[j], dim);
-    by_head_groups(heads, [&](auto block, int64_t h0) {
-      value_heads<decltype(block)::value>(&s.acc[h0 * dim], dim, &s.scores[h0 * stride], stride, rows, n);
-    });
+    for (int64_t g = 0; g < kv_heads; ++g) {
+      for (int j = 0; j < n; ++j) rows[j] = read_row(kv.v, s.offsets[j] + g * head_stride, dim);
+      by_head_groups(group, [&](auto block, int64_t h) {
+        const int64_t h0 = g * group + h;
+        value_heads<decltype(block)::value>(&s.acc[h0 * dim], dim, &s.scores[h0 * stride], stride, rows, n);
+      });
+    }
   }
   for (int64_t r = 0; r < heads; ++r) {
     const Vec inv = vset1(1.f / row_sum[r]);
@@ -262,15 +274,15 @@ void decode(const T* query, T* out, int64_t heads, int64_t dim, float scale, con
 
 }  // namespace
 
-void decode_attention(const void* query, void* out, bool bf16, int64_t heads, int64_t dim, float scale,
-                      const PagedHead& kv, int64_t first_key, int64_t num_keys, const PagedHead* next,
+void decode_attention(const void* query, void* out, bool bf16, int64_t kv_heads, int64_t heads, int64_t dim,
+                      float scale, const PagedHead& kv, int64_t first_key, int64_t num_keys, const PagedHead* next,
                       int64_t next_first, int64_t next_end) {
   if (bf16) {
-    decode<uint16_t, PlainRows<uint16_t>>(static_cast<const uint16_t*>(query), static_cast<uint16_t*>(out), heads,
-                                          dim, scale, kv, first_key, num_keys, next, next_first, next_end);
+    decode<uint16_t, PlainRows<uint16_t>>(static_cast<const uint16_t*>(query), static_cast<uint16_t*>(out), kv_heads,
+                                          heads, dim, dim, scale, kv, first_key, num_keys, next, next_first, next_end);
   } else {
-    decode<float, PlainRows<float>>(static_cast<const float*>(query), static_cast<float*>(out), heads, dim, scale,
-                                    kv, first_key, num_keys, next, next_first, next_end);
+    decode<float, PlainRows<float>>(static_cast<const float*>(query), static_cast<float*>(out), kv_heads, heads, dim,
+                                    dim, scale, kv, first_key, num_keys, next, next_first, next_end);
   }
 }
 
@@ -279,10 +291,10 @@ void decode_attention_quantized(const void* query, void* out, bool bf16, int64_t
   auto run = [&](auto rows) {
     using Rows = decltype(rows);
     if (bf16) {
-      decode<uint16_t, Rows>(static_cast<const uint16_t*>(query), static_cast<uint16_t*>(out), heads, dim, scale,
-                             kv, first_key, num_keys, nullptr, 0, 0);
+      decode<uint16_t, Rows>(static_cast<const uint16_t*>(query), static_cast<uint16_t*>(out), 1, heads, 0, dim,
+                             scale, kv, first_key, num_keys, nullptr, 0, 0);
     } else {
-      decode<float, Rows>(static_cast<const float*>(query), static_cast<float*>(out), heads, dim, scale, kv,
+      decode<float, Rows>(static_cast<const float*>(query), static_cast<float*>(out), 1, heads, 0, dim, scale, kv,
                           first_key, num_keys, nullptr, 0, 0);
     }
   };
