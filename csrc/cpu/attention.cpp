@@ -68,7 +68,8 @@ FOLO_INLINE bool takes_decode_fast_path(const Problem<scalar_t>& p) {
   return (p.decode_fast_path && (p.head_dim == 64 || p.head_dim == 128)) || p.tiered_decode;
 }
 
-// A single-row item through the per-tier decode form (tiered/attention_decode.cpp): all group heads at once.
+// A single-row item through the per-tier decode form (tiered/attention_decode.cpp): all group heads of its
+// kv heads at once.
 // With prefetch_next, it looks ahead to the keys of ``next_item`` (the item this thread runs next, if any).
 template <typename scalar_t>
 FOLO_INLINE void attend_decode_tiered(const Item& item, const Problem<scalar_t>& p, const Item* next_item) {
@@ -76,7 +77,8 @@ FOLO_INLINE void attend_decode_tiered(const Item& item, const Problem<scalar_t>&
   const int64_t q_start = p.query_start_loc[item.seq];
   const int64_t q_len = p.query_start_loc[item.seq + 1] - q_start;
   const int64_t pos = p.seq_lens[item.seq] - q_len + item.q_begin;  // the row's position: context + q_begin
-  const int64_t at = ((q_start + item.q_begin) * p.num_heads + item.kv_head * group) * p.head_dim;  // kv_heads x group rows
+  // the row's heads of kv heads [kv_head, kv_head + kv_heads): kv_heads x group query heads from here
+  const int64_t at = ((q_start + item.q_begin) * p.num_heads + item.kv_head * group) * p.head_dim;
   const PagedHead kv{p.k_cache, p.v_cache, p.block_tables + item.seq * p.table_width, p.block_size,
                      p.num_kv_heads * p.head_dim, item.kv_head * p.head_dim};
   NextKeys after{nullptr, 0, 0, 0};
@@ -84,8 +86,7 @@ FOLO_INLINE void attend_decode_tiered(const Item& item, const Problem<scalar_t>&
     after = item_keys(*next_item, p.block_tables, p.table_width, p.seq_lens, p.query_start_loc, p.sliding_window);
   const PagedHead next{p.k_cache, p.v_cache, after.table, p.block_size, kv.token_stride, after.kv_head * p.head_dim};
   avx2::decode_attention(p.query + at, p.out + at, std::is_same_v<scalar_t, c10::BFloat16>, item.kv_heads, group,
-                         p.head_dim,
-                         p.scale, kv, first_visible_key(pos, p.sliding_window), pos + 1,
+                         p.head_dim, p.scale, kv, first_visible_key(pos, p.sliding_window), pos + 1,
                          p.prefetch_next ? &next : nullptr, after.first_key, after.num_keys);
 }
 

@@ -14,8 +14,9 @@
 // rows multiplies it (6 x 4 accumulators and a K pair's 4 weight vectors fill the 32 zmm registers;
 // ~5 % faster than groups of 4 at prefill: fewer loads per dot product; each row's sum runs along K in
 // the same order either way). Work items (a weight block x a chunk of input rows; in the fp32 form a
-// block's panel where the rows are many) run on torch's intra-op threads. fp32 accumulation along K, as oneDNN's bf16 kernels: results agree with F.linear
-// before the final bf16 rounding up to fp32 summation order.
+// block's panel where the rows are many) run on torch's intra-op threads. fp32 accumulation along K, as
+// oneDNN's bf16 kernels: results agree with F.linear before the final bf16 rounding up to fp32 summation
+// order.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>

@@ -55,14 +55,13 @@ struct LoraTables {
   /* updates best[M], best_id[M] where strictly larger.                                                     */ \
   void linear_argmax_part(const float* x, int64_t M, int64_t K, const uint32_t* w, int64_t block0,             \
                           int64_t block1, bool round_bf16, float* best, int64_t* best_id);                  \
-  /* One decode query row of kv_heads consecutive kv heads from `kv`'s (rows dim apart), `heads` query heads */ \
-  /* each (query, out [kv_heads x heads, dim], fp32 */                                                         \
-  /* or bf16) over keys [first_key, num_keys); dim a multiple of the tier's vector width. With `next`, the   */  \
-  /* keys [next_first, next_end) read next (look-ahead: their first rows are prefetched at the last tile). */  \
+  /* One decode query row over kv_heads consecutive kv heads from `kv`'s (rows dim apart), `heads` query   */  \
+  /* heads each (query, out [kv_heads x heads, dim], fp32 or bf16), keys [first_key, num_keys); dim a       */  \
+  /* multiple of the tier's vector width. With `next`, the keys [next_first, next_end) read next           */  \
+  /* (look-ahead: their first rows are prefetched at the last tile).                                       */  \
   void decode_attention(const void* query, void* out, bool bf16, int64_t kv_heads, int64_t heads, int64_t dim,   \
-                        float scale,                                                                           \
-                        const PagedHead& kv, int64_t first_key, int64_t num_keys, const PagedHead* next,         \
-                        int64_t next_first, int64_t next_end);                                                   \
+                        float scale, const PagedHead& kv, int64_t first_key, int64_t num_keys,                   \
+                        const PagedHead* next, int64_t next_first, int64_t next_end);                            \
   /* The same over a quantized cache (kv_quant.h; `format` a KvFormat): PagedHead offsets count bytes, rows */  \
   /* of dim + kKvScaleBytes; no look-ahead.                                                              */  \
   void decode_attention_quantized(const void* query, void* out, bool bf16, int64_t heads, int64_t dim,          \

@@ -73,9 +73,9 @@ int tile_offsets(const PagedHead& kv, int64_t t0, int64_t t1, int64_t* offsets) 
   return static_cast<int>(t1 - t0);
 }
 
-// Asks for the K and V lines of n rows (cache offsets, in elements of `elem_bytes`) of `kv`: they sit in
-// scattered blocks, so asking for a tile's rows while the tile before it computes overlaps their memory
-// latencies with that work.
+// Asks for the K and V lines of n rows of `kv` (cache offsets, in elements of `elem_bytes`; span_bytes from
+// each): they sit in scattered blocks, so asking for a tile's rows while the tile before it computes
+// overlaps their memory latencies with that work.
 void prefetch_rows(const PagedHead& kv, int64_t elem_bytes, int64_t span_bytes, const int64_t* offsets, int n) {
   const char* k = static_cast<const char*>(kv.k);
   const char* v = static_cast<const char*>(kv.v);
@@ -211,7 +211,7 @@ void decode(const T* query, T* out, int64_t kv_heads, int64_t group, int64_t hea
   const int64_t heads = kv_heads * group;
   Scratch& s = scratch(heads, dim);
   const Rows read_row{};
-  const int64_t row_bytes = (kv_heads - 1) * head_stride * Rows::kElemBytes + Rows::row_bytes(dim);  // a token's rows
+  const int64_t span_bytes = (kv_heads - 1) * head_stride * Rows::kElemBytes + Rows::row_bytes(dim);  // a token's rows
   const int64_t stride = kTile + kLanes;  // a head's score row
   float* row_max = s.row_max.data();
   float* row_sum = s.row_sum.data();
@@ -228,14 +228,14 @@ void decode(const T* query, T* out, int64_t kv_heads, int64_t group, int64_t hea
   for (int64_t t0 = first_key; t0 < num_keys; t0 += tile) {
     const int n = tile_offsets(kv, t0, std::min(t0 + tile, num_keys), s.offsets.data());
     if (next == nullptr) {  // no look-ahead: this tile's rows, all asked for at once
-      prefetch_rows(kv, Rows::kElemBytes, row_bytes, s.offsets.data(), n);
+      prefetch_rows(kv, Rows::kElemBytes, span_bytes, s.offsets.data(), n);
     } else if (t0 + tile < num_keys) {  // this item's next tile
       const int64_t t1 = t0 + tile;
-      prefetch_rows(kv, Rows::kElemBytes, row_bytes, s.ahead.data(),
+      prefetch_rows(kv, Rows::kElemBytes, span_bytes, s.ahead.data(),
                     tile_offsets(kv, t1, std::min(t1 + tile, num_keys), s.ahead.data()));
     } else if (next_first < next_end) {  // the first tile of the item this thread runs next
       const int64_t t1 = std::min(next_first + tile_size(next_end - next_first), next_end);
-      prefetch_rows(*next, Rows::kElemBytes, row_bytes, s.ahead.data(), tile_offsets(*next, next_first, t1, s.ahead.data()));
+      prefetch_rows(*next, Rows::kElemBytes, span_bytes, s.ahead.data(), tile_offsets(*next, next_first, t1, s.ahead.data()));
     }
     for (int64_t g = 0; g < kv_heads; ++g) {
       for (int j = 0; j < n; ++j) rows[j] = read_row(kv.k, s.offsets[j] + g * head_stride, dim);
