@@ -188,7 +188,8 @@ void linear_items(const float* x, int64_t M, int64_t K, const uint32_t* w, const
   const int64_t pairs = K / 2, per_block = items_per_block(M), per_chunk = out.N / kBlockRows * per_block;
   for (int64_t i = i0; i < i1; ++i) {
     const int64_t j = i % per_chunk, b = j / per_block, first = (i / per_chunk) * kChunkRows;
-    const int q0 = per_block == 1 ? 0 : static_cast<int>(j % per_block), q1 = per_block == 1 ? kPanels : q0 + 1;
+    const int span = kPanels / static_cast<int>(per_block), q0 = static_cast<int>(j % per_block) * span;  // panels
+    const int q1 = q0 + span;
     block_tiles(x, K, pairs, w + b * pairs * kBlockRows, first, std::min(M, first + kChunkRows), q0, q1,
                 [&](const auto& acc, int64_t m, int v0) {
                   store_tile(acc, bias, out, m, b * kBlockRows + v0 * kLanes);
