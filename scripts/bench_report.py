@@ -124,6 +124,8 @@ def vs_vllm_table(path: Path) -> str:
         tables.append(vs_vllm.format_llama_table(result["llama_rows"], labels or {}))
     if result.get("embed"):
         tables.append(vs_vllm.format_embed_table(result["embed"], labels or {}))
+    if result.get("gemm"):
+        tables.append(vs_vllm.format_gemm_shares(result["gemm"], labels or {}))
     return "\n".join([f"`{path.as_posix()}` — vLLM {v['vllm']} (torch {v['torch_vllm']}) vs FoloVLLM at "
                       f"{v['folovllm_commit']} (torch {v['torch_folo']}), {result['date'][:10]}, "
                       f"{result['duration_s'] / 60:.0f} min, {result['machine']['cpu']}"

@@ -31,13 +31,14 @@ from typing import Any
 import psutil
 
 import llama_cpp
+import gemm_share
 import report
 from embed import embed_phase
 from engines import DEFAULT_ENGINES, VARIANTS, Setup, variants
 from machine import PeakRss
 from make_hf_model import DEFAULT_OUT as DEFAULT_MODEL, default_gguf, is_model_folder
 from phases import Timer, llama_phase, offline_phase, order, serve_phase, start_all, worker_ready
-from workloads import CHECK_PROMPTS, select
+from workloads import CHECK_PROMPTS, Workload, build_requests, select
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -119,6 +120,20 @@ def tiers(setup: Setup) -> dict[str, Any]:
     return {"host": isa.host_tier(), "folovllm": setup.isa or isa.host_tier(), "vllm": isa.host_tier()}
 
 
+def gemm_phase(setup: Setup, offline: dict[str, Any], workloads: tuple[Workload, ...]) -> dict[str, Any]:
+    """The host's GEMM limit (measured now, after the engines have stopped) and each offline run's share."""
+    import torch
+
+    from folovllm.bench.kernels import gemm_limit
+    from folovllm.simulator.roofline import load_model_shape
+
+    torch.set_num_threads(setup.threads)
+    limit, by = gemm_limit(torch.bfloat16)
+    requests = {wl.name: build_requests(wl) for wl in workloads}
+    return {"limit_gflop_s": limit, "by": by, "threads": setup.threads,
+            "workloads": gemm_share.shares(load_model_shape(str(setup.model)), offline, requests, limit)}
+
+
 def versions(phases: list[dict[str, Any]], commit: str) -> dict[str, Any]:
     info = {e: i for phase in phases for e, i in phase["startup"].items()}
     first = {kind: next((i for e, i in info.items() if e.split("-")[0] == kind), {}) for kind in ("vllm", "folo")}
@@ -129,7 +144,8 @@ def versions(phases: list[dict[str, Any]], commit: str) -> dict[str, Any]:
 
 def assemble(args: argparse.Namespace, argv: list[str], setup: Setup, started: float, commit: str,
              offline: dict[str, Any] | None, serve: dict[str, Any] | None,
-             llama: dict[str, Any] | None = None, embed: dict[str, Any] | None = None) -> dict[str, Any]:
+             llama: dict[str, Any] | None = None, embed: dict[str, Any] | None = None,
+             gemm: dict[str, Any] | None = None) -> dict[str, Any]:
     """The result object written to --output (any phase may be missing)."""
     timed = ([x for wl in offline["workloads"] for runs in wl["runs"].values() for x in runs] if offline else []) + \
             ([x for by_engine in serve["runs"].values() for runs in by_engine.values() for x in runs] if serve else []) + \
@@ -158,6 +174,7 @@ def assemble(args: argparse.Namespace, argv: list[str], setup: Setup, started: f
         "serve": serve,
         "llama_cpp": llama,
         "embed": embed,
+        "gemm": gemm,
         "rows": report.table_rows(offline, serve),
         "llama_rows": report.llama_rows(llama) if llama else [],
     }
@@ -178,7 +195,7 @@ def main(argv: list[str] | None = None) -> None:
                        env=setup.env("folo"), cwd=ROOT, check=True)
     timer = Timer(args.quiet_threshold, args.max_wait, args.attempts, started + 60 * args.patience_min)
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    offline = serve = llama = embed = None
+    offline = serve = llama = embed = gemm = None
     if args.llama_cpp:  # first: a missing build stops the run before the long phases
         llama_tier = "avx2" if args.isa == "avx2" else "native"
         llama_cpp.binary(llama_tier)
@@ -189,9 +206,10 @@ def main(argv: list[str] | None = None) -> None:
     if not args.skip_offline:
         offline = offline_phase(setup, args.engines, workloads, args.rounds, timer,
                                 tokenize(setup.model, CHECK_PROMPTS))
+        gemm = gemm_phase(setup, offline, workloads)
         # Written now too, so a failure in the server phase keeps the offline figures.
-        args.output.write_text(json.dumps([assemble(args, argv, setup, started, commit, offline, None, llama)],
-                                          indent=1) + "\n")
+        args.output.write_text(json.dumps([assemble(args, argv, setup, started, commit, offline, None, llama,
+                                                    gemm=gemm)], indent=1) + "\n")
     if not args.skip_serve:
         serve = serve_phase(setup, args.serve_engines, rates, args.serve_rounds or args.rounds, timer,
                             args.scratch.resolve())
@@ -202,7 +220,7 @@ def main(argv: list[str] | None = None) -> None:
                                 worker_ready)
         finally:
             rss.stop()
-    result = assemble(args, argv, setup, started, commit, offline, serve, llama, embed)
+    result = assemble(args, argv, setup, started, commit, offline, serve, llama, embed, gemm)
     args.output.write_text(json.dumps([result], indent=1) + "\n")
     print()
     labels = {e: info["label"] for e, info in result["engines"].items()}
@@ -212,6 +230,8 @@ def main(argv: list[str] | None = None) -> None:
         print(report.format_llama_table(result["llama_rows"], labels))
     if embed:
         print(report.format_embed_table(embed, labels))
+    if gemm:
+        print(report.format_gemm_shares(gemm, labels))
     print(report.format_notes(result))
     print(f"wrote {args.output} in {result['duration_s'] / 60:.1f} min")
 

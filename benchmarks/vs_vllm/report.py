@@ -195,3 +195,14 @@ def format_embed_table(phase: dict[str, Any], labels: dict[str, str]) -> str:
         lines.append(f"\nvectors {a['engines'][0]} vs {a['engines'][1]}: min cosine {a['min_cosine']:.6f} "
                      f"over {a['num_compared']} inputs")
     return "\n".join(lines)
+
+
+def format_gemm_shares(gemm: dict[str, Any], labels: dict[str, str]) -> str:
+    """Each offline run's model GFLOP/s and its share of the host's GEMM limit."""
+    lines = [f"GEMM limit here: {gemm['limit_gflop_s']:.0f} GFLOP/s ({gemm['by']}, {gemm['threads']} threads)", "",
+             "| workload | engine | model GFLOP/s | of the limit |", "|---|---|---|---|"]
+    for name, by_engine in gemm["workloads"].items():
+        for engine, f in by_engine.items():
+            lines.append(f"| {name} | {labels.get(engine, engine)} | {f['gflop_s']:.0f} | {f['share']:.0%} |")
+    return "\n".join(lines)
+

@@ -251,3 +251,24 @@ def test_embed_inputs_cosine_and_table():
              "agreement": {"engines": ["vllm-fp32", "folo"], "min_cosine": 0.99999, "num_compared": 4}}
     table = report.format_embed_table(phase, {"folo": "FoloVLLM"})
     assert "| FoloVLLM | 150.0 | 9.38 |" in table and "min cosine 0.999990" in table
+
+
+def test_gemm_share_counts_each_token_once_and_divides_by_the_limit():
+    from folovllm.simulator.roofline import ModelShape
+
+    gemm_share = load("gemm_share")
+    shape = ModelShape("toy", hidden_size=4, num_layers=2, num_q_heads=2, num_kv_heads=1, head_dim=2,
+                       intermediate_size=8, vocab_size=10)
+    # 3 prompt tokens + 2 generated: 4 tokens through the layers (the last generated one is never fed back),
+    # 2 rows of logits, 4 * 5 / 2 causal (query, key) pairs
+    dense, head, attention = 2.0 * shape.layer_params * 2 * 4, 2.0 * 4 * 10 * 2, 4.0 * 2 * 2 * 2 * 10
+    assert gemm_share.request_flops(shape, 3, 2) == dense + head + attention
+    requests = {"wl": [{"prompt_token_ids": [1, 2, 3], "max_tokens": 2}] * 2}
+    flops = 2 * (dense + head + attention)
+    offline = {"workloads": [{"name": "wl", "runs": {"folo": [{"wall_s": 1.0}, {"wall_s": 3.0}, {"wall_s": 2.0}],
+                                                     "vllm": [{"wall_s": 4.0}]}}]}
+    found = gemm_share.shares(shape, offline, requests, limit_gflop_s=flops / 1e9)
+    assert found["wl"]["folo"]["share"] == pytest.approx(0.5) and found["wl"]["vllm"]["share"] == pytest.approx(0.25)
+    table = report.format_gemm_shares({"limit_gflop_s": 123.4, "by": "onednn torch.float32", "threads": 2,
+                                       "workloads": found}, {"folo": "FoloVLLM"})
+    assert "GEMM limit here: 123 GFLOP/s" in table and "| wl | FoloVLLM |" in table and "| 50% |" in table
