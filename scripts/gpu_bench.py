@@ -238,7 +238,7 @@ class GpuBench:
         self.section("decode_heavy", lambda: timed("decode_heavy", steady=True))
         self.section("prefill_heavy", lambda: timed("prefill_heavy"))
         self.section("step_time", step_time)
-        del llm
+        llm = None  # frees the engine (the closures above share this cell)
         free_device_memory()
 
     def step_times(self, model: torch.nn.Module) -> dict[str, Any]:

@@ -217,7 +217,7 @@ def test_qwen3_shapes_on_cuda() -> None:
     torch.testing.assert_close(ours.double(), ref, atol=1e-4, rtol=1e-4)
 
 
-def test_engine_greedy_tokens_match_the_torch_backend(tiny_llama_dir) -> None:
+def test_engine_greedy_tokens_match_the_torch_backend(tiny_llama_dir) -> None:  # noqa: F811
     from folovllm import SamplingParams
     from tests.engine.conftest import make_llm
 

@@ -1,5 +1,4 @@
 """Scheduler + block manager under random workloads, with a fake model that emits token 7."""
-import random
 
 from hypothesis import given, settings
 from hypothesis import strategies as st

@@ -1,6 +1,5 @@
 """End to end on the real GGUF: our greedy continuations equal transformers' on the same weights."""
 import importlib.util
-import os
 
 import pytest
 import torch

@@ -15,7 +15,7 @@ from safetensors import safe_open
 from folovllm.attention.backend import AttentionBackend, get_attention_backend
 from folovllm.distributed.group import TPGroup
 from folovllm.model.arch import ArchConfig
-from folovllm.model.layers import CausalLM, LinearBase, WeightConfig
+from folovllm.model.layers import CausalLM, WeightConfig
 from folovllm.model.quantization.packed import select_linear_methods
 from folovllm.model.registry import get_model_class
 from folovllm.platforms import LinearKernels, Platform, platform_for
