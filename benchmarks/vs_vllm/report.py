@@ -204,5 +204,5 @@ def format_gemm_shares(gemm: dict[str, Any], labels: dict[str, str]) -> str:
     for name, by_engine in gemm["workloads"].items():
         for engine, f in by_engine.items():
             lines.append(f"| {name} | {labels.get(engine, engine)} | {f['gflop_s']:.0f} | {f['share']:.0%} |")
-    return "\n".join(lines)
+    return "\n".join([*lines, ""])
 

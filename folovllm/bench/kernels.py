@@ -4,6 +4,7 @@
     folovllm bench kernel int4 --rows 1,64
     folovllm bench kernel attention --rows 1,64 --context 256
     folovllm bench kernel attention --rows 128 --context 2048 --kv-cache-dtype auto,int8,fp8_e4m3
+    folovllm bench kernel attention --rows 4,16 --prompt-len 512     # a prefill step of fresh prompts
     FOLOVLLM_CPU_ISA=avx2 folovllm bench kernel linear       # the avx2 forms on a higher host
 
 Each candidate is one way to run the op (``folovllm``: ours; ``onednn``, ``torch``: what ours replaces),
@@ -38,6 +39,8 @@ def add_kernel_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="bfloat16", choices=list(DTYPES))
     parser.add_argument("--rows", default="1,8,64", help="comma-separated rows per call (batch or prompt tokens)")
     parser.add_argument("--context", type=int, default=256, help="attention: cached tokens per sequence")
+    parser.add_argument("--prompt-len", type=int, default=0,
+                        help="attention: time a prefill step instead, --rows fresh prompts of this many tokens each")
     parser.add_argument("--backends", default="cpu,torch", help="attention: the backends to time (cpu: ours, torch: the reference)")
     parser.add_argument("--kv-cache-dtype", default="auto",
                         help="attention: comma-separated cache formats to time, e.g. auto,int8,fp8_e4m3 (auto: --dtype)")
@@ -168,10 +171,10 @@ def bench_linears(args: argparse.Namespace, arch: Any, dtype: torch.dtype) -> li
 
 
 def bench_attention(args: argparse.Namespace, arch: Any, dtype: torch.dtype) -> list[dict[str, Any]]:
-    """One decode step's attention over all layers' caches: our kernel against the torch backend."""
+    """One step's attention over all layers' caches (a decode step, or with --prompt-len a step of fresh
+    prompts): our kernel against the torch backend, with GFLOP/s of the (query, key) pairs computed."""
     from folovllm.attention.backend import get_attention_backend
     from folovllm.attention.kv_quant import KVCacheFormat, kv_cache_format, quantize_rows
-    from folovllm.attention.metadata import AttentionMetadata
 
     block = 16
     backends = {name: get_attention_backend(name) for name in args.backends.split(",")
@@ -187,17 +190,10 @@ def bench_attention(args: argparse.Namespace, arch: Any, dtype: torch.dtype) -> 
 
     rows_out = []
     for batch in (int(r) for r in args.rows.split(",")):
-        blocks = -(-(args.context + 1) // block)
+        meta, q, k, v = step_inputs(batch, args.context, args.prompt_len, block, (heads, kv_heads, dim), dtype)
+        blocks = meta.block_tables.shape[1]
         caches = {f: [(cache(batch * blocks, fmt), cache(batch * blocks, fmt)) for _ in range(arch.num_hidden_layers)]
                   for f, fmt in formats.items()}
-        seq_lens = [args.context + 1] * batch
-        tables = torch.arange(batch * blocks).view(batch, blocks)
-        slots = tables[:, args.context // block] * block + args.context % block
-        meta = AttentionMetadata(slot_mapping=slots, query_start_loc=torch.arange(batch + 1),
-                                 seq_lens=torch.tensor(seq_lens), block_tables=tables, query_lens=[1] * batch,
-                                 seq_lens_list=seq_lens, block_size=block)
-        q = torch.randn(batch, heads, dim, dtype=dtype)
-        k, v = torch.randn(batch, kv_heads, dim, dtype=dtype), torch.randn(batch, kv_heads, dim, dtype=dtype)
         samples: dict[str, list[float]] = {c: [] for c in candidates}
         order = list(candidates)
         for r in range(args.rounds):
@@ -206,13 +202,40 @@ def bench_attention(args: argparse.Namespace, arch: Any, dtype: torch.dtype) -> 
                 layers = caches[cand.partition("/")[2] or "auto"]
                 step = lambda: [backend.forward(q, k, v, kc, vc, meta, dim**-0.5) for kc, vc in layers]  # noqa: E731
                 samples[cand].append(timed(step))
+        # the (query, key) pairs each head computes: causal over a fresh prompt, the whole cache at decode
+        pairs = batch * (args.prompt_len * (args.prompt_len + 1) // 2 if args.prompt_len else args.context + 1)
         for cand, times in samples.items():
-            row = {"batch": batch, "context": args.context, "candidate": cand,
-                   "us_per_step": statistics.median(times) * 1e6}
+            seconds = statistics.median(times)
+            row = {"batch": batch, "context": 0 if args.prompt_len else args.context, "prompt_len": args.prompt_len,
+                   "candidate": cand, "us_per_step": seconds * 1e6,
+                   "gflop_s": 4 * pairs * heads * dim * arch.num_hidden_layers / seconds / 1e9}
             rows_out.append(row)
-            print(f"attention batch {batch:4d} context {args.context:5d} {cand:14s} {row['us_per_step']:10.1f} us "
-                  f"per step ({arch.num_hidden_layers} layers)")
+            shape = f"prompts {batch:4d} x {args.prompt_len:5d}" if args.prompt_len else \
+                f"batch {batch:4d} context {args.context:5d}"
+            print(f"attention {shape} {cand:14s} {row['us_per_step']:10.1f} us per step "
+                  f"({arch.num_hidden_layers} layers), {row['gflop_s']:6.1f} GFLOP/s")
     return rows_out
+
+
+def step_inputs(batch: int, context: int, prompt_len: int, block: int, shape: tuple[int, int, int],
+                dtype: torch.dtype) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A step's metadata and new q, k, v: ``batch`` decode rows over ``context`` cached tokens each, or
+    (``prompt_len`` > 0) ``batch`` fresh prompts of ``prompt_len`` tokens."""
+    from folovllm.attention.metadata import AttentionMetadata
+
+    heads, kv_heads, dim = shape
+    new = prompt_len or 1
+    total = (prompt_len or context + 1)
+    blocks = -(-total // block)
+    tables = torch.arange(batch * blocks).view(batch, blocks)
+    positions = torch.arange(total - new, total)
+    slots = (tables[:, positions // block] * block + positions % block).reshape(-1)
+    meta = AttentionMetadata(slot_mapping=slots, query_start_loc=torch.arange(batch + 1) * new,
+                             seq_lens=torch.tensor([total] * batch), block_tables=tables, query_lens=[new] * batch,
+                             seq_lens_list=[total] * batch, block_size=block)
+    rows = batch * new
+    return (meta, torch.randn(rows, heads, dim, dtype=dtype), torch.randn(rows, kv_heads, dim, dtype=dtype),
+            torch.randn(rows, kv_heads, dim, dtype=dtype))
 
 
 def run_bench_kernel(args: argparse.Namespace) -> dict[str, Any]:

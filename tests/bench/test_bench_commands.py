@@ -44,6 +44,38 @@ def test_kernel_times_each_candidate_at_the_model_shapes(tiny_llama_dir, tmp_pat
         build_parser().parse_args(["bench", "kernel", "softmax"])
 
 
+def test_kernel_attention_times_decode_and_fresh_prompt_steps(tiny_llama_dir, tmp_path) -> None:  # noqa: F811
+    for extra, prompt_len in (([], 0), (["--prompt-len", "20"], 20)):
+        out = tmp_path / "attention.json"
+        main(["bench", "kernel", "attention", "--model", tiny_llama_dir, "--rows", "2", "--context", "17",
+              "--rounds", "1", "--threads", "1", "--dtype", "float32", "--out", str(out), *extra])
+        rows = json.loads(out.read_text())["rows"]
+        assert "torch" in {r["candidate"] for r in rows}
+        assert all(r["us_per_step"] > 0 and r["gflop_s"] > 0 and r["prompt_len"] == prompt_len for r in rows)
+
+
+def test_a_prefill_steps_inputs_give_each_backend_the_same_attention() -> None:
+    import torch
+
+    from folovllm.attention.backend import get_attention_backend
+    from folovllm.bench.kernels import step_inputs
+    from folovllm.platforms import platform_for
+
+    torch.manual_seed(0)
+    meta, q, k, v = step_inputs(3, 0, 21, 16, (4, 2, 16), torch.float32)
+    assert q.shape == (63, 4, 16) and meta.slot_mapping.unique().numel() == 63 and meta.query_lens == [21] * 3
+    names = ["torch"] + (["cpu"] if platform_for("cpu").auto_attention_backend() == "cpu" else [])
+    outs = []
+    for name in names:
+        cache = [torch.zeros(3 * 2, 16, 2, 16) for _ in range(2)]
+        outs.append(get_attention_backend(name).forward(q, k, v, *cache, meta, 0.25))
+    reference = torch.nn.functional.scaled_dot_product_attention(  # the first prompt, by hand
+        q[:21].transpose(0, 1), k[:21].repeat_interleave(2, 1).transpose(0, 1),
+        v[:21].repeat_interleave(2, 1).transpose(0, 1), is_causal=True, scale=0.25).transpose(0, 1)
+    for out in outs:
+        torch.testing.assert_close(out.view(63, 4, 16)[:21], reference, rtol=1e-5, atol=1e-5)
+
+
 def test_profile_splits_steps_into_ops_and_host_time(tiny_llama_dir, tmp_path) -> None:  # noqa: F811
     out = tmp_path / "profile.json"
     main(["bench", "profile", tiny_llama_dir, "--batch", "2", "--steps", "3", "--dtype", "float32",
