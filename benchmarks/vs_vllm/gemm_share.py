@@ -17,10 +17,7 @@ from folovllm.simulator.roofline import ModelShape
 def request_flops(shape: ModelShape, prompt_len: int, output_len: int) -> float:
     """FLOPs of one request of ``prompt_len`` tokens generating ``output_len``."""
     tokens = prompt_len + output_len - 1
-    dense = 2.0 * shape.layer_params * shape.num_layers * tokens
-    head = 2.0 * shape.hidden_size * shape.vocab_size * output_len
-    attention = 4.0 * shape.num_layers * shape.num_q_heads * shape.head_dim * tokens * (tokens + 1) / 2
-    return dense + head + attention
+    return shape.flops(tokens, output_len, tokens * (tokens + 1) // 2)
 
 
 def workload_flops(shape: ModelShape, requests: list[dict[str, Any]]) -> float:

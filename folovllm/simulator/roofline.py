@@ -52,6 +52,14 @@ class ModelShape:
         h, q, kv = self.hidden_size, self.num_q_heads * self.head_dim, self.num_kv_heads * self.head_dim
         return h * q + 2 * h * kv + q * h + 3 * h * self.intermediate_size
 
+    def flops(self, num_tokens: int, num_sampled: int, attention_pairs: int) -> float:
+        """Matmul FLOPs of ``num_tokens`` tokens through every layer, ``num_sampled`` rows of logits and
+        ``attention_pairs`` (query, key) pairs of attention (QK^T and PV, every query head)."""
+        dense = 2.0 * self.layer_params * self.num_layers * num_tokens
+        head = 2.0 * self.hidden_size * self.vocab_size * num_sampled
+        attention = 4.0 * self.num_layers * self.num_q_heads * self.head_dim * attention_pairs
+        return dense + head + attention
+
     @property
     def num_params(self) -> int:
         embed = self.vocab_size * self.hidden_size
@@ -113,11 +121,7 @@ class RooflineCostModel:
         self.name = f"roofline:{self.device.name}:{self.model.name}:tp{self.tp}"
 
     def flops(self, shape: StepShape) -> float:
-        m = self.model
-        dense = 2.0 * m.layer_params * m.num_layers * shape.num_tokens
-        head = 2.0 * m.hidden_size * m.vocab_size * shape.num_sampled
-        attention = 4.0 * m.num_layers * m.num_q_heads * m.head_dim * shape.attention_pairs
-        return dense + head + attention
+        return self.model.flops(shape.num_tokens, shape.num_sampled, shape.attention_pairs)
 
     def bytes(self, shape: StepShape) -> float:
         m = self.model
