@@ -16,6 +16,8 @@ Qwen3 tokenizer). Sections, each timed after a warm-up (CUDA-graph capture and T
 - decode_heavy (128 × 10 → 512) and prefill_heavy (128 × 1024 → 16): the reference serving workloads, greedy.
 - step_time: median decode step wall time at batch 1 and 128 against the floor
   (weight bytes + KV bytes read per step) / device copy bandwidth (2 × bytes / time of a big tensor copy).
+- prefill_profile: prefill-heavy's first three full prefill steps under torch.profiler (the kernels with the
+  most device time per step, their sum, the step time).
 - overlap: host time per step (EngineStats.host_time_s / num_steps) and step wall time with overlap
   scheduling on and off; greedy outputs must be identical.
 - cuda_graphs: decode-heavy with ``enforce_eager=True``; attention_backends: decode-heavy per backend.
@@ -44,7 +46,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
-from folovllm import LLM
+from folovllm import LLM, SamplingParams
 from folovllm.bench import hf_baseline
 from folovllm.bench.gpu_runs import (
     GPU_SCALE,
@@ -62,14 +64,15 @@ from folovllm.bench.gpu_runs import (
     sync,
     versions,
 )
+from folovllm.bench.profile import profile_steps
 from folovllm.bench.results import build_result
 from folovllm.bench.workloads import BenchRequest
 from folovllm.paging import blocks_for_tokens
 
 QWEN3_CONFIG = ROOT / "benchmarks/configs/qwen3-0.6b/config.json"
 DEFAULT_OUTPUT = ROOT / "docs/results/gpu-bench.json"
-SECTIONS = ("hf_generate", "nano_vllm_offline", "decode_heavy", "prefill_heavy", "step_time", "overlap",
-            "cuda_graphs", "attention_backends")
+SECTIONS = ("hf_generate", "nano_vllm_offline", "decode_heavy", "prefill_heavy", "step_time", "prefill_profile",
+            "overlap", "cuda_graphs", "attention_backends")
 
 
 class GpuBench:
@@ -210,7 +213,7 @@ class GpuBench:
 
     def main_engine(self) -> None:
         """The default configuration, one engine: nano-vllm's and the reference workloads, the step times."""
-        names = ("nano_vllm_offline", "decode_heavy", "prefill_heavy", "step_time")
+        names = ("nano_vllm_offline", "decode_heavy", "prefill_heavy", "step_time", "prefill_profile")
         if self.seconds_left() <= 0:
             self.sections.update({name: {"skipped": "time limit"} for name in names})
             return
@@ -238,6 +241,7 @@ class GpuBench:
         self.section("decode_heavy", lambda: timed("decode_heavy", steady=True))
         self.section("prefill_heavy", lambda: timed("prefill_heavy"))
         self.section("step_time", step_time)
+        self.section("prefill_profile", lambda: self.prefill_profile(llm.llm_engine, work["prefill_heavy"]))
         llm = None  # frees the engine (the closures above share this cell)
         free_device_memory()
 
@@ -262,6 +266,19 @@ class GpuBench:
                           "median_step_ms": 1000 * median_s, "p90_step_ms": 1000 * walls[int(0.9 * (len(walls) - 1))],
                           "mean_context_tokens": context, "floor_ms": 1000 * floor_s, "ratio": median_s / floor_s}
         return out
+
+    def prefill_profile(self, engine: Any, requests: list[BenchRequest], steps: int = 3) -> dict[str, Any]:
+        """The first full prefill steps of prefill-heavy's prompts under torch.profiler (bench/profile.py): where
+        a step's time goes, kernel by kernel; the rest of the prompts then finish unprofiled."""
+        params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True, detokenize=False)
+        for i, request in enumerate(requests):
+            engine.add_request({"prompt_token_ids": request.prompt_token_ids}, params, request_id=f"profile-{i}")
+        try:
+            return {"num_requests": len(requests), "prompt_len": len(requests[0].prompt_token_ids),
+                    **profile_steps(engine, steps)}
+        finally:
+            while engine.has_unfinished_requests():
+                engine.step()
 
     def variant(self, **overrides: Any) -> Run:
         """Decode-heavy on a fresh engine with ``overrides``; its KV cache sized for that workload only."""

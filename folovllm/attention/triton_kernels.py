@@ -73,7 +73,10 @@ def _dequantized_rows(cache_ptr, row_offset, dims, valid, HEAD_DIM: tl.constexpr
     return values * scale[:, None]
 
 
-@triton.jit
+# Triton compiles one variant per value class of each integer argument (1, a multiple of 16, other): the
+# batch's sequence count and its block table's width change from step to step, and a variant compiled
+# in the middle of serving stalls that step for about a second, so those two are left unspecialized.
+@triton.jit(do_not_specialize=["num_seqs", "stride_bt"])
 def _paged_attention_kernel(
     out_ptr, q_ptr, k_cache_ptr, v_cache_ptr,
     block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,

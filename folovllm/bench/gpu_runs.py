@@ -253,5 +253,14 @@ def format_table(report: dict[str, Any]) -> str:
     for name, b in s.get("attention_backends", {}).items():
         if isinstance(b, dict) and name not in ("section_s", "skipped"):
             add(f"attention backend {name}, decode-heavy output tok/s", b.get("output_tok_s", b.get("error")))
+    for name in ("decode_heavy", "prefill_heavy"):  # a compile inside a timed run shows here first
+        add(f"{name.replace('_', '-')}: TTFT p50 ms", (s.get(name, {}).get("ttft_ms") or {}).get("p50"))
+    prof = s.get("prefill_profile", {})
+    if "kernels" in prof:
+        tokens = report["engine_config"]["max_num_batched_tokens"]
+        add(f"prefill step ({tokens:,} tokens): median ms / device-busy ms",
+            f"{_fmt(prof['step_us_median'] / 1e3, 1)} / {_fmt(prof['device_us_per_step'] / 1e3, 1)}")
+        for row in prof["kernels"][:6]:
+            add(f"  kernel {row['kernel'][:50]}, ms/step", row["us_per_step"] / 1e3)
     errors = [f"- {name}: {sec['error']}" for name, sec in s.items() if isinstance(sec, dict) and "error" in sec]
     return "\n".join(lines + ([""] + ["Errors:"] + errors if errors else []))

@@ -8,7 +8,8 @@
 Requests of ``--prompt-len`` random tokens are added and stepped until their prompts are done; then
 ``--steps`` engine steps run under the profiler. Reported: the step time (median), the ops that took the
 most time (self CPU time per step, calls per step), and the step time no op accounts for: the engine's and
-the model's Python, the host work around the kernels.
+the model's Python, the host work around the kernels. On CUDA also the kernels with the most device time
+per step, and their sum against the step time.
 """
 from __future__ import annotations
 
@@ -61,30 +62,56 @@ def run_bench_profile(args: argparse.Namespace) -> dict[str, Any]:
     while not prefill and any(r.num_computed_tokens < r.num_prompt_tokens
                                    for r in scheduler.running + scheduler.waiting):
         engine.step()
-    step_s: list[float] = []
-    with torch.inference_mode(), profile(activities=[ProfilerActivity.CPU]) as prof:
-        for _ in range(args.steps):
-            if not engine.has_unfinished_requests():
-                break
-            start = time.perf_counter()
-            engine.step()
-            step_s.append(time.perf_counter() - start)
-    steps = len(step_s)
-    ops = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
-    top = [{"op": e.key, "us_per_step": e.self_cpu_time_total / steps, "calls_per_step": e.count / steps}
-           for e in ops[:args.top]]
-    in_ops_us = sum(e.self_cpu_time_total for e in ops) / steps
-    step_us = statistics.median(step_s) * 1e6
+    results = {"batch": args.batch, "prompt_len": args.prompt_len, "prefill": prefill,
+               **profile_steps(engine, args.steps, args.top), "platform": engine.platform_info}
     print(f"platform: {engine.platform_info}")
-    print(f"{steps} steps of {args.batch} requests ({'prefill' if prefill else 'decode'}): "
-          f"{step_us:.0f} us per step (median)")
-    for row in top:
+    print(f"{results['steps']} steps of {args.batch} requests ({'prefill' if prefill else 'decode'}): "
+          f"{results['step_us_median']:.0f} us per step (median)")
+    for row in results["ops"]:
         print(f"  {row['op']:45s} {row['us_per_step']:9.1f} us  {row['calls_per_step']:6.1f} calls")
-    host_us = max(0.0, sum(step_s) * 1e6 / steps - in_ops_us)
-    print(f"  {'(no op: Python, the engine, the host)':45s} {host_us:9.1f} us")
-    results = {"batch": args.batch, "prompt_len": args.prompt_len, "steps": steps, "prefill": prefill,
-               "step_us_median": step_us, "host_us_per_step": host_us, "ops": top,
-               "platform": engine.platform_info}
+    print(f"  {'(no op: Python, the engine, the host)':45s} {results['host_us_per_step']:9.1f} us")
+    if "kernels" in results:
+        print(f"device kernels: {results['device_us_per_step']:.0f} us per step in all")
+        for row in results["kernels"]:
+            print(f"  {row['kernel'][:60]:60s} {row['us_per_step']:9.1f} us  {row['calls_per_step']:6.1f} calls")
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
     return results
+
+
+def profile_steps(engine: Any, steps: int, top: int = 15) -> dict[str, Any]:
+    """Runs up to ``steps`` engine steps under torch.profiler: the median step time, the ops with the most
+    self CPU time per step and the time no op accounts for; on CUDA also the kernels with the most device
+    time per step and their sum (each step is timed from a synchronized device to a synchronized device)."""
+    cuda = engine.device.type == "cuda"
+    step_s: list[float] = []
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with torch.inference_mode(), profile(activities=activities) as prof:
+        for _ in range(steps):
+            if not engine.has_unfinished_requests():
+                break
+            if cuda:
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            engine.step()
+            if cuda:
+                torch.cuda.synchronize()
+            step_s.append(time.perf_counter() - start)
+    num = len(step_s)
+    if num == 0:
+        raise ValueError("no engine step ran: the engine had no unfinished requests")
+    events = prof.key_averages()
+    ops = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)
+    in_ops_us = sum(e.self_cpu_time_total for e in ops) / num
+    out: dict[str, Any] = {
+        "steps": num, "step_us_median": statistics.median(step_s) * 1e6,
+        "host_us_per_step": max(0.0, sum(step_s) * 1e6 / num - in_ops_us),
+        "ops": [{"op": e.key, "us_per_step": e.self_cpu_time_total / num, "calls_per_step": e.count / num}
+                for e in ops[:top]]}
+    if cuda:
+        kernels = sorted((e for e in events if e.self_device_time_total > 0),
+                         key=lambda e: e.self_device_time_total, reverse=True)
+        out["device_us_per_step"] = sum(e.self_device_time_total for e in kernels) / num
+        out["kernels"] = [{"kernel": e.key, "us_per_step": e.self_device_time_total / num,
+                           "calls_per_step": e.count / num} for e in kernels[:top]]
+    return out

@@ -217,6 +217,25 @@ def test_qwen3_shapes_on_cuda() -> None:
     torch.testing.assert_close(ours.double(), ref, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.gpu
+@needs_cuda
+def test_new_batch_sizes_compile_no_new_kernel_variant() -> None:
+    """A step's sequence count and block-table width vary while serving; a kernel variant compiled for a
+    new value class (1, a multiple of 16, other) would stall that step for about a second."""
+    def variants() -> int:  # compiled kernels of the attention kernel, over devices (Triton 3.x's per-device caches)
+        return sum(len(caches[0]) for caches in triton_kernels._paged_attention_kernel.device_caches.values())
+
+    shapes = [([7], [7]), ([5, 3, 9], [37, 3, 260]), ([4] * 16, [4] * 16), ([9] * 17, [500] * 17)]
+    for form, new_tokens in (("prefill", None), ("decode", 1)):
+        counts = []
+        for query_lens, seq_lens in shapes:
+            query_lens = query_lens if new_tokens is None else [new_tokens] * len(query_lens)
+            ours, ref = run_backend(query_lens, seq_lens, 16, 8, 128, 16, torch.bfloat16)
+            torch.testing.assert_close(ours.double(), ref, atol=3e-2, rtol=3e-2)
+            counts.append(variants())
+        assert counts[1:] == counts[:1] * (len(shapes) - 1), (form, counts)
+
+
 def test_engine_greedy_tokens_match_the_torch_backend(tiny_llama_dir) -> None:  # noqa: F811
     from folovllm import SamplingParams
     from tests.engine.conftest import make_llm

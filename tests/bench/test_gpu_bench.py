@@ -61,6 +61,10 @@ def test_smoke_run_writes_every_section(tmp_path: Path) -> None:
         assert overlap[mode]["host_ms_per_step"] <= overlap[mode]["wall_ms_per_step"]  # host time is part of the wall
     assert _positive(sections["cuda_graphs"]["speedup"])
     assert _positive(sections["attention_backends"]["torch"]["output_tok_s"])
+    profiled = sections["prefill_profile"]  # the smoke size's prompts fit one step
+    assert profiled["num_requests"] == 4 and profiled["prompt_len"] == 64 and profiled["steps"] >= 1
+    assert _positive(profiled["step_us_median"]) and profiled["ops"][0]["us_per_step"] > 0
+    assert "kernels" not in profiled  # device kernels only on CUDA
 
     assert [row["figure"] for row in report["bars"]][:3] == [
         "nano-vllm offline, output tok/s", "decode-heavy, output tok/s", "prefill-heavy, input tok/s"]
