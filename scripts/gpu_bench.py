@@ -269,7 +269,9 @@ class GpuBench:
 
     def prefill_profile(self, engine: Any, requests: list[BenchRequest], steps: int = 3) -> dict[str, Any]:
         """The first full prefill steps of prefill-heavy's prompts under torch.profiler (bench/profile.py): where
-        a step's time goes, kernel by kernel; the rest of the prompts then finish unprofiled."""
+        a step's time goes, kernel by kernel; the rest of the prompts then finish unprofiled. The timed run
+        left these prompts in the prefix cache, which is emptied first: the steps compute every token."""
+        engine.reset_prefix_cache()
         params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True, detokenize=False)
         for i, request in enumerate(requests):
             engine.add_request({"prompt_token_ids": request.prompt_token_ids}, params, request_id=f"profile-{i}")
