@@ -56,6 +56,11 @@ VARIABLES: dict[str, EnvVar] = {v.name: v for v in (
     EnvVar("FOLOVLLM_CPU_LORA_KERNEL", "on",
            "LoRA adapters' deltas through our kernel, one call per linear for every adapter in the step, in "
            "fp32 (off: torch matmuls per adapter and piece, in the platform's small-matmul dtype)", ON_OFF),
+    EnvVar("FOLOVLLM_CPU_ALLOCATOR", "auto",
+           "the folovllm command's memory allocator: tcmalloc (restarts the command once with it preloaded; "
+           "an error where none is installed), system (glibc's malloc); auto: tcmalloc where one is installed "
+           "and the machine has no NVIDIA GPU. An engine in one's own Python program keeps its process's",
+           ("auto", "tcmalloc", "system")),
     EnvVar("FOLOVLLM_HUGE_PAGE_WEIGHTS", "on",
            "after loading on the CPU, the weights are copied into one block advised onto 2 MiB pages "
            "(fewer TLB misses when a decode step streams them)", ON_OFF),

@@ -19,6 +19,8 @@ from typing import Any
 import httpx
 import psutil
 
+from folovllm.platforms.allocator import find_tcmalloc, preload_env
+
 HERE = Path(__file__).resolve().parent
 SERVED_MODEL_NAME = "smollm2"
 TCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
@@ -84,8 +86,9 @@ class Setup:
 
     def env(self, engine: str) -> dict[str, str]:
         """The process environment: vLLM's CPU settings (its docs' tcmalloc + the venv's libiomp5,
-        KV space, OpenMP threads bound to the first cores); for FoloVLLM, this checkout first on the path
-        and the tier cap, if any."""
+        KV space, OpenMP threads bound to the first cores); for FoloVLLM, this checkout first on the path,
+        the tier cap, if any, and the allocator the ``folovllm`` command would run on (tcmalloc where
+        installed, under ``FOLOVLLM_CPU_ALLOCATOR``'s default)."""
         env = dict(os.environ)
         if engine == "vllm":
             env.update(VLLM_CPU_KVCACHE_SPACE=str(self.kv_cache_gib),
@@ -95,6 +98,7 @@ class Setup:
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(self.root), env.get("PYTHONPATH")]))
             if self.isa:
                 env["FOLOVLLM_CPU_ISA"] = self.isa
+            env = preload_env(env, find_tcmalloc(), has_gpu=False) or env
         return env
 
     def check(self, engines: tuple[str, ...]) -> None:

@@ -9,6 +9,7 @@ import time
 from folovllm import envs
 from folovllm.config import EngineConfig
 from folovllm.engine.args import add_engine_args, add_model_positional, engine_config_from_args
+from folovllm.platforms.allocator import restart_with_preferred_allocator
 
 
 def _worker_node(config: EngineConfig) -> int:
@@ -238,6 +239,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command; ``argv`` None reads the process's arguments and may first restart the process with
+    tcmalloc preloaded (platforms/allocator.py); a caller passing ``argv`` keeps its process as it is."""
+    if argv is None:
+        restart_with_preferred_allocator()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
     try:

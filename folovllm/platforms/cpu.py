@@ -14,6 +14,7 @@ import torch
 
 from folovllm import envs
 from folovllm.platforms import isa, kernel_library
+from folovllm.platforms.allocator import allocator_hint, loaded_allocator
 from folovllm.platforms.huge_pages import move_weights_to_huge_pages
 from folovllm.platforms.interface import LinearKernels, Platform
 
@@ -46,6 +47,9 @@ class CpuPlatform(Platform):
         self.kernels_unavailable = kernel_library.set_tier(self.tier)  # why none of ours runs, or None
         if self.kernels_unavailable is not None:
             _log_once(f"CPU kernels: plain torch, since {self.kernels_unavailable}")
+        self.allocator = loaded_allocator()
+        if self.allocator != "tcmalloc":
+            _log_once(allocator_hint())
         self.fused_ops = envs.switch("FOLOVLLM_CPU_FUSED_OPS") and kernel_library.has_kernel("fused_ops")
         self.decoder_form = envs.value("FOLOVLLM_CPU_DECODER")
         self.greedy_head = envs.switch("FOLOVLLM_CPU_GREEDY_HEAD")
@@ -128,7 +132,7 @@ class CpuPlatform(Platform):
 
     def describe(self) -> dict[str, str]:
         return {"platform": "cpu", "cpu": isa.cpu_model_name(), "isa": self.tier, "isa_host": isa.host_tier(),
-                "kernels": "torch" if self.kernels_unavailable else "folovllm"}
+                "kernels": "torch" if self.kernels_unavailable else "folovllm", "allocator": self.allocator}
 
     def place_weights(self, model: torch.nn.Module) -> None:
         if envs.switch("FOLOVLLM_HUGE_PAGE_WEIGHTS"):

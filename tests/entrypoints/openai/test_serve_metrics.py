@@ -80,6 +80,7 @@ def test_metric_names_and_types_match_vllms(http):
     platform = next(f for f in text_string_to_metric_families(http.get("/metrics").text)
                     if f.name == "folovllm:platform_info").samples[0].labels
     assert platform["platform"] == "cpu" and platform["isa"] in ("none", "avx2", "avx512", "avx512_bf16", "amx")
+    assert platform["allocator"] in ("tcmalloc", "system")
     reasons = {s.labels["finished_reason"] for s in families["vllm:request_success"].samples}
     assert reasons == {"stop", "length", "abort", "error"}
     # vLLM's example Grafana dashboards find every series their queries name
