@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 from folovllm.bench.switch_ab import prompt_id_range
@@ -109,7 +110,8 @@ def profile_steps(engine: Any, steps: int, top: int = 15) -> dict[str, Any]:
         "ops": [{"op": e.key, "us_per_step": e.self_cpu_time_total / num, "calls_per_step": e.count / num}
                 for e in ops[:top]]}
     if cuda:
-        kernels = sorted((e for e in events if e.self_device_time_total > 0),
+        # kernel rows only: a CPU op's row repeats the device time of the kernels it launched
+        kernels = sorted((e for e in events if e.device_type == DeviceType.CUDA and e.self_device_time_total > 0),
                          key=lambda e: e.self_device_time_total, reverse=True)
         out["device_us_per_step"] = sum(e.self_device_time_total for e in kernels) / num
         out["kernels"] = [{"kernel": e.key, "us_per_step": e.self_device_time_total / num,
