@@ -241,11 +241,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """The command; ``argv`` None reads the process's arguments and may first restart the process with
     tcmalloc preloaded (platforms/allocator.py); a caller passing ``argv`` keeps its process as it is."""
-    if argv is None:
-        restart_with_preferred_allocator()
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    args = build_parser().parse_args(argv)
     try:
+        if argv is None:
+            restart_with_preferred_allocator()
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+        args = build_parser().parse_args(argv)
         return args.func(args)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)

@@ -62,8 +62,8 @@ def preload_env(env: dict[str, str], library: str | None, has_gpu: bool) -> dict
 def restart_with_preferred_allocator() -> None:
     """For the ``folovllm`` command only, before it does anything: restarts this process with tcmalloc
     preloaded where ``preload_env`` says so (the same interpreter and arguments); returns otherwise."""
-    if sys.platform != "linux" or loaded_allocator() == "tcmalloc":
-        return
+    if sys.platform != "linux" or not sys.executable or loaded_allocator() == "tcmalloc":
+        return  # (an embedding interpreter may have no executable to restart)
     env = preload_env(dict(os.environ), find_tcmalloc(), has_gpu=Path("/dev/nvidiactl").exists())
     if env is not None:
         os.execve(sys.executable, sys.orig_argv, env)

@@ -82,3 +82,16 @@ def test_without_a_library_the_process_is_left_alone(monkeypatch) -> None:
     allocator.restart_with_preferred_allocator()
     if loaded_allocator() != "tcmalloc":  # (this test process may itself run on tcmalloc)
         assert "allocator: glibc malloc" in allocator.allocator_hint()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the restart is Linux's")
+def test_the_command_says_so_when_tcmalloc_is_asked_for_but_missing(monkeypatch, capsys) -> None:
+    from folovllm.entrypoints import cli
+
+    monkeypatch.setattr(allocator, "find_tcmalloc", lambda: None)
+    monkeypatch.setattr(allocator, "loaded_allocator", lambda: "system")
+    monkeypatch.setattr(allocator.os, "execve", lambda *a: pytest.fail("restarted without a library"))
+    monkeypatch.setattr(sys, "argv", ["folovllm", "--help-env"])
+    monkeypatch.setenv("FOLOVLLM_CPU_ALLOCATOR", "tcmalloc")
+    assert cli.main() == 2
+    assert "no tcmalloc library is installed" in capsys.readouterr().err
