@@ -17,6 +17,7 @@
 // its own per-row best, reduced in block order at the end.
 
 #include "isa.h"
+#include "linear_bf16.h"
 #include "tiered.h"
 
 #include <ATen/Parallel.h>
@@ -34,8 +35,6 @@
 namespace folovllm::cpu {
 namespace {
 
-constexpr int64_t kBlockRows = 64;   // output rows per packed weight block (the linear kernel's layout)
-constexpr int64_t kMaxRows = 6;      // input rows multiplied together: 6 x 4 accumulators in registers
 constexpr int64_t kPartBlocks = 8;   // weight blocks per work item (512 tokens): 96 items for SmolLM2
 
 // fp32 -> bf16 (round to nearest even, as the linear kernel stores) -> fp32
@@ -45,15 +44,17 @@ FOLO_TARGET_AVX512_BF16 inline __m512 round_bf16(__m512 v) {
 }
 
 // Rows [0, R) of x times weight block `block` (its first token id is block * 64): each row's best
-// rounded logit in the block replaces best[m] / best_id[m] when strictly larger.
+// rounded logit in the block replaces best[m] / best_id[m] when strictly larger; `next` pulled into L2 on
+// the way, as the linear kernel does.
 template <int R>
-FOLO_TARGET_AVX512_BF16 inline void block_rows(const uint32_t* x, int64_t pairs, const __m512bh* wb, int64_t block,
-                                        float* best, int64_t* best_id) {
+FOLO_TARGET_AVX512_BF16 inline void block_argmax(const uint32_t* x, int64_t pairs, const __m512bh* wb, int64_t block,
+                                          float* best, int64_t* best_id, NextSlice next) {
   __m512 acc[R][4];
   for (int m = 0; m < R; ++m)
     for (int j = 0; j < 4; ++j) acc[m][j] = _mm512_setzero_ps();
   for (int64_t p = 0; p < pairs; ++p) {
     const __m512bh* wp = wb + p * 4;
+    next.prefetch(p);
     const __m512bh w0 = wp[0], w1 = wp[1], w2 = wp[2], w3 = wp[3];
     for (int m = 0; m < R; ++m) {
       const __m512bh xv = (__m512bh)_mm512_set1_epi32(static_cast<int>(x[m * pairs + p]));
@@ -85,19 +86,20 @@ FOLO_TARGET_AVX512_BF16 inline void block_rows(const uint32_t* x, int64_t pairs,
 FOLO_TARGET_AVX512_BF16 void part_argmax(const uint32_t* x, int64_t M, int64_t pairs, const __m512bh* w, int64_t blocks,
                                   int64_t part, float* best, int64_t* best_id) {
   const int64_t first = part * kPartBlocks, last = std::min(blocks, first + kPartBlocks);
+  const int64_t groups = group_count(M);
   for (int64_t b = first; b < last; ++b) {
     const __m512bh* wb = w + b * pairs * 4;
-    int64_t m = 0;
-    for (; m + kMaxRows <= M; m += kMaxRows)
-      block_rows<kMaxRows>(x + m * pairs, pairs, wb, b, best + m, best_id + m);
-    const uint32_t* xm = x + m * pairs;
-    switch (M - m) {
-      case 1: block_rows<1>(xm, pairs, wb, b, best + m, best_id + m); break;
-      case 2: block_rows<2>(xm, pairs, wb, b, best + m, best_id + m); break;
-      case 3: block_rows<3>(xm, pairs, wb, b, best + m, best_id + m); break;
-      case 4: block_rows<4>(xm, pairs, wb, b, best + m, best_id + m); break;
-      case 5: block_rows<5>(xm, pairs, wb, b, best + m, best_id + m); break;
-      default: break;
+    for (int64_t m = 0, g = 0; m < M; m += kMaxRows, ++g) {
+      const NextSlice next = b + 1 < blocks ? next_block_slice(w, b + 1, pairs, g, groups) : NextSlice{};
+      const uint32_t* xm = x + m * pairs;
+      switch (std::min(kMaxRows, M - m)) {
+        case 1: block_argmax<1>(xm, pairs, wb, b, best + m, best_id + m, next); break;
+        case 2: block_argmax<2>(xm, pairs, wb, b, best + m, best_id + m, next); break;
+        case 3: block_argmax<3>(xm, pairs, wb, b, best + m, best_id + m, next); break;
+        case 4: block_argmax<4>(xm, pairs, wb, b, best + m, best_id + m, next); break;
+        case 5: block_argmax<5>(xm, pairs, wb, b, best + m, best_id + m, next); break;
+        default: block_argmax<kMaxRows>(xm, pairs, wb, b, best + m, best_id + m, next); break;
+      }
     }
   }
 }

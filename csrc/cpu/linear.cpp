@@ -13,8 +13,10 @@
 // (batched decode, prefill) a 64-row block of the weight stays in cache while every group of 6 input
 // rows multiplies it (6 x 4 accumulators and a K pair's 4 weight vectors fill the 32 zmm registers;
 // ~5 % faster than groups of 4 at prefill: fewer loads per dot product; each row's sum runs along K in
-// the same order either way). Work items (a weight block x a chunk of input rows; in the fp32 form a
-// block's panel where the rows are many) run on torch's intra-op threads. fp32 accumulation along K, as
+// the same order either way). Work items (a weight block x a chunk of input rows, or up to 128 rows a
+// block x a group of 6, so a weight of few blocks still splits evenly; in the fp32 form a block's panel
+// where the rows are many) run on torch's intra-op threads, each pulling the block it multiplies next into
+// L2 while it multiplies this one. fp32 accumulation along K, as
 // oneDNN's bf16 kernels: results agree with F.linear before the final bf16 rounding up to fp32 summation
 // order.
 
@@ -79,7 +81,12 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const c10::opti
     const __m512bh* wp = reinterpret_cast<const __m512bh*>(packed.data_ptr<c10::BFloat16>());
     c10::BFloat16* yp = y.data_ptr<c10::BFloat16>();
     // grain 1: even a 576-row weight (9 blocks) is worth splitting over two threads at M = 1
-    at::parallel_for(0, items, 1, [&](int64_t i0, int64_t i1) { linear_items(xp, M, pairs, wp, bp, yp, N, i0, i1); });
+    if (M <= kChunkRows) {
+      at::parallel_for(0, packed.size(0) * group_count(M), 1,
+                       [&](int64_t i0, int64_t i1) { linear_group_items(xp, M, pairs, wp, bp, yp, N, i0, i1); });
+    } else {
+      at::parallel_for(0, items, 1, [&](int64_t i0, int64_t i1) { linear_items(xp, M, pairs, wp, bp, yp, N, i0, i1); });
+    }
     return y;
   }
   const at::Tensor xf = xc.scalar_type() == at::kFloat ? xc : xc.to(at::kFloat);

@@ -85,6 +85,26 @@ def test_each_row_is_computed_alone_whatever_the_batch(linear_tier: str) -> None
         assert torch.equal(together[rows], packed_linear(x[rows], packed, None))
 
 
+@pytest.mark.parametrize("rows", [1, 20, 64, 128, 129])
+def test_any_thread_count_gives_the_same_bits(rows: int, linear_tier: str) -> None:
+    # up to 128 rows split into (block, group of rows) items, so a thread's share may end inside a block
+    # (9 blocks x 11 groups at 64 rows: 50 and 49 items on two threads); more rows split by (chunk, block)
+    torch.manual_seed(rows)
+    weight = torch.randn(576, 160, dtype=torch.bfloat16)
+    bias = torch.randn(576, dtype=torch.bfloat16)
+    packed = pack_linear_weight(weight, ours=True)
+    x = torch.randn(rows, 160, dtype=torch.bfloat16)
+    try:
+        torch.set_num_threads(1)
+        alone = packed_linear(x, packed, bias)
+        for threads in (2, 3):
+            torch.set_num_threads(threads)
+            assert torch.equal(packed_linear(x, packed, bias), alone)
+    finally:
+        torch.set_num_threads(2)
+    assert_matches_f_linear(alone, x, weight, bias)
+
+
 def test_kernel_takes_bias_strided_and_batched_inputs(linear_tier: str) -> None:
     torch.manual_seed(0)
     weight = torch.randn(128, 48, dtype=torch.bfloat16)
