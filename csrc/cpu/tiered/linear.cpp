@@ -11,7 +11,8 @@
 // prefill, a large batch) first widens each panel of its block to fp32 in a scratch buffer and then runs
 // the classic broadcast-FMA tile over it, so the widening is paid once per chunk, not once per row group.
 // Work items are a block times a chunk of up to 128 rows, or, for 12 rows or more, one panel of a block (a
-// quarter on AVX2), so a weight of few blocks still splits evenly over the threads.
+// quarter on AVX2), so a weight of few blocks still splits evenly over the threads. The first tile of an
+// item pulls the thread's next item into L2, so that one does not start waiting on memory.
 // linear_argmax keeps each row's best output instead of writing them (a greedy LM head).
 #include "../tiered.h"
 #include "../vec.h"
@@ -66,6 +67,17 @@ struct Panel {
   FOLO_VINLINE void prefetch(int64_t) const {}
 };
 
+// The weights of the work item a thread runs next (its block, or its panels of it), pulled into L2 while
+// the first tile of this one runs, so that item starts on L2 instead of waiting on memory: `lines` cache
+// lines from each K pair's 256-byte run, from `at`.
+struct NextItem {
+  const char* at = nullptr;
+  int lines = 0;
+  FOLO_VINLINE void prefetch(int64_t p) const {
+    for (int l = 0; l < lines; ++l) _mm_prefetch(at + p * kBlockRows * 4 + l * 64, _MM_HINT_T1);
+  }
+};
+
 // Vectors [v0, v0 + kPanelVecs) of block `wb` widened into `panel`.
 FOLO_VINLINE void widen_panel(const uint32_t* wb, int64_t pairs, int v0, float* panel) {
   for (int64_t p = 0; p < pairs; ++p)
@@ -82,16 +94,19 @@ float* panel_scratch(int64_t pairs) {
   return scratch.data();
 }
 
-// Rows x[0..R) (stride K floats) times C weight vectors: acc[r][c] = sum over k of x[r][k] w[k][col].
+// Rows x[0..R) (stride K floats) times C weight vectors: acc[r][c] = sum over k of x[r][k] w[k][col];
+// `next` pulled into L2 on the way.
 // (The sums run in a local array, copied out at the end: gcc keeps that one in registers, where an output
 // array's elements would go back to memory on every pair.)
 template <int R, int C, typename Weights>
-FOLO_VINLINE void tile(const float* x, int64_t K, int64_t pairs, const Weights& w, Vec (&out)[R][C]) {
+FOLO_VINLINE void tile(const float* x, int64_t K, int64_t pairs, const Weights& w, const NextItem& next,
+                       Vec (&out)[R][C]) {
   Vec acc[R][C];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) acc[r][c] = vzero();
   for (int64_t p = 0; p < pairs; ++p) {
     if (p + kPrefetchPairs < pairs) w.prefetch(p + kPrefetchPairs);
+    next.prefetch(p);
     if constexpr (R <= 2) {  // few rows: each weight vector read once, both its halves used at once
       for (int c = 0; c < C; ++c) {
         const Vec even = w.half(p, c, 0), odd = w.half(p, c, 1);
@@ -150,16 +165,17 @@ FOLO_VINLINE void by_row_groups(int64_t first, int64_t last, Fn&& fn) {
 // Rows [first, last) of x times panels [q0, q1) of block `wb` (kPanelVecs vectors each), tile by tile in
 // increasing columns for each row: consume(acc, m, v0) gets the sums of rows [m, m + R) at the block's
 // vectors [v0, v0 + C). Few rows times the whole block read the packed block as they go; otherwise each
-// panel is widened once and the rows run over it.
+// panel is widened once and the rows run over it. The first tile pulls `next` into L2.
 template <typename Consume>
 FOLO_VINLINE void block_tiles(const float* x, int64_t K, int64_t pairs, const uint32_t* wb, int64_t first,
-                              int64_t last, int q0, int q1, Consume&& consume) {
+                              int64_t last, int q0, int q1, NextItem next, Consume&& consume) {
   if (last - first < kPanelRows && q0 == 0 && q1 == kPanels) {
     by_row_groups(first, last, [&](auto rows, int64_t m) {
       constexpr int R = decltype(rows)::value, C = tile_vecs<R>();
       for (int v0 = 0; v0 < kBlockVecs; v0 += C) {
         Vec acc[R][C];
-        tile<R, C>(x + m * K, K, pairs, Packed{wb, v0}, acc);
+        tile<R, C>(x + m * K, K, pairs, Packed{wb, v0}, next, acc);
+        next = {};
         consume(acc, m, v0);
       }
     });
@@ -171,7 +187,8 @@ FOLO_VINLINE void block_tiles(const float* x, int64_t K, int64_t pairs, const ui
     by_row_groups(first, last, [&](auto rows, int64_t m) {
       constexpr int R = decltype(rows)::value;
       Vec acc[R][kPanelVecs];
-      tile<R, kPanelVecs>(x + m * K, K, pairs, Panel{panel}, acc);
+      tile<R, kPanelVecs>(x + m * K, K, pairs, Panel{panel}, next, acc);
+      next = {};
       consume(acc, m, v0);
     });
   }
@@ -186,11 +203,18 @@ int64_t linear_item_count(int64_t M, int64_t N) {
 void linear_items(const float* x, int64_t M, int64_t K, const uint32_t* w, const float* bias, const LinearOut& out,
                   int64_t i0, int64_t i1) {
   const int64_t pairs = K / 2, per_block = items_per_block(M), per_chunk = out.N / kBlockRows * per_block;
+  const int span = kPanels / static_cast<int>(per_block);  // panels per item
+  const int item_lines = span * kPanelVecs * kLanes * 4 / 64;  // cache lines of an item's K pair
+  // item j of a chunk: its block's first packed pair, offset to its first panel
+  const auto weights_of = [&](int64_t j) {
+    return w + (j / per_block) * pairs * kBlockRows + (j % per_block) * span * kPanelVecs * kLanes;
+  };
   for (int64_t i = i0; i < i1; ++i) {
     const int64_t j = i % per_chunk, b = j / per_block, first = (i / per_chunk) * kChunkRows;
-    const int span = kPanels / static_cast<int>(per_block), q0 = static_cast<int>(j % per_block) * span;  // panels
-    const int q1 = q0 + span;
-    block_tiles(x, K, pairs, w + b * pairs * kBlockRows, first, std::min(M, first + kChunkRows), q0, q1,
+    const int q0 = static_cast<int>(j % per_block) * span, q1 = q0 + span;
+    NextItem next;
+    if (i + 1 < i1) next = {reinterpret_cast<const char*>(weights_of((i + 1) % per_chunk)), item_lines};
+    block_tiles(x, K, pairs, w + b * pairs * kBlockRows, first, std::min(M, first + kChunkRows), q0, q1, next,
                 [&](const auto& acc, int64_t m, int v0) {
                   store_tile(acc, bias, out, m, b * kBlockRows + v0 * kLanes);
                 });
@@ -203,7 +227,10 @@ void linear_argmax_part(const float* x, int64_t M, int64_t K, const uint32_t* w,
                         bool round_bf16, float* best, int64_t* best_id) {
   const int64_t pairs = K / 2;
   for (int64_t b = block0; b < block1; ++b) {
-    block_tiles(x, K, pairs, w + b * pairs * kBlockRows, 0, M, 0, kPanels, [&](const auto& acc, int64_t m, int v0) {
+    NextItem next;
+    if (b + 1 < block1) next = {reinterpret_cast<const char*>(w + (b + 1) * pairs * kBlockRows), 4};
+    block_tiles(x, K, pairs, w + b * pairs * kBlockRows, 0, M, 0, kPanels, next,
+                [&](const auto& acc, int64_t m, int v0) {
       constexpr int R = std::extent_v<std::remove_reference_t<decltype(acc)>, 0>;
       constexpr int C = std::extent_v<std::remove_reference_t<decltype(acc)>, 1>;
       for (int r = 0; r < R; ++r) {
