@@ -112,15 +112,21 @@ _TORCH_CAPS = {"avx2": ("avx2", "AVX2"), "avx512": ("avx512", "AVX512_CORE"),
                "avx512_bf16": ("avx512", "AVX512_CORE_BF16"), "amx": ("avx512", "AVX512_CORE_AMX")}
 
 
+def torch_caps(tier: str | None) -> dict[str, str]:
+    """The variables that cap torch's own kernels at a CPU tier (``ATEN_CPU_CAPABILITY``,
+    ``ONEDNN_MAX_CPU_ISA``); none for no tier or ``none``."""
+    if tier not in _TORCH_CAPS:
+        return {}
+    aten, onednn = _TORCH_CAPS[tier]
+    return {"ATEN_CPU_CAPABILITY": aten, "ONEDNN_MAX_CPU_ISA": onednn}
+
+
 def cap_torch_kernels() -> None:
-    """Passes a ``FOLOVLLM_CPU_ISA`` cap on to torch's kernels (``ATEN_CPU_CAPABILITY``, ``ONEDNN_MAX_CPU_ISA``)
-    unless those are set. Torch reads both when it first runs such a kernel, so this works only before that:
-    the package calls it as it is imported. A cap above the CPU's own tier changes nothing (both are maxima)."""
-    cap = value("FOLOVLLM_CPU_ISA")
-    if cap in _TORCH_CAPS:
-        aten, onednn = _TORCH_CAPS[cap]
-        os.environ.setdefault("ATEN_CPU_CAPABILITY", aten)
-        os.environ.setdefault("ONEDNN_MAX_CPU_ISA", onednn)
+    """Passes a ``FOLOVLLM_CPU_ISA`` cap on to torch's kernels (``torch_caps``) unless those variables are set.
+    Torch reads both when it first runs such a kernel, so this works only before that: the package calls it
+    as it is imported. A cap above the CPU's own tier changes nothing (both are maxima)."""
+    for name, cap in torch_caps(value("FOLOVLLM_CPU_ISA")).items():
+        os.environ.setdefault(name, cap)
 
 
 def describe() -> str:

@@ -75,7 +75,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help=f"the engine variants of the offline phase, from: {', '.join(VARIANTS)}")
     p.add_argument("--serve-engines", default="vllm,folo", help="the engine variants of the server phase")
     p.add_argument("--isa", default=None, choices=["avx2", "avx512", "avx512_bf16"],
-                   help="our engines at this CPU tier (FOLOVLLM_CPU_ISA; vLLM runs at the host's own)")
+                   help="our engines at this CPU tier (FOLOVLLM_CPU_ISA), and vLLM's torch and oneDNN kernels "
+                        "(ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA; its own kernels stay as built for the host)")
     p.add_argument("--llama-cpp", action="store_true",
                    help="also llama.cpp's batched bench on the GGUF (make llama-cpp; at --isa avx2 its avx2 build)")
     p.add_argument("--llama-engines", default="folo,folo-q4,folo-int8", help="our variants beside llama.cpp")
@@ -117,18 +118,22 @@ def tiers(setup: Setup) -> dict[str, Any]:
     """The host's CPU tier and the one our engines ran at."""
     from folovllm.platforms import isa
 
-    return {"host": isa.host_tier(), "folovllm": setup.isa or isa.host_tier(), "vllm": isa.host_tier()}
+    vllm = f"{isa.host_tier()} (torch and oneDNN at {setup.isa})" if setup.isa else isa.host_tier()
+    return {"host": isa.host_tier(), "folovllm": setup.isa or isa.host_tier(), "vllm": vllm}
+
+
+GEMM_LIMIT = ("import json, sys, torch; from folovllm.bench.kernels import gemm_limit; "
+              "torch.set_num_threads(int(sys.argv[1])); print(json.dumps(gemm_limit(torch.bfloat16)))")
 
 
 def gemm_phase(setup: Setup, offline: dict[str, Any], workloads: tuple[Workload, ...]) -> dict[str, Any]:
-    """The host's GEMM limit (measured now, after the engines have stopped) and each offline run's share."""
-    import torch
-
-    from folovllm.bench.kernels import gemm_limit
+    """The GEMM limit at the tier our engines ran at (measured now, after the engines have stopped, in a
+    process of its own so that a tier cap reaches torch's kernels too) and each offline run's share."""
     from folovllm.simulator.roofline import load_model_shape
 
-    torch.set_num_threads(setup.threads)
-    limit, by = gemm_limit(torch.bfloat16)
+    found = subprocess.run([sys.executable, "-c", GEMM_LIMIT, str(setup.threads)], env=setup.env("folovllm"),
+                           cwd=setup.root, check=True, capture_output=True, text=True)
+    limit, by = json.loads(found.stdout.strip().splitlines()[-1])
     requests = {wl.name: build_requests(wl) for wl in workloads}
     return {"limit_gflop_s": limit, "by": by, "threads": setup.threads,
             "workloads": gemm_share.shares(load_model_shape(str(setup.model)), offline, requests, limit)}
@@ -192,7 +197,7 @@ def main(argv: list[str] | None = None) -> None:
     if not is_model_folder(setup.model):
         print(f"making {setup.model} from the default GGUF", flush=True)
         subprocess.run([sys.executable, str(Path(__file__).with_name("make_hf_model.py")), "--out", str(setup.model)],
-                       env=setup.env("folo"), cwd=ROOT, check=True)
+                       env=setup.env("folovllm"), cwd=ROOT, check=True)
     timer = Timer(args.quiet_threshold, args.max_wait, args.attempts, started + 60 * args.patience_min)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     offline = serve = llama = embed = gemm = None

@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import psutil
 
+from folovllm.envs import torch_caps
 from folovllm.platforms.allocator import find_tcmalloc, preload_env
 
 HERE = Path(__file__).resolve().parent
@@ -85,14 +86,16 @@ class Setup:
 
     def env(self, engine: str) -> dict[str, str]:
         """The process environment: vLLM's CPU settings (its docs' tcmalloc + the venv's libiomp5,
-        KV space, OpenMP threads bound to the first cores); for FoloVLLM, this checkout first on the path,
-        the tier cap, if any, and the allocator the ``folovllm`` command would run on (tcmalloc where
-        installed, under ``FOLOVLLM_CPU_ALLOCATOR``'s default)."""
+        KV space, OpenMP threads bound to the first cores; under a tier cap, torch's and oneDNN's kernels
+        capped at it, as our cap caps them, while vLLM's own kernels stay as built for the host); for
+        FoloVLLM, this checkout first on the path, the tier cap, if any, and the allocator the ``folovllm``
+        command would run on (tcmalloc where installed, under ``FOLOVLLM_CPU_ALLOCATOR``'s default)."""
         env = dict(os.environ)
         if engine == "vllm":
             env.update(VLLM_CPU_KVCACHE_SPACE=str(self.kv_cache_gib),
                        VLLM_CPU_OMP_THREADS_BIND=f"0-{self.threads - 1}",
                        LD_PRELOAD=f"{find_tcmalloc()}:{self.vllm_venv / 'lib' / 'libiomp5.so'}")
+            env.update(torch_caps(self.isa))
         else:
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(self.root), env.get("PYTHONPATH")]))
             if self.isa:

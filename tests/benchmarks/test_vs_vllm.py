@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import os
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -272,3 +273,19 @@ def test_gemm_share_counts_each_token_once_and_divides_by_the_limit():
     table = report.format_gemm_shares({"limit_gflop_s": 123.4, "by": "onednn torch.float32", "threads": 2,
                                        "workloads": found}, {"folo": "FoloVLLM"})
     assert "GEMM limit here: 123 GFLOP/s" in table and "| wl | FoloVLLM |" in table and "| 50% |" in table
+
+
+def test_a_tier_cap_caps_vllms_torch_kernels_as_it_caps_ours(tmp_path):
+    engines = load("engines")
+
+    def setup(isa):
+        return engines.Setup(root=tmp_path, model=tmp_path / "m", gguf=tmp_path / "m.gguf",
+                             vllm_venv=tmp_path / "venv", logs=tmp_path, isa=isa)
+
+    capped = setup("avx2")
+    assert capped.env("folovllm")["FOLOVLLM_CPU_ISA"] == "avx2"
+    vllm = capped.env("vllm")
+    assert vllm["ATEN_CPU_CAPABILITY"] == "avx2" and vllm["ONEDNN_MAX_CPU_ISA"] == "AVX2"
+    host = setup(None).env("vllm")
+    for name in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA"):
+        assert host.get(name) == os.environ.get(name)
