@@ -48,7 +48,7 @@ FOLO_TARGET_AVX512_BF16 inline __m512 round_bf16(__m512 v) {
 // the way, as the linear kernel does.
 template <int R>
 FOLO_TARGET_AVX512_BF16 inline void block_argmax(const uint32_t* x, int64_t pairs, const __m512bh* wb, int64_t block,
-                                          float* best, int64_t* best_id, NextSlice next) {
+                                          float* best, int64_t* best_id, NextWeights next) {
   __m512 acc[R][4];
   for (int m = 0; m < R; ++m)
     for (int j = 0; j < 4; ++j) acc[m][j] = _mm512_setzero_ps();
@@ -90,7 +90,7 @@ FOLO_TARGET_AVX512_BF16 void part_argmax(const uint32_t* x, int64_t M, int64_t p
   for (int64_t b = first; b < last; ++b) {
     const __m512bh* wb = w + b * pairs * 4;
     for (int64_t m = 0, g = 0; m < M; m += kMaxRows, ++g) {
-      const NextSlice next = b + 1 < blocks ? next_block_slice(w, b + 1, pairs, g, groups) : NextSlice{};
+      const NextWeights next = b + 1 < blocks ? next_block_slice(w, b + 1, pairs, g, groups) : NextWeights{};
       const uint32_t* xm = x + m * pairs;
       switch (std::min(kMaxRows, M - m)) {
         case 1: block_argmax<1>(xm, pairs, wb, b, best + m, best_id + m, next); break;

@@ -75,7 +75,6 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const c10::opti
   out_shape.back() = N;
   at::Tensor y = at::empty(out_shape, x.options());
   const float* bp = bias_f.defined() ? bias_f.data_ptr<float>() : nullptr;
-  const int64_t items = packed.size(0) * ((M + kChunkRows - 1) / kChunkRows);
   if (x.scalar_type() == at::kBFloat16 && tier_at_least(Tier::kAvx512Bf16)) {
     const uint32_t* xp = reinterpret_cast<const uint32_t*>(xc.data_ptr<c10::BFloat16>());
     const __m512bh* wp = reinterpret_cast<const __m512bh*>(packed.data_ptr<c10::BFloat16>());
@@ -85,6 +84,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const c10::opti
       at::parallel_for(0, packed.size(0) * group_count(M), 1,
                        [&](int64_t i0, int64_t i1) { linear_group_items(xp, M, pairs, wp, bp, yp, N, i0, i1); });
     } else {
+      const int64_t items = packed.size(0) * ((M + kChunkRows - 1) / kChunkRows);  // blocks x chunks
       at::parallel_for(0, items, 1, [&](int64_t i0, int64_t i1) { linear_items(xp, M, pairs, wp, bp, yp, N, i0, i1); });
     }
     return y;

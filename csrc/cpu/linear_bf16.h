@@ -3,6 +3,7 @@
 #pragma once
 
 #include "isa.h"
+#include "tiered.h"
 
 #include <c10/util/BFloat16.h>
 
@@ -26,22 +27,11 @@ FOLO_TARGET_AVX512_BF16 inline void store_bf16(c10::BFloat16* y, __m512 v) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(y), (__m256i)_mm512_cvtneps_pbh(v));
 }
 
-// Part of the block a thread multiplies next, pulled into L2 while it multiplies this one: `lines` cache
-// lines per K pair from `at` (next_block_slice says which).
-struct NextSlice {
-  const char* at = nullptr;
-  int lines = 0;
-
-  inline void prefetch(int64_t p) const {
-    for (int l = 0; l < lines; ++l) _mm_prefetch(at + (p * lines + l) * 64, _MM_HINT_T1);
-  }
-};
-
 // Rows [m0, m0 + M) of x times block b of the packed weight: 4 x M fp32 accumulators in registers, and
 // `next` pulled into L2 on the way.
 template <int M>
 FOLO_TARGET_AVX512_BF16 inline void block_rows(const uint32_t* x, int64_t pairs, const __m512bh* wb, const float* bias,
-                                        c10::BFloat16* y, int64_t N, NextSlice next) {
+                                        c10::BFloat16* y, int64_t N, NextWeights next) {
   __m512 acc[M][4];
   for (int m = 0; m < M; ++m)
     for (int j = 0; j < 4; ++j) acc[m][j] = _mm512_setzero_ps();
@@ -65,7 +55,7 @@ FOLO_TARGET_AVX512_BF16 inline void block_rows(const uint32_t* x, int64_t pairs,
 
 // Rows [0, rows) of x, 1 <= rows <= kMaxRows, times block wb.
 FOLO_TARGET_AVX512_BF16 inline void group_rows(const uint32_t* x, int64_t rows, int64_t pairs, const __m512bh* wb,
-                                               const float* bias, c10::BFloat16* y, int64_t N, NextSlice next) {
+                                               const float* bias, c10::BFloat16* y, int64_t N, NextWeights next) {
   switch (rows) {
     case 1: block_rows<1>(x, pairs, wb, bias, y, N, next); break;
     case 2: block_rows<2>(x, pairs, wb, bias, y, N, next); break;
@@ -81,11 +71,12 @@ FOLO_TARGET_AVX512_BF16 inline void group_rows(const uint32_t* x, int64_t rows, 
 // call at 16 to 128 rows): the block's 4 lines per K pair spread over its first groups, all 4 lines
 // per pair where there is one group (a row or a few), 2 where there are two or three, else 1 in each of
 // the first four. Past those groups: none.
-FOLO_TARGET_AVX512_BF16 inline NextSlice next_block_slice(const __m512bh* w, int64_t b, int64_t pairs, int64_t group,
+FOLO_TARGET_AVX512_BF16 inline NextWeights next_block_slice(const __m512bh* w, int64_t b, int64_t pairs, int64_t group,
                                                           int64_t groups) {
   const int lines = groups == 1 ? 4 : groups <= 3 ? 2 : 1;
   if (group * lines >= kBlockLines) return {};
-  return {reinterpret_cast<const char*>(w + b * pairs * 4) + group * pairs * 64 * lines, lines};
+  // a contiguous run of the block, `lines` lines per pair
+  return {reinterpret_cast<const char*>(w + b * pairs * 4) + group * pairs * 64 * lines, 64 * lines, lines};
 }
 
 // Work items [i0, i1): item i is weight block i % blocks times input rows of chunk i / blocks. A block
@@ -101,7 +92,7 @@ FOLO_TARGET_AVX512_BF16 void linear_items(const uint32_t* x, int64_t M, int64_t 
     c10::BFloat16* yb = y + b * kBlockRows;
     const int64_t groups = group_count(last - first);
     for (int64_t m = first, g = 0; m < last; m += kMaxRows, ++g) {
-      const NextSlice next = i + 1 < i1 ? next_block_slice(w, (i + 1) % blocks, pairs, g, groups) : NextSlice{};
+      const NextWeights next = i + 1 < i1 ? next_block_slice(w, (i + 1) % blocks, pairs, g, groups) : NextWeights{};
       group_rows(x + m * pairs, std::min(kMaxRows, last - m), pairs, wb, bb, yb + m * N, N, next);
     }
   }
@@ -119,7 +110,7 @@ FOLO_TARGET_AVX512_BF16 void linear_group_items(const uint32_t* x, int64_t M, in
   const int64_t groups = group_count(M);
   for (int64_t i = i0; i < i1; ++i) {
     const int64_t b = i / groups, g = i % groups, m = g * kMaxRows;
-    const NextSlice next = (b + 1) * groups < i1 ? next_block_slice(w, b + 1, pairs, g, groups) : NextSlice{};
+    const NextWeights next = (b + 1) * groups < i1 ? next_block_slice(w, b + 1, pairs, g, groups) : NextWeights{};
     group_rows(x + m * pairs, std::min(kMaxRows, M - m), pairs, w + b * pairs * 4,
                bias == nullptr ? nullptr : bias + b * kBlockRows, y + b * kBlockRows + m * N, N, next);
   }

@@ -3,9 +3,24 @@
 // so each tier's build takes seconds.
 #pragma once
 
+#include <xmmintrin.h>
+
 #include <cstdint>
 
 namespace folovllm::cpu {
+
+// Weights a linear kernel's thread multiplies next, pulled into L2 while it multiplies the current ones
+// (both forms, csrc/cpu/linear_bf16.h and tiered/linear.cpp): for each K pair p, `lines` cache lines from
+// at + p * stride. Empty: nothing.
+struct NextWeights {
+  const char* at = nullptr;
+  int64_t stride = 0;
+  int lines = 0;
+
+  inline void prefetch(int64_t p) const {
+    for (int l = 0; l < lines; ++l) _mm_prefetch(at + p * stride + l * 64, _MM_HINT_T1);
+  }
+};
 
 // Where a linear kernel writes y [M, N]: fp32 or bf16 (one of the two is null).
 struct LinearOut {

@@ -67,17 +67,6 @@ struct Panel {
   FOLO_VINLINE void prefetch(int64_t) const {}
 };
 
-// The weights of the work item a thread runs next (its block, or its panels of it), pulled into L2 while
-// the first tile of this one runs, so that item starts on L2 instead of waiting on memory: `lines` cache
-// lines from each K pair's 256-byte run, from `at`.
-struct NextItem {
-  const char* at = nullptr;
-  int lines = 0;
-  FOLO_VINLINE void prefetch(int64_t p) const {
-    for (int l = 0; l < lines; ++l) _mm_prefetch(at + p * kBlockRows * 4 + l * 64, _MM_HINT_T1);
-  }
-};
-
 // Vectors [v0, v0 + kPanelVecs) of block `wb` widened into `panel`.
 FOLO_VINLINE void widen_panel(const uint32_t* wb, int64_t pairs, int v0, float* panel) {
   for (int64_t p = 0; p < pairs; ++p)
@@ -99,7 +88,7 @@ float* panel_scratch(int64_t pairs) {
 // (The sums run in a local array, copied out at the end: gcc keeps that one in registers, where an output
 // array's elements would go back to memory on every pair.)
 template <int R, int C, typename Weights>
-FOLO_VINLINE void tile(const float* x, int64_t K, int64_t pairs, const Weights& w, const NextItem& next,
+FOLO_VINLINE void tile(const float* x, int64_t K, int64_t pairs, const Weights& w, const NextWeights& next,
                        Vec (&out)[R][C]) {
   Vec acc[R][C];
   for (int r = 0; r < R; ++r)
@@ -168,7 +157,7 @@ FOLO_VINLINE void by_row_groups(int64_t first, int64_t last, Fn&& fn) {
 // panel is widened once and the rows run over it. The first tile pulls `next` into L2.
 template <typename Consume>
 FOLO_VINLINE void block_tiles(const float* x, int64_t K, int64_t pairs, const uint32_t* wb, int64_t first,
-                              int64_t last, int q0, int q1, NextItem next, Consume&& consume) {
+                              int64_t last, int q0, int q1, NextWeights next, Consume&& consume) {
   if (last - first < kPanelRows && q0 == 0 && q1 == kPanels) {
     by_row_groups(first, last, [&](auto rows, int64_t m) {
       constexpr int R = decltype(rows)::value, C = tile_vecs<R>();
@@ -212,8 +201,10 @@ void linear_items(const float* x, int64_t M, int64_t K, const uint32_t* w, const
   for (int64_t i = i0; i < i1; ++i) {
     const int64_t j = i % per_chunk, b = j / per_block, first = (i / per_chunk) * kChunkRows;
     const int q0 = static_cast<int>(j % per_block) * span, q1 = q0 + span;
-    NextItem next;
-    if (i + 1 < i1) next = {reinterpret_cast<const char*>(weights_of((i + 1) % per_chunk)), item_lines};
+    NextWeights next;  // the next item's lines of each K pair's 256-byte run of its block
+    if (i + 1 < i1) {
+      next = {reinterpret_cast<const char*>(weights_of((i + 1) % per_chunk)), kBlockRows * 4, item_lines};
+    }
     block_tiles(x, K, pairs, w + b * pairs * kBlockRows, first, std::min(M, first + kChunkRows), q0, q1, next,
                 [&](const auto& acc, int64_t m, int v0) {
                   store_tile(acc, bias, out, m, b * kBlockRows + v0 * kLanes);
@@ -227,8 +218,8 @@ void linear_argmax_part(const float* x, int64_t M, int64_t K, const uint32_t* w,
                         bool round_bf16, float* best, int64_t* best_id) {
   const int64_t pairs = K / 2;
   for (int64_t b = block0; b < block1; ++b) {
-    NextItem next;
-    if (b + 1 < block1) next = {reinterpret_cast<const char*>(w + (b + 1) * pairs * kBlockRows), 4};
+    NextWeights next;  // the next block, whole
+    if (b + 1 < block1) next = {reinterpret_cast<const char*>(w + (b + 1) * pairs * kBlockRows), kBlockRows * 4, 4};
     block_tiles(x, K, pairs, w + b * pairs * kBlockRows, 0, M, 0, kPanels, next,
                 [&](const auto& acc, int64_t m, int v0) {
       constexpr int R = std::extent_v<std::remove_reference_t<decltype(acc)>, 0>;
