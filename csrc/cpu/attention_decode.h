@@ -4,8 +4,8 @@
 //
 // A batch's K/V rows sit in blocks scattered over the cache, 128 bytes per row and kv head, so a plain
 // loop stalls on every tile's first loads. With prefetch_next each tile of kDecodeKeyTile keys asks
-// for the next tile's rows (its own item's, or the first of the item its thread runs next), a few per
-// key as it computes, so memory streams the next rows while these are multiplied. Only when loads
+// for the next tile's rows (its own item's, or the first of the item its thread runs next) into L2, a
+// few per key as it computes, so memory streams the next rows while these are multiplied. Only when loads
 // happen changes: the outputs are the same bits either way.
 #pragma once
 
@@ -48,12 +48,13 @@ FOLO_TARGET_AVX512 FOLO_INLINE __m128 reduce4(const __m512* part) {
 }
 
 // Asks for the cache lines of one K/V row: a tile's rows sit in scattered blocks, so requesting
-// them all before the tile's arithmetic overlaps their memory latencies.
-template <int D, typename scalar_t>
+// them all before the tile's arithmetic overlaps their memory latencies. Into L1 for the tile about to
+// compute; into L2 (kHint = _MM_HINT_T1) for the next tile's, so they do not push this tile's rows out of L1.
+template <int D, int kHint = _MM_HINT_T0, typename scalar_t>
 FOLO_INLINE void prefetch_row(const scalar_t* row) {
   constexpr int kLine = 64;
   for (int b = 0; b < D * static_cast<int>(sizeof(scalar_t)); b += kLine)
-    _mm_prefetch(reinterpret_cast<const char*>(row) + b, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(row) + b, static_cast<_mm_hint>(kHint));
 }
 
 // Row offsets of keys [t0, t1) of one kv head, walking the block table from t0's block.
@@ -83,7 +84,7 @@ FOLO_INLINE int64_t decode_tile(int64_t keys) {
 // ``ahead`` (offsets into ``cache``), so memory streams the next rows while these are multiplied.
 template <int D, typename scalar_t>
 FOLO_INLINE void prefetch_ahead(const scalar_t* cache, const int64_t* ahead, int* done, int target) {
-  for (; *done < target; ++*done) prefetch_row<D>(cache + ahead[*done]);
+  for (; *done < target; ++*done) prefetch_row<D, _MM_HINT_T1>(cache + ahead[*done]);
 }
 
 // The largest of s[0..n), 16 lanes at a time (masked tail).

@@ -44,6 +44,9 @@ def add_kernel_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backends", default="cpu,torch", help="attention: the backends to time (cpu: ours, torch: the reference)")
     parser.add_argument("--kv-cache-dtype", default="auto",
                         help="attention: comma-separated cache formats to time, e.g. auto,int8,fp8_e4m3 (auto: --dtype)")
+    parser.add_argument("--scattered", action="store_true",
+                        help="attention: each sequence's cache blocks at random places, as a long-running server's "
+                             "are (default: in order, one after another)")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", help="write the results here (JSON)")
@@ -190,7 +193,8 @@ def bench_attention(args: argparse.Namespace, arch: Any, dtype: torch.dtype) -> 
 
     rows_out = []
     for batch in (int(r) for r in args.rows.split(",")):
-        meta, q, k, v = step_inputs(batch, args.context, args.prompt_len, block, (heads, kv_heads, dim), dtype)
+        meta, q, k, v = step_inputs(batch, args.context, args.prompt_len, block, (heads, kv_heads, dim), dtype,
+                                    scattered=args.scattered)
         blocks = meta.block_tables.shape[1]
         caches = {f: [(cache(batch * blocks, fmt), cache(batch * blocks, fmt)) for _ in range(arch.num_hidden_layers)]
                   for f, fmt in formats.items()}
@@ -218,16 +222,19 @@ def bench_attention(args: argparse.Namespace, arch: Any, dtype: torch.dtype) -> 
 
 
 def step_inputs(batch: int, context: int, prompt_len: int, block: int, shape: tuple[int, int, int],
-                dtype: torch.dtype) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
+                dtype: torch.dtype, scattered: bool = False) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
     """A step's metadata and new q, k, v: ``batch`` decode rows over ``context`` cached tokens each, or
-    (``prompt_len`` > 0) ``batch`` fresh prompts of ``prompt_len`` tokens."""
+    (``prompt_len`` > 0) ``batch`` fresh prompts of ``prompt_len`` tokens; their cache blocks in order, or
+    (``scattered``) a seeded random permutation of the same blocks."""
     from folovllm.attention.metadata import AttentionMetadata
 
     heads, kv_heads, dim = shape
     new = prompt_len or 1
     total = prompt_len or context + 1
     blocks = -(-total // block)
-    tables = torch.arange(batch * blocks).view(batch, blocks)
+    order = torch.randperm(batch * blocks, generator=torch.Generator().manual_seed(0)) if scattered else \
+        torch.arange(batch * blocks)
+    tables = order.view(batch, blocks)
     positions = torch.arange(total - new, total)
     slots = (tables[:, positions // block] * block + positions % block).reshape(-1)
     meta = AttentionMetadata(slot_mapping=slots, query_start_loc=torch.arange(batch + 1) * new,

@@ -45,7 +45,7 @@ def test_kernel_times_each_candidate_at_the_model_shapes(tiny_llama_dir, tmp_pat
 
 
 def test_kernel_attention_times_decode_and_fresh_prompt_steps(tiny_llama_dir, tmp_path) -> None:  # noqa: F811
-    for extra, prompt_len in (([], 0), (["--prompt-len", "20"], 20)):
+    for extra, prompt_len in (([], 0), (["--scattered"], 0), (["--prompt-len", "20"], 20)):
         out = tmp_path / "attention.json"
         main(["bench", "kernel", "attention", "--model", tiny_llama_dir, "--rows", "2", "--context", "17",
               "--rounds", "1", "--threads", "1", "--dtype", "float32", "--out", str(out), *extra])
@@ -74,6 +74,25 @@ def test_a_prefill_steps_inputs_give_each_backend_the_same_attention() -> None:
         v[:21].repeat_interleave(2, 1).transpose(0, 1), is_causal=True, scale=0.25).transpose(0, 1)
     for out in outs:
         torch.testing.assert_close(out.view(63, 4, 16)[:21], reference, rtol=1e-5, atol=1e-5)
+
+
+def test_scattered_decode_inputs_put_the_blocks_in_random_places_and_attend_alike() -> None:
+    import torch
+
+    from folovllm.attention.backend import get_attention_backend
+    from folovllm.bench.kernels import step_inputs
+    from folovllm.platforms import platform_for
+
+    torch.manual_seed(0)
+    meta, q, k, v = step_inputs(4, 40, 0, 16, (4, 2, 16), torch.float32, scattered=True)
+    tables = meta.block_tables
+    assert sorted(tables.flatten().tolist()) == list(range(4 * 3))  # every block once, 3 per sequence
+    assert not torch.equal(tables.flatten(), torch.arange(4 * 3))
+    names = ["torch"] + (["cpu"] if platform_for("cpu").auto_attention_backend() == "cpu" else [])
+    caches = [torch.randn(4 * 3, 16, 2, 16) for _ in range(2)]
+    outs = [get_attention_backend(name).forward(q, k, v, *[c.clone() for c in caches], meta, 0.25) for name in names]
+    for out in outs[1:]:
+        torch.testing.assert_close(out, outs[0], rtol=1e-5, atol=1e-5)
 
 
 def test_profile_splits_steps_into_ops_and_host_time(tiny_llama_dir, tmp_path) -> None:  # noqa: F811

@@ -7,8 +7,8 @@
 // row all of them): each tile reads a token's rows of every kv head together, one contiguous run of the cache
 // per token instead of one 128-byte piece per kv head, and every head keeps its own sums and softmax state.
 // Keys go in tiles of at most kTile: with look-ahead, the next tile's K/V rows (this item's, else the first
-// of the item the thread runs next) are asked for while a tile computes, so memory streams them meanwhile
-// (without, each tile's rows are asked for at once as it starts). Each K and V vector is widened to fp32 in
+// of the item the thread runs next) are asked for into L2 a few lines per key while a tile computes, so
+// memory streams them meanwhile (RowsAhead; without, each tile's rows are asked for at once as it starts). Each K and V vector is widened to fp32 in
 // a register as it is read (bf16 shifted, int8/fp8 scaled) and used there by up to kHeadBlock heads of the
 // group at once, so a row is read once per group of heads and never copied; four keys share one horizontal
 // reduction, and each head's online softmax (running max, rescaled sums and accumulators) updates once per
@@ -74,8 +74,7 @@ int tile_offsets(const PagedHead& kv, int64_t t0, int64_t t1, int64_t* offsets) 
 }
 
 // Asks for the K and V lines of n rows of `kv` (cache offsets, in elements of `elem_bytes`; span_bytes from
-// each): they sit in scattered blocks, so asking for a tile's rows while the tile before it computes
-// overlaps their memory latencies with that work.
+// each) at once: a tile's own rows where nothing looks ahead.
 void prefetch_rows(const PagedHead& kv, int64_t elem_bytes, int64_t span_bytes, const int64_t* offsets, int n) {
   const char* k = static_cast<const char*>(kv.k);
   const char* v = static_cast<const char*>(kv.v);
@@ -85,6 +84,37 @@ void prefetch_rows(const PagedHead& kv, int64_t elem_bytes, int64_t span_bytes, 
       _mm_prefetch(v + offsets[j] * elem_bytes + b, _MM_HINT_T0);
     }
 }
+
+// The K and V lines of the rows the thread reads next (the next tile's), asked for a few at a time while the
+// current tile computes: each time a score or value pass takes up a key, `per_visit` lines of K and as many
+// of V, into L2 (the current tile's rows fill much of L1). The rows sit in scattered blocks; asked for all at
+// once, a tile's hundreds of lines fill the core's miss buffers and its own loads queue behind them, so
+// memory and arithmetic take turns instead of overlapping.
+struct RowsAhead {
+  const char* k = nullptr;
+  const char* v = nullptr;
+  const int64_t* offsets = nullptr;  // the rows' cache offsets, in elements of elem_bytes
+  int64_t elem_bytes = 0, span_bytes = 0, byte = 0;  // byte: the next line's, from the start of row `row`
+  int rows = 0, row = 0, per_visit = 0;
+
+  void start(const PagedHead& kv, int64_t elem, int64_t span, const int64_t* offs, int n, int per) {
+    k = static_cast<const char*>(kv.k);
+    v = static_cast<const char*>(kv.v);
+    offsets = offs, elem_bytes = elem, span_bytes = span, rows = n, per_visit = per, row = 0, byte = 0;
+  }
+  // Asks for the lines of `visits` key visits.
+  FOLO_VINLINE void ask(int visits) {
+    for (int i = visits * per_visit; i > 0 && row < rows; --i) {
+      const int64_t at = offsets[row] * elem_bytes + byte;
+      _mm_prefetch(k + at, _MM_HINT_T1);
+      _mm_prefetch(v + at, _MM_HINT_T1);
+      if ((byte += 64) >= span_bytes) byte = 0, ++row;
+    }
+  }
+  void finish() {
+    while (row < rows) ask(1);
+  }
+};
 
 // Rows of a cache in the query's dtype: a row's vector at column d, fp32 as stored or bf16 widened in a register.
 template <typename T>
@@ -148,21 +178,29 @@ FOLO_VINLINE void score_block(const float* q, int64_t dim, const Row* keys, int 
 
 // The tile's n scores for heads [h0, h0 + H): four keys at a time, then one by one.
 template <int H, typename Row>
-FOLO_VINLINE void score_heads(const float* q, int64_t dim, const Row* keys, int n, float* scores, int64_t stride) {
+FOLO_VINLINE void score_heads(const float* q, int64_t dim, const Row* keys, int n, float* scores, int64_t stride,
+                              RowsAhead& ahead) {
   int j = 0;
-  for (; j + 4 <= n; j += 4) score_block<H, 4>(q, dim, keys, j, scores, stride);
-  for (; j < n; ++j) score_block<H, 1>(q, dim, keys, j, scores, stride);
+  for (; j + 4 <= n; j += 4) {
+    ahead.ask(4);
+    score_block<H, 4>(q, dim, keys, j, scores, stride);
+  }
+  for (; j < n; ++j) {
+    ahead.ask(1);
+    score_block<H, 1>(q, dim, keys, j, scores, stride);
+  }
 }
 
 // acc[h][c] += sum over the tile's keys j of w[h][j] * v_j[c], heads [h0, h0 + H), C vectors from column d0
 // (kept in registers; each value row read once for all H heads).
 template <int H, int C, typename Row>
 FOLO_VINLINE void value_block(float* acc, int64_t dim, const float* w, int64_t stride, const Row* values, int n,
-                              int64_t d0) {
+                              int64_t d0, RowsAhead& ahead) {
   Vec sum[H][C];
   for (int h = 0; h < H; ++h)
     for (int c = 0; c < C; ++c) sum[h][c] = vload(acc + h * dim + d0 + c * kLanes);
   for (int j = 0; j < n; ++j) {
+    ahead.ask(1);
     Vec wj[H];
     for (int h = 0; h < H; ++h) wj[h] = vbroadcast(w + h * stride + j);
     for (int c = 0; c < C; ++c) {
@@ -175,10 +213,13 @@ FOLO_VINLINE void value_block(float* acc, int64_t dim, const float* w, int64_t s
 }
 
 template <int H, typename Row>
-FOLO_VINLINE void value_heads(float* acc, int64_t dim, const float* w, int64_t stride, const Row* values, int n) {
+FOLO_VINLINE void value_heads(float* acc, int64_t dim, const float* w, int64_t stride, const Row* values, int n,
+                              RowsAhead& ahead) {
   int64_t d0 = 0;
-  for (; d0 + kValueVecs * kLanes <= dim; d0 += kValueVecs * kLanes) value_block<H, kValueVecs>(acc, dim, w, stride, values, n, d0);
-  for (; d0 < dim; d0 += kLanes) value_block<H, 1>(acc, dim, w, stride, values, n, d0);
+  for (; d0 + kValueVecs * kLanes <= dim; d0 += kValueVecs * kLanes) {
+    value_block<H, kValueVecs>(acc, dim, w, stride, values, n, d0, ahead);
+  }
+  for (; d0 < dim; d0 += kLanes) value_block<H, 1>(acc, dim, w, stride, values, n, d0, ahead);
 }
 
 // Heads [0, heads) in groups of up to kHeadBlock: fn(std::integral_constant<int, H>, h0).
@@ -213,6 +254,9 @@ void decode(const T* query, T* out, int64_t kv_heads, int64_t group, int64_t hea
   const Rows read_row{};
   const int64_t span_bytes = (kv_heads - 1) * head_stride * Rows::kElemBytes + Rows::row_bytes(dim);  // a token's rows
   const int64_t stride = kTile + kLanes;  // a head's score row
+  // lines of K (and as many of V) asked for per key visit: a tile's score and value passes visit each key at
+  // least 2 x kv_heads times, so the next tile's lines are all asked for by the end of this one's arithmetic
+  const int per_visit = static_cast<int>(((span_bytes + 63) / 64 + 2 * kv_heads - 1) / (2 * kv_heads));
   float* row_max = s.row_max.data();
   float* row_sum = s.row_sum.data();
   for (int64_t r = 0; r < heads; ++r) {
@@ -227,21 +271,23 @@ void decode(const T* query, T* out, int64_t kv_heads, int64_t group, int64_t hea
   const int64_t tile = tile_size(num_keys - first_key);
   for (int64_t t0 = first_key; t0 < num_keys; t0 += tile) {
     const int n = tile_offsets(kv, t0, std::min(t0 + tile, num_keys), s.offsets.data());
+    RowsAhead ahead;  // empty: asks for nothing
     if (next == nullptr) {  // no look-ahead: this tile's rows, all asked for at once
       prefetch_rows(kv, Rows::kElemBytes, span_bytes, s.offsets.data(), n);
     } else if (t0 + tile < num_keys) {  // this item's next tile
       const int64_t t1 = t0 + tile;
-      prefetch_rows(kv, Rows::kElemBytes, span_bytes, s.ahead.data(),
-                    tile_offsets(kv, t1, std::min(t1 + tile, num_keys), s.ahead.data()));
+      ahead.start(kv, Rows::kElemBytes, span_bytes, s.ahead.data(),
+                  tile_offsets(kv, t1, std::min(t1 + tile, num_keys), s.ahead.data()), per_visit);
     } else if (next_first < next_end) {  // the first tile of the item this thread runs next
       const int64_t t1 = std::min(next_first + tile_size(next_end - next_first), next_end);
-      prefetch_rows(*next, Rows::kElemBytes, span_bytes, s.ahead.data(), tile_offsets(*next, next_first, t1, s.ahead.data()));
+      ahead.start(*next, Rows::kElemBytes, span_bytes, s.ahead.data(),
+                  tile_offsets(*next, next_first, t1, s.ahead.data()), per_visit);
     }
     for (int64_t g = 0; g < kv_heads; ++g) {
       for (int j = 0; j < n; ++j) rows[j] = read_row(kv.k, s.offsets[j] + g * head_stride, dim);
       by_head_groups(group, [&](auto block, int64_t h) {
         const int64_t h0 = g * group + h;
-        score_heads<decltype(block)::value>(&s.q[h0 * dim], dim, rows, n, &s.scores[h0 * stride], stride);
+        score_heads<decltype(block)::value>(&s.q[h0 * dim], dim, rows, n, &s.scores[h0 * stride], stride, ahead);
       });
     }
     const int padded = (n + kLanes - 1) / kLanes * kLanes;
@@ -262,9 +308,10 @@ void decode(const T* query, T* out, int64_t kv_heads, int64_t group, int64_t hea
       for (int j = 0; j < n; ++j) rows[j] = read_row(kv.v, s.offsets[j] + g * head_stride, dim);
       by_head_groups(group, [&](auto block, int64_t h) {
         const int64_t h0 = g * group + h;
-        value_heads<decltype(block)::value>(&s.acc[h0 * dim], dim, &s.scores[h0 * stride], stride, rows, n);
+        value_heads<decltype(block)::value>(&s.acc[h0 * dim], dim, &s.scores[h0 * stride], stride, rows, n, ahead);
       });
     }
+    ahead.finish();
   }
   for (int64_t r = 0; r < heads; ++r) {
     const Vec inv = vset1(1.f / row_sum[r]);
