@@ -126,7 +126,8 @@ def vs_vllm_table(path: Path) -> str:
         tables.append(vs_vllm.format_embed_table(result["embed"], labels or {}))
     if result.get("gemm"):
         tables.append(vs_vllm.format_gemm_shares(result["gemm"], labels or {}))
-    return "\n".join([f"`{path.as_posix()}` — vLLM {v['vllm']} (torch {v['torch_vllm']}) vs FoloVLLM at "
+    peer = f"vLLM {v['vllm']} (torch {v['torch_vllm']})" if v.get("vllm") else "llama.cpp"  # a llama.cpp-only run
+    return "\n".join([f"`{path.as_posix()}` — {peer} vs FoloVLLM at "
                       f"{v['folovllm_commit']} (torch {v['torch_folo']}), {result['date'][:10]}, "
                       f"{result['duration_s'] / 60:.0f} min, {result['machine']['cpu']}"
                       + (f", tier {tier['host']} (ours at {tier['folovllm']})" if tier else ""), "",

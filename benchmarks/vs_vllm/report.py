@@ -172,7 +172,9 @@ def format_notes(result: dict[str, Any]) -> str:
             lines.append(f"The {'server' if phase == 'serve' else phase} phase is not in this result (see the command).")
     if result.get("machine", {}).get("tier"):
         t = result["machine"]["tier"]
-        lines.append(f"CPU tier: host {t['host']}; FoloVLLM ran at {t['folovllm']}, vLLM at {t['vllm']}"
+        ran_vllm = bool(result.get("versions", {}).get("vllm"))  # not in a llama.cpp-only run
+        lines.append(f"CPU tier: host {t['host']}; FoloVLLM ran at {t['folovllm']}"
+                     + (f", vLLM at {t['vllm']}" if ran_vllm else "")
                      + (f", llama.cpp's {result['llama_cpp']['tier']} build" if result.get("llama_cpp") else "") + ".")
     if result.get("offline") and result["offline"]["greedy_match"]:
         check, loads = result["offline"]["greedy_match"]["check_prompts"], result["offline"]["greedy_match"]["workloads"]
