@@ -50,11 +50,11 @@ FOLO_TARGET_AVX512 FOLO_INLINE __m128 reduce4(const __m512* part) {
 // Asks for the cache lines of one K/V row: a tile's rows sit in scattered blocks, so requesting
 // them all before the tile's arithmetic overlaps their memory latencies. Into L1 for the tile about to
 // compute; into L2 (kHint = _MM_HINT_T1) for the next tile's, so they do not push this tile's rows out of L1.
-template <int D, int kHint = _MM_HINT_T0, typename scalar_t>
+template <int D, auto kHint = _MM_HINT_T0, typename scalar_t>
 FOLO_INLINE void prefetch_row(const scalar_t* row) {
   constexpr int kLine = 64;
   for (int b = 0; b < D * static_cast<int>(sizeof(scalar_t)); b += kLine)
-    _mm_prefetch(reinterpret_cast<const char*>(row) + b, static_cast<_mm_hint>(kHint));
+    _mm_prefetch(reinterpret_cast<const char*>(row) + b, kHint);
 }
 
 // Row offsets of keys [t0, t1) of one kv head, walking the block table from t0's block.

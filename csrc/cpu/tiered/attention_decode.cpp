@@ -8,12 +8,13 @@
 // per token instead of one 128-byte piece per kv head, and every head keeps its own sums and softmax state.
 // Keys go in tiles of at most kTile: with look-ahead, the next tile's K/V rows (this item's, else the first
 // of the item the thread runs next) are asked for into L2 a few lines per key while a tile computes, so
-// memory streams them meanwhile (RowsAhead; without, each tile's rows are asked for at once as it starts). Each K and V vector is widened to fp32 in
-// a register as it is read (bf16 shifted, int8/fp8 scaled) and used there by up to kHeadBlock heads of the
-// group at once, so a row is read once per group of heads and never copied; four keys share one horizontal
-// reduction, and each head's online softmax (running max, rescaled sums and accumulators) updates once per
-// tile. Every sum runs in the order the earlier widen-into-a-buffer form used (along the row for a score,
-// key by key for a value), so the results are the same bits. Accumulation is fp32 throughout.
+// memory streams them meanwhile (RowLines; without, each tile's rows are asked for at once as it starts).
+// Each K and V vector is widened to fp32 in a register as it is read (bf16 shifted, int8/fp8 scaled) and used
+// there by up to kHeadBlock heads of the group at once, so a row is read once per group of heads and never
+// copied; four keys share one horizontal reduction, and each head's online softmax (running max, rescaled
+// sums and accumulators) updates once per tile. Every sum runs in the order the earlier widen-into-a-buffer
+// form used (along the row for a score, key by key for a value), so the results are the same bits.
+// Accumulation is fp32 throughout.
 #include "../kv_quant.h"
 #include "../tiered.h"
 #include "../vec.h"
@@ -73,24 +74,15 @@ int tile_offsets(const PagedHead& kv, int64_t t0, int64_t t1, int64_t* offsets) 
   return static_cast<int>(t1 - t0);
 }
 
-// Asks for the K and V lines of n rows of `kv` (cache offsets, in elements of `elem_bytes`; span_bytes from
-// each) at once: a tile's own rows where nothing looks ahead.
-void prefetch_rows(const PagedHead& kv, int64_t elem_bytes, int64_t span_bytes, const int64_t* offsets, int n) {
-  const char* k = static_cast<const char*>(kv.k);
-  const char* v = static_cast<const char*>(kv.v);
-  for (int j = 0; j < n; ++j)
-    for (int64_t b = 0; b < span_bytes; b += 64) {
-      _mm_prefetch(k + offsets[j] * elem_bytes + b, _MM_HINT_T0);
-      _mm_prefetch(v + offsets[j] * elem_bytes + b, _MM_HINT_T0);
-    }
-}
-
-// The K and V lines of the rows the thread reads next (the next tile's), asked for a few at a time while the
-// current tile computes: each time a score or value pass takes up a key, `per_visit` lines of K and as many
-// of V, into L2 (the current tile's rows fill much of L1). The rows sit in scattered blocks; asked for all at
-// once, a tile's hundreds of lines fill the core's miss buffers and its own loads queue behind them, so
-// memory and arithmetic take turns instead of overlapping.
-struct RowsAhead {
+// The K and V lines of n rows of a cache (offsets in elements of elem_bytes, span_bytes from each), asked for
+// in row order, a few at a time: each time a score or value pass takes up a key, `per_visit` lines of K and as
+// many of V. Used for the rows the thread reads next (the next tile's), into L2 (kHint = _MM_HINT_T1; the
+// current tile's rows fill much of L1) while the current tile computes. The rows sit in scattered blocks;
+// asked for all at once, a tile's hundreds of lines fill the core's miss buffers and its own loads queue behind
+// them, so memory and arithmetic take turns instead of overlapping. Where nothing looks ahead, a tile's own
+// rows are asked for into L1 at once as it starts (finish() right after start()).
+template <auto kHint>
+struct RowLines {
   const char* k = nullptr;
   const char* v = nullptr;
   const int64_t* offsets = nullptr;  // the rows' cache offsets, in elements of elem_bytes
@@ -106,15 +98,17 @@ struct RowsAhead {
   FOLO_VINLINE void ask(int visits) {
     for (int i = visits * per_visit; i > 0 && row < rows; --i) {
       const int64_t at = offsets[row] * elem_bytes + byte;
-      _mm_prefetch(k + at, _MM_HINT_T1);
-      _mm_prefetch(v + at, _MM_HINT_T1);
+      _mm_prefetch(k + at, kHint);
+      _mm_prefetch(v + at, kHint);
       if ((byte += 64) >= span_bytes) byte = 0, ++row;
     }
   }
+  // Asks for every line not asked for yet.
   void finish() {
     while (row < rows) ask(1);
   }
 };
+using RowsAhead = RowLines<_MM_HINT_T1>;
 
 // Rows of a cache in the query's dtype: a row's vector at column d, fp32 as stored or bf16 widened in a register.
 template <typename T>
@@ -273,7 +267,9 @@ void decode(const T* query, T* out, int64_t kv_heads, int64_t group, int64_t hea
     const int n = tile_offsets(kv, t0, std::min(t0 + tile, num_keys), s.offsets.data());
     RowsAhead ahead;  // empty: asks for nothing
     if (next == nullptr) {  // no look-ahead: this tile's rows, all asked for at once
-      prefetch_rows(kv, Rows::kElemBytes, span_bytes, s.offsets.data(), n);
+      RowLines<_MM_HINT_T0> now;
+      now.start(kv, Rows::kElemBytes, span_bytes, s.offsets.data(), n, per_visit);
+      now.finish();
     } else if (t0 + tile < num_keys) {  // this item's next tile
       const int64_t t1 = t0 + tile;
       ahead.start(kv, Rows::kElemBytes, span_bytes, s.ahead.data(),
