@@ -49,10 +49,8 @@ class TritonAttentionBackend:
                                             meta.query_start_loc, scale, sliding_window=sliding_window)
         return out.view(num_tokens, num_heads * head_dim)
 
-    def _check(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
-        if not query.is_cuda and not self._kernels.is_interpreted():
-            raise RuntimeError("the triton attention backend needs a CUDA device; on CPU use "
-                               "attention_backend='torch' (tests: set TRITON_INTERPRET=1 before start-up)")
+    @staticmethod
+    def _check(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
         head_dim, num_heads, num_kv_heads = query.shape[2], query.shape[1], k_cache.shape[2]
         if head_dim & (head_dim - 1) or not 16 <= head_dim <= 256:
             raise ValueError(f"the triton attention backend needs head_dim a power of two in [16, 256]; "

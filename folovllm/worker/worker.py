@@ -59,6 +59,9 @@ class Worker:
             self.device = self.platform.rank_device(tp_group.rank % config.ranks_per_node)
         self.dtype = config.torch_dtype
         self.kv_format = kv_cache_format(config.kv_cache_dtype)
+        if config.attention_backend == "triton" and not self.platform.runs_triton():
+            raise ValueError(f"the triton attention backend does not run on {self.platform.name}: use attention_backend "
+                             "'torch' (or 'cpu' on a CPU); tests run it on CPU under TRITON_INTERPRET=1")
         backend = get_attention_backend(config.attention_backend)
         check_backend_takes(backend, config.attention_backend, self.kv_format)
         torch.manual_seed(config.seed)  # unseeded sampling draws from the global RNG
@@ -75,7 +78,7 @@ class Worker:
         self.lora = LoRAManager(self.model, config.max_loras, config.max_lora_rank,
                                 config.max_cpu_loras or config.max_loras,
                                 self.platform.small_matmul_dtype(self.model.dtype),
-                                kernel=self.platform.lora_kernel) if config.enable_lora else None
+                                kernel=self.platform.lora_op()) if config.enable_lora else None
         compile_model(self.model, self.platform)
         self.runner: ModelRunner | None = None  # built by initialize_cache
         self._generators: dict[str, torch.Generator] = {}  # request id -> its RNG (seeded requests)
