@@ -1,4 +1,5 @@
-"""Paged attention with Triton kernels: one KV-store launch and one attention launch per layer.
+"""Paged attention with Triton kernels: one KV-store launch and one attention launch per layer (a decode
+step's attention split over the context: two, ``FOLOVLLM_TRITON_SPLIT_DECODE``).
 
 The work is planned on the device from ``AttentionMetadata``'s tensors only (no host lists, no
 device-to-host copies), so a decode step through this backend can be captured in a CUDA graph.
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from folovllm import envs
 from folovllm.attention.backend import check_sliding_window, register_attention_backend
 from folovllm.attention.kv_quant import quantized_format, write_quantized_kv
 from folovllm.attention.metadata import AttentionMetadata
@@ -24,6 +26,8 @@ class TritonAttentionBackend:
         from folovllm.attention import triton_kernels  # imports triton only when this backend is chosen
 
         self._kernels = triton_kernels
+        # decode steps split over the context (None: as far as fills the GPU) or not (1)
+        self._num_splits = None if envs.switch("FOLOVLLM_TRITON_SPLIT_DECODE") else 1
 
     def forward(
         self,
@@ -46,7 +50,8 @@ class TritonAttentionBackend:
         elif not kv_stored:
             self._kernels.store_kv(key, value, k_cache, v_cache, meta.slot_mapping)
         out = self._kernels.paged_attention(query, k_cache, v_cache, meta.block_tables, meta.seq_lens,
-                                            meta.query_start_loc, scale, sliding_window=sliding_window)
+                                            meta.query_start_loc, scale, sliding_window=sliding_window,
+                                            num_splits=self._num_splits)
         return out.view(num_tokens, num_heads * head_dim)
 
     @staticmethod

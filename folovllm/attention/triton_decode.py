@@ -1,0 +1,128 @@
+"""Decode attention split over the context (flash-decoding): each (sequence, KV head) pair's keys are cut into
+``num_splits`` ranges, one program per range keeps its own running max, sum and unnormalized output, and a
+second kernel merges the ranges of each (sequence, query head). One sequence at a 4k context then runs on as
+many programs as it has ranges times KV heads, not on one program per KV head.
+
+Used by attention/triton_kernels.py's ``paged_attention`` for decode-only batches (one token per sequence, as a
+decode CUDA graph's), where the sequences and KV heads alone leave most of the GPU idle. The number of ranges
+and their length come from shapes only (the batch, the block table's width): a graph captured at a batch size
+replays with the same split, and no length is read on the host.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from folovllm.attention.triton_kv_rows import dequantized_rows
+
+MAX_SPLITS = 32  # ranges per sequence at most (the merge kernel's tile)
+MIN_SPLIT_KEYS = 256  # a range shorter than this costs more to merge than it saves
+
+
+@triton.jit(do_not_specialize=["keys_per_split", "num_splits", "stride_bt"])
+def _decode_split_kernel(
+    acc_ptr, ml_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
+    scale_log2, sliding_window, keys_per_split, num_splits,
+    stride_qt, stride_qh, stride_cb, stride_cs, stride_ch, stride_bt,
+    NUM_HEADS: tl.constexpr, BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, ROWS: tl.constexpr,
+    BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    KV_FORMAT: tl.constexpr,
+):
+    """Program (sequence, KV head, range): the sequence's one query token, for the GROUP query heads that read
+    this KV head (ROWS >= 16 rows for tl.dot, the spare ones masked), over keys [range start, range end) that it
+    sees (its window's last keys); writes the range's unnormalized output, its running max and sum."""
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + seq)
+    start = split * keys_per_split
+    kv_begin = tl.maximum(start, seq_len - sliding_window)  # the query sits at seq_len - 1
+    kv_end = tl.minimum(start + keys_per_split, seq_len)
+    rows = tl.arange(0, ROWS)
+    head = kv_head * GROUP + rows
+    row_valid = rows < GROUP
+    dims = tl.arange(0, HEAD_DIM)
+    q = tl.load(q_ptr + seq * stride_qt + head[:, None] * stride_qh + dims[None, :], mask=row_valid[:, None],
+                other=0.0).to(DOT_DTYPE)
+    m = tl.full([ROWS], -1e30, dtype=tl.float32)
+    l = tl.zeros([ROWS], dtype=tl.float32)
+    acc = tl.zeros([ROWS, HEAD_DIM], dtype=tl.float32)
+    block_table = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    for key_start in range(kv_begin, kv_end, BLOCK_N):
+        key_pos = key_start + tl.arange(0, BLOCK_N)
+        key_valid = key_pos < kv_end
+        block = tl.load(block_table + key_pos // BLOCK_SIZE, mask=key_valid, other=0)
+        kv_offset = block * stride_cb + (key_pos % BLOCK_SIZE) * stride_cs + kv_head * stride_ch
+        if KV_FORMAT == 0:
+            k_t = tl.load(k_cache_ptr + kv_offset[None, :] + dims[:, None], mask=key_valid[None, :], other=0.0)
+        else:
+            k_t = tl.trans(dequantized_rows(k_cache_ptr, kv_offset, dims, key_valid, HEAD_DIM, KV_FORMAT))
+        scores = tl.dot(q, k_t.to(DOT_DTYPE), input_precision=DOT_PRECISION) * scale_log2
+        scores = tl.where(key_valid[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m, tl.max(scores, 1))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(scores - m_new[:, None])
+        l = l * alpha + tl.sum(p, 1)
+        if KV_FORMAT == 0:
+            v = tl.load(v_cache_ptr + kv_offset[:, None] + dims[None, :], mask=key_valid[:, None], other=0.0)
+        else:
+            v = dequantized_rows(v_cache_ptr, kv_offset, dims, key_valid, HEAD_DIM, KV_FORMAT)
+        p = p.to(q_ptr.dtype.element_ty).to(DOT_DTYPE)  # probabilities rounded to the input dtype, as on the GPU
+        acc = acc * alpha[:, None] + tl.dot(p, v.to(DOT_DTYPE), input_precision=DOT_PRECISION)
+        m = m_new
+    part = (seq * NUM_HEADS + head).to(tl.int64) * num_splits + split  # [seq, head, split]
+    tl.store(acc_ptr + part[:, None] * HEAD_DIM + dims[None, :], acc, mask=row_valid[:, None])
+    tl.store(ml_ptr + 2 * part, m, mask=row_valid)
+    tl.store(ml_ptr + 2 * part + 1, l, mask=row_valid)
+
+
+@triton.jit(do_not_specialize=["num_splits"])
+def _decode_merge_kernel(out_ptr, acc_ptr, ml_ptr, num_splits, stride_ot, stride_oh,
+                         NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr):
+    """Program (sequence, query head): its ranges' outputs weighted by exp2(range max - overall max), over the
+    ranges' sums weighted the same; a row that saw no key (padding, seq_len 0) gets zeros."""
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    splits = tl.arange(0, SPLITS_PAD)
+    valid = splits < num_splits
+    part = (seq * NUM_HEADS + head).to(tl.int64) * num_splits + splits
+    m = tl.load(ml_ptr + 2 * part, mask=valid, other=-1e30)
+    l = tl.load(ml_ptr + 2 * part + 1, mask=valid, other=0.0)
+    weight = tl.exp2(m - tl.max(m, 0))
+    total = tl.sum(weight * l, 0)
+    dims = tl.arange(0, HEAD_DIM)
+    acc = tl.load(acc_ptr + part[:, None] * HEAD_DIM + dims[None, :], mask=valid[:, None], other=0.0)
+    out = tl.sum(weight[:, None] * acc, 0) / tl.where(total > 0, total, 1.0)
+    tl.store(out_ptr + seq * stride_ot + head * stride_oh + dims, out.to(out_ptr.dtype.element_ty))
+
+
+def decode_splits(num_seqs: int, num_kv_heads: int, max_keys: int, num_sms: int) -> int:
+    """How many ranges to cut each sequence's keys into: enough programs for two per SM, each range at least
+    ``MIN_SPLIT_KEYS`` of the ``max_keys`` the block table can hold, at most ``MAX_SPLITS``; 1: no split."""
+    wanted = triton.cdiv(2 * num_sms, max(1, num_seqs * num_kv_heads))
+    return max(1, min(wanted, MAX_SPLITS, triton.cdiv(max_keys, MIN_SPLIT_KEYS)))
+
+
+def split_decode_attention(out: torch.Tensor, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           block_tables: torch.Tensor, seq_lens: torch.Tensor, scale_log2: float, sliding_window: int,
+                           num_splits: int, kv_format: int, dot_dtype: tl.dtype, dot_precision: str) -> None:
+    """Decode attention of query [S, H, D] (one token per sequence) over ``num_splits`` ranges of each sequence's
+    keys, written into ``out`` [S, H, D]; the caches as ``paged_attention`` takes them."""
+    num_seqs, num_heads, head_dim = query.shape
+    num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
+    group = num_heads // num_kv_heads
+    max_keys = block_tables.shape[1] * block_size
+    block_n = 64 if head_dim <= 128 else 32
+    keys_per_split = triton.cdiv(triton.cdiv(max_keys, num_splits), block_n) * block_n
+    acc = torch.empty(num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32, device=query.device)
+    ml = torch.empty(num_seqs, num_heads, num_splits, 2, dtype=torch.float32, device=query.device)
+    _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
+        acc, ml, query, k_cache, v_cache, block_tables, seq_lens, scale_log2, sliding_window, keys_per_split,
+        num_splits, query.stride(0), query.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        block_tables.stride(0), NUM_HEADS=num_heads, BLOCK_SIZE=block_size, GROUP=group,
+        ROWS=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n, HEAD_DIM=head_dim, DOT_DTYPE=dot_dtype,
+        DOT_PRECISION=dot_precision, KV_FORMAT=kv_format)
+    _decode_merge_kernel[(num_seqs, num_heads)](
+        out, acc, ml, num_splits, out.stride(0), out.stride(1), NUM_HEADS=num_heads, HEAD_DIM=head_dim,
+        SPLITS_PAD=MAX_SPLITS)
