@@ -24,7 +24,7 @@ class CudaPlatform(Platform):
     def __init__(self, device: torch.device) -> None:
         super().__init__(device)
         self.fused_ops = _TRITON and envs.switch("FOLOVLLM_CUDA_FUSED_OPS")
-        self.graph_sampling = envs.switch("FOLOVLLM_CUDA_GRAPH_SAMPLING")
+        self.graph_sampling = envs.switch("FOLOVLLM_CUDA_GRAPH_SAMPLING")  # (where sampling_race has a kernel)
 
     def resolve_dtype(self, requested: str, prefill_only: bool = False) -> str:
         return "bfloat16" if requested == "auto" else requested

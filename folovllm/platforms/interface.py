@@ -70,6 +70,8 @@ class Platform(ABC):
     shares_cores: ClassVar[bool]
     # an all plain-greedy step takes its tokens from the LM head's argmax where the head's method offers one
     greedy_head: bool = False
+    # a captured decode step samples inside its graph (where the platform has a counter-keyed draw)
+    graph_sampling: bool = False
 
     def __init__(self, device: torch.device) -> None:
         self.device = device

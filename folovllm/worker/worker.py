@@ -121,7 +121,7 @@ class Worker:
                                     self.model.num_kv_heads, arch.head_dim, self.dtype, self.device, self.kv_format)
         graphs = None  # a graph would replay without the step's adapters: LoRA runs eager
         if self.platform.captures_graphs and self.lora is None:
-            graphs = capture_decode_graphs(self.model, caches, cfg, max_model_len)
+            graphs = capture_decode_graphs(self.model, caches, cfg, max_model_len, self.platform)
         samples = self.tp_group is None or self.tp_group.is_first
         greedy_head = self.model.greedy_head() if self.platform.greedy_head else None
         self.runner = ModelRunner(self.model, caches, cfg.block_size, self.platform, graphs, samples, greedy_head,
