@@ -2,8 +2,9 @@
 # The whole GPU check in one unattended device call of at most 9 minutes, every step under a time limit:
 #   wheels  the carried wheels (.whl/, for packages the GPU image lacks) into a target dir on PYTHONPATH
 #   env     versions, the GPU, and whether CUDA works at all (stops here if not)
-#   smoke   ~2 min: Triton attention at Qwen3 shapes, greedy = transformers on the GPU, the CUDA fast path
-#           = the CPU torch backend; STOPS HERE IF IT FAILS (the rest would only spend the lease)
+#   smoke   ~2 min: Triton attention at Qwen3 shapes, the Triton fused ops and sampling draw against their torch
+#           forms, greedy = transformers on the GPU, the CUDA fast path = the CPU torch backend; STOPS HERE IF IT
+#           FAILS (the rest would only spend the lease)
 #   bench   scripts/gpu_bench.py under --time-limit (it saves its JSON after every section)
 #   tests   the remaining GPU tests, in parallel
 #
@@ -35,8 +36,10 @@ done
 # Seconds per step: with 5 s of kill grace each, under 9 minutes, so a 600 s device call returns every log.
 LIMIT_WHEELS=20 LIMIT_ENV=30 LIMIT_SMOKE=150 LIMIT_BENCH=220 LIMIT_TESTS=80
 SMOKE_TESTS=(tests/attention/test_triton_backend.py::test_qwen3_shapes_on_cuda
+             tests/platforms/test_triton_fused_ops.py tests/platforms/test_triton_sampling.py
              tests/entrypoints/test_gpu_vs_transformers.py tests/entrypoints/test_gpu_e2e.py)
-REST_TESTS=(tests/attention/test_triton_backend.py tests/worker/test_cuda_graphs.py tests/lora/test_lora_triton.py)
+REST_TESTS=(tests/attention/test_triton_backend.py tests/worker/test_cuda_graphs.py tests/lora/test_lora_triton.py
+            tests/entrypoints/test_triton_fused_forms.py)
 bench_args=(--time-limit $((LIMIT_BENCH - 30)) --output-json "$out/gpu-bench.json")
 workers=4
 device_check="import torch; assert torch.cuda.is_available(), 'CUDA is not available'; print(torch.cuda.get_device_name())"

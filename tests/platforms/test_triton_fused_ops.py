@@ -77,10 +77,8 @@ def test_silu_and_mul(dtype: torch.dtype, rows: int, width: int) -> None:
     out = fused.silu_and_mul(gate_up)
     gate, up = gate_up.chunk(2, dim=-1)
     expected = F.silu(gate).mul_(up)  # GatedMLP's torch form
-    if DEVICE.type == "cuda":  # libdevice's expf is CUDA's, which torch's SiLU calls: the same bits
-        assert torch.equal(out, expected)
-    else:  # numpy's exp in the interpreter may differ from torch's in its last ulp
-        assert_within_a_rounding_step(out, expected)
+    # exp's last ulp may differ from torch's (numpy's exp in the interpreter; compiled, libdevice's expf)
+    assert_within_a_rounding_step(out, expected)
 
 
 def rotary_case(tokens: int, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, cache_dtype=None):

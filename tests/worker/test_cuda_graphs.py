@@ -29,7 +29,7 @@ from folovllm.platforms.triton_ops.sampling import exponential_race  # noqa: E40
 from folovllm.sample.rows import SamplingRow  # noqa: E402
 from folovllm.worker.cuda_graphs import CudaGraphRunner, capture_decode_graphs, capture_sizes  # noqa: E402
 from folovllm.worker.graph_inputs import GraphInputs  # noqa: E402
-from folovllm.worker.step_input import ScheduledRequest  # noqa: E402
+from folovllm.worker.step_input import ScheduledRequest, StepInput  # noqa: E402
 from folovllm.worker.worker import allocate_kv_caches  # noqa: E402
 from tests.engine.conftest import make_llm, random_prompts, tiny_llama_dir  # noqa: E402, F401
 from tests.helpers import switches  # noqa: E402
@@ -256,5 +256,5 @@ def test_replay_equals_eager_forward(tiny_llama_dir) -> None:  # noqa: F811
         expected = seqs.model.compute_logits(seqs.model(ids, positions, seqs.kv_caches, meta)).argmax(-1)
         seqs.restore(before)
         requests = seqs.decode_requests(batch)
-        tokens, *_ = runner.launch(type("Step", (), {"requests": requests})(), [None] * len(batch), {}, None, None)
+        tokens, *_ = runner.launch(StepInput(requests), [None] * len(batch), {}, None, None)
         assert torch.equal(tokens, expected)

@@ -6,8 +6,8 @@ Each rounds where the torch form rounds: every intermediate a torch op would han
 rounded to it here too, products and sums are not contracted into FMAs (``enable_fp_fusion=False``), divisions
 and square roots are correctly rounded (``div_rn``, ``sqrt_rn``) and, compiled, ``exp`` is libdevice's (CUDA's
 ``expf``, which torch's SiLU calls). So rotary and the K/V rows (bf16, or int8/fp8 codes and their scale) are
-the torch form's bits; a norm differs only where its sum of squares is added in another order; SiLU-mul only by
-exp's last ulp under the interpreter (numpy's exp).
+the torch form's bits; a norm differs only where its sum of squares is added in another order; SiLU-mul at most
+by exp's last ulp (under the interpreter numpy's exp).
 
 Grids come from tensor shapes alone and lengths from device tensors, so each launch captures in a CUDA graph.
 """
