@@ -51,7 +51,8 @@ class Scale:
     engine_args: dict[str, Any]
 
 
-GPU_SCALE = Scale(nano=(256, 100, 1024), decode_heavy=(128, 10, 512), prefill_heavy=(128, 1024, 16), compare=(32, 64, 64),
+GPU_SCALE = Scale(nano=(256, 100, 1024), decode_heavy=(128, 10, 512), prefill_heavy=(128, 1024, 16),
+                  compare=(32, 64, 64),
                   batch1_output_len=512, copy_bytes=2**30, num_warmup_requests=16, run_time_limit_s=180,
                   # 0.6, not 0.9: the workloads need < 40 GB of KV, and the next engine (built after this
                   # one is freed) still fits should the allocator not hand everything back at once

@@ -36,7 +36,7 @@ class GraphInputs:
 
     def __init__(self, max_batch: int, max_blocks: int, block_size: int, vocab_size: int, platform: Platform,
                  device: torch.device) -> None:
-        self.max_batch, self.max_blocks, self.block_size, self.vocab_size = max_batch, max_blocks, block_size, vocab_size
+        self.max_batch, self.block_size, self.vocab_size = max_batch, block_size, vocab_size
         self.platform = platform
         self.ints = torch.zeros(len(INT_FIELDS), max_batch, dtype=torch.int64, device=device)
         self.floats = torch.zeros(len(FLOAT_FIELDS), max_batch, dtype=torch.float32, device=device)
@@ -69,7 +69,8 @@ class GraphInputs:
 
     def metadata(self, size: int) -> AttentionMetadata:
         """The first ``size`` rows as attention metadata: views, so a graph captured on them sees every step."""
-        return AttentionMetadata(slot_mapping=self.int_field("slot", size), query_start_loc=self.query_start_loc[:size + 1],
+        return AttentionMetadata(slot_mapping=self.int_field("slot", size),
+                                 query_start_loc=self.query_start_loc[:size + 1],
                                  seq_lens=self.int_field("seq_len", size), block_tables=self.block_tables[:size],
                                  query_lens=[1] * size, seq_lens_list=[0] * size, block_size=self.block_size)
 
@@ -80,8 +81,9 @@ class GraphInputs:
         the batch as padding up to ``size``, and queues their copies to the device. ``noise_seed``: the step's
         seed for unseeded rows' noise keys (None: every row greedy, no key needed)."""
         turn = self._turn = (self._turn + 1) % RING
-        if self._copied[turn] is not None:  # the copy that last read these buffers must have run
-            self._copied[turn].synchronize()
+        copied = self._copied[turn]
+        if copied is not None and not copied.query():  # the copy that last read these buffers must have run
+            copied.synchronize()
         ints_t, floats_t, tables_t = self._staging[turn]
         ints, floats, tables = ints_t.numpy(), floats_t.numpy(), tables_t.numpy()
         n = len(requests)

@@ -39,7 +39,7 @@ class LaunchedStep:
     token_ids: torch.Tensor | None  # [len(request_ids)] on the device; None: nothing sampled
     logprobs: list | None
     needs_sync: bool = False  # a logits processor read every earlier token: the next step must wait
-    host_token_ids: torch.Tensor | None = None  # the host copy (asynchronous device, or a graph step): valid once ``ready`` fires
+    host_token_ids: torch.Tensor | None = None  # the host copy (asynchronous device, graph step); valid once ``ready``
     ready: Any = None  # that copy's event (``synchronize()`` waits for it)
     prompt_logprobs: PromptLogprobsTensors | None = None  # read back by ``resolve``
     pooled: list[tuple[str, torch.Tensor]] | None = None  # pooling requests' results, read back by ``resolve``

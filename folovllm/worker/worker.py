@@ -60,8 +60,8 @@ class Worker:
         self.dtype = config.torch_dtype
         self.kv_format = kv_cache_format(config.kv_cache_dtype)
         if config.attention_backend == "triton" and not self.platform.runs_triton():
-            raise ValueError(f"the triton attention backend does not run on {self.platform.name}: use attention_backend "
-                             "'torch' (or 'cpu' on a CPU); tests run it on CPU under TRITON_INTERPRET=1")
+            raise ValueError(f"the triton attention backend does not run on {self.platform.name}: use "
+                             "attention_backend 'torch' (or 'cpu' on a CPU); tests run it on CPU under TRITON_INTERPRET=1")
         backend = get_attention_backend(config.attention_backend)
         check_backend_takes(backend, config.attention_backend, self.kv_format)
         torch.manual_seed(config.seed)  # unseeded sampling draws from the global RNG

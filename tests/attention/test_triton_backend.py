@@ -184,6 +184,23 @@ def test_split_decode_padding_rows_output_zeros() -> None:
     assert torch.equal(out[2:], torch.zeros_like(out[2:]))
 
 
+def test_the_split_switch_leaves_the_output_unchanged(monkeypatch) -> None:
+    """FOLOVLLM_TRITON_SPLIT_DECODE=off: one program per sequence and KV head; on: the context split (forced into
+    ranges here, as a GPU with idle SMs would split it). The same attention, to fp32's rounding of the sums."""
+    from tests.helpers import switches
+
+    monkeypatch.setattr(triton_kernels, "decode_splits", lambda *shape: 3)
+    outputs = {}
+    for value in ("on", "off"):
+        with switches(TRITON_SPLIT_DECODE=value):
+            backend = get_attention_backend("triton")
+        q, k, v, k_cache, v_cache, meta, scale, ref = build_case([1, 1, 1], [40, 9, 70], 4, 2, 16, 4, torch.float32)
+        outputs[value] = backend.forward(q, k, v, k_cache, v_cache, meta, scale).cpu()
+        torch.testing.assert_close(outputs[value].double(), ref, atol=1e-5, rtol=1e-5)
+    assert backend._num_splits == 1
+    torch.testing.assert_close(outputs["on"], outputs["off"], atol=1e-6, rtol=1e-5)
+
+
 def test_decode_splits_fill_the_gpu_from_shapes_alone() -> None:
     from folovllm.attention.triton_decode import MAX_SPLITS, MIN_SPLIT_KEYS, decode_splits
 

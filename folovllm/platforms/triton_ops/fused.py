@@ -231,7 +231,8 @@ def rotary_store_kv(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, cos: t
     if qkv.dim() != 2 or qkv.stride(1) != 1 or qkv.shape[1] != (num_heads + 2 * num_kv_heads) * head_dim:
         raise ValueError(f"rotary_store_kv: qkv must be [T, (Hq + 2 Hkv) * head_dim] with contiguous rows; got "
                          f"{tuple(qkv.shape)} for {num_heads} + 2 x {num_kv_heads} heads of {head_dim}")
-    if head_dim % 2 or k_cache.shape[2] != num_kv_heads or k_cache.stride() != v_cache.stride() or k_cache.stride(3) != 1:
+    if (head_dim % 2 or k_cache.shape[2] != num_kv_heads or k_cache.stride() != v_cache.stride()
+            or k_cache.stride(3) != 1):
         raise ValueError("rotary_store_kv: caches [num_blocks, block_size, Hkv, D] of one layout, an even head_dim")
     if cos.shape != sin.shape or cos.stride() != sin.stride() or cos.stride(-1) != 1 or cos.shape[-1] != head_dim:
         raise ValueError("rotary_store_kv: cos and sin must be [T, head_dim] or [T, 1, head_dim] of one layout")
