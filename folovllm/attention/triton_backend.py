@@ -26,8 +26,9 @@ class TritonAttentionBackend:
         from folovllm.attention import triton_kernels  # imports triton only when this backend is chosen
 
         self._kernels = triton_kernels
-        # decode steps split over the context (None: as far as fills the GPU) or not (1)
+        # decode steps split over the context (None: as far as fills the GPU) or not (1); their merge's tickets
         self._num_splits = None if envs.switch("FOLOVLLM_TRITON_SPLIT_DECODE") else 1
+        self._tickets = triton_kernels.DecodeTickets()
 
     def forward(
         self,
@@ -51,7 +52,7 @@ class TritonAttentionBackend:
             self._kernels.store_kv(key, value, k_cache, v_cache, meta.slot_mapping)
         out = self._kernels.paged_attention(query, k_cache, v_cache, meta.block_tables, meta.seq_lens,
                                             meta.query_start_loc, scale, sliding_window=sliding_window,
-                                            num_splits=self._num_splits)
+                                            num_splits=self._num_splits, tickets=self._tickets)
         return out.view(num_tokens, num_heads * head_dim)
 
     @staticmethod

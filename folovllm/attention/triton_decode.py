@@ -1,12 +1,14 @@
-"""Decode attention split over the context (flash-decoding): each (sequence, KV head) pair's keys are cut into
-``num_splits`` ranges, one program per range keeps its own running max, sum and unnormalized output, and a
-second kernel merges the ranges of each (sequence, query head). One sequence at a 4k context then runs on as
-many programs as it has ranges times KV heads, not on one program per KV head.
+"""Decode attention split over the context (flash-decoding) in one launch: each (sequence, KV head) pair's keys
+are cut into ``num_splits`` ranges, one program per range keeps its own running max, sum and unnormalized
+output, and the last program of the pair to finish (a ticket taken with an atomic add) merges the ranges. One
+sequence at a 4k context then runs on as many programs as it has ranges times KV heads, not on one program per
+KV head, and a decode step still launches one attention kernel per layer.
 
 Used by attention/triton_kernels.py's ``paged_attention`` for decode-only batches (one token per sequence, as a
 decode CUDA graph's), where the sequences and KV heads alone leave most of the GPU idle. The number of ranges
 and their length come from shapes only (the batch, the block table's width): a graph captured at a batch size
-replays with the same split, and no length is read on the host.
+replays with the same split, and no length is read on the host. The tickets live in a buffer of zeros the
+caller keeps (``DecodeTickets``); the merging program puts its pair's back to zero.
 """
 from __future__ import annotations
 
@@ -16,22 +18,24 @@ import triton.language as tl
 
 from folovllm.attention.triton_kv_rows import dequantized_rows
 
-MAX_SPLITS = 32  # ranges per sequence at most (the merge kernel's tile)
+MAX_SPLITS = 32  # ranges per sequence at most
 MIN_SPLIT_KEYS = 256  # a range shorter than this costs more to merge than it saves
 
 
 @triton.jit(do_not_specialize=["keys_per_split", "num_splits", "stride_bt"])
 def _decode_split_kernel(
-    acc_ptr, ml_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
+    out_ptr, acc_ptr, ml_ptr, tickets_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
     scale_log2, sliding_window, keys_per_split, num_splits,
-    stride_qt, stride_qh, stride_cb, stride_cs, stride_ch, stride_bt,
-    NUM_HEADS: tl.constexpr, BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, ROWS: tl.constexpr,
-    BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    KV_FORMAT: tl.constexpr,
+    stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_bt,
+    NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, KV_FORMAT: tl.constexpr,
 ):
     """Program (sequence, KV head, range): the sequence's one query token, for the GROUP query heads that read
     this KV head (ROWS >= 16 rows for tl.dot, the spare ones masked), over keys [range start, range end) that it
-    sees (its window's last keys); writes the range's unnormalized output, its running max and sum."""
+    sees (its window's last keys); writes the range's unnormalized output, running max and sum, then takes a
+    ticket: the pair's last program merges every range's (weights exp2(range max - overall max)) into ``out``.
+    A row that saw no key at all (padding, seq_len 0) gets zeros."""
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -71,30 +75,40 @@ def _decode_split_kernel(
         p = p.to(q_ptr.dtype.element_ty).to(DOT_DTYPE)  # probabilities rounded to the input dtype, as on the GPU
         acc = acc * alpha[:, None] + tl.dot(p, v.to(DOT_DTYPE), input_precision=DOT_PRECISION)
         m = m_new
-    part = (seq * NUM_HEADS + head).to(tl.int64) * num_splits + split  # [seq, head, split]
-    tl.store(acc_ptr + part[:, None] * HEAD_DIM + dims[None, :], acc, mask=row_valid[:, None])
-    tl.store(ml_ptr + 2 * part, m, mask=row_valid)
-    tl.store(ml_ptr + 2 * part + 1, l, mask=row_valid)
+    part = (seq * NUM_HEADS + head).to(tl.int64) * num_splits  # this pair's rows' first range
+    tl.store(acc_ptr + (part + split)[:, None] * HEAD_DIM + dims[None, :], acc, mask=row_valid[:, None])
+    tl.store(ml_ptr + 2 * (part + split), m, mask=row_valid)
+    tl.store(ml_ptr + 2 * (part + split) + 1, l, mask=row_valid)
+    ticket_ptr = tickets_ptr + seq * NUM_KV_HEADS + kv_head
+    if tl.atomic_add(ticket_ptr, 1) == num_splits - 1:  # acq_rel: every range's stores are seen from here on
+        top = tl.full([ROWS], -1e30, dtype=tl.float32)
+        for s in range(num_splits):
+            top = tl.maximum(top, tl.load(ml_ptr + 2 * (part + s), mask=row_valid, other=-1e30, cache_modifier=".cg"))
+        total = tl.zeros([ROWS], dtype=tl.float32)
+        merged = tl.zeros([ROWS, HEAD_DIM], dtype=tl.float32)
+        for s in range(num_splits):
+            weight = tl.exp2(tl.load(ml_ptr + 2 * (part + s), mask=row_valid, other=-1e30, cache_modifier=".cg")
+                             - top)
+            total += weight * tl.load(ml_ptr + 2 * (part + s) + 1, mask=row_valid, other=0.0, cache_modifier=".cg")
+            merged += weight[:, None] * tl.load(acc_ptr + (part + s)[:, None] * HEAD_DIM + dims[None, :],
+                                                mask=row_valid[:, None], other=0.0, cache_modifier=".cg")
+        out = merged / tl.where(total > 0, total, 1.0)[:, None]
+        tl.store(out_ptr + seq * stride_ot + head[:, None] * stride_oh + dims[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=row_valid[:, None])
+        tl.atomic_xchg(ticket_ptr, 0)  # zero again for the next launch
 
 
-@triton.jit(do_not_specialize=["num_splits"])
-def _decode_merge_kernel(out_ptr, acc_ptr, ml_ptr, num_splits, stride_ot, stride_oh,
-                         NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr):
-    """Program (sequence, query head): its ranges' outputs weighted by exp2(range max - overall max), over the
-    ranges' sums weighted the same; a row that saw no key (padding, seq_len 0) gets zeros."""
-    seq = tl.program_id(0)
-    head = tl.program_id(1)
-    splits = tl.arange(0, SPLITS_PAD)
-    valid = splits < num_splits
-    part = (seq * NUM_HEADS + head).to(tl.int64) * num_splits + splits
-    m = tl.load(ml_ptr + 2 * part, mask=valid, other=-1e30)
-    l = tl.load(ml_ptr + 2 * part + 1, mask=valid, other=0.0)
-    weight = tl.exp2(m - tl.max(m, 0))
-    total = tl.sum(weight * l, 0)
-    dims = tl.arange(0, HEAD_DIM)
-    acc = tl.load(acc_ptr + part[:, None] * HEAD_DIM + dims[None, :], mask=valid[:, None], other=0.0)
-    out = tl.sum(weight[:, None] * acc, 0) / tl.where(total > 0, total, 1.0)
-    tl.store(out_ptr + seq * stride_ot + head * stride_oh + dims, out.to(out_ptr.dtype.element_ty))
+class DecodeTickets:
+    """The tickets' buffer of zeros (one int32 per sequence and KV head), kept by its caller and grown as batches
+    grow, so a launch (a graph's replay too) finds it zeroed without a memset of its own."""
+
+    def __init__(self) -> None:
+        self._buffer: torch.Tensor | None = None
+
+    def get(self, count: int, device: torch.device) -> torch.Tensor:
+        if self._buffer is None or self._buffer.numel() < count or self._buffer.device != device:
+            self._buffer = torch.zeros(max(count, 256), dtype=torch.int32, device=device)
+        return self._buffer
 
 
 def decode_splits(num_seqs: int, num_kv_heads: int, max_keys: int, num_sms: int) -> int:
@@ -106,9 +120,11 @@ def decode_splits(num_seqs: int, num_kv_heads: int, max_keys: int, num_sms: int)
 
 def split_decode_attention(out: torch.Tensor, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, seq_lens: torch.Tensor, scale_log2: float, sliding_window: int,
-                           num_splits: int, kv_format: int, dot_dtype: tl.dtype, dot_precision: str) -> None:
+                           num_splits: int, tickets: torch.Tensor, kv_format: int, dot_dtype: tl.dtype,
+                           dot_precision: str) -> None:
     """Decode attention of query [S, H, D] (one token per sequence) over ``num_splits`` ranges of each sequence's
-    keys, written into ``out`` [S, H, D]; the caches as ``paged_attention`` takes them."""
+    keys, written into ``out`` [S, H, D]; the caches as ``paged_attention`` takes them; ``tickets``: zeros, at
+    least S x Hkv of them (``DecodeTickets``), left zero."""
     num_seqs, num_heads, head_dim = query.shape
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
     group = num_heads // num_kv_heads
@@ -118,11 +134,8 @@ def split_decode_attention(out: torch.Tensor, query: torch.Tensor, k_cache: torc
     acc = torch.empty(num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32, device=query.device)
     ml = torch.empty(num_seqs, num_heads, num_splits, 2, dtype=torch.float32, device=query.device)
     _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
-        acc, ml, query, k_cache, v_cache, block_tables, seq_lens, scale_log2, sliding_window, keys_per_split,
-        num_splits, query.stride(0), query.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        block_tables.stride(0), NUM_HEADS=num_heads, BLOCK_SIZE=block_size, GROUP=group,
-        ROWS=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n, HEAD_DIM=head_dim, DOT_DTYPE=dot_dtype,
-        DOT_PRECISION=dot_precision, KV_FORMAT=kv_format)
-    _decode_merge_kernel[(num_seqs, num_heads)](
-        out, acc, ml, num_splits, out.stride(0), out.stride(1), NUM_HEADS=num_heads, HEAD_DIM=head_dim,
-        SPLITS_PAD=MAX_SPLITS)
+        out, acc, ml, tickets, query, k_cache, v_cache, block_tables, seq_lens, scale_log2, sliding_window,
+        keys_per_split, num_splits, query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0), NUM_HEADS=num_heads,
+        NUM_KV_HEADS=num_kv_heads, BLOCK_SIZE=block_size, GROUP=group, ROWS=max(16, triton.next_power_of_2(group)),
+        BLOCK_N=block_n, HEAD_DIM=head_dim, DOT_DTYPE=dot_dtype, DOT_PRECISION=dot_precision, KV_FORMAT=kv_format)

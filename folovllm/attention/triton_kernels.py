@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from folovllm.attention.triton_decode import decode_splits, split_decode_attention
+from folovllm.attention.triton_decode import DecodeTickets, decode_splits, split_decode_attention
 from folovllm.attention.triton_kv_rows import KV_FORMATS, dequantized_rows
 
 # Scores use exp2; folding log2(e) into the softmax scale turns exp(x) into exp2(x * log2(e)).
@@ -179,7 +179,8 @@ def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_ca
 def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
                     scale: float, out: torch.Tensor | None = None, sliding_window: int | None = None,
-                    num_splits: int | None = None, tiles: PrefillTiles | None = None) -> torch.Tensor:
+                    num_splits: int | None = None, tiles: PrefillTiles | None = None,
+                    tickets: DecodeTickets | None = None) -> torch.Tensor:
     """Causal attention of query [T, H, D] over each sequence's paged context; returns [T, H, D]. The caches
     hold rows in the query's dtype or quantized ones (attention/kv_quant.py), dequantized as they are loaded.
 
@@ -187,7 +188,8 @@ def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     keys in the cache (its new keys included: store them first). ``out`` (contiguous, like query)
     receives the result when given. With ``sliding_window`` a query at position p sees only keys
     p - sliding_window + 1 .. p. A decode-only batch (one token per sequence) splits each context over
-    ``num_splits`` programs (None: as many as fill the GPU, ``triton_decode.decode_splits``; 1: no split);
+    ``num_splits`` programs (None: as many as fill the GPU, ``triton_decode.decode_splits``; 1: no split),
+    merged with ``tickets`` (kept by the caller across calls; None: a fresh buffer, a memset per call);
     ``tiles``: the prefill kernel's tiles (None: this device's, ``prefill_tiles``).
     """
     query = _unit_last_stride(query)
@@ -208,8 +210,9 @@ def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
         num_splits = decode_splits(num_seqs, num_kv_heads, block_tables.shape[1] * k_cache.shape[1],
                                    _num_sms(query.device))
     if decode and num_splits > 1:
+        ticket_buffer = (tickets or DecodeTickets()).get(num_seqs * num_kv_heads, query.device)
         split_decode_attention(out, query, k_cache, v_cache, block_tables, seq_lens, scale * _LOG2E, window,
-                               num_splits, kv_format, dot_dtype, dot_precision)
+                               num_splits, ticket_buffer, kv_format, dot_dtype, dot_precision)
         return out
     group = num_heads // num_kv_heads
     group_pad = triton.next_power_of_2(group)

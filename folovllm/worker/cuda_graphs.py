@@ -115,14 +115,14 @@ class CudaGraphRunner:
         hidden = self.model(inputs.input_ids(size), inputs.int_field("position", size), self.kv_caches,
                             inputs.metadata(size))
         logits = self.model.compute_logits(hidden)
-        tokens = logits.argmax(dim=-1)
-        if form == SAMPLED:
-            probs = Sampler.probabilities(logits, self.sampling_batch(size))
-            sampled = self.race(probs, inputs.int_field("seed", size), inputs.int_field("counter", size))
-            tokens = torch.where(inputs.int_field("greedy", size) != 0, tokens, sampled)
-        else:
+        if form == GREEDY:
             self.hidden[size] = hidden
-        inputs.next_tokens[:size].copy_(tokens)
+            torch.argmax(logits, dim=-1, out=inputs.next_tokens[:size])
+            return
+        greedy = logits.argmax(dim=-1)
+        probs = Sampler.probabilities(logits, self.sampling_batch(size))
+        sampled = self.race(probs, inputs.int_field("seed", size), inputs.int_field("counter", size))
+        torch.where(inputs.int_field("greedy", size) != 0, greedy, sampled, out=inputs.next_tokens[:size])
 
     @torch.inference_mode()
     def capture(self) -> None:

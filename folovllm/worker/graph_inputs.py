@@ -1,10 +1,11 @@
 """What a decode CUDA graph reads, in static device buffers, and the host staging they are filled from.
 
 A graph is fixed to the addresses it was captured with, so everything a decode step varies lives in buffers
-sized for the largest batch: one int64 table of per-row fields (the token the host knows, or the row of the
-previous step's token to take on the device; position, cache slot, context length; the row's sampling
-settings and noise key), a float table (temperature, top-p, min-p), the block tables, and ``next_tokens``,
-where each step's graph writes its tokens and the next step's graph reads the ones it still awaits.
+sized for the largest batch: one int64 table of per-row fields, a float table (temperature, top-p, min-p) and
+the block tables. The int table's first row is ``next_tokens``, where each step's graph writes its tokens;
+its second the tokens the host knows; each row's input token is one gather over the two (``token_index``:
+the previous step's row it awaits, or its own host token). Then position, cache slot, context length, the
+row's sampling settings and noise key.
 
 The host writes a step into pinned staging buffers (a ring of them, each reused once the copy that read it
 has run) and queues one copy per table; no tensor is made per step. Rows past the batch are padding: slot -1
@@ -22,11 +23,11 @@ from folovllm.sample.metadata import noise_keys
 from folovllm.sample.rows import SamplingRow
 from folovllm.worker.step_input import ScheduledRequest
 
-INT_FIELDS = ("token", "source", "position", "slot", "seq_len", "greedy", "top_k", "seed", "counter")
+INT_FIELDS = ("next_token", "token", "token_index", "position", "slot", "seq_len", "greedy", "top_k", "seed",
+              "counter")
 FLOAT_FIELDS = ("temperature", "top_p", "min_p")
-# a padding row: no token to fetch, no slot, no context, greedy, every sampling filter off
-INT_PADDING = {"token": 0, "source": -1, "position": 0, "slot": -1, "seq_len": 0, "greedy": 1, "seed": 0,
-               "counter": 0}
+# a padding row: host token 0 (its own), no slot, no context, greedy, every sampling filter off
+INT_PADDING = {"token": 0, "position": 0, "slot": -1, "seq_len": 0, "greedy": 1, "seed": 0, "counter": 0}
 FLOAT_PADDING = {"temperature": 1.0, "top_p": 1.0, "min_p": 0.0}
 RING = 3  # staging buffers in turn: a step's copies may still be queued while the next steps are staged
 
@@ -42,7 +43,7 @@ class GraphInputs:
         self.floats = torch.zeros(len(FLOAT_FIELDS), max_batch, dtype=torch.float32, device=device)
         self.block_tables = torch.zeros(max_batch, max_blocks, dtype=torch.int64, device=device)
         self.query_start_loc = torch.arange(max_batch + 1, device=device)  # one token per row, never changes
-        self.next_tokens = torch.zeros(max_batch, dtype=torch.int64, device=device)
+        self.next_tokens = self.ints[0]
         self._staging = [(platform.host_buffer(tuple(self.ints.shape), torch.int64),
                           platform.host_buffer(tuple(self.floats.shape), torch.float32),
                           platform.host_buffer(tuple(self.block_tables.shape), torch.int64)) for _ in range(RING)]
@@ -50,8 +51,8 @@ class GraphInputs:
         self._homes = [platform.host_buffer((max_batch,), torch.int64) for _ in range(RING)]
         self._turn = 0  # the ring entry of the step staged last
         for ints, floats, _ in self._staging:
-            _pad(ints.numpy(), floats.numpy(), 0, max_batch, vocab_size)
-        self.ints.copy_(self._staging[0][0])
+            _pad(ints.numpy(), floats.numpy(), 0, max_batch, max_batch, vocab_size)
+        self.ints[1:].copy_(self._staging[0][0][1:])
         self.floats.copy_(self._staging[0][1])
 
     def int_field(self, name: str, size: int) -> torch.Tensor:
@@ -62,10 +63,8 @@ class GraphInputs:
         return self.floats[FLOAT_FIELDS.index(name), :size]
 
     def input_ids(self, size: int) -> torch.Tensor:
-        """Each row's input token: the host's, or the previous step's from ``next_tokens`` (read on the device)."""
-        source = self.int_field("source", size)
-        fetched = self.next_tokens.gather(0, source.clamp(min=0))
-        return torch.where(source >= 0, fetched, self.int_field("token", size))
+        """Each row's input token: the previous step's from ``next_tokens`` (read on the device), or the host's."""
+        return self.ints[:2].view(-1).index_select(0, self.int_field("token_index", size))
 
     def metadata(self, size: int) -> AttentionMetadata:
         """The first ``size`` rows as attention metadata: views, so a graph captured on them sees every step."""
@@ -92,7 +91,7 @@ class GraphInputs:
         positions = [r.num_computed_tokens for r in requests]
         fields = {
             "token": [r.new_token_ids[0] if r.new_token_ids else 0 for r in requests],
-            "source": sources,
+            "token_index": [s if s >= 0 else self.max_batch + i for i, s in enumerate(sources)],
             "position": positions,
             "slot": [r.block_table[p // bs] * bs + p % bs for r, p in zip(requests, positions)],
             "seq_len": [p + 1 for p in positions],
@@ -108,10 +107,10 @@ class GraphInputs:
                                                          for row in rows]
         floats[FLOAT_FIELDS.index("top_p"), :n] = [row.params.top_p for row in rows]
         floats[FLOAT_FIELDS.index("min_p"), :n] = [row.params.min_p for row in rows]
-        _pad(ints, floats, n, size, self.vocab_size)
+        _pad(ints, floats, n, size, self.max_batch, self.vocab_size)
         for i, request in enumerate(requests):  # columns past a row's table keep older ids: never read
             tables[i, :len(request.block_table)] = request.block_table
-        self.ints.copy_(ints_t, non_blocking=True)
+        self.ints[1:].copy_(ints_t[1:], non_blocking=True)  # the first row is the graphs' own
         self.floats.copy_(floats_t, non_blocking=True)
         self.block_tables[:n].copy_(tables_t[:n], non_blocking=True)
         self._copied[turn] = self.platform.record_event()
@@ -125,10 +124,11 @@ class GraphInputs:
         return host, self.platform.record_event()
 
 
-def _pad(ints, floats, start: int, stop: int, vocab_size: int) -> None:
+def _pad(ints, floats, start: int, stop: int, max_batch: int, vocab_size: int) -> None:
     """Rows ``[start, stop)`` of the staging tables as padding rows."""
     for name, value in INT_PADDING.items():
         ints[INT_FIELDS.index(name), start:stop] = value
+    ints[INT_FIELDS.index("token_index"), start:stop] = range(max_batch + start, max_batch + stop)
     ints[INT_FIELDS.index("top_k"), start:stop] = vocab_size
     for name, value in FLOAT_PADDING.items():
         floats[FLOAT_FIELDS.index(name), start:stop] = value

@@ -161,6 +161,19 @@ def test_decode_split_over_the_context_matches_reference(query_lens, seq_lens, n
     torch.testing.assert_close(out.cpu().flatten(1).double(), ref, atol=1e-5, rtol=1e-5)
 
 
+def test_split_decode_leaves_its_tickets_zero_for_the_next_launch() -> None:
+    """The ranges merge in one launch through tickets the caller keeps: zero again after each launch, so a
+    second launch (a graph's next replay) merges as the first did."""
+    q, k, v, k_cache, v_cache, meta, scale, ref = build_case([1, 1], [30, 70], 6, 2, 16, 4, torch.float32)
+    triton_kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+    tickets = triton_kernels.DecodeTickets()
+    for _ in range(2):
+        out = triton_kernels.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
+                                             meta.query_start_loc, scale, num_splits=4, tickets=tickets)
+        torch.testing.assert_close(out.cpu().flatten(1).double(), ref, atol=1e-5, rtol=1e-5)
+        assert not tickets.get(4, q.device).any()
+
+
 @pytest.mark.parametrize("sliding_window", [1, 7, 40])
 def test_decode_split_with_a_sliding_window(sliding_window: int) -> None:
     q, k, v, k_cache, v_cache, meta, scale, ref = build_case([1, 1], [9, 70], 4, 2, 16, 4, torch.float32,
@@ -291,8 +304,7 @@ def test_new_batch_sizes_compile_no_new_kernel_variant() -> None:
     new value class (1, a multiple of 16, other) would stall that step for about a second."""
     from folovllm.attention import triton_decode
 
-    kernels = (triton_kernels._paged_attention_kernel, triton_decode._decode_split_kernel,
-               triton_decode._decode_merge_kernel)
+    kernels = (triton_kernels._paged_attention_kernel, triton_decode._decode_split_kernel)
 
     def variants() -> int:  # compiled attention kernels, over devices (Triton 3.x's per-device caches)
         return sum(len(caches[0]) for kernel in kernels for caches in kernel.device_caches.values())

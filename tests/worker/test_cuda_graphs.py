@@ -220,7 +220,7 @@ def triton_variants() -> int:
     from folovllm.platforms.triton_ops import fused, sampling
 
     kernels = [triton_kernels._paged_attention_kernel, triton_kernels._store_kv_kernel,
-               triton_decode._decode_split_kernel, triton_decode._decode_merge_kernel, fused._norm_kernel,
+               triton_decode._decode_split_kernel, fused._norm_kernel,
                fused._silu_mul_kernel, fused._rotary_store_kv_kernel, sampling._race_kernel]
     return sum(len(caches[0]) for kernel in kernels for caches in kernel.device_caches.values())
 
