@@ -12,7 +12,10 @@ import torch.nn.functional as F
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
+from folovllm.sample.rows import SamplingRow
+from folovllm.sampling_params import SamplingParams
 from folovllm.worker.cuda_graphs import GREEDY, CudaGraphRunner
+from folovllm.worker.step_input import ScheduledRequest
 
 
 def _median_ms(fn: Callable[[], Any], iters: int, cuda: bool) -> float:
@@ -49,9 +52,13 @@ def _kernels(fn: Callable[[], Any], calls: int) -> tuple[float, list[dict[str, A
 
 def decode_graph_figures(engine: Any, sizes: tuple[int, ...], iters: int = 50) -> dict[str, Any]:
     """At each batch size: the decode step the graph holds run eagerly (its kernels, its time) and, where graphs
-    were captured, the replay (kernels per replay under the profiler, device ms per replay). Every row is
-    padding meanwhile (nothing written to the KV cache), so attention reads nothing: the figures are the step's
-    fixed cost, the launches and the weights' reads. ``kernels_per_replay``: at the smallest size."""
+    were captured, the replay (kernels per replay under the profiler, device ms per replay). Each row is a
+    sequence of one token in a block of its own (the engine idle, its prefix cache emptied first, so no block
+    holds anything kept), so attention reads one key: the figures are the step's fixed cost, the launches and
+    the weights' reads. ``kernels_per_replay``: at the smallest size."""
+    if engine.has_unfinished_requests():
+        raise RuntimeError("the decode graph figures write KV blocks: run them on an idle engine")
+    engine.reset_prefix_cache()
     runner = engine.worker.runner
     graphs: CudaGraphRunner | None = runner.cuda_graphs
     cuda = runner.platform.captures_graphs
@@ -62,7 +69,9 @@ def decode_graph_figures(engine: Any, sizes: tuple[int, ...], iters: int = 50) -
     with torch.inference_mode():
         for size in sizes:
             size = graphs.padded_size(min(size, graphs.sizes[-1]))
-            graphs.inputs.stage([], [], size, None)
+            rows = [ScheduledRequest(str(i), [1], 0, 0, [i], SamplingRow(SamplingParams(temperature=0.0)))
+                    for i in range(size)]
+            graphs.inputs.stage(rows, [-1] * size, size, None)
             figures: dict[str, Any] = {"eager_step_ms": _median_ms(lambda: graphs.run_step(size, GREEDY), 10, cuda)}
             if cuda:
                 figures["eager_step_kernels"], _ = _kernels(lambda: graphs.run_step(size, GREEDY), 1)
