@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from folovllm.attention.triton_kv_rows import dequantized_rows
+from folovllm.attention.triton_tiles import attend_tile
 
 MAX_SPLITS = 32  # ranges per sequence at most
 MIN_SPLIT_KEYS = 256  # a range shorter than this costs more to merge than it saves
@@ -53,28 +53,12 @@ def _decode_split_kernel(
     l = tl.zeros([ROWS], dtype=tl.float32)
     acc = tl.zeros([ROWS, HEAD_DIM], dtype=tl.float32)
     block_table = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    q_pos = seq_len - 1 + tl.zeros([ROWS], dtype=tl.int64)  # each row is the sequence's last token
     for key_start in range(kv_begin, kv_end, BLOCK_N):
-        key_pos = key_start + tl.arange(0, BLOCK_N)
-        key_valid = key_pos < kv_end
-        block = tl.load(block_table + key_pos // BLOCK_SIZE, mask=key_valid, other=0)
-        kv_offset = block * stride_cb + (key_pos % BLOCK_SIZE) * stride_cs + kv_head * stride_ch
-        if KV_FORMAT == 0:
-            k_t = tl.load(k_cache_ptr + kv_offset[None, :] + dims[:, None], mask=key_valid[None, :], other=0.0)
-        else:
-            k_t = tl.trans(dequantized_rows(k_cache_ptr, kv_offset, dims, key_valid, HEAD_DIM, KV_FORMAT))
-        scores = tl.dot(q, k_t.to(DOT_DTYPE), input_precision=DOT_PRECISION) * scale_log2
-        scores = tl.where(key_valid[None, :], scores, float("-inf"))
-        m_new = tl.maximum(m, tl.max(scores, 1))
-        alpha = tl.exp2(m - m_new)
-        p = tl.exp2(scores - m_new[:, None])
-        l = l * alpha + tl.sum(p, 1)
-        if KV_FORMAT == 0:
-            v = tl.load(v_cache_ptr + kv_offset[:, None] + dims[None, :], mask=key_valid[:, None], other=0.0)
-        else:
-            v = dequantized_rows(v_cache_ptr, kv_offset, dims, key_valid, HEAD_DIM, KV_FORMAT)
-        p = p.to(q_ptr.dtype.element_ty).to(DOT_DTYPE)  # probabilities rounded to the input dtype, as on the GPU
-        acc = acc * alpha[:, None] + tl.dot(p, v.to(DOT_DTYPE), input_precision=DOT_PRECISION)
-        m = m_new
+        m, l, acc = attend_tile(q, m, l, acc, key_start, kv_end, q_pos, block_table, k_cache_ptr, v_cache_ptr,
+                                kv_head, dims, scale_log2, sliding_window, stride_cb, stride_cs, stride_ch,
+                                q_ptr.dtype.element_ty, BLOCK_SIZE, BLOCK_N, HEAD_DIM, DOT_DTYPE, DOT_PRECISION,
+                                KV_FORMAT)
     part = (seq * NUM_HEADS + head).to(tl.int64) * num_splits  # this pair's rows' first range
     tl.store(acc_ptr + (part + split)[:, None] * HEAD_DIM + dims[None, :], acc, mask=row_valid[:, None])
     tl.store(ml_ptr + 2 * (part + split), m, mask=row_valid)

@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from folovllm.attention.triton_decode import DecodeTickets, decode_splits, split_decode_attention
-from folovllm.attention.triton_kv_rows import KV_FORMATS, dequantized_rows
+from folovllm.attention.triton_tiles import KV_FORMATS, attend_tile
 
 # Scores use exp2; folding log2(e) into the softmax scale turns exp(x) into exp2(x * log2(e)).
 _LOG2E = 1.4426950408889634
@@ -75,7 +75,7 @@ def _paged_attention_kernel(
     HEAD_DIM: tl.constexpr,
     DOT_DTYPE: tl.constexpr,  # operand type of tl.dot: the input dtype (fp32 in the interpreter)
     DOT_PRECISION: tl.constexpr,
-    KV_FORMAT: tl.constexpr,  # 0: K/V rows in the query's dtype; else quantized rows (dequantized_rows)
+    KV_FORMAT: tl.constexpr,  # 0: K/V rows in the query's dtype; else quantized rows (triton_tiles.dequantized_rows)
 ):
     """Causal attention of a tile of query rows over its sequence's paged K/V (flash-style).
 
@@ -131,29 +131,10 @@ def _paged_attention_kernel(
     block_table = block_tables_ptr + seq * stride_bt
     kv_begin = tl.maximum(context_len + first_token - sliding_window + 1, 0)  # keys the first token sees
     for key_start in range(kv_begin, kv_end, BLOCK_N):
-        key_pos = key_start + tl.arange(0, BLOCK_N)
-        key_valid = key_pos < kv_end
-        block = tl.load(block_table + key_pos // BLOCK_SIZE, mask=key_valid, other=0)
-        kv_offset = block * stride_cb + (key_pos % BLOCK_SIZE) * stride_cs + kv_head * stride_ch
-        if KV_FORMAT == 0:
-            k_t = tl.load(k_cache_ptr + kv_offset[None, :] + dims[:, None], mask=key_valid[None, :], other=0.0)
-        else:
-            k_t = tl.trans(dequantized_rows(k_cache_ptr, kv_offset, dims, key_valid, HEAD_DIM, KV_FORMAT))
-        scores = tl.dot(q, k_t.to(DOT_DTYPE), input_precision=DOT_PRECISION) * scale_log2
-        visible = key_valid[None, :] & (key_pos[None, :] <= q_pos[:, None])
-        visible = visible & (key_pos[None, :] > q_pos[:, None] - sliding_window)
-        scores = tl.where(visible, scores, float("-inf"))
-        m_new = tl.maximum(m, tl.max(scores, 1))
-        alpha = tl.exp2(m - m_new)
-        p = tl.exp2(scores - m_new[:, None])
-        l = l * alpha + tl.sum(p, 1)
-        if KV_FORMAT == 0:
-            v = tl.load(v_cache_ptr + kv_offset[:, None] + dims[None, :], mask=key_valid[:, None], other=0.0)
-        else:
-            v = dequantized_rows(v_cache_ptr, kv_offset, dims, key_valid, HEAD_DIM, KV_FORMAT)
-        p = p.to(q_ptr.dtype.element_ty).to(DOT_DTYPE)  # probabilities rounded to the input dtype, as on the GPU
-        acc = acc * alpha[:, None] + tl.dot(p, v.to(DOT_DTYPE), input_precision=DOT_PRECISION)
-        m = m_new
+        m, l, acc = attend_tile(q, m, l, acc, key_start, kv_end, q_pos, block_table, k_cache_ptr, v_cache_ptr,
+                                kv_head, dims, scale_log2, sliding_window, stride_cb, stride_cs, stride_ch,
+                                q_ptr.dtype.element_ty, BLOCK_SIZE, BLOCK_N, HEAD_DIM, DOT_DTYPE, DOT_PRECISION,
+                                KV_FORMAT)
 
     out = acc / tl.where(l > 0, l, 1.0)[:, None]
     o_offset = (q_start + token)[:, None] * stride_ot + head[:, None] * stride_oh + dims[None, :]
