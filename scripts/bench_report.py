@@ -207,7 +207,7 @@ def gpu_bar(section: str) -> float:
     """The CUDA fast path's target for one gpu_bench section (``folovllm.bench.gpu_runs.BARS``)."""
     from folovllm.bench.gpu_runs import BARS
 
-    return next(bar for _, name, _, bar in BARS if name == section)
+    return next(bar for _, name, _, bar, _ in BARS if name == section)
 
 
 def render_docs() -> str:

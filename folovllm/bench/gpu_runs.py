@@ -17,11 +17,14 @@ from folovllm.bench.results import RequestTiming, build_result, kv_cache_summary
 from folovllm.bench.workloads import BenchRequest, build_workload
 from folovllm.engine.run_loop import run_until_finished
 
-# (figure, section, key path, bar, ">=" | "<=" | "=="): the CUDA fast path's targets on an H100/H200.
+# (figure, section, key path, bar, ">=" | "<=" | "=="): the CUDA fast path's targets on an H100/H200 (a
+# section's first row is its headline target, docs/benchmarks.md's BAR()).
 BARS = [("nano-vllm offline, output tok/s", "nano_vllm_offline", ("output_tok_s",), 15_000, ">="),
-        ("decode-heavy, output tok/s", "decode_heavy", ("output_tok_s",), 35_000, ">="),
+        ("decode-heavy, output tok/s", "decode_heavy", ("output_tok_s",), 16_800, ">="),
         ("prefill-heavy, input tok/s", "prefill_heavy", ("input_tok_s",), 330_000, ">="),
         ("decode-heavy ours / HF generate", "hf_generate", ("ours_over_hf",), 10.0, ">="),
+        ("decode-heavy with the fused forms and the host path, output tok/s", "decode_heavy", ("output_tok_s",),
+         35_000, ">="),
         ("batch-1 decode step, median ms", "step_time", ("batch_1", "median_step_ms"), 1.2, "<="),
         ("kernel launches per decode-graph replay", "decode_graph", ("kernels_per_replay",), 250, "<="),
         ("fused forms on = off (top-2 rule)", "fused_ab", ("greedy_match",), True, "==")]
