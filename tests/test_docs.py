@@ -167,14 +167,15 @@ def subcommand_options() -> dict[str, set[str]]:
     return found
 
 
-def test_the_page_runs_flags_that_exist() -> None:
-    """Every `folovllm ...` command on docs/benchmarks.md and in the README passes only flags its subcommand
-    takes; every script command only flags its script declares."""
+def test_docs_run_commands_that_exist() -> None:
+    """Every `folovllm ...` command in the docs passes only flags its subcommand takes, every script command
+    only flags its script declares, every `make` command only targets the Makefile has."""
     options = subcommand_options()
+    targets = set(re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), re.M))
     wrong = []
     for doc in DOCS:
         for line in code_on(doc.read_text()):
-            for command in re.split(r"&&|;|\|", line.split(" #")[0]):
+            for command in re.split(r"&&|;|\|", re.sub(r"(^|\s)#.*", "", line)):
                 words = [w for w in command.split() if not re.match(r"[A-Z_]+=", w)]  # after VAR=value
                 flags = [w.split("=")[0] for w in words if w.startswith("--")]
                 program = Path(words[0]).name if words else ""
@@ -183,6 +184,8 @@ def test_the_page_runs_flags_that_exist() -> None:
                     while sub not in options:
                         sub = sub.rpartition(" ")[0]
                     wrong += [f"{doc.name}: folovllm {sub} {f}" for f in flags if f not in options[sub]]
+                if program == "make":
+                    wrong += [f"{doc.name}: make {w}" for w in words[1:] if not w.startswith("-") and w not in targets]
                 script = words[1] if program in ("python", "python3", "bash") and len(words) > 1 else ""
                 if script.startswith(("scripts/", "benchmarks/")) and (ROOT / script).exists():
                     source = (ROOT / script).read_text()
