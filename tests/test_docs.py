@@ -1,6 +1,6 @@
 """The docs stay true to the tree: docs/benchmarks.md is generated from the saved results (no figure typed by
 hand, each result's command on the page, short enough to read), and every file, variable and flag the docs
-name exists."""
+name exists, and every section they point at."""
 from __future__ import annotations
 
 import ast
@@ -191,3 +191,30 @@ def test_docs_run_commands_that_exist() -> None:
                     source = (ROOT / script).read_text()
                     wrong += [f"{doc.name}: {script} {f}" for f in flags if f'"{f}"' not in source]
     assert not wrong, wrong
+
+
+def headings(doc: Path) -> list[str]:
+    text = re.sub(r"^```[^\n]*\n.*?^```", "", doc.read_text(), flags=re.S | re.M)
+    return [h.strip() for h in re.findall(r"^#+ (.+)$", text, re.M)]
+
+
+def anchor(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+
+
+def test_section_references_point_at_sections() -> None:
+    """`docs/X.md, "Section"` in a doc or a comment, and a `X.md#anchor` link, name a heading X has."""
+    sources = [p for r in ("folovllm", "scripts", "benchmarks") for p in (ROOT / r).rglob("*.py")]
+    broken = []
+    for path in DOCS + sources:
+        text = path.read_text()
+        for name, section in re.findall(r"([\w-]+\.md),? \"([^\"]+)\"", text):
+            target = next((d for d in DOCS if d.name == name), None)
+            if target and not any(h.startswith(section) for h in headings(target)):
+                broken.append(f"{path.relative_to(ROOT)}: {name}, \"{section}\"")
+        for link, frag in re.findall(r"\]\(([\w./-]*\.md)#([\w-]+)\)", text):
+            target = (path.parent / link).resolve()
+            if not target.exists() or frag not in {anchor(h) for h in headings(target)}:
+                broken.append(f"{path.relative_to(ROOT)}: {link}#{frag}")
+    assert not broken, broken
