@@ -129,7 +129,14 @@ def vs_vllm_table(path: Path) -> str:
     v = result["versions"]
     labels = {e: info["label"] for e, info in result.get("engines", {}).items()} or None
     tier = result["machine"].get("tier")
-    tables = [vs_vllm.format_table(result["rows"], labels)] if result["rows"] else []
+    rows, tables = result["rows"], []
+    if result.get("sweep"):  # the sweep's points in its own table, the start-up and memory rows below it
+        sweep = result["sweep"]
+        tables.append(vs_vllm.format_sweep(sweep["rows"], sweep["summary"], labels or {}))
+        points = {f"offline {r['label']}" for r in sweep["rows"]}
+        rows = [r for r in rows if r["label"] not in points]
+    if rows:
+        tables.append(vs_vllm.format_table(rows, labels))
     if result.get("llama_rows"):
         tables.append(vs_vllm.format_llama_table(result["llama_rows"], labels or {}))
     if result.get("embed"):
