@@ -129,12 +129,10 @@ def vs_vllm_table(path: Path) -> str:
     v = result["versions"]
     labels = {e: info["label"] for e, info in result.get("engines", {}).items()} or None
     tier = result["machine"].get("tier")
-    rows, tables = result["rows"], []
-    if result.get("sweep"):  # the sweep's points in its own table, the start-up and memory rows below it
-        sweep = result["sweep"]
+    sweep, tables = result.get("sweep"), []
+    if sweep:  # the sweep's points in a table of their own, the start-up and memory rows below it
         tables.append(vs_vllm.format_sweep(sweep["rows"], sweep["summary"], labels or {}))
-        points = {f"offline {r['label']}" for r in sweep["rows"]}
-        rows = [r for r in rows if r["label"] not in points]
+    rows = vs_vllm.beside_sweep(result["rows"], sweep)
     if rows:
         tables.append(vs_vllm.format_table(rows, labels))
     if result.get("llama_rows"):

@@ -247,8 +247,9 @@ def main(argv: list[str] | None = None) -> None:
     labels = {e: info["label"] for e, info in result["engines"].items()}
     if result["sweep"]:
         print(report.format_sweep(result["sweep"]["rows"], result["sweep"]["summary"], labels))
-    if result["rows"]:
-        print(report.format_table(result["rows"], labels))
+    rows = report.beside_sweep(result["rows"], result["sweep"])
+    if rows:
+        print(report.format_table(rows, labels))
     if result["llama_rows"]:
         print(report.format_llama_table(result["llama_rows"], labels))
     if embed:

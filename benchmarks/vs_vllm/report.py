@@ -224,6 +224,12 @@ def sweep_rows(offline: dict[str, Any]) -> list[dict[str, Any]]:
              "kind": wl["kind"]} for wl in offline["workloads"]]
 
 
+def beside_sweep(rows: Sequence[dict[str, Any]], sweep: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The table's rows a sweep's own table does not show already (start-up, memory, the server's)."""
+    points = {f"offline {r['label']}" for r in sweep["rows"]} if sweep else set()
+    return [r for r in rows if r["label"] not in points]
+
+
 def sweep_summary(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per kind of workload: its points, the median and lowest advantage, the bar and whether it is met."""
     summary = {}
