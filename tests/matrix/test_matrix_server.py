@@ -23,14 +23,16 @@ CITY_TOOL = {"type": "function", "function": {"name": "pick_city", "parameters":
 
 
 def servers(device: str, *models: tuple[str, ...]) -> list[ServerProcess]:
-    """One server per model (its path and extra flags), all starting at once, all ready on return."""
-    # on CUDA a small share of the device each: the matrix's other processes hold some of it meanwhile
-    flags = ["--device", device, "--max-num-seqs", "8"]
-    flags += ["--gpu-memory-utilization", "0.15"] if device == "cuda" else []
-    procs = [ServerProcess("--model", *model, *flags) for model in models]
+    """One server per model (its path and extra flags), each ready before the next starts: on CUDA each sizes its
+    KV cache from what the device has free after a profiled forward, so the next one is given a larger share
+    (and the matrix's other processes hold a little meanwhile)."""
+    procs = []
     try:
-        for proc in procs:
-            proc.wait_ready()
+        for i, model in enumerate(models):
+            flags = ["--device", device, "--max-num-seqs", "8"]
+            flags += ["--gpu-memory-utilization", f"{0.1 * (i + 1):.1f}"] if device == "cuda" else []
+            procs.append(ServerProcess("--model", *model, *flags))
+            procs[-1].wait_ready()
     except Exception:
         for proc in procs:
             proc.kill()
