@@ -60,7 +60,7 @@ if [ "$mode" = fetch ] && [ "$dry" = 0 ]; then
   exit $?
 fi
 # Seconds per step: with 5 s of kill grace each, under 9 minutes, so a 600 s device call returns every log.
-LIMIT_WHEELS=20 LIMIT_ENV=30 LIMIT_SMOKE=120 LIMIT_BENCH=130 LIMIT_TESTS=60 LIMIT_MATRIX=150
+LIMIT_WHEELS=20 LIMIT_ENV=30 LIMIT_SMOKE=120 LIMIT_BENCH=160 LIMIT_TESTS=60 LIMIT_MATRIX=120
 SMOKE_TESTS=(tests/attention/test_triton_backend.py::test_qwen3_shapes_on_cuda
              tests/entrypoints/test_gpu_vs_transformers.py tests/entrypoints/test_gpu_e2e.py)
 REST_TESTS=(tests/attention/test_triton_backend.py tests/worker/test_cuda_graphs.py tests/lora/test_lora_triton.py)
@@ -139,6 +139,7 @@ if [ "$part" = all ] || [ "$part" = tests ]; then
   step tests "$LIMIT_TESTS" "${pytest[@]}" -n "$workers" "${REST_TESTS[@]}" || status=1
 fi
 if [ "$part" = all ] || [ "$part" = matrix ]; then
-  step matrix "$LIMIT_MATRIX" "${pytest[@]}" -n "$workers" -rs tests/matrix "${matrix_cases[@]}" || status=1
+  step matrix "$LIMIT_MATRIX" "${pytest[@]}" -n "$workers" -rs --junitxml "$out/matrix-junit.xml" tests/matrix \
+    "${matrix_cases[@]}" || status=1  # then: python scripts/gpu_matrix_result.py "$out" --output docs/results/...
 fi
 exit $status

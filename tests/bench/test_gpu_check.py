@@ -3,9 +3,11 @@ environment step, the limits that keep one device call under 9 minutes, the benc
 CUDA cases, and the carried wheels' list."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -34,6 +36,7 @@ def test_every_step_runs_in_order_within_nine_minutes(tmp_path: Path) -> None:
     assert bench_limit < dict((n, lim) for n, lim, _ in started)["bench"]  # the bench saves before it is killed
     assert "-x" in commands["smoke"].split() and "test_gpu_vs_transformers.py" in commands["smoke"]
     assert commands["matrix"].endswith("tests/matrix -k cuda")  # the device runs the CUDA cases alone
+    assert f"--junitxml {tmp_path}/matrix-junit.xml" in commands["matrix"]
     assert summary.count("passed in") == len(STEPS)
 
 
@@ -76,3 +79,22 @@ def test_an_unknown_argument_is_refused(tmp_path: Path) -> None:
     proc = subprocess.run(["bash", "scripts/gpu_check.sh", "--nonsense"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "unknown argument" in proc.stderr
+
+
+def test_the_matrix_result_records_each_case_the_device_and_versions(tmp_path: Path) -> None:
+    (tmp_path / "matrix-junit.xml").write_text(
+        '<testsuites><testsuite><testcase classname="tests.matrix.test_matrix_kv" name="test_a[cuda]"/>'
+        '<testcase classname="tests.matrix.test_matrix_kv" name="test_b[cuda]"><failure message="assert 1 == 2">'
+        'trace</failure></testcase><testcase classname="tests.matrix.test_matrix_kv" name="test_a[cpu]">'
+        '<skipped message="deselected here"/></testcase></testsuite></testsuites>')
+    (tmp_path / "env.log").write_text("name, memory.total [MiB]\nNVIDIA H200, 143771 MiB\ncores: 16\nNVIDIA H200\n"
+                                      "{'python': '3.12.3', 'torch': '2.11.0+cu130', 'cuda': '13.0'}\n")
+    (tmp_path / "summary.txt").write_text("== matrix (limit 150 s): pytest\n== matrix: FAILED (status 1) in 97 s\n")
+    output = tmp_path / "result.json"
+    proc = subprocess.run([sys.executable, "scripts/gpu_matrix_result.py", str(tmp_path), "--output", str(output)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1  # a case failed
+    result = json.loads(output.read_text())
+    assert result["device"].startswith("NVIDIA H200") and result["versions"]["torch"] == "2.11.0+cu130"
+    assert result["duration_s"] == 97 and result["counts"] == {"passed": 1, "failed": 1, "skipped": 1}
+    assert result["cases"]["tests/matrix/test_matrix_kv.py::test_b[cuda]"] == "failed: assert 1 == 2"

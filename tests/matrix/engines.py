@@ -33,11 +33,11 @@ def greedy(max_tokens: int, **fields) -> SamplingParams:
                              **fields})
 
 
-def hf_model(model_dir: str, device: str, cls=None) -> torch.nn.Module:
+def hf_model(model_dir: str, device: str) -> torch.nn.Module:
     """transformers' own model of ``model_dir`` in fp32 on ``device``: the reference on the same device."""
     from transformers import AutoModelForCausalLM
 
-    return (cls or AutoModelForCausalLM).from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
 
 
 def token_prompts(count: int, seed: int, low: int, high: int, vocab: int) -> list[list[int]]:
