@@ -50,13 +50,22 @@ def test_preempted_requests_finish_with_the_tokens_they_get_alone(llama_dir: str
     assert_all_match(ours, reference)
 
 
+# On CUDA the K/V rows are written by the fused q/k norm + rotary + store kernel, or by the torch forms when
+# FOLOVLLM_CUDA_FUSED_OPS is off: both writers are checked (the switch changes nothing on the CPU).
+FUSED_WRITES = [pytest.param("on", id="fused"), pytest.param("off", id="torch-write")]
+
+
 @pytest.mark.parametrize("kv_cache_dtype, floor", [("int8", 0.5), ("fp8_e4m3", 0.3)])  # the CPU tests' floors
-@pytest.mark.parametrize("device", DEVICES)
-def test_quantized_kv_agrees_with_the_unquantized_cache_inside_graphs(llama_dir: str, device: str,
-                                                                     kv_cache_dtype: str, floor: float) -> None:
+@pytest.mark.parametrize("device, fused", [("cpu", "on")] + [
+    pytest.param(device.values[0], fused.values[0], marks=device.marks, id=f"cuda-{fused.id}")
+    for device in DEVICES[1:] for fused in FUSED_WRITES])
+def test_quantized_kv_agrees_with_the_unquantized_cache_inside_graphs(llama_dir: str, device: str, fused: str,
+                                                                     kv_cache_dtype: str, floor: float,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """The CPU test's prompts and measure (tests/engine/test_kv_cache_dtype.py); bf16 on CUDA, where decode
     steps replay CUDA graphs that read and write the quantized cache, and four times the prompts there (cheap)
     so that the rate is less a matter of a few near-ties."""
+    monkeypatch.setenv("FOLOVLLM_CUDA_FUSED_OPS", fused)
     dtype = "bfloat16" if device == "cuda" else "float32"
     prompts = random_prompts(6 if device == "cpu" else 24, seed=1, low=20, high=70)
     prompts.append(prompts[0] + prompts[1][:9])  # a prefix-cache hit on the first prompt's blocks
