@@ -106,6 +106,7 @@ class _Body(BaseModel):
 
     model_config = ConfigDict(extra="allow")
     _extra_noop: ClassVar[dict[str, Callable[[Any], bool]]] = {}  # an endpoint's own, beyond _NOOP
+    _extra_metadata: ClassVar[frozenset[str]] = frozenset()  # an endpoint's own, beyond _METADATA
 
     @model_validator(mode="before")
     @classmethod
@@ -128,7 +129,7 @@ class _Body(BaseModel):
             if noop is not None:
                 if not noop(value) and not (name == "best_of" and value == getattr(self, "n", None)):
                     raise UnsupportedField(name, value)
-            elif name not in _METADATA:
+            elif name not in _METADATA and name not in self._extra_metadata:
                 ignored.append(name)
         if ignored:
             logger.warning("ignoring unknown request fields: %s", ", ".join(sorted(ignored)))
