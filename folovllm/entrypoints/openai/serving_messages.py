@@ -102,7 +102,7 @@ class MessagesServing:
                     yield _block_event(event)
         except EngineError as err:
             error = engine_error(err)
-            yield _event("error", **anthropic_error(error.status_code, error.message))
+            yield _event("error", error=anthropic_error(error.status_code, error.message)["error"])
             return
         finally:
             self.ctx.abort_unfinished([run.stream])
