@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -29,6 +30,16 @@ Float = Annotated[float, Field(allow_inf_nan=False, strict=True)]
 Int = StrictInt
 Bool = StrictBool
 TokenIds = list[StrictInt]
+
+
+def _absent(value: Any) -> None:
+    if value is not None:
+        raise ValueError("this is a hosted model's setting, not implemented here; leave it out")
+    return value
+
+
+# A setting only a hosted model has (Anthropic's effort, OpenAI's verbosity): accepted only when absent.
+HostedSetting = Annotated[str | None, AfterValidator(_absent)]
 
 # Fields of the OpenAI API (or vLLM's extensions) that this server does not implement, each with the
 # test for its no-op value: anything else is a 400 that names the field, never a silently different
@@ -159,6 +170,10 @@ class ResponseFormat(BaseModel):
 
     type: Literal["text", "json_object", "json_schema", "structural_tag"]
     json_schema: JsonSchemaFormat | None = None
+
+    @classmethod
+    def of_schema(cls, schema: dict[str, Any], name: str = "response", strict: bool | None = None) -> ResponseFormat:
+        return cls(type="json_schema", json_schema=JsonSchemaFormat(name=name, schema=schema, strict=strict))
 
 
 class StructuredOutputsRequest(BaseModel):

@@ -13,15 +13,12 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from folovllm.entrypoints.openai.protocol import Bool, Float, Int, JsonSchemaFormat, ResponseFormat, _Body
+from folovllm.entrypoints.openai.protocol import Bool, Float, HostedSetting, Int, ResponseFormat, _Body
 from folovllm.entrypoints.openai.protocol_chat import (
     ChatCompletionRequest,
     ChatMessage,
     ChatTool,
-    FunctionCall,
-    FunctionDefinition,
     MessageToolCall,
-    NamedFunction,
     NamedToolChoice,
 )
 
@@ -145,14 +142,7 @@ class JsonOutputFormat(_Strict):
 
 class OutputConfig(_Strict):
     format: JsonOutputFormat | None = None  # the reply's text follows this JSON schema
-    effort: str | None = None
-
-    @field_validator("effort")
-    @classmethod
-    def _no_effort(cls, value: str | None) -> None:
-        if value is not None:
-            raise ValueError("effort levels are a hosted model's setting, not implemented here; leave it out")
-        return value
+    effort: HostedSetting = None
 
 
 class _Conversation(_Body):
@@ -190,18 +180,15 @@ class _Conversation(_Body):
         fields: dict[str, Any] = {"model": self.model, "messages": self._chat_messages(),
                                   "add_generation_prompt": not prefill, "continue_final_message": prefill}
         if self.tools is not None:
-            fields["tools"] = [ChatTool(type="function", function=FunctionDefinition(
-                name=t.name, description=t.description, parameters=t.input_schema, strict=t.strict))
-                for t in self.tools]
+            fields["tools"] = [ChatTool.of(t.name, t.description, t.input_schema, t.strict) for t in self.tools]
         choice = self.tool_choice
         if choice is not None:
             fields["tool_choice"] = {"auto": "auto", "any": "required", "none": "none"}.get(choice.type) or \
-                NamedToolChoice(type="function", function=NamedFunction(name=choice.name))
+                NamedToolChoice.of(choice.name)
             if choice.disable_parallel_tool_use:
                 fields["parallel_tool_calls"] = False
         if self.output_config is not None and self.output_config.format is not None:
-            fields["response_format"] = ResponseFormat(
-                type="json_schema", json_schema=JsonSchemaFormat(schema=self.output_config.format.schema_))
+            fields["response_format"] = ResponseFormat.of_schema(self.output_config.format.schema_)
         return ChatCompletionRequest(**fields, **sampling)
 
     def _chat_messages(self) -> list[ChatMessage]:
@@ -270,8 +257,7 @@ def _text(blocks: str | list[TextBlock]) -> str:
 def _assistant(blocks: list) -> ChatMessage:
     text = "".join(b.text for b in blocks if b.type == "text")
     thinking = "".join(b.thinking for b in blocks if b.type == "thinking")
-    calls = [MessageToolCall(id=b.id, function=FunctionCall(name=b.name, arguments=b.input))
-             for b in blocks if b.type == "tool_use"]
+    calls = [MessageToolCall.of(b.id, b.name, b.input) for b in blocks if b.type == "tool_use"]
     extra = {"reasoning_content": thinking} if thinking else {}
     return ChatMessage(role="assistant", content=text if text or not calls else None,
                        tool_calls=calls or None, **extra)

@@ -14,15 +14,12 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, field_validator
 
-from folovllm.entrypoints.openai.protocol import Bool, Float, Int, JsonSchemaFormat, ResponseFormat, _Body
+from folovllm.entrypoints.openai.protocol import Bool, Float, HostedSetting, Int, ResponseFormat, _Body
 from folovllm.entrypoints.openai.protocol_chat import (
     ChatCompletionRequest,
     ChatMessage,
     ChatTool,
-    FunctionCall,
-    FunctionDefinition,
     MessageToolCall,
-    NamedFunction,
     NamedToolChoice,
 )
 
@@ -137,14 +134,7 @@ class TextConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     format: TextFormat | None = None
-    verbosity: str | None = None
-
-    @field_validator("verbosity")
-    @classmethod
-    def _no_verbosity(cls, value: str | None) -> None:
-        if value is not None:
-            raise ValueError("verbosity is a hosted model's setting, not implemented here; leave it out")
-        return value
+    verbosity: HostedSetting = None
 
 
 class ResponsesRequest(_Body):
@@ -216,19 +206,16 @@ class ResponsesRequest(_Body):
                  "user": self.user, "parallel_tool_calls": self.parallel_tool_calls}
         fields.update({name: value for name, value in given.items() if value is not None})
         if self.tools is not None:
-            fields["tools"] = [ChatTool(type="function", function=FunctionDefinition(
-                name=t.name, description=t.description, parameters=t.parameters, strict=t.strict))
-                for t in self.tools]
+            fields["tools"] = [ChatTool.of(t.name, t.description, t.parameters, t.strict) for t in self.tools]
         if isinstance(self.tool_choice, FunctionToolChoice):
-            fields["tool_choice"] = NamedToolChoice(type="function", function=NamedFunction(name=self.tool_choice.name))
+            fields["tool_choice"] = NamedToolChoice.of(self.tool_choice.name)
         elif self.tool_choice is not None:
             fields["tool_choice"] = self.tool_choice
         fmt = self.text.format if self.text is not None else None
         if fmt is not None and fmt.type == "json_schema":
             if fmt.schema_ is None:
                 raise ValueError("text.format of type json_schema needs schema")
-            fields["response_format"] = ResponseFormat(type="json_schema", json_schema=JsonSchemaFormat(
-                name=fmt.name or "response", schema=fmt.schema_, strict=fmt.strict))
+            fields["response_format"] = ResponseFormat.of_schema(fmt.schema_, fmt.name or "response", fmt.strict)
         elif fmt is not None and fmt.type == "json_object":
             fields["response_format"] = ResponseFormat(type="json_object")
         return ChatCompletionRequest(**fields)
@@ -246,7 +233,7 @@ def _chat_messages(history: list, items: list) -> list[ChatMessage]:
             reasoning.append(item.text(where))
         elif item.type == "function_call":
             calls.add(item.call_id)
-            call = MessageToolCall(id=item.call_id, function=FunctionCall(name=item.name, arguments=item.arguments))
+            call = MessageToolCall.of(item.call_id, item.name, item.arguments)
             if chat and chat[-1].role == "assistant" and not reasoning:
                 chat[-1].tool_calls = [*(chat[-1].tool_calls or ()), call]
             else:

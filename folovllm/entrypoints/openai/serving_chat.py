@@ -40,8 +40,8 @@ class ChatServing:
         self.ctx = ctx
 
     async def create(self, body: ChatCompletionRequest, raw: Request):
-        request_id = request_id_of(raw, "chatcmpl-")
-        run = await self.start(body, request_id, time.perf_counter())
+        arrival, request_id = time.perf_counter(), request_id_of(raw, "chatcmpl-")
+        run = await self.start(body, request_id, arrival)
         ctx = self.ctx
         if body.stream:
             chunks = self._stream(body, run.stream, request_id, run.stop, run.prompt_token_ids, run.reader)

@@ -48,8 +48,8 @@ class MessagesServing:
         self.chat = chat
 
     async def create(self, body: MessagesRequest, raw: Request):
-        request_id = request_id_of(raw, "msg_")
-        run = await self.chat.start(self._as_chat(body, body.sampling()), request_id, time.perf_counter(), _NAMES)
+        arrival, request_id = time.perf_counter(), request_id_of(raw, "msg_")
+        run = await self.chat.start(self._as_chat(body, body.sampling()), request_id, arrival, _NAMES)
         if body.stream:
             return StreamingResponse(self._events(run, request_id), media_type="text/event-stream")
         final = (await self.ctx.collect([run.stream], raw))[0]

@@ -49,7 +49,7 @@ class ResponsesServing:
         self.store = store
 
     async def create(self, body: ResponsesRequest, raw: Request):
-        response_id = request_id_of(raw, "resp_")
+        arrival, response_id = time.perf_counter(), request_id_of(raw, "resp_")
         try:
             body.check_supported()
         except UnsupportedField as err:
@@ -63,7 +63,7 @@ class ResponsesServing:
             chat_body = body.to_chat(history)
         except ValueError as err:
             raise bad_request(err, "input") from err
-        run = await self.chat.start(chat_body, response_id, time.perf_counter(), _NAMES)
+        run = await self.chat.start(chat_body, response_id, arrival, _NAMES)
         draft = _Draft(body, response_id, self.ctx.model_name, self.store.enabled if body.store is None else body.store)
         conversation = history + items
         if body.stream:

@@ -81,7 +81,7 @@ def test_a_forced_tool_call_and_its_result(claude):
 
 
 def test_any_tool_streams_its_input_as_json_deltas(claude):
-    with claude.messages.stream(model=MODEL_NAME, max_tokens=40, tools=[WEATHER], **GREEDY,
+    with claude.messages.stream(model=MODEL_NAME, max_tokens=64, tools=[WEATHER], **GREEDY,
                                 tool_choice={"type": "any", "disable_parallel_tool_use": True},
                                 messages=[{"role": "user", "content": "Weather in Lyon?"}]) as stream:
         pieces = [event.delta.partial_json for event in stream

@@ -59,7 +59,7 @@ def test_retrieve_and_delete(client):
 
 def test_a_streamed_forced_call_in_the_clients_parser(client):
     with client.responses.stream(model=MODEL_NAME, input="Weather in Lyon?", tools=[WEATHER],
-                                 tool_choice="required", parallel_tool_calls=False, max_output_tokens=40,
+                                 tool_choice="required", parallel_tool_calls=False, max_output_tokens=64,
                                  temperature=0) as stream:
         events = list(stream)
         final = stream.get_final_response()
@@ -77,7 +77,7 @@ def test_a_streamed_forced_call_in_the_clients_parser(client):
 def test_text_format_holds_the_schema(client):
     schema = {"type": "object", "properties": {"color": {"type": "string", "maxLength": 12}},
               "required": ["color"], "additionalProperties": False}
-    reply = client.responses.create(model=MODEL_NAME, input="Name a color as JSON.", max_output_tokens=40,
+    reply = client.responses.create(model=MODEL_NAME, input="Name a color as JSON.", max_output_tokens=64,
                                     temperature=0, text={"format": {"type": "json_schema", "name": "color",
                                                                     "schema": schema, "strict": True}})
     assert reply.status == "completed" and set(json.loads(reply.output_text)) == {"color"}
