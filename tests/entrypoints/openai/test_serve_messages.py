@@ -97,7 +97,11 @@ def test_count_tokens_is_the_prompt_create_runs(claude):
     counted = claude.messages.count_tokens(**conversation).input_tokens  # tools, no tool_choice: counted as shown
     reply = claude.messages.create(max_tokens=1, tool_choice=NAMED, **conversation, **GREEDY)
     assert counted == reply.usage.input_tokens + reply.usage.cache_read_input_tokens
-    assert claude.messages.count_tokens(model=MODEL_NAME, messages=ASK).input_tokens < counted
+    plain = claude.messages.count_tokens(model=MODEL_NAME, messages=ASK, system="Be brief.").input_tokens
+    assert plain <= counted  # the tools count where the template shows them (the default one does not)
+    longer = claude.messages.count_tokens(model=MODEL_NAME, system="Be brief.",
+                                          messages=[{"role": "user", "content": "Name a color. " * 4}])
+    assert longer.input_tokens > plain
 
 
 def test_stop_sequences_and_max_tokens(claude):
