@@ -19,11 +19,15 @@ class TritonAttentionBackend:
     graph captures) and dequantized inside the attention kernel."""
 
     takes_quantized_kv = True
+    has_batch_invariant_form = True
 
-    def __init__(self) -> None:
+    def __init__(self, batch_invariant: bool = False) -> None:
+        """``batch_invariant``: every query tile of one shape and key tiles at fixed positions
+        (``triton_kernels.paged_attention``'s ``fixed_tiles``)."""
         from folovllm.attention import triton_kernels  # imports triton only when this backend is chosen
 
         self._kernels = triton_kernels
+        self._batch_invariant = batch_invariant
 
     def forward(
         self,
@@ -46,7 +50,8 @@ class TritonAttentionBackend:
         elif not kv_stored:
             self._kernels.store_kv(key, value, k_cache, v_cache, meta.slot_mapping)
         out = self._kernels.paged_attention(query, k_cache, v_cache, meta.block_tables, meta.seq_lens,
-                                            meta.query_start_loc, scale, sliding_window=sliding_window)
+                                            meta.query_start_loc, scale, sliding_window=sliding_window,
+                                            fixed_tiles=self._batch_invariant)
         return out.view(num_tokens, num_heads * head_dim)
 
     def _check(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:

@@ -92,6 +92,7 @@ def _paged_attention_kernel(
     DOT_DTYPE: tl.constexpr,  # operand type of tl.dot: the input dtype (fp32 in the interpreter)
     DOT_PRECISION: tl.constexpr,
     KV_FORMAT: tl.constexpr,  # 0: K/V rows in the query's dtype; else quantized rows (_dequantized_rows)
+    KEYS_FROM_TILE_START: tl.constexpr,  # the key loop starts at a multiple of BLOCK_N (batch-invariant tiles)
 ):
     """Causal attention of a tile of query rows over its sequence's paged K/V (flash-style).
 
@@ -146,6 +147,8 @@ def _paged_attention_kernel(
     kv_end = tl.minimum(seq_len, context_len + first_token + BLOCK_Q)  # keys this tile's last token sees
     block_table = block_tables_ptr + seq * stride_bt
     kv_begin = tl.maximum(context_len + first_token - sliding_window + 1, 0)  # keys the first token sees
+    if KEYS_FROM_TILE_START:  # key tiles at fixed positions, wherever the query tile starts
+        kv_begin = kv_begin // BLOCK_N * BLOCK_N
     for key_start in range(kv_begin, kv_end, BLOCK_N):
         key_pos = key_start + tl.arange(0, BLOCK_N)
         key_valid = key_pos < kv_end
@@ -195,14 +198,16 @@ def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_ca
 def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
                     scale: float, out: torch.Tensor | None = None,
-                    sliding_window: int | None = None) -> torch.Tensor:
+                    sliding_window: int | None = None, fixed_tiles: bool = False) -> torch.Tensor:
     """Causal attention of query [T, H, D] over each sequence's paged context; returns [T, H, D]. The caches
     hold rows in the query's dtype or quantized ones (attention/kv_quant.py), dequantized as they are loaded.
 
     Sequence i owns query rows ``query_start_loc[i]:query_start_loc[i+1]`` and has ``seq_lens[i]``
     keys in the cache (its new keys included: store them first). ``out`` (contiguous, like query)
     receives the result when given. With ``sliding_window`` a query at position p sees only keys
-    p - sliding_window + 1 .. p.
+    p - sliding_window + 1 .. p. ``fixed_tiles`` (batch-invariant mode): every query tile has the decode
+    step's shape and key tiles start at multiples of BLOCK_N, so a row's sums are the same whether it is decoded
+    or sits anywhere in a prompt chunk (a key tile past a row's position adds exact zeros to it).
     """
     query = _unit_last_stride(query)
     num_tokens, num_heads, head_dim = query.shape
@@ -217,7 +222,7 @@ def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     group = num_heads // num_kv_heads
     group_pad = triton.next_power_of_2(group)
     # Decode (one token per sequence): the smallest tile tl.dot takes; prefill: 64-row (or 32) tiles.
-    rows = _MIN_DOT_ROWS if num_tokens == num_seqs else (64 if head_dim <= 128 else 32)
+    rows = _MIN_DOT_ROWS if num_tokens == num_seqs or fixed_tiles else (64 if head_dim <= 128 else 32)
     block_q = max(1, max(rows, group_pad) // group_pad)
     grid = (num_tokens // block_q + num_seqs, num_kv_heads)
     _paged_attention_kernel[grid](
@@ -229,6 +234,7 @@ def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
         BLOCK_N=64 if head_dim <= 128 else 32, HEAD_DIM=head_dim,
         DOT_DTYPE=tl.float32 if is_interpreted() else _TL_DTYPES[query.dtype],
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32", KV_FORMAT=kv_format,
+        KEYS_FROM_TILE_START=fixed_tiles,
     )
     return out
 
