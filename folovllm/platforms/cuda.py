@@ -29,7 +29,7 @@ class CudaPlatform(Platform):
         return LinearKernels(dense="torch", quant="reference", int8_lm_head=quantize_lm_head == "on")
 
     def describe(self) -> dict[str, str]:
-        return {"platform": "cuda", "gpu": torch.cuda.get_device_name(self.device)}
+        return {"platform": "cuda", "gpu": torch.cuda.get_device_name(self.device), **self.modes()}
 
     def visible_devices(self) -> int | None:
         return torch.cuda.device_count()
