@@ -36,7 +36,8 @@ done
 LIMIT_WHEELS=20 LIMIT_ENV=30 LIMIT_SMOKE=150 LIMIT_BENCH=220 LIMIT_TESTS=80
 SMOKE_TESTS=(tests/attention/test_triton_backend.py::test_qwen3_shapes_on_cuda
              tests/entrypoints/test_gpu_vs_transformers.py tests/entrypoints/test_gpu_e2e.py)
-REST_TESTS=(tests/attention/test_triton_backend.py tests/worker/test_cuda_graphs.py tests/lora/test_lora_triton.py)
+REST_TESTS=(tests/attention/test_triton_backend.py tests/worker/test_cuda_graphs.py tests/lora/test_lora_triton.py
+            tests/platforms/test_cuda_invariant.py tests/engine/test_batch_invariance.py::test_on_cuda)
 bench_args=(--time-limit $((LIMIT_BENCH - 30)) --output-json "$out/gpu-bench.json")
 workers=4
 device_check="import torch; assert torch.cuda.is_available(), 'CUDA is not available'; print(torch.cuda.get_device_name())"

@@ -5,8 +5,8 @@ longest context it is padded to), so its output moves with the rest of the batch
 decode row or one of a prompt chunk's, walks its own keys in tiles of ``KEY_TILE`` positions starting at
 multiples of ``KEY_TILE`` (online softmax, fp32): scores and the values' sums are matmuls of one shape per
 (row, kv head) ([group, head_dim] x [head_dim, KEY_TILE], [group, KEY_TILE] x [KEY_TILE, head_dim]), the tile's
-max is exact, its sum runs over ``KEY_TILE`` entries, and the rest is element-wise; batching rows only adds
-matmul problems of that shape. A tile a row sees none of is skipped for that row.
+max is exact, its sum is a matmul too ([group, KEY_TILE] x [KEY_TILE, 1]), and the rest is element-wise; batching
+rows only adds matmul problems of those shapes. A tile a row sees none of is skipped for that row.
 """
 from __future__ import annotations
 
@@ -21,9 +21,10 @@ ROW_CHUNK = 512  # query rows per tile update: bounds the gathered K/V (every ro
 
 def _row_positions(meta: AttentionMetadata, sliding_window: int | None) -> tuple[torch.Tensor, ...]:
     """(sequence, position, first visible key) of every query row of the step."""
-    query_lens = torch.tensor(meta.query_lens, dtype=torch.int64)
-    seq = torch.repeat_interleave(torch.arange(len(meta.query_lens)), query_lens)
-    position = (meta.seq_lens - query_lens).index_select(0, seq) + torch.arange(seq.numel()) \
+    device = meta.seq_lens.device
+    query_lens = torch.tensor(meta.query_lens, dtype=torch.int64, device=device)
+    seq = torch.repeat_interleave(torch.arange(len(meta.query_lens), device=device), query_lens)
+    position = (meta.seq_lens - query_lens).index_select(0, seq) + torch.arange(seq.numel(), device=device) \
         - meta.query_start_loc[:-1].index_select(0, seq)
     first = (position - sliding_window + 1).clamp(min=0) if sliding_window else torch.zeros_like(position)
     return seq, position, first
@@ -47,11 +48,13 @@ def invariant_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     group = num_heads // num_kv_heads
     seq, position, first = _row_positions(meta, sliding_window)
     q = (query.float() * scale).view(num_tokens, num_kv_heads, group, head_dim)
-    row_max = torch.full((num_tokens, num_kv_heads, group), float("-inf"))
-    row_sum = torch.zeros(num_tokens, num_kv_heads, group)
-    acc = torch.zeros(num_tokens, num_kv_heads, group, head_dim)
+    device = query.device
+    row_max = torch.full((num_tokens, num_kv_heads, group), float("-inf"), device=device)
+    row_sum = torch.zeros(num_tokens, num_kv_heads, group, device=device)
+    acc = torch.zeros(num_tokens, num_kv_heads, group, head_dim, device=device)
     first_tile, last_tile = first // KEY_TILE, position // KEY_TILE
-    offsets = torch.arange(KEY_TILE)
+    offsets = torch.arange(KEY_TILE, device=device)
+    ones = torch.ones(1, KEY_TILE, 1, device=device)
     width = meta.block_tables.shape[1]
     for tile in range(int(last_tile.max()) + 1):
         rows = torch.nonzero((first_tile <= tile) & (last_tile >= tile)).flatten()
@@ -71,7 +74,9 @@ def invariant_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
             correction = torch.exp(old_max - new_max)
             probs = torch.exp(scores - new_max[..., None])
             row_max[part] = new_max
-            row_sum[part] = row_sum[part] * correction + probs.sum(-1)
+            # the tile's sums as a GEMM of the same fixed shape (on CUDA a plain sum sizes its blocks by the rows)
+            tile_sums = torch.bmm(probs.view(n * num_kv_heads, group, KEY_TILE), ones.expand(n * num_kv_heads, -1, -1))
+            row_sum[part] = row_sum[part] * correction + tile_sums.view(n, num_kv_heads, group)
             values = torch.bmm(probs.view(n * num_kv_heads, group, KEY_TILE), v).view(n, num_kv_heads, group, head_dim)
             acc[part] = acc[part] * correction[..., None] + values
     return (acc / row_sum[..., None]).view(num_tokens, num_heads, head_dim).to(query.dtype)

@@ -17,6 +17,17 @@ class CudaPlatform(Platform):
     shares_cores = False
     lora_kernel = importlib.util.find_spec("triton") is not None  # lora/triton_lora.py's lora_add
 
+    def __init__(self, device: torch.device, batch_invariant: bool = False) -> None:
+        """``batch_invariant``: torch's CUDA GEMMs and row reductions take fixed-tile Triton forms, process-wide
+        (``cuda_invariant.py``); the triton attention backend its own batch-invariant form."""
+        super().__init__(device, batch_invariant)
+        if batch_invariant:
+            if importlib.util.find_spec("triton") is None:
+                raise ValueError("batch-invariant mode on CUDA runs Triton kernels: install triton")
+            from folovllm.platforms import cuda_invariant
+
+            cuda_invariant.enable()
+
     def resolve_dtype(self, requested: str, prefill_only: bool = False) -> str:
         return "bfloat16" if requested == "auto" else requested
 

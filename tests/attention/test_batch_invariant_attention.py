@@ -118,15 +118,12 @@ def test_torch_default_form_differs() -> None:
     assert not all(torch.equal(other, layouts[0]) for other in layouts[1:])
 
 
-def test_a_backend_without_the_form_is_refused() -> None:
-    from folovllm.attention.backend import register_attention_backend
+def test_a_backend_without_the_form_is_refused(monkeypatch) -> None:
+    from folovllm.attention.torch_backend import TorchAttentionBackend
 
-    @register_attention_backend("plain-test-backend")
-    class Plain:
-        pass
-
-    with pytest.raises(ValueError, match="no batch-invariant form"):
-        get_attention_backend("plain-test-backend", batch_invariant=True)
+    monkeypatch.setattr(TorchAttentionBackend, "has_batch_invariant_form", False)
+    with pytest.raises(ValueError, match="attention backend 'torch' has no batch-invariant form"):
+        get_attention_backend("torch", batch_invariant=True)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")

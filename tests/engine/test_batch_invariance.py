@@ -69,8 +69,9 @@ def fingerprint(output) -> tuple:
     return tuple(completion.token_ids), steps
 
 
-def generate(llm: LLM, batch: list[tuple[list[int], SamplingParams]]) -> list[tuple]:
-    outs = llm.generate([{"prompt_token_ids": p} for p, _ in batch], [s for _, s in batch], use_tqdm=False)
+def generate(llm: LLM, batch: list[tuple[list[int], SamplingParams]], loras: list | None = None) -> list[tuple]:
+    outs = llm.generate([{"prompt_token_ids": p} for p, _ in batch], [s for _, s in batch], use_tqdm=False,
+                        lora_request=loras)
     return [fingerprint(o) for o in outs]
 
 
@@ -164,6 +165,31 @@ def test_overlap_scheduling(tiny_models) -> None:
     assert needles_in_batches(llm, NEEDLES, sizes=(8,), seed=7)[0] == reference
 
 
+def test_lora_adapters(tiny_models, tmp_path) -> None:
+    """Rows of two adapters and of the base model in one batch: each needle as alone (the lora_add kernel
+    adds each row's delta on its own)."""
+    from transformers import AutoConfig
+
+    from folovllm import LoRARequest
+    from tests.lora.adapters import ATTN, MLP, write_adapter
+
+    model = tiny_models["llama"]
+    config = AutoConfig.from_pretrained(model)
+    adapters = [LoRARequest(f"a{i}", i, str(write_adapter(tmp_path / f"a{i}", config, 8, ATTN + MLP, seed=i,
+                                                            std=0.05))) for i in (1, 2)]
+    llm = make(model, dtype="bfloat16", enable_lora=True, max_loras=2, max_lora_rank=8)
+    mine = [adapters[i % 2] for i in range(len(NEEDLES))]
+    reference = [generate(llm, [(n, p)], [lora])[0] for n, p, lora in zip(NEEDLES, NEEDLE_PARAMS, mine)]
+    assert generate(llm, [(NEEDLES[0], NEEDLE_PARAMS[0])])[0] != reference[0]  # the adapter counts
+    rng = random.Random(9)
+    company = [(p, other_params(rng), rng.choice([None, *adapters])) for p in prompts(9, rng)]
+    batch = [(n, p, lora) for n, p, lora in zip(NEEDLES, NEEDLE_PARAMS, mine)] + company
+    order = list(range(len(batch)))
+    rng.shuffle(order)
+    outs = generate(llm, [batch[i][:2] for i in order], [batch[i][2] for i in order])
+    assert [outs[order.index(i)] for i in range(len(NEEDLES))] == reference
+
+
 def test_default_mode_differs(tiny_models, engine_tier: str) -> None:
     """The inverse: without the mode the same needles move with their company (the batch's shape picks
     other kernels and orders: a prompt chunk's prefill kernel or SDPA instead of the decode rows' form,
@@ -195,3 +221,14 @@ def test_default_model() -> None:
 @pytest.mark.slow
 def test_default_model_at_each_tier(engine_tier: str) -> None:
     default_model_case()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda(tiny_models) -> None:
+    """On a GPU: the fixed-tile Triton GEMMs and row reductions over aten's, the triton attention's fixed
+    tiles, decode steps replayed from CUDA graphs."""
+    llm = make(tiny_models["qwen3"], device="cuda", dtype="bfloat16", attention_backend="triton")
+    reference = alone(llm, NEEDLES)
+    for outputs in needles_in_batches(llm, NEEDLES, sizes=(8, 24)):
+        assert outputs == reference
