@@ -17,10 +17,10 @@ from tests.engine.conftest import tiny_llama_dir  # noqa: F401
 
 VOCAB = 512
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
-# the needles' settings: logprobs on a greedy row, a plain greedy row (alone, the LM head's argmax; in a
+# the needles' settings: logprobs (and the prompt's) on a greedy row, a plain greedy row (alone, the LM head's argmax; in a
 # batch beside logprob rows, the sampler's), a seeded random row with logprobs
 NEEDLE_PARAMS = [
-    SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=3),
+    SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=3, prompt_logprobs=2),
     SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True),
     SamplingParams(temperature=0.9, top_k=40, top_p=0.95, seed=7, max_tokens=8, ignore_eos=True, logprobs=2),
 ]
@@ -62,11 +62,13 @@ def prompts(count: int, rng: random.Random, low: int = 3, high: int = 90) -> lis
 
 
 def fingerprint(output) -> tuple:
-    """A completion's tokens and every logprob it reports, as exact floats."""
+    """A completion's tokens and every logprob it reports (its prompt's too), as exact floats."""
+    def entries(steps) -> tuple:
+        return tuple(None if step is None else tuple(sorted((token, lp.logprob, lp.rank) for token, lp in step.items()))
+                     for step in steps or ())
+
     completion = output.outputs[0]
-    steps = tuple(tuple(sorted((token, lp.logprob, lp.rank) for token, lp in step.items()))
-                  for step in completion.logprobs or ())
-    return tuple(completion.token_ids), steps
+    return tuple(completion.token_ids), entries(completion.logprobs), entries(output.prompt_logprobs)
 
 
 def generate(llm: LLM, batch: list[tuple[list[int], SamplingParams]], loras: list | None = None) -> list[tuple]:
@@ -113,7 +115,7 @@ NEEDLES = prompts(3, random.Random(1), low=20, high=60)
 def test_alone_equals_inside_any_batch(tiny_models, arch: str, dtype: str, engine_tier: str) -> None:
     llm = make(tiny_models[arch], dtype=dtype)
     reference = alone(llm, NEEDLES)
-    assert any(step for _, step in reference)  # logprobs were reported
+    assert reference[0][1] and reference[0][2]  # logprobs were reported, the prompt's too
     for outputs in needles_in_batches(llm, NEEDLES, sizes=(8, 24)):
         assert outputs == reference
 
