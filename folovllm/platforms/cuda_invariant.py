@@ -8,8 +8,9 @@ their thread blocks by the number of rows, so a row's sums move with the rows be
 - ``mm``, ``addmm``, ``bmm`` (so ``F.linear`` and ``matmul``): one Triton GEMM of fixed BLOCK_M x BLOCK_N
   tiles walking K in BLOCK_K steps from zero, never split along K; a row's outputs are the same sums whichever
   tile it lands in and however many rows there are (fp32 operands multiplied in IEEE fp32, not TF32);
-- ``_softmax``, ``_log_softmax``, ``mean.dim`` (so ``softmax``, ``log_softmax``, RMSNorm's mean): one program
-  per row, the row read in chunks of a fixed width, lane sums across chunks then one tree over the lanes.
+- ``_softmax``, ``_log_softmax``, ``mean.dim``, ``_fused_rms_norm`` (so ``softmax``, ``log_softmax``, a mean,
+  ``F.rms_norm``): one program per row, the row read in chunks of a fixed width, lane sums across chunks then
+  one tree over the lanes.
 
 Importing this module imports triton. Kernels compile for CUDA, or run on CPU tensors under Triton's
 interpreter (``TRITON_INTERPRET=1`` set before triton is imported), which is how the tests rehearse them.
@@ -97,6 +98,27 @@ def _row_mean_kernel(x_ptr, out_ptr, n, stride_x, CHUNK: tl.constexpr, ACC_DTYPE
     tl.store(out_ptr + tl.program_id(0), (tl.sum(sums, 0) / n).to(out_ptr.dtype.element_ty))
 
 
+@triton.jit
+def _row_rms_norm_kernel(x_ptr, w_ptr, out_ptr, rstd_ptr, n, stride_x, stride_out, eps, HAS_WEIGHT: tl.constexpr,
+                         CHUNK: tl.constexpr):
+    """One row: 1 / sqrt(mean(x^2) + eps) (lane sums chunk by chunk, one tree), then x times it (times w)."""
+    x_row = x_ptr + tl.program_id(0) * stride_x
+    out_row = out_ptr + tl.program_id(0) * stride_out
+    lanes = tl.arange(0, CHUNK)
+    sums = tl.zeros((CHUNK,), dtype=tl.float32)
+    for start in range(0, n, CHUNK):
+        x = tl.load(x_row + start + lanes, mask=start + lanes < n, other=0.0).to(tl.float32)
+        sums += x * x
+    rstd = 1.0 / tl.sqrt(tl.sum(sums, 0) / n + eps)
+    tl.store(rstd_ptr + tl.program_id(0), rstd)
+    for start in range(0, n, CHUNK):
+        x = tl.load(x_row + start + lanes, mask=start + lanes < n, other=0.0).to(tl.float32)
+        y = x * rstd
+        if HAS_WEIGHT:
+            y = y * tl.load(w_ptr + start + lanes, mask=start + lanes < n, other=0.0).to(tl.float32)
+        tl.store(out_row + start + lanes, y.to(out_ptr.dtype.element_ty), mask=start + lanes < n)
+
+
 def _acc_dtype(dtype: torch.dtype):
     return tl.float64 if dtype == torch.float64 else tl.float32
 
@@ -182,6 +204,21 @@ def mean_dim(x: torch.Tensor, dim: list[int] | None, keepdim: bool = False, *,
     return out
 
 
+def fused_rms_norm(x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None,
+                   eps: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """aten's ``_fused_rms_norm`` (``F.rms_norm`` on CUDA): (x / rms over the last dims (* weight), 1 / rms)."""
+    dims = len(normalized_shape)
+    rows = x.contiguous().view(-1, math.prod(normalized_shape))
+    out = torch.empty_like(rows)
+    rstd = torch.empty(rows.shape[0], dtype=torch.float32, device=x.device)
+    if rows.numel():
+        _row_rms_norm_kernel[(rows.shape[0],)](
+            rows, rows if weight is None else weight.contiguous(), out, rstd, rows.shape[1], rows.stride(0),
+            out.stride(0), torch.finfo(x.dtype).eps if eps is None else eps, HAS_WEIGHT=weight is not None,
+            CHUNK=ROW_CHUNK)
+    return out.view(x.shape), rstd.view(*x.shape[:x.dim() - dims], *[1] * dims)
+
+
 def enable(dispatch_key: str = "CUDA") -> None:
     """Registers the forms over aten's kernels for ``dispatch_key`` (CUDA; the tests rehearse them on CPU in a
     process of their own); once per process."""
@@ -190,6 +227,6 @@ def enable(dispatch_key: str = "CUDA") -> None:
         return
     library = torch.library.Library("aten", "IMPL")
     for name, fn in (("mm", mm), ("addmm", addmm), ("bmm", bmm), ("_softmax", softmax),
-                     ("_log_softmax", log_softmax), ("mean.dim", mean_dim)):
+                     ("_log_softmax", log_softmax), ("mean.dim", mean_dim), ("_fused_rms_norm", fused_rms_norm)):
         library.impl(name, fn, dispatch_key)
     _library = library

@@ -192,6 +192,17 @@ def test_lora_adapters(tiny_models, tmp_path) -> None:
     assert [outs[order.index(i)] for i in range(len(NEEDLES))] == reference
 
 
+def test_the_start_up_log_and_metrics_say_the_mode_is_on(tiny_models, caplog) -> None:
+    from folovllm.entrypoints.openai.metrics import ServerMetrics
+
+    with caplog.at_level("INFO", logger="folovllm.engine.llm_engine"):
+        llm = make(tiny_models["llama"])
+    assert any("batch_invariant=on" in r.getMessage() for r in caplog.records if "platform:" in r.getMessage())
+    assert "batch_invariant" not in make(tiny_models["llama"], batch_invariant=False).llm_engine.platform_info
+    text = ServerMetrics("tiny", platform=llm.llm_engine.platform_info).render().decode()
+    assert 'batch_invariant="on"' in next(line for line in text.splitlines() if line.startswith("folovllm:platform_info"))
+
+
 def test_default_mode_differs(tiny_models, engine_tier: str) -> None:
     """The inverse: without the mode the same needles move with their company (the batch's shape picks
     other kernels and orders: a prompt chunk's prefill kernel or SDPA instead of the decode rows' form,
