@@ -110,13 +110,15 @@ def alone(llm: LLM, needles: list[list[int]], params: list[SamplingParams] = NEE
 NEEDLES = prompts(3, random.Random(1), low=20, high=60)
 
 
+@pytest.mark.parametrize("sizes", [(12,), pytest.param((8, 24, 64), marks=pytest.mark.slow)], ids=["12", "8-24-64"])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
-def test_alone_equals_inside_any_batch(tiny_models, arch: str, dtype: str, engine_tier: str) -> None:
+def test_alone_equals_inside_any_batch(tiny_models, arch: str, dtype: str, sizes: tuple[int, ...],
+                                       engine_tier: str) -> None:
     llm = make(tiny_models[arch], dtype=dtype)
     reference = alone(llm, NEEDLES)
     assert reference[0][1] and reference[0][2]  # logprobs were reported, the prompt's too
-    for outputs in needles_in_batches(llm, NEEDLES, sizes=(8, 24)):
+    for outputs in needles_in_batches(llm, NEEDLES, sizes=sizes):
         assert outputs == reference
 
 
@@ -209,7 +211,7 @@ def test_default_mode_differs(tiny_models, engine_tier: str) -> None:
     a GEMM's blocking by row count), so at least one logprob differs."""
     llm = make(tiny_models["llama"], dtype="float32", batch_invariant=False)
     reference = alone(llm, NEEDLES)
-    assert any(outputs != reference for outputs in needles_in_batches(llm, NEEDLES, sizes=(8, 24)))
+    assert any(outputs != reference for outputs in needles_in_batches(llm, NEEDLES, sizes=(12,)))
 
 
 def default_model_case() -> None:
