@@ -65,6 +65,18 @@ VARIABLES: dict[str, EnvVar] = {v.name: v for v in (
     EnvVar("FOLOVLLM_HUGE_PAGE_WEIGHTS", "on",
            "after loading on the CPU, the weights are copied into one block advised onto 2 MiB pages "
            "(fewer TLB misses when a decode step streams them)", ON_OFF),
+    # -- the CUDA platform ---------------------------------------------------------------------------
+    EnvVar("FOLOVLLM_CUDA_FUSED_OPS", "on",
+           "residual add + RMSNorm, q/k norm + rotary + KV-cache store and SiLU-mul as Triton kernels on CUDA "
+           "(off: their torch forms)", ON_OFF),
+    EnvVar("FOLOVLLM_CUDA_GRAPH_SAMPLING", "on",
+           "decode steps with sampled rows (temperature, top-k, top-p, min-p, seeds) sample inside their CUDA "
+           "graph, as all-greedy steps take their argmax there (off: such steps run eagerly; the tokens are the "
+           "same)", ON_OFF),
+    EnvVar("FOLOVLLM_TRITON_SPLIT_DECODE", "on",
+           "the triton attention backend's decode steps split each sequence's context over several programs, "
+           "then reduce (flash-decoding), so a few long sequences fill the GPU (off: one program per sequence "
+           "and KV head)", ON_OFF),
     # -- quantized linears --------------------------------------------------------------------------
     EnvVar("FOLOVLLM_QUANT_KERNEL", "auto",
            "int4/int8 matmuls: folovllm (ours; an error where the tier lacks it), torch (torch's CPU "

@@ -129,7 +129,7 @@ class CpuAttentionBackend:
 
     def kernel_switches(self) -> tuple[int, bool, bool]:
         """(skip_prefills_from, decode_prefetch, chunked_claims): what ``forward`` passes the kernel besides
-        the step's tensors, for callers that call the kernel op themselves (``model/layer_chain.py``)."""
+        the step's tensors, for callers that call the kernel op themselves (``compilation/layer_chain.py``)."""
         return self._sdpa_from, self._decode_prefetch, self._chunked_claims
 
     def kernel_takes_whole_step(self, meta: AttentionMetadata) -> bool:

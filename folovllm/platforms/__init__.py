@@ -9,9 +9,9 @@ import torch
 
 from folovllm.platforms.cpu import CpuPlatform
 from folovllm.platforms.cuda import CudaPlatform
-from folovllm.platforms.interface import LinearKernels, Platform
+from folovllm.platforms.interface import KernelOps, LinearKernels, Platform
 
-__all__ = ["LinearKernels", "Platform", "platform_for", "resolve_device", "to_device"]
+__all__ = ["KernelOps", "LinearKernels", "Platform", "platform_for", "resolve_device", "to_device"]
 
 _PLATFORMS: dict[str, type[Platform]] = {"cpu": CpuPlatform, "cuda": CudaPlatform}
 

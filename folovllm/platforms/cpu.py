@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
+from collections.abc import Callable
 
 import torch
 
@@ -16,7 +18,7 @@ from folovllm import envs
 from folovllm.platforms import isa, kernel_library
 from folovllm.platforms.allocator import allocator_hint, loaded_allocator
 from folovllm.platforms.huge_pages import move_weights_to_huge_pages
-from folovllm.platforms.interface import LinearKernels, Platform
+from folovllm.platforms.interface import KernelOps, LinearKernels, Platform
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +56,20 @@ class CpuPlatform(Platform):
         self.decoder_form = envs.value("FOLOVLLM_CPU_DECODER")
         self.greedy_head = envs.switch("FOLOVLLM_CPU_GREEDY_HEAD")
         self.lora_kernel = envs.switch("FOLOVLLM_CPU_LORA_KERNEL") and kernel_library.has_kernel("lora")
+
+    def kernel_ops(self) -> KernelOps | None:
+        if not self.fused_ops:
+            return None
+        ops = torch.ops.folovllm
+        return KernelOps("folovllm", ops.add_rms_norm.default, ops.rms_norm.default, ops.rotary_store_kv.default,
+                         ops.silu_and_mul.default)
+
+    def lora_op(self) -> Callable[..., None] | None:
+        return torch.ops.folovllm.lora_add.default if self.lora_kernel else None
+
+    def runs_triton(self) -> bool:
+        # only under Triton's own interpreter switch (tests): it runs the kernels on CPU tensors, in numpy
+        return os.environ.get("TRITON_INTERPRET") == "1"
 
     def resolve_dtype(self, requested: str, prefill_only: bool = False) -> str:
         """auto: bfloat16 where its matmuls run fast (native bf16 dot products, or our linear kernel, which

@@ -5,7 +5,7 @@ blocked layout the GEMM kernel wants makes small-batch matmuls (decode) about tw
 (``torch.ops.mkldnn``) bf16 results are bit-identical to ``F.linear`` (the same oneDNN kernel family
 accumulates in fp32 either way); fp32 ones differ in the last bits (oneDNN instead of MKL's sgemm).
 
-Our kernel (``torch.ops.folovllm.linear``, csrc/cpu/linear_bf16.cpp) streams the weight faster than
+Our kernel (``torch.ops.folovllm.linear``, csrc/cpu/linear.cpp) streams the weight faster than
 oneDNN at decode (a batch-1 step is mostly reading weights) and keeps up with it at larger batches. It
 takes bf16 weights of a multiple of 64 rows and an even number of columns; others stay with the fallback
 (oneDNN where it takes the dtype, else plain). It too accumulates in fp32, in its own order: results equal
