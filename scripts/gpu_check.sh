@@ -66,7 +66,8 @@ SMOKE_TESTS=(tests/attention/test_triton_backend.py::test_qwen3_shapes_on_cuda
              tests/platforms/test_triton_fused_ops.py tests/platforms/test_triton_sampling.py
              tests/entrypoints/test_gpu_vs_transformers.py tests/entrypoints/test_gpu_e2e.py)
 REST_TESTS=(tests/attention/test_triton_backend.py tests/worker/test_cuda_graphs.py tests/lora/test_lora_triton.py
-            tests/entrypoints/test_triton_fused_forms.py)
+            tests/entrypoints/test_triton_fused_forms.py tests/platforms/test_cuda_invariant.py
+            tests/engine/test_batch_invariance.py::test_on_cuda)
 bench_args=(--time-limit $((LIMIT_BENCH - 30)) --output-json "$out/gpu-bench.json")
 workers=4
 matrix_cases=(-k cuda)  # on the device its CUDA cases only: the CPU twins ran in the rehearsal
