@@ -1,6 +1,7 @@
 """Every ``FOLOVLLM_*`` environment variable, declared once: its values, its default and what it does.
 
-Nothing else in the package reads ``os.environ`` for these names: code asks ``envs.value(NAME)`` (or
+One of vLLM's variables is honoured and declared here too (``VLLM_BATCH_INVARIANT``). Nothing else in the
+package reads ``os.environ`` for these names: code asks ``envs.value(NAME)`` (or
 ``envs.switch(NAME)`` for an on/off one), which checks the value against the declaration, so a typo is
 an error naming the allowed values rather than a silently ignored setting. They are read when an engine
 is built, never during a step, so two engines in one process may differ (the bench's A/B runs set one
@@ -94,6 +95,10 @@ VARIABLES: dict[str, EnvVar] = {v.name: v for v in (
            "a GGUF file's tokenizer is converted once and kept under the cache root (off: converted at every "
            "start)", ON_OFF),
     EnvVar("FOLOVLLM_API_KEY", None, "serve: the key clients must send (--api-key overrides it); unset: none"),
+    # -- vLLM's names -------------------------------------------------------------------------------
+    EnvVar("VLLM_BATCH_INVARIANT", "0",
+           "1: every engine runs batch-invariant, as with --batch-invariant (vLLM's switch for it); 0: as the "
+           "engine's own setting says", ("0", "1")),
 )}
 
 

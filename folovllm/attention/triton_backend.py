@@ -21,13 +21,18 @@ class TritonAttentionBackend:
     graph captures) and dequantized inside the attention kernel."""
 
     takes_quantized_kv = True
+    has_batch_invariant_form = True
 
-    def __init__(self) -> None:
+    def __init__(self, batch_invariant: bool = False) -> None:
+        """``batch_invariant``: every query tile of one shape, key tiles at fixed positions and no decode split
+        over the context (``triton_kernels.paged_attention``'s ``fixed_tiles``)."""
         from folovllm.attention import triton_kernels  # imports triton only when this backend is chosen
 
         self._kernels = triton_kernels
+        self._batch_invariant = batch_invariant
         # decode steps split over the context (None: as far as fills the GPU) or not (1); their merge's tickets
-        self._num_splits = None if envs.switch("FOLOVLLM_TRITON_SPLIT_DECODE") else 1
+        # (how far a split goes follows the batch's shape: never in batch-invariant mode)
+        self._num_splits = None if envs.switch("FOLOVLLM_TRITON_SPLIT_DECODE") and not batch_invariant else 1
         self._tickets = triton_kernels.DecodeTickets()
 
     def forward(
@@ -52,7 +57,8 @@ class TritonAttentionBackend:
             self._kernels.store_kv(key, value, k_cache, v_cache, meta.slot_mapping)
         out = self._kernels.paged_attention(query, k_cache, v_cache, meta.block_tables, meta.seq_lens,
                                             meta.query_start_loc, scale, sliding_window=sliding_window,
-                                            num_splits=self._num_splits, tickets=self._tickets)
+                                            num_splits=self._num_splits, tickets=self._tickets,
+                                            fixed_tiles=self._batch_invariant)
         return out.view(num_tokens, num_heads * head_dim)
 
     @staticmethod

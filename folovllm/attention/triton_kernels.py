@@ -76,6 +76,7 @@ def _paged_attention_kernel(
     DOT_DTYPE: tl.constexpr,  # operand type of tl.dot: the input dtype (fp32 in the interpreter)
     DOT_PRECISION: tl.constexpr,
     KV_FORMAT: tl.constexpr,  # 0: K/V rows in the query's dtype; else quantized rows (triton_tiles.dequantized_rows)
+    KEYS_FROM_TILE_START: tl.constexpr,  # the key loop starts at a multiple of BLOCK_N (batch-invariant tiles)
 ):
     """Causal attention of a tile of query rows over its sequence's paged K/V (flash-style).
 
@@ -130,6 +131,8 @@ def _paged_attention_kernel(
     kv_end = tl.minimum(seq_len, context_len + first_token + BLOCK_Q)  # keys this tile's last token sees
     block_table = block_tables_ptr + seq * stride_bt
     kv_begin = tl.maximum(context_len + first_token - sliding_window + 1, 0)  # keys the first token sees
+    if KEYS_FROM_TILE_START:  # key tiles at fixed positions, wherever the query tile starts
+        kv_begin = kv_begin // BLOCK_N * BLOCK_N
     for key_start in range(kv_begin, kv_end, BLOCK_N):
         m, l, acc = attend_tile(q, m, l, acc, key_start, kv_end, q_pos, block_table, k_cache_ptr, v_cache_ptr,
                                 kv_head, dims, scale_log2, sliding_window, stride_cb, stride_cs, stride_ch,
@@ -161,7 +164,7 @@ def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
                     block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
                     scale: float, out: torch.Tensor | None = None, sliding_window: int | None = None,
                     num_splits: int | None = None, tiles: PrefillTiles | None = None,
-                    tickets: DecodeTickets | None = None) -> torch.Tensor:
+                    tickets: DecodeTickets | None = None, fixed_tiles: bool = False) -> torch.Tensor:
     """Causal attention of query [T, H, D] over each sequence's paged context; returns [T, H, D]. The caches
     hold rows in the query's dtype or quantized ones (attention/kv_quant.py), dequantized as they are loaded.
 
@@ -171,7 +174,10 @@ def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     p - sliding_window + 1 .. p. A decode-only batch (one token per sequence) splits each context over
     ``num_splits`` programs (None: as many as fill the GPU, ``triton_decode.decode_splits``; 1: no split),
     merged with ``tickets`` (kept by the caller across calls; None: a fresh buffer, a memset per call);
-    ``tiles``: the prefill kernel's tiles (None: this device's, ``prefill_tiles``).
+    ``tiles``: the prefill kernel's tiles (None: this device's, ``prefill_tiles``). ``fixed_tiles``
+    (batch-invariant mode): no split, and every query tile has the decode step's shape, key tiles starting at
+    multiples of BLOCK_N, so a row's sums are the same whether it is decoded or sits anywhere in a prompt chunk
+    (a key tile past a row's position adds exact zeros to it).
     """
     query = _unit_last_stride(query)
     num_tokens, num_heads, head_dim = query.shape
@@ -187,6 +193,8 @@ def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     dot_precision = "ieee" if query.dtype == torch.float32 else "tf32"
     window = _NO_WINDOW if sliding_window is None else sliding_window
     decode = num_tokens == num_seqs
+    if fixed_tiles:
+        num_splits = 1
     if decode and num_splits is None:
         num_splits = decode_splits(num_seqs, num_kv_heads, block_tables.shape[1] * k_cache.shape[1],
                                    _num_sms(query.device))
@@ -199,7 +207,7 @@ def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     group_pad = triton.next_power_of_2(group)
     # Decode (one token per sequence): the smallest tile tl.dot takes; prefill: the device's tiles.
     tiles = tiles or prefill_tiles(head_dim)
-    rows = _MIN_DOT_ROWS if decode else tiles.rows
+    rows = _MIN_DOT_ROWS if decode or fixed_tiles else tiles.rows
     block_q = max(1, max(rows, group_pad) // group_pad)
     grid = (num_tokens // block_q + num_seqs, num_kv_heads)
     _paged_attention_kernel[grid](
@@ -209,7 +217,8 @@ def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         BLOCK_SIZE=k_cache.shape[1], GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q,
         BLOCK_N=tiles.block_n, HEAD_DIM=head_dim, DOT_DTYPE=dot_dtype, DOT_PRECISION=dot_precision,
-        KV_FORMAT=kv_format, num_warps=4 if decode else tiles.num_warps, num_stages=tiles.num_stages,
+        KV_FORMAT=kv_format, num_warps=4 if decode or fixed_tiles else tiles.num_warps, num_stages=tiles.num_stages,
+        KEYS_FROM_TILE_START=fixed_tiles,
     )
     return out
 

@@ -21,10 +21,18 @@ class CudaPlatform(Platform):
     captures_graphs = True
     shares_cores = False
 
-    def __init__(self, device: torch.device) -> None:
-        super().__init__(device)
+    def __init__(self, device: torch.device, batch_invariant: bool = False) -> None:
+        """``batch_invariant``: torch's CUDA GEMMs and row reductions take fixed-tile Triton forms, process-wide
+        (``cuda_invariant.py``); the triton attention backend its own batch-invariant form."""
+        super().__init__(device, batch_invariant)
         self.fused_ops = _TRITON and envs.switch("FOLOVLLM_CUDA_FUSED_OPS")
         self.graph_sampling = envs.switch("FOLOVLLM_CUDA_GRAPH_SAMPLING")  # (where sampling_race has a kernel)
+        if batch_invariant:
+            if importlib.util.find_spec("triton") is None:
+                raise ValueError("batch-invariant mode on CUDA runs Triton kernels: install triton")
+            from folovllm.platforms import cuda_invariant
+
+            cuda_invariant.enable()
 
     def resolve_dtype(self, requested: str, prefill_only: bool = False) -> str:
         return "bfloat16" if requested == "auto" else requested
@@ -70,7 +78,7 @@ class CudaPlatform(Platform):
         return event
 
     def describe(self) -> dict[str, str]:
-        return {"platform": "cuda", "gpu": torch.cuda.get_device_name(self.device)}
+        return {"platform": "cuda", "gpu": torch.cuda.get_device_name(self.device), **self.modes()}
 
     def visible_devices(self) -> int | None:
         return torch.cuda.device_count()

@@ -24,6 +24,8 @@ class LinearKernels:
     for a weight our kernel does not take (its shape). quant: int4/int8 weights: ``folovllm``,
     ``torch`` (torch's CPU kernels) or ``reference`` (dequantize, then matmul). int4_activations: what our
     int4 kernel multiplies the codes with (bf16, int8, auto). int8_lm_head: the LM head held as int8 rows.
+    row_invariant: each row's outputs must not depend on how many rows a call multiplies (batch-invariant
+    mode): dense weights on our kernel where it takes them, every other one in calls of a fixed row count.
     """
 
     dense: str = "torch"
@@ -31,6 +33,7 @@ class LinearKernels:
     quant: str = "reference"
     int4_activations: str = "bf16"
     int8_lm_head: bool = False
+    row_invariant: bool = False
 
 
 @dataclass(frozen=True)
@@ -73,8 +76,11 @@ class Platform(ABC):
     # a captured decode step samples inside its graph (where the platform has a counter-keyed draw)
     graph_sampling: bool = False
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, batch_invariant: bool = False) -> None:
+        """``batch_invariant``: the engine's batch-invariant mode: the platform picks the kernel forms whose
+        result for a row does not depend on the rest of the batch (or refuses what has none)."""
         self.device = device
+        self.batch_invariant = batch_invariant
 
     @abstractmethod
     def resolve_dtype(self, requested: str, prefill_only: bool = False) -> str:
@@ -93,6 +99,10 @@ class Platform(ABC):
     @abstractmethod
     def describe(self) -> dict[str, str]:
         """What the start-up log, ``/metrics`` (platform_info) and every result JSON record of this device."""
+
+    def modes(self) -> dict[str, str]:
+        """The engine-wide modes the platform runs in, for ``describe`` (batch-invariant mode, when on)."""
+        return {"batch_invariant": "on"} if self.batch_invariant else {}
 
     def kernel_ops(self) -> KernelOps | None:
         """The kernel forms the layers switch to at compile time (None: their torch forms)."""

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from folovllm.sample.metadata import SamplingBatch, SamplingRow, build_sampling_batch
+from folovllm.sample.top_entries import top_entries
 
 __all__ = [
     "Sampler",
@@ -178,7 +179,7 @@ def gather_logprobs(
     # Computed for every row (cheaper than gathering the rows that asked, especially on CPU).
     chosen = raw_logprobs.gather(1, sampled.unsqueeze(1))
     ranks = (raw_logprobs > chosen).sum(dim=-1) + 1
-    top_values, top_ids = raw_logprobs.topk(batch.max_num_logprobs, dim=-1)
+    top_values, top_ids = top_entries(raw_logprobs, batch.max_num_logprobs)
 
     # One device-to-host copy per tensor, then plain Python.
     chosen_list = chosen.squeeze(1).tolist()

@@ -53,7 +53,7 @@ class Worker:
         single process."""
         self.config = config
         self.tp_group = tp_group
-        self.platform = platform_for(config.torch_device)
+        self.platform = platform_for(config.torch_device, config.batch_invariant)
         self.device = self.platform.device
         if tp_group is not None:
             self.device = self.platform.rank_device(tp_group.rank % config.ranks_per_node)
@@ -62,7 +62,7 @@ class Worker:
         if config.attention_backend == "triton" and not self.platform.runs_triton():
             raise ValueError(f"the triton attention backend does not run on {self.platform.name}: use "
                              "attention_backend 'torch' (or 'cpu' on a CPU); tests run it on CPU under TRITON_INTERPRET=1")
-        backend = get_attention_backend(config.attention_backend)
+        backend = get_attention_backend(config.attention_backend, config.batch_invariant)
         check_backend_takes(backend, config.attention_backend, self.kv_format)
         torch.manual_seed(config.seed)  # unseeded sampling draws from the global RNG
         self.platform.set_threads(config.threads_per_rank)
@@ -74,6 +74,10 @@ class Worker:
                                 quantize_lm_head=config.quantize_lm_head, platform=self.platform,
                                 pooling=config.runner == "pooling")
         self.platform.place_weights(self.model)
+        if config.enable_lora and config.batch_invariant and self.platform.lora_op() is None:
+            raise ValueError("batch-invariant mode with LoRA needs the lora_add kernel (each row's delta on its own); "
+                             "the torch form multiplies each adapter's rows together: turn FOLOVLLM_CPU_LORA_KERNEL on "
+                             "(a tier from avx2)")
         # adapters wrap the linears' methods before the compiled forms bind them
         self.lora = LoRAManager(self.model, config.max_loras, config.max_lora_rank,
                                 config.max_cpu_loras or config.max_loras,
