@@ -148,8 +148,9 @@ def needle_case(model: str | None, dtype: str, invariant: bool, chunk: int, toke
         for _ in range(size - len(needles)):
             prompt = [rng.choice(ids) for _ in range(rng.randrange(5, longest))]
             greedy = rng.random() < 0.5
-            batch.append((prompt, SamplingParams(temperature=0.0 if greedy else 1.0, max_tokens=rng.randrange(1, 2 * tokens),
-                                                 ignore_eos=True, logprobs=rng.choice([None, 1, 5])), None))
+            length = rng.randrange(1, 2 * tokens)
+            batch.append((prompt, SamplingParams(temperature=0.0 if greedy else 1.0, max_tokens=length, ignore_eos=True,
+                                                 logprobs=rng.choice([None, 1, 5])), None))
         rng.shuffle(batch)
         for (_, _, i), out in zip(batch, run([(p, s) for p, s, _ in batch])):
             if i is not None:
@@ -223,12 +224,13 @@ def bench_command(args: argparse.Namespace, workload: str, invariant: bool, out:
             *(["--batch-invariant"] if invariant else []), *shlex.split(args.bench_args), "--output-json", out]
 
 
-def summarize(workload: str, samples: dict[bool, list[float]], platform: dict[str, Any] | None) -> dict[str, Any]:
+def summarize(workload: str, samples: dict[bool, list[float]], platform: dict[str, Any] | None,
+              dtype: str | None = None) -> dict[str, Any]:
     """One workload's row in the ``bench switch`` format: each side's median, their ratio, the bar."""
     on, off = statistics.median(samples[True]), statistics.median(samples[False])
     return {"metric": COST_METRICS[workload], "on": on, "off": off, "on_over_off": on / off,
             "samples_on": samples[True], "samples_off": samples[False], "meets_bar": on / off >= COST_BAR,
-            "platform": platform}
+            "platform": platform, "dtype": dtype}
 
 
 def run_cost(args: argparse.Namespace) -> dict[str, Any]:
@@ -238,6 +240,7 @@ def run_cost(args: argparse.Namespace) -> dict[str, Any]:
         for tier in args.tiers:
             samples = {w: {True: [], False: []} for w in args.workloads}
             platform: dict[str, Any] | None = None
+            dtype: str | None = None
             for r in range(args.rounds):
                 for workload in args.workloads:
                     for on in ((False, True) if r % 2 == 0 else (True, False)):  # alternate who goes first
@@ -246,11 +249,11 @@ def run_cost(args: argparse.Namespace) -> dict[str, Any]:
                         if done.returncode != 0:
                             raise RuntimeError(f"bench throughput {workload} ({tier}) failed:\n{done.stderr[-3000:]}")
                         result = json.loads(Path(out).read_text())[0]
-                        platform = result["platform"]
+                        platform, dtype = result["platform"], result["dtype"]
                         samples[workload][on].append(result[COST_METRICS[workload]])
                         print(f"{tier} {workload} {'on ' if on else 'off'} {samples[workload][on][-1]:.1f}", flush=True)
             for workload in args.workloads:
-                rows[f"{tier}:{workload}"] = summarize(workload, samples[workload], platform)
+                rows[f"{tier}:{workload}"] = summarize(workload, samples[workload], platform, dtype)
     for name, row in rows.items():
         print(f"{name:28s} {row['metric']:14s} on {row['on']:8.1f}  off {row['off']:8.1f}  "
               f"on/off {row['on_over_off']:5.3f}  {'meets' if row['meets_bar'] else 'MISSES'} the {COST_BAR} bar")

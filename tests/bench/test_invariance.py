@@ -101,7 +101,8 @@ def test_cost_alternates_bench_throughput_processes_on_a_tiny_model(tiny_llama, 
     [results] = json.loads(out.read_text())
     row = results["workloads"]["native:decode-heavy"]
     assert len(row["samples_on"]) == len(row["samples_off"]) == 1 and row["on_over_off"] > 0
-    assert row["platform"]["platform"] == "cpu" and results["command"].startswith("folovllm bench invariance cost")
+    assert row["platform"]["platform"] == "cpu" and row["dtype"] == "float32"
+    assert results["command"].startswith("folovllm bench invariance cost")
     assert results["sides"]["decode-heavy"][1].endswith("--batch-invariant --num-requests 2 --input-len 8 "
                                                          "--output-len 4 --dtype float32 --num-threads 1 "
                                                          "--output-json OUT.json")
