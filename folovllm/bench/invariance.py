@@ -26,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from folovllm import envs
 from folovllm.bench.results import write_results
@@ -193,7 +193,8 @@ def format_needle(cases: list[dict[str, Any]], verdict: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def run_needle(args: argparse.Namespace) -> dict[str, Any] | None:
+def run_needle(args: argparse.Namespace, checkpoint: Callable[[dict[str, Any]], None]) -> dict[str, Any] | None:
+    """Every case, each in a process of its own; ``checkpoint`` gets the result so far after each one."""
     if len(args.needle_lens) != 4:
         raise ValueError(f"--needle-lens takes four lengths (one per needle), got {args.needle_lens}")
     if min(args.batches) <= len(args.needle_lens):
@@ -204,17 +205,21 @@ def run_needle(args: argparse.Namespace) -> dict[str, Any] | None:
         print(json.dumps(needle_case(args.model, dtype, mode == "on", args.chunk, args.tokens, args.batches,
                                      args.needle_lens)))
         return None
-    cases = []
+    cases: list[dict[str, Any]] = []
+
+    def result(complete: bool) -> dict[str, Any]:
+        return {"name": "batch-invariance-needle", "command": reproduce_command(args), "complete": complete,
+                "chunk": args.chunk, "tokens": args.tokens, "batches": args.batches,
+                "needle_lens": args.needle_lens, "verdict": judge_needle(cases), "cases": cases}
+
     for tier in args.tiers:
         for dtype in args.dtypes:
             for mode in ("off", "on"):
                 cases.append(needle_child(args, tier, dtype, mode))
                 print(json.dumps(cases[-1]), flush=True)
-    verdict = judge_needle(cases)
-    print(format_needle(cases, verdict))
-    return {"name": "batch-invariance-needle", "command": reproduce_command(args), "chunk": args.chunk,
-            "tokens": args.tokens, "batches": args.batches, "needle_lens": args.needle_lens, "verdict": verdict,
-            "cases": cases}
+                checkpoint(result(complete=False))
+    print(format_needle(cases, judge_needle(cases)))
+    return result(complete=True)
 
 
 # -- cost ---------------------------------------------------------------------------------------------------
@@ -264,17 +269,21 @@ def run_cost(args: argparse.Namespace) -> dict[str, Any]:
             "sides": sides, "workloads": rows}
 
 
-def save(result: dict[str, Any], out: str, append: bool) -> None:
-    """``out`` holds a list of results: this one alone, or (``append``) after those already there."""
+def results_writer(out: str | None, append: bool) -> Callable[[dict[str, Any]], None]:
+    """Writes ``out`` as a list of results: this run's alone, or (``append``) after those there when the run
+    began; called again as the run goes, it replaces its own entry (a run cut short keeps what it measured)."""
+    if not out:
+        return lambda result: None
     earlier = json.loads(Path(out).read_text()) if append and Path(out).exists() else []
-    write_results([*earlier, result], out)
+    return lambda result: write_results([*earlier, result], out)
 
 
 def run_bench_invariance(args: argparse.Namespace) -> dict[str, Any] | None:
     merge_model_tag(args)
     if args.append and not args.out:
         raise ValueError("--append adds to the list in --out: give --out")
-    result = run_needle(args) if args.invariance_mode == "needle" else run_cost(args)
-    if result is not None and args.out:
-        save(result, args.out, args.append)
+    write = results_writer(args.out, args.append)
+    result = run_needle(args, write) if args.invariance_mode == "needle" else run_cost(args)
+    if result is not None:
+        write(result)
     return result

@@ -7,7 +7,7 @@ import shlex
 
 import pytest
 
-from folovllm.bench.invariance import bench_command, judge_needle, reproduce_command, save, summarize
+from folovllm.bench.invariance import bench_command, judge_needle, reproduce_command, results_writer, summarize
 from folovllm.entrypoints.cli import build_parser, main
 from tests.engine.test_batch_invariance import tiny_checkpoint
 
@@ -54,12 +54,18 @@ def test_a_batch_must_hold_the_needles_and_more(capsys) -> None:
 
 
 def test_pieces_of_one_measurement_append_to_one_list(tmp_path) -> None:
-    out = str(tmp_path / "r.json")
-    save({"command": "a"}, out, append=True)  # nothing there yet: a list of one
-    save({"command": "b"}, out, append=True)
-    assert [r["command"] for r in json.loads((tmp_path / "r.json").read_text())] == ["a", "b"]
-    save({"command": "c"}, out, append=False)
-    assert [r["command"] for r in json.loads((tmp_path / "r.json").read_text())] == ["c"]
+    out = tmp_path / "r.json"
+
+    def commands() -> list[str]:
+        return [r["command"] for r in json.loads(out.read_text())]
+
+    results_writer(str(out), append=True)({"command": "a"})  # nothing there yet: a list of one
+    write = results_writer(str(out), append=True)
+    write({"command": "b", "complete": False})
+    write({"command": "b", "complete": True})  # a run's later writes replace its own entry
+    assert commands() == ["a", "b"] and json.loads(out.read_text())[1]["complete"]
+    results_writer(str(out), append=False)({"command": "c"})
+    assert commands() == ["c"]
 
 
 def test_needles_on_a_tiny_model_judged_per_mode(tiny_llama, tmp_path) -> None:
@@ -67,7 +73,7 @@ def test_needles_on_a_tiny_model_judged_per_mode(tiny_llama, tmp_path) -> None:
     main(["bench", "invariance", "needle", tiny_llama, "--dtypes", "float32", "--chunk", "16", "--tokens", "4",
           "--batches", "6", "--needle-lens", "5,20,33,60", "--out", str(out)])
     [results] = json.loads(out.read_text())
-    assert results["command"].startswith("folovllm bench invariance needle ") and tiny_llama in results["command"]
+    assert results["complete"] and results["command"].startswith("folovllm bench invariance needle ") and tiny_llama in results["command"]
     assert [(c["tier"], c["dtype"], c["batch_invariant"]) for c in results["cases"]] == \
         [("native", "float32", False), ("native", "float32", True)]
     assert all(c["cases"] == 4 and c["platform"]["platform"] == "cpu" for c in results["cases"])
