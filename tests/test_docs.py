@@ -141,6 +141,33 @@ def test_docs_and_comments_name_files_that_exist() -> None:
     assert not missing, sorted(missing)
 
 
+def test_docs_ship_no_template_markers() -> None:
+    """A ``{{NAME}}`` marker belongs to the template docs/benchmarks.md is generated from, never to a page."""
+    left = {(d.name, m) for d in DOCS if d != TEMPLATE for m in re.findall(r"\{\{[A-Z][A-Z0-9_]*\}\}", d.read_text())}
+    assert not left, sorted(left)
+
+
+def test_results_a_page_cites_exist_beside_their_commands() -> None:
+    """A docs/results JSON a page names is there, and each command it records is on that page (or a code
+    line there writes it): a figure is traced to its result and to how to make it again."""
+    wrong = []
+    for doc in DOCS:
+        if doc in (PAGE, TEMPLATE):  # the generated page has its own test above
+            continue
+        page = doc.read_text()
+        written = {tok for line in code_on(page) for tok in re.findall(r"docs/results/\S+?\.json", line)}
+        for name in sorted(set(re.findall(r"results/([\w.-]+)\.json", page))):
+            path = ROOT / "docs" / "results" / f"{name}.json"
+            if any(c.isupper() for c in name):  # a pattern (gpu-matrix-DEVICE), not a file
+                continue
+            if not path.exists():
+                wrong.append(f"{doc.name}: {path.relative_to(ROOT)} missing")
+            elif f"docs/results/{name}.json" not in written:
+                wrong += [f"{doc.name}: {name}.json's command {c!r} is not on the page"
+                          for c in commands_in(json.loads(path.read_text())) if c not in page]
+    assert not wrong, wrong
+
+
 def test_docs_name_declared_variables() -> None:
     from folovllm import envs
 
@@ -185,7 +212,7 @@ def test_docs_run_commands_that_exist() -> None:
                 flags = [w.split("=")[0] for w in words if w.startswith("--")]
                 program = Path(words[0]).name if words else ""
                 if program == "folovllm":
-                    sub = " ".join(w for w in words[1:3] if not w.startswith("-"))
+                    sub = " ".join(w for w in words[1:4] if not w.startswith("-"))
                     while sub not in options:
                         sub = sub.rpartition(" ")[0]
                     wrong += [f"{doc.name}: folovllm {sub} {f}" for f in flags if f not in options[sub]]
