@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from folovllm.bench.bandwidth import describe, memory_bandwidth
+from folovllm.bench.bandwidth import ARRAY_MIB, describe, memory_bandwidth
 from folovllm.model.loader import default_model_path, load_arch_config
 from folovllm.platforms import platform_for
 
@@ -59,6 +59,8 @@ def add_kernel_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scattered", action="store_true",
                         help="attention: each sequence's cache blocks at random places, as a long-running server's "
                              "are (default: in order, one after another)")
+    parser.add_argument("--bandwidth-mib", type=int, default=ARRAY_MIB,
+                        help="linears: MiB per array of the memory bandwidth measurement (far past the caches)")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", help="write the results here (JSON)")
@@ -186,7 +188,7 @@ def linear_candidates(out_f: int, in_f: int, dtype: torch.dtype, kind: str, most
 
 
 def bench_linears(args: argparse.Namespace, arch: Any, dtype: torch.dtype) -> tuple[list[dict[str, Any]], dict]:
-    bandwidth = memory_bandwidth(args.threads)
+    bandwidth = memory_bandwidth(args.threads, args.bandwidth_mib)
     print(describe(bandwidth))
     limit, which = gemm_limit(dtype)
     print(f"GEMM limit (the fastest 1536^2 GEMM of torch's here, best of 5): {limit:.1f} GFLOP/s ({which})")
@@ -296,6 +298,11 @@ def run_bench_kernel(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     dtype = DTYPES[args.dtype]
     platform = platform_for("cpu")
+    if args.kernel == "gguf":  # a bad type named before anything is measured
+        from folovllm.bench.gguf_blocks import type_id
+
+        for name in args.types.split(","):
+            type_id(name)
     arch = load_arch_config(args.model or default_model_path())
     print(f"platform: {platform.describe()}; model: {arch.name}; {args.threads} threads")
     bandwidth = None

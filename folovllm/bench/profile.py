@@ -27,7 +27,7 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
-from folovllm.bench.bandwidth import describe, memory_bandwidth
+from folovllm.bench.bandwidth import ARRAY_MIB, describe, memory_bandwidth
 from folovllm.bench.switch_ab import prompt_id_range
 from folovllm.engine.args import add_engine_args, add_model_positional, engine_config_from_args
 from folovllm.model.layers.linear import LinearBase
@@ -41,6 +41,8 @@ def add_profile_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prefill", action="store_true",
                         help="profile the prompts' steps instead of decodes (always, for a pooling engine)")
     parser.add_argument("--top", type=int, default=15, help="ops listed")
+    parser.add_argument("--bandwidth-mib", type=int, default=ARRAY_MIB,
+                        help="MiB per array of the memory bandwidth measurement (far past the caches)")
     parser.add_argument("--out", help="write the results here (JSON)")
     add_model_positional(parser)
     add_engine_args(parser)
@@ -75,7 +77,7 @@ def run_bench_profile(args: argparse.Namespace) -> dict[str, Any]:
           f"{results['step_us_median']:.0f} us per step (median)")
     model = getattr(engine.worker, "model", None)
     if engine.device.type == "cpu" and model is not None:
-        bandwidth = memory_bandwidth(engine.config.num_threads)
+        bandwidth = memory_bandwidth(engine.config.num_threads, args.bandwidth_mib)
         read = step_weight_bytes(model)
         gb_s = read / results["step_us_median"] / 1e3
         results["weights_read"] = {"bytes_per_step": read, "gb_s": gb_s, "memory_bandwidth": bandwidth,
