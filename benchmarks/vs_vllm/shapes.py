@@ -3,8 +3,8 @@
     .venv/bin/python benchmarks/vs_vllm/shapes.py qwen3-1.7b      # HF folder, then Q4_K_M and Q8_0 GGUFs
     .venv/bin/python benchmarks/vs_vllm/shapes.py tiny --types Q4_K_M
 
-For a shape (``SHAPES``: the published config.json of the model the name says, or ``tiny`` to try the
-plumbing): the HF folder, built with transformers' own class for the config (on the meta device, so an 8B
+For a shape (``SHAPES``: the published config.json of the model the name says, or ``tiny`` / ``tiny-qwen3``
+to try the plumbing): the HF folder, built with transformers' own class for the config (on the meta device, so an 8B
 model never sits whole in memory) and filled tensor by tensor with seeded random weights (normal, std
 0.02; norms 1), sharded safetensors, with the default model's tokenizer (SmolLM2's 49152 tokens; the
 converter pads the vocabulary to the shape's with unused entries). Then llama.cpp's own tools, from the
@@ -50,7 +50,12 @@ SHAPES: dict[str, dict[str, Any]] = {
                      "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 128256, "tie_word_embeddings": False,
                      "rope_theta": 500000.0, "rope_scaling": {**_LLAMA3_ROPE, "factor": 8.0},
                      "rms_norm_eps": 1e-5, "max_position_embeddings": 131072, "hidden_act": "silu"},
-    # the plumbing's check: K-quant rows (multiples of 256) at a size that converts in seconds
+    # the plumbing's checks: K-quant rows (multiples of 256) at a size that converts in seconds; a Llama, and a
+    # Qwen3 with the published vocabulary (the converter pads the tokenizer's to it)
+    "tiny-qwen3": {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 256,
+                   "intermediate_size": 768, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                   "head_dim": 64, "vocab_size": 151936, "tie_word_embeddings": True, "rope_theta": 1000000.0,
+                   "rms_norm_eps": 1e-6, "max_position_embeddings": 2048, "hidden_act": "silu", "attention_bias": False},
     "tiny": {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
              "intermediate_size": 768, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
              "head_dim": 64, "vocab_size": 49152, "tie_word_embeddings": True, "rope_theta": 10000.0,
