@@ -1,6 +1,8 @@
 // GGUF-typed weights in their own packed layout (gguf_layout.h), registered as torch.ops.folovllm.*:
 //   gguf_gemm  y = x W^T, W's outputs in parts (a merged q/k/v or gate/up linear), each part in one of
 //              Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K with the file's own scales: one call for the layer
+//   gguf_argmax each row's first largest output of gguf_gemm (the LM head's greedy token, the logits never
+//              written for bf16 rows)
 //   gguf_rows  rows of a one-part weight dequantized, each value the gguf package's to the last bit: the
 //              lookup of an embedding table held packed (a tied head's, or a table alone)
 //
@@ -14,6 +16,8 @@
 
 #include <ATen/Dispatch.h>
 #include <c10/util/Half.h>
+
+#include <limits>
 
 namespace folovllm::cpu {
 namespace {
@@ -66,6 +70,35 @@ void run_gguf_fp32(const GgufWeight& w, const at::Tensor& x, at::Tensor& y) {
                                                          part.meta_area, out, part.col0, b0, b1);
     });
   });
+}
+
+// bf16 rows [M, K] -> ids [M]: each row's argmax of run_gguf_bf16's bf16 y, without y. Each work item keeps its
+// own rows' best (slot p0: its first task), then the items are reduced in column order (the first maximum wins).
+void run_gguf_argmax(const GgufWeight& w, const at::Tensor& xb, at::Tensor& ids) {
+  const int64_t M = xb.size(0), K = w.K, tasks = w.tasks();
+  const auto* x = xb.const_data_ptr<c10::BFloat16>();
+  float* sums = sums_buffer(M * (K / 16));
+  group_sums(x, M, K, 16, sums);
+  std::vector<float> best(tasks * M, -std::numeric_limits<float>::infinity());
+  std::vector<int64_t> best_id(tasks * M, -1);  // -1: no work item started at this task
+  parallel_tasks(tasks, M, [&](int64_t t0, int64_t t1) {
+    const ArgmaxRows rows{best.data() + t0 * M, best_id.data() + t0 * M, 0};
+    std::fill(rows.id, rows.id + M, 0);
+    gguf_ranges(w, t0, t1, [&](const GgufPartView& part, int64_t b0, int64_t b1) {
+      gguf_blocks_bf16(part, b0, b1, x, M, K, sums, rows, w.N);
+    });
+  });
+  int64_t* out = ids.mutable_data_ptr<int64_t>();
+  for (int64_t m = 0; m < M; ++m) {
+    float top = -std::numeric_limits<float>::infinity();
+    int64_t id = 0;
+    for (int64_t t = 0; t < tasks; ++t) {
+      const float v = best[t * M + m];
+      if (best_id[t * M + m] < 0 || top != top) continue;
+      if (v > top || v != v) top = v, id = best_id[t * M + m];
+    }
+    out[m] = id;
+  }
 }
 
 float half_at(const uint8_t* p) {
@@ -137,6 +170,22 @@ at::Tensor gguf_gemm(const at::Tensor& x, const at::Tensor& weight, const at::Te
     return rows_gemm(x, w.N, [&](const at::Tensor& rows, at::Tensor& y) { run_gguf_fp32(w, rows, y); });
   }
   return bf16_rows_gemm(x, w.N, [&](const at::Tensor& xb, at::Tensor& y) { run_gguf_bf16(w, xb, y); });
+}
+
+// x [M, K] -> [M] int64: each row's argmax of gguf_gemm(x) (torch's argmax: the first of equal values), the
+// LM head's greedy token. bf16 x at the avx512_bf16 tier: kept inside the matmul's loop, the logits never
+// written; else gguf_gemm's logits, then torch's argmax.
+at::Tensor gguf_argmax(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& parts) {
+  TORCH_CHECK(x.dim() == 2, "gguf_argmax takes x [rows, K]");
+  if (x.size(0) == 0) return at::empty({0}, x.options().dtype(at::kLong));
+  if (x.scalar_type() != at::kBFloat16 || !cpu_supported())
+    return gguf_gemm(x, weight, parts).to(at::kFloat).argmax(-1);  // torch reduces fp32 faster than bf16
+  check_activations(x, weight, "gguf_argmax", Tier::kAvx2);
+  const GgufWeight w = gguf_weight(weight, parts);
+  TORCH_CHECK(x.size(-1) == w.K, "x's last dim (", x.size(-1), ") does not match the weight's inputs (", w.K, ")");
+  at::Tensor ids = at::empty({x.size(0)}, x.options().dtype(at::kLong));
+  run_gguf_argmax(w, x.contiguous(), ids);
+  return ids;
 }
 
 // ids [...] -> [..., K] in dtype: rows of a one-part gguf_gemm weight.

@@ -192,7 +192,7 @@ struct GgufBf16 {
 // R rows x C column blocks over all of K, reading the codes (A accumulator sets per output vector).
 template <GgufType T, int R, int C, int A, typename Out>
 FOLO_TARGET_AVX512_BF16 void gguf_tile(const c10::BFloat16* x, int64_t K, const float* xsum16, const uint8_t* block,
-                                       int64_t block_bytes, int64_t meta_area, Out* y, int64_t N, const uint8_t* end) {
+                                       int64_t block_bytes, int64_t meta_area, Out y, int64_t N, const uint8_t* end) {
   using F = GgufBf16<T>;
   __m512 out[R][C];
   for (int r = 0; r < R; ++r)
@@ -241,19 +241,19 @@ FOLO_TARGET_AVX512_BF16 void gguf_tile(const c10::BFloat16* x, int64_t K, const 
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) store16(y + r * N + c * kBlockCols, out[r][c]);
+    for (int c = 0; c < C; ++c) put(y, r, N, c * kBlockCols, out[r][c]);
 }
 
 // Blocks [b, b + C) of a part: rows in tiles of up to kGgufRowBlock, about 8-16 independent chains each.
 template <GgufType T, int C, typename Out>
 FOLO_TARGET_AVX512_BF16 void gguf_direct(const c10::BFloat16* x, int64_t M, int64_t K, const float* xsum16,
-                                         const uint8_t* block, int64_t block_bytes, int64_t meta_area, Out* y,
+                                         const uint8_t* block, int64_t block_bytes, int64_t meta_area, Out y,
                                          int64_t N, const uint8_t* end) {
   const int64_t sums_stride = K / 16;
   for (int64_t m = 0; m < M; m += kGgufRowBlock) {
     const c10::BFloat16* xr = x + m * K;
     const float* sr = xsum16 + m * sums_stride;
-    Out* yr = y + m * N;
+    const Out yr = offset(y, m, N, 0);
     switch (std::min<int64_t>(kGgufRowBlock, M - m)) {
       case 4: gguf_tile<T, 4, C, 2>(xr, K, sr, block, block_bytes, meta_area, yr, N, end); break;
       case 3: gguf_tile<T, 3, C, 1>(xr, K, sr, block, block_bytes, meta_area, yr, N, end); break;
@@ -296,7 +296,7 @@ FOLO_TARGET_AVX512_BF16 void gguf_unpack(const uint8_t* block, int64_t block_byt
 // R rows x C column blocks over an unpacked panel.
 template <GgufType T, int R, int C, typename Out>
 FOLO_TARGET_AVX512_BF16 void gguf_panel_tile(const c10::BFloat16* x, int64_t K, const float* xsum16,
-                                             const int32_t* panel, const float* so, Out* y, int64_t N) {
+                                             const int32_t* panel, const float* so, Out y, int64_t N) {
   using F = GgufBf16<T>;
   __m512 out[R][C];
   for (int r = 0; r < R; ++r)
@@ -327,12 +327,12 @@ FOLO_TARGET_AVX512_BF16 void gguf_panel_tile(const c10::BFloat16* x, int64_t K, 
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) store16(y + r * N + c * kBlockCols, out[r][c]);
+    for (int c = 0; c < C; ++c) put(y, r, N, c * kBlockCols, out[r][c]);
 }
 
 template <GgufType T, int C, typename Out>
 FOLO_TARGET_AVX512_BF16 void gguf_panel(const c10::BFloat16* x, int64_t M, int64_t K, const float* xsum16,
-                                        const uint8_t* block, int64_t block_bytes, int64_t meta_area, Out* y,
+                                        const uint8_t* block, int64_t block_bytes, int64_t meta_area, Out y,
                                         int64_t N) {
   using F = GgufBf16<T>;
   thread_local std::vector<int32_t> panel;  // grown once per thread, not per call
@@ -345,7 +345,7 @@ FOLO_TARGET_AVX512_BF16 void gguf_panel(const c10::BFloat16* x, int64_t M, int64
   for (int64_t m = 0; m < M; m += kGgufPanelTileRows) {
     const c10::BFloat16* xr = x + m * K;
     const float* sr = xsum16 + m * sums_stride;
-    Out* yr = y + m * N;
+    const Out yr = offset(y, m, N, 0);
     const int32_t* p = panel.data();
     const float* s = so.data();
     switch (std::min<int64_t>(kGgufPanelTileRows, M - m)) {
@@ -362,11 +362,11 @@ FOLO_TARGET_AVX512_BF16 void gguf_panel(const c10::BFloat16* x, int64_t M, int64
 template <GgufType T, typename Out>
 FOLO_TARGET_AVX512_BF16 void gguf_typed_blocks(const GgufPartView& part, int64_t b0, int64_t b1,
                                                const c10::BFloat16* x, int64_t M, int64_t K, const float* xsum16,
-                                               Out* y, int64_t N) {
+                                               Out y, int64_t N) {
   const uint8_t* end = part.data + b1 * part.block_bytes;  // this thread's last weight byte of the part, + 1
   for (int64_t b = b0; b < b1; b += kGgufCols) {
     const uint8_t* block = part.data + b * part.block_bytes;
-    Out* yb = y + part.col0 + b * kBlockCols;
+    const Out yb = offset(y, 0, N, part.col0 + b * kBlockCols);
     const bool pair = b + 1 < b1;
     if (M >= kGgufPanelRows) {
       if (pair) gguf_panel<T, 2>(x, M, K, xsum16, block, part.block_bytes, part.meta_area, yb, N);
@@ -378,12 +378,13 @@ FOLO_TARGET_AVX512_BF16 void gguf_typed_blocks(const GgufPartView& part, int64_t
   }
 }
 
-// Column blocks [b0, b1) of one part of y [M, N] (Out: float or bf16) from bf16 x [M, K] and its sums per 16
-// inputs [M, K / 16].
+// Column blocks [b0, b1) of one part of y [M, N] from bf16 x [M, K] and its sums per 16 inputs [M, K / 16].
+// Out: float* or c10::BFloat16* (y itself), or ArgmaxRows (each row's best logit, y never written;
+// quant_int8.h), a column block's outputs handed over in increasing columns for each row.
 template <typename Out>
 FOLO_TARGET_AVX512_BF16 void gguf_blocks_bf16(const GgufPartView& part, int64_t b0, int64_t b1,
                                               const c10::BFloat16* x, int64_t M, int64_t K, const float* xsum16,
-                                              Out* y, int64_t N) {
+                                              Out y, int64_t N) {
   switch (static_cast<GgufType>(part.type)) {
     case GgufType::kQ4_0: gguf_typed_blocks<GgufType::kQ4_0>(part, b0, b1, x, M, K, xsum16, y, N); break;
     case GgufType::kQ4_1: gguf_typed_blocks<GgufType::kQ4_1>(part, b0, b1, x, M, K, xsum16, y, N); break;

@@ -270,6 +270,8 @@ class GGUFPackedLinearMethod(LinearMethod):
         return lambda x: table.matmul(x) + bias
 
     def argmax(self, layer: nn.Module) -> Callable[[torch.Tensor], torch.Tensor] | None:
-        """A head's greedy tokens: its logits (fp32 for the reduction, as torch reduces fp32 faster), argmax."""
+        """A head's greedy tokens: ``gguf_argmax`` (for bf16 rows each row's best kept inside the matmul's loop,
+        the logits never written)."""
         table = self.table(layer)
-        return lambda x: table.matmul(x).float().argmax(-1)
+        op, weight, parts = torch.ops.folovllm.gguf_argmax.default, table.weight, table.parts
+        return lambda x: op(x, weight, parts)

@@ -96,6 +96,18 @@ def test_tiers_agree_with_each_other(kernel_tier: str) -> None:
     torch.testing.assert_close(got, base, rtol=1e-5, atol=1e-5 * float(base.abs().max()))
 
 
+@pytest.mark.parametrize("m", [1, 5, 17])
+def test_argmax_is_the_logits_argmax(kernel_tier: str, m: int) -> None:
+    """gguf_argmax: each row's first largest logit of gguf_gemm's (bf16 rows: kept inside the matmul's loop)."""
+    weight = _loaded([(Q.Q8_0, random_blocks(Q.Q8_0, 48, 256, 1)), (Q.Q6_K, random_blocks(Q.Q6_K, 32, 256, 2))], 256)
+    for dtype in (torch.bfloat16, torch.float32):
+        x = torch.randn(m, 256, generator=torch.Generator().manual_seed(m)).to(dtype)
+        ids = torch.ops.folovllm.gguf_argmax(x, weight.weight, weight.parts)
+        assert torch.equal(ids, weight.matmul(x).float().argmax(-1))
+    tie = torch.zeros(2, 256, dtype=torch.bfloat16)  # every logit 0: the first column wins
+    assert torch.ops.folovllm.gguf_argmax(tie, weight.weight, weight.parts).tolist() == [0, 0]
+
+
 def test_leading_dims_and_empty_input() -> None:
     weight = _loaded([(Q.Q8_0, random_blocks(Q.Q8_0, 32, 64))], 64)
     x = torch.randn(2, 3, 64).bfloat16()
