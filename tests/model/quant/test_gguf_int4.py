@@ -12,6 +12,7 @@ from folovllm import LLM, SamplingParams
 from folovllm.config import EngineConfig
 from folovllm.model.layers.linear import (
     ColumnParallelLinear,
+    LinearBase,
     RowParallelLinear,
     WeightConfig,
 )
@@ -23,7 +24,7 @@ from folovllm.model.quantization.gguf_int4 import (
     dequantize_int4_parts,
     gguf_int4_parts,
 )
-from folovllm.platforms import platform_for
+from folovllm.platforms import kernel_library, platform_for
 from tests.model.quant.gguf_files import Q, random_blocks, write_tiny_llama_gguf
 from tests.model.test_loader import prefill_logits
 from tests.tiers import kernel_missing
@@ -138,9 +139,42 @@ def test_load_quantized_errors(tiny_gguf: str, tmp_path: Path) -> None:
         gguf_int4_parts(random_blocks(Q.Q8_0, 16, 64), Q.Q8_0, 16, 64)
 
 
-def test_load_quantized_auto_resolves_off() -> None:
-    assert EngineConfig(device="cpu").resolve().load_quantized == "off"
-    assert EngineConfig(device="cpu", load_quantized="on").resolve().load_quantized == "on"
+@pytest.mark.skipif(kernel_missing("gguf") is not None, reason=f"{kernel_missing('gguf')}")
+def test_load_quantized_auto_keeps_a_gguf_file_in_its_types(tiny_gguf: str, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """auto: on for a GGUF file's own weights (the default model is one) where our GGUF kernel runs, else off."""
+    def resolved(**kwargs) -> str:
+        return EngineConfig(device="cpu", **kwargs).resolve().load_quantized
+
+    assert resolved() == "on" and resolved(model=tiny_gguf) == "on"
+    assert resolved(model=str(tmp_path)) == "off"  # an HF folder
+    assert resolved(model=tiny_gguf, load_format="dummy") == "off"
+    assert resolved(model=tiny_gguf, quantization="int8") == "off"  # int8 asked for: quantized from bf16
+    assert resolved(model=tiny_gguf, load_quantized="off") == "off"
+    assert not platform_for("cuda").runs_gguf_types()
+    with kernel_library.running_at(kernel_library.tier()):  # the library's tier back after the capped platform
+        monkeypatch.setenv("FOLOVLLM_CPU_ISA", "none")  # no kernel of ours: torch's take the 4-bit types alone
+        assert resolved(model=tiny_gguf) == "off"
+        monkeypatch.delenv("FOLOVLLM_CPU_ISA")
+    monkeypatch.setenv("FOLOVLLM_QUANT_KERNEL", "torch")
+    assert resolved(model=tiny_gguf) == "off"
+    assert resolved(model=tiny_gguf, load_quantized="on") == "on"
+
+
+@pytest.mark.skipif(kernel_missing("gguf") is not None, reason=f"{kernel_missing('gguf')}")
+def test_default_flags_run_a_gguf_file_in_its_types(tiny_gguf: str) -> None:
+    """LLM(a GGUF file) with no flag: its linears packed for our GGUF kernel (off: none), and it generates."""
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    packed = {}
+    for mode in ("auto", "off"):
+        llm = LLM(tiny_gguf, tokenizer=default_model_path(), load_quantized=mode, max_model_len=128,
+                  num_gpu_blocks_override=16)
+        assert llm.llm_engine.config.load_quantized == ("on" if mode == "auto" else "off")
+        packed[mode] = sum(isinstance(m.method, GGUFPackedLinearMethod)
+                           for m in llm.llm_engine.worker.model.modules() if isinstance(m, LinearBase))
+        outputs = llm.generate([{"prompt_token_ids": [5, 17, 3, 99]}], params, use_tqdm=False)
+        assert len(outputs[0].outputs[0].token_ids) == 8
+    assert packed["auto"] > 0 and packed["off"] == 0
 
 
 def _default_model_greedy(prompts: list[list[int]], dtype: str, load_quantized: str) -> list[list[int]]:
