@@ -151,6 +151,7 @@ def test_load_quantized_auto_keeps_a_gguf_file_in_its_types(tiny_gguf: str, tmp_
     assert resolved(model=tiny_gguf, load_format="dummy") == "off"
     assert resolved(model=tiny_gguf, quantization="int8") == "off"  # int8 asked for: quantized from bf16
     assert resolved(model=tiny_gguf, load_quantized="off") == "off"
+    assert resolved(model=tiny_gguf, batch_invariant=True) == "off"  # that mode takes dense weights only
     assert not platform_for("cuda").runs_gguf_types()
     with kernel_library.running_at(kernel_library.tier()):  # the library's tier back after the capped platform
         monkeypatch.setenv("FOLOVLLM_CPU_ISA", "none")  # no kernel of ours: torch's take the 4-bit types alone
