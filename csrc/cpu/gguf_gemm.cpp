@@ -17,7 +17,6 @@
 #include <ATen/Dispatch.h>
 #include <c10/util/Half.h>
 
-#include <limits>
 
 namespace folovllm::cpu {
 namespace {
@@ -79,26 +78,14 @@ void run_gguf_argmax(const GgufWeight& w, const at::Tensor& xb, at::Tensor& ids)
   const auto* x = xb.const_data_ptr<c10::BFloat16>();
   float* sums = sums_buffer(M * (K / 16));
   group_sums(x, M, K, 16, sums);
-  std::vector<float> best(tasks * M, -std::numeric_limits<float>::infinity());
-  std::vector<int64_t> best_id(tasks * M, -1);  // -1: no work item started at this task
+  ItemArgmax items(tasks, M);
   parallel_tasks(tasks, M, [&](int64_t t0, int64_t t1) {
-    const ArgmaxRows rows{best.data() + t0 * M, best_id.data() + t0 * M, 0};
-    std::fill(rows.id, rows.id + M, 0);
+    const ArgmaxRows rows = items.rows(t0);
     gguf_ranges(w, t0, t1, [&](const GgufPartView& part, int64_t b0, int64_t b1) {
       gguf_blocks_bf16(part, b0, b1, x, M, K, sums, rows, w.N);
     });
   });
-  int64_t* out = ids.mutable_data_ptr<int64_t>();
-  for (int64_t m = 0; m < M; ++m) {
-    float top = -std::numeric_limits<float>::infinity();
-    int64_t id = 0;
-    for (int64_t t = 0; t < tasks; ++t) {
-      const float v = best[t * M + m];
-      if (best_id[t * M + m] < 0 || top != top) continue;
-      if (v > top || v != v) top = v, id = best_id[t * M + m];
-    }
-    out[m] = id;
-  }
+  items.reduce(ids.mutable_data_ptr<int64_t>());
 }
 
 float half_at(const uint8_t* p) {
