@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from folovllm.model.quantization.linear_method import LinearMethod, set_weight_attrs
+from folovllm.model.quantization.linear_method import LinearMethod, register_bias
 from folovllm.model.quantization.op_call import bound_op_call
 
 BLOCK_COLS = 16  # outputs per column block
@@ -249,12 +249,7 @@ class GGUFPackedLinearMethod(LinearMethod):
                              f"{output_size} outputs")
         if self.shared is None:
             layer.gguf = GGUFWeight(self.pieces, input_size, device)
-        if bias:
-            bias_param = nn.Parameter(torch.empty(output_size, dtype=dtype, device=device), requires_grad=False)
-            set_weight_attrs(bias_param, output_dim=0, input_dim=None)
-            layer.register_parameter("bias", bias_param)
-        else:
-            layer.register_parameter("bias", None)
+        register_bias(layer, bias, output_size, dtype, device)
 
     def table(self, layer: nn.Module) -> GGUFWeight:
         return self.shared if self.shared is not None else layer.gguf
