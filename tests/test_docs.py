@@ -95,7 +95,8 @@ def test_the_template_types_no_measured_figure() -> None:
 
 
 # Names of other projects' files, which the docs may mention.
-OTHER_PROJECTS = {"llama.cpp", "bench.py"}  # llama.cpp itself; nano-vllm's benchmark script
+# llama.cpp itself and its HF-to-GGUF converter; nano-vllm's benchmark script
+OTHER_PROJECTS = {"llama.cpp", "convert_hf_to_gguf.py", "bench.py"}
 MENTION = re.compile(r"(?<![\w./:$\-{}])((?:[\w.-]+/)*(?:\{\w+(?:,\w+)+\}|[\w-]+)\.(?:py|cpp|h|cu|sh))\b")
 
 

@@ -94,7 +94,7 @@ def format_table(rows: Sequence[dict[str, Any]], labels: dict[str, str] | None =
 
 def llama_rows(llama: dict[str, Any]) -> list[dict[str, Any]]:
     """The llama.cpp table's lines: per stream count, generation tok/s (llama.cpp's S_TG; ours over the whole
-    run), and for one stream ms per token; each with ours (4-bit, and our best) against llama.cpp's."""
+    run), and for one stream ms per token; each with ours (on the same GGUF, and our best) against llama.cpp's."""
     rows = []
     for name, by_side in llama["median"].items():
         n = int(name.split("_")[1])
@@ -104,10 +104,12 @@ def llama_rows(llama: dict[str, Any]) -> list[dict[str, Any]]:
             values = {side: f[key] for side, f in by_side.items()}
             theirs = values["llama.cpp"]
             ours = {e: v for e, v in values.items() if e != "llama.cpp"}
+            # ours on llama.cpp's own file: with default flags where that ran, else with load_quantized on
+            gguf = next((e for e in ("folo-gguf", "folo-q4") if e in values), None)
             best = max(ours.values()) if higher else min(ours.values())
             rows.append({"label": f"{n} stream{'s' if n > 1 else ''}, {shape}", "metric": metric,
                          "by_engine": values, "higher_is_better": higher,
-                         "four_bit": advantage(theirs, values["folo-q4"], higher) if "folo-q4" in values else None,
+                         "four_bit": advantage(theirs, values[gguf], higher) if gguf else None,
                          "best": advantage(theirs, best, higher)})
     return rows
 
@@ -116,7 +118,7 @@ def format_llama_table(rows: Sequence[dict[str, Any]], labels: dict[str, str]) -
     """The markdown table of llama.cpp against our variants."""
     sides = list(rows[0]["by_engine"])
     head = " | ".join(labels.get(e, e) for e in sides)
-    lines = [f"| streams × prompt × new | figure | {head} | our 4-bit vs llama.cpp | our best vs llama.cpp |",
+    lines = [f"| streams × prompt × new | figure | {head} | ours on its GGUF vs llama.cpp | our best vs llama.cpp |",
              "|---|---|" + "---|" * len(sides) + "---|---|"]
     for r in rows:
         better = "higher" if r["higher_is_better"] else "lower"
@@ -124,6 +126,13 @@ def format_llama_table(rows: Sequence[dict[str, Any]], labels: dict[str, str]) -
         four = f"{r['four_bit']:.2f}×" if r["four_bit"] is not None else "–"
         lines.append(f"| {r['label']} | {r['metric']} ({better} is better) | {cells} | {four} | {r['best']:.2f}× |")
     return "\n".join(lines) + "\n"
+
+
+def format_rss(phase: dict[str, Any], labels: dict[str, str]) -> str:
+    """One line: each side's peak RSS in a phase (and the GGUF's size, where it ran on one)."""
+    sides = ", ".join(f"{labels.get(e, e)} {mib / 1024:.2f} GiB" for e, mib in phase["peak_rss_mib"].items())
+    size = f" (the GGUF: {phase['gguf_mib'] / 1024:.2f} GiB)" if "gguf_mib" in phase else ""
+    return f"peak RSS: {sides}{size}\n"
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

@@ -15,7 +15,8 @@ namespace {
 // about before it picks a kernel.
 Tier kernel_floor(const std::string& name) {
   if (name == "paged_attention" || name == "fused_ops" || name == "linear" || name == "linear_argmax" ||
-      name == "int4" || name == "int4_a8" || name == "int8" || name == "prefill_attention" || name == "lora")
+      name == "int4" || name == "int4_a8" || name == "int8" || name == "gguf" || name == "prefill_attention" ||
+      name == "lora")
     return Tier::kAvx2;
   if (name == "decode_avx512") return Tier::kAvx512;
   if (name == "team") return Tier::kAvx512Bf16;
@@ -68,6 +69,10 @@ TORCH_LIBRARY(folovllm, m) {
   m.def("int8_rows(Tensor codes, Tensor scales, Tensor ids, ScalarType dtype) -> Tensor");
   m.def("int8_argmax(Tensor x, Tensor codes, Tensor scales, bool fused=True) -> Tensor");
 
+  m.def("gguf_gemm(Tensor x, Tensor weight, Tensor parts) -> Tensor");
+  m.def("gguf_argmax(Tensor x, Tensor weight, Tensor parts) -> Tensor");
+  m.def("gguf_rows(Tensor weight, Tensor parts, Tensor ids, ScalarType dtype) -> Tensor");
+
   m.def("lora_add(Tensor(a!) out, Tensor x, Tensor row_slot, Tensor a, Tensor a_start, Tensor b, Tensor pieces, "
         "Tensor p_start) -> ()");
 
@@ -92,5 +97,8 @@ TORCH_LIBRARY_IMPL(folovllm, CPU, m) {
   m.impl("int8_gemm", &int8_gemm);
   m.impl("int8_rows", &dequantized_int8_rows);
   m.impl("int8_argmax", &int8_argmax);
+  m.impl("gguf_gemm", &gguf_gemm);
+  m.impl("gguf_argmax", &gguf_argmax);
+  m.impl("gguf_rows", &gguf_rows);
   m.impl("lora_add", &lora_add);
 }

@@ -8,11 +8,12 @@
 // the o_proj linear, add_rms_norm, the MLP. A linear or MLP is a chain of "x-first" calls: op(x, *args),
 // each taking the previous call's output (a linear of any kind; gate_up, silu_and_mul, down; a fused MLP).
 //
-// Where every linear is an int4 matmul with bf16 activations or our bf16 linear and the step is small (a few
-// rows, short attention: team_takes), run_team runs the step on one team of threads instead
+// Where every linear is an int4 matmul with bf16 activations, a gguf_gemm or our bf16 linear and the step is
+// small (a few rows, short attention: team_takes), run_team runs the step on one team of threads instead
 // (decoder_team.h): the same ops for everything but the matmuls, the matmuls' own kernel code split
 // by columns, the same bits.
 #include "decoder_team.h"
+#include "decoder_team_gguf.h"
 #include "ops.h"
 
 #include <ATen/ATen.h>
@@ -83,11 +84,13 @@ std::shared_ptr<const TeamLinear> int4_linear(const std::vector<IValue>& args, s
                                       args[first + 3].toInt(), std::move(perm));
 }
 
-// The linear a call makes where the team can split it: int4_gemm, int4_gemm_perm, or the bf16 linear
-// without a bias; else none.
+// The linear a call makes where the team can split it: int4_gemm, int4_gemm_perm, gguf_gemm, or the bf16
+// linear without a bias; else none.
 std::shared_ptr<const TeamLinear> team_linear(const XFirstCall& call) {
   if (call.is("folovllm::int4_gemm")) return int4_linear(call.args, 0);
   if (call.is("folovllm::int4_gemm_perm")) return int4_linear(call.args, 0, call.args[4].toTensor());
+  if (call.is("folovllm::gguf_gemm"))
+    return std::make_shared<GgufLinear>(call.args[0].toTensor(), call.args[1].toTensor());
   if (call.is("folovllm::linear") && call.args[1].isNone())
     return std::make_shared<Bf16Linear>(call.args[0].toTensor());
   return nullptr;

@@ -57,6 +57,11 @@ at::Tensor int8_argmax(const at::Tensor& x, const at::Tensor& codes, const at::T
 at::Tensor dequantized_int8_rows(const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& ids,
                                  at::ScalarType dtype);
 
+// gguf_gemm.cpp
+at::Tensor gguf_gemm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& parts);
+at::Tensor gguf_argmax(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& parts);
+at::Tensor gguf_rows(const at::Tensor& weight, const at::Tensor& parts, const at::Tensor& ids, at::ScalarType dtype);
+
 // lora.cpp: out += each row's LoRA adapter delta (the tables as lora.cpp describes them)
 void lora_add(at::Tensor& out, const at::Tensor& x, const at::Tensor& row_slot, const at::Tensor& a,
               const at::Tensor& a_start, const at::Tensor& b, const at::Tensor& pieces, const at::Tensor& p_start);

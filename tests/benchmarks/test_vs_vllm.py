@@ -171,7 +171,7 @@ def test_llama_rows_put_our_4_bit_and_our_best_against_llama_cpp():
     assert rows[1]["four_bit"] == pytest.approx(0.7) and rows[1]["best"] == pytest.approx(0.7)
     assert rows[2]["four_bit"] == 1.0 and rows[2]["best"] == 1.5
     table = report.format_llama_table(rows, {"llama.cpp": "llama.cpp Q4_1", "folo": "FoloVLLM"}).splitlines()
-    assert table[0].startswith("| streams × prompt × new | figure | llama.cpp Q4_1 | FoloVLLM | folo-q4 |")
+    assert table[0].startswith("| streams × prompt × new | figure | llama.cpp Q4_1 | FoloVLLM | folo-q4 | ours on its GGUF")
     assert table[4] == "| 16 streams, 16 × 16 × 128 | output tok/s (higher is better) | 270 | 405 | 270 | 1.00× | 1.50× |"
 
 
@@ -368,3 +368,59 @@ def test_a_tier_cap_caps_vllms_torch_kernels_as_it_caps_ours(tmp_path):
     host = setup(None).env("vllm")
     for name in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA"):
         assert host.get(name) == os.environ.get(name)
+
+
+def _with_siblings(name: str) -> ModuleType:
+    sys.path.insert(0, str(FOLDER))  # the module imports its siblings as the scripts folder does
+    try:
+        return load(name)
+    finally:
+        sys.path.remove(str(FOLDER))
+
+
+def test_one_at_a_time_sessions_keep_alternating():
+    phases = _with_siblings("phases")
+    assert phases.sessions(("a", "b"), 3, False) == [(("a", "b"), range(3))]
+    alone = phases.sessions(("a", "b"), 3, True)
+    assert [group for group, _ in alone] == [("a",), ("b",), ("b",), ("a",), ("a",), ("b",)]
+    assert [list(r) for _, r in alone] == [[0], [0], [1], [1], [2], [2]]
+
+
+def test_shapes_are_the_published_configs_and_refuse_others(tmp_path):
+    shapes = _with_siblings("shapes")
+    qwen = shapes.shape_config("qwen3-1.7b")
+    assert (qwen["hidden_size"], qwen["intermediate_size"], qwen["num_hidden_layers"], qwen["vocab_size"]) == \
+        (2048, 6144, 28, 151936)
+    eight = shapes.shape_config("llama-3.1-8b")
+    assert (eight["hidden_size"], eight["intermediate_size"], eight["tie_word_embeddings"]) == (4096, 14336, False)
+    with pytest.raises(ValueError, match="unknown shape"):
+        shapes.shape_config("llama-70b")
+    where = shapes.paths("tiny", tmp_path)
+    assert where["Q4_K_M"] == tmp_path / "tiny" / "tiny-Q4_K_M.gguf" and where["hf"] == tmp_path / "tiny" / "hf"
+
+
+def test_a_tiny_shapes_folder_loads_in_transformers_and_in_folovllm(tmp_path):
+    """The HF folder of a shape (no llama.cpp needed for it): transformers' class reads it back, and our
+    engine loads it into the same logits."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from folovllm.model.loader import load_model
+    from tests.model.test_loader import prefill_logits
+
+    shapes = _with_siblings("shapes")
+    folder = tmp_path / "hf"
+    shapes.make_hf_folder("tiny", folder)
+    assert (folder / "model.safetensors.index.json").exists() and (folder / "tokenizer.json").exists()
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    ids = [17, 300, 4000, 25]
+    with torch.no_grad():
+        expected = hf(torch.tensor([ids])).logits[0]
+    ours = prefill_logits(load_model(str(folder), dtype=torch.float32, device="cpu"), ids)
+    torch.testing.assert_close(ours, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_rss_line_names_each_side_and_the_file():
+    line = report.format_rss({"peak_rss_mib": {"llama.cpp": 1024.0, "folo-gguf": 1536.0}, "gguf_mib": 1000.0},
+                             {"folo-gguf": "FoloVLLM GGUF"})
+    assert line == "peak RSS: llama.cpp 1.00 GiB, FoloVLLM GGUF 1.50 GiB (the GGUF: 0.98 GiB)\n"
