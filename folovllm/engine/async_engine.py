@@ -45,10 +45,13 @@ class RequestStream:
         self.request_id = request_id
         self.finished = False
         self.engine = 0  # the data-parallel replica serving it, known once it is accepted
+        self.num_output_tokens = 0  # over its choices, as of the latest output the engine handed over
         self._queue: asyncio.Queue[RequestOutput | Exception] = asyncio.Queue()
         self._engine = engine
 
     def put(self, item: RequestOutput | Exception) -> None:
+        if isinstance(item, RequestOutput):
+            self.num_output_tokens = sum(len(choice.token_ids) for choice in item.outputs)
         self._queue.put_nowait(item)
 
     async def __aiter__(self) -> AsyncIterator[RequestOutput]:
