@@ -15,6 +15,8 @@ from tests.lora.adapters import ATTN, MLP, hf_greedy, merged_model, write_adapte
 
 PROMPT = [5, 17, 33, 40, 99, 7]
 MAX_TOKENS = 5
+# the messages' text alone, so that a chat prompt's ids fit the tiny model's vocabulary
+CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +34,8 @@ def adapter_dirs(tiny_llama_dir: str, tmp_path_factory) -> dict[str, Path]:  # n
 def lora_args(adapter_dirs: dict[str, Path]) -> list[str]:
     json_module = '{"name": "a2", "path": "%s", "base_model_name": "%s"}' % (adapter_dirs["a2"], MODEL_NAME)
     return ["--enable-lora", "--max-loras", "2", "--max-lora-rank", "16",
-            "--lora-modules", f"a1={adapter_dirs['a1']}", json_module, "--allow-runtime-lora-updating"]
+            "--lora-modules", f"a1={adapter_dirs['a1']}", json_module, "--allow-runtime-lora-updating",
+            "--chat-template", CHAT_TEMPLATE]
 
 
 def test_in_process_app(tiny_llama_dir, adapter_dirs) -> None:  # noqa: F811
@@ -43,12 +46,13 @@ def test_in_process_app(tiny_llama_dir, adapter_dirs) -> None:  # noqa: F811
     from folovllm.entrypoints.cli import build_parser
     from folovllm.entrypoints.openai.api_server import build_app, start_engine_core
     from folovllm.entrypoints.openai.server_args import ServerConfig
+    from folovllm.entrypoints.openai.validation import ChatSettings
 
     args = build_parser().parse_args(["serve", "--model", tiny_llama_dir, "--dtype", "float32", "--max-model-len",
                                       "256", "--no-engine-process", *lora_args(adapter_dirs)])
     core, tokenizer = start_engine_core(engine_config_from_args(args), own_process=False, log_level="warning")
     config = ServerConfig([MODEL_NAME], enable_lora=True, lora_modules=args.lora_modules,
-                          allow_runtime_lora_updating=True)
+                          allow_runtime_lora_updating=True, chat=ChatSettings(chat_template=CHAT_TEMPLATE))
     with TestClient(build_app(core, tokenizer, config)) as http:
         client = openai.OpenAI(base_url=f"{http.base_url}/v1", api_key="unused", max_retries=0, http_client=http)
         check_serving(client, http, tiny_llama_dir, adapter_dirs)
@@ -77,6 +81,8 @@ def check_serving(client, http: httpx.Client, tiny_llama_dir: str, adapter_dirs:
     for name in ("a1", "a2", None):
         expected = hf_greedy(merged_model(tiny_llama_dir, adapter_dirs.get(name)), PROMPT, MAX_TOKENS)
         assert complete(client, name or MODEL_NAME) == expected, name
+    check_reported_model(client, "a2")
+    check_reported_model(client, MODEL_NAME)
     with pytest.raises(openai.NotFoundError):
         complete(client, "a3")
 
@@ -94,3 +100,16 @@ def check_serving(client, http: httpx.Client, tiny_llama_dir: str, adapter_dirs:
     with pytest.raises(openai.NotFoundError):
         complete(client, "a3")
     assert http.post("/v1/unload_lora_adapter", json={"lora_name": "a3"}).status_code == 404
+
+
+def check_reported_model(client, model: str) -> None:
+    """A response names the adapter that served it (the served model without one), as vLLM's do:
+    completions and chat, whole and every streamed chunk."""
+    text = dict(model=model, prompt=PROMPT, max_tokens=2, temperature=0)
+    assert client.completions.create(**text).model == model
+    assert {c.model for c in client.completions.create(**text, stream=True,
+                                                       stream_options={"include_usage": True})} == {model}
+    chat = dict(model=model, messages=[{"role": "user", "content": "1+2="}], max_tokens=2, temperature=0)
+    assert client.chat.completions.create(**chat).model == model
+    assert {c.model for c in client.chat.completions.create(**chat, stream=True,
+                                                            stream_options={"include_usage": True})} == {model}

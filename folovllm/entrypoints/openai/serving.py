@@ -120,6 +120,10 @@ class ServingContext:
                            type="not_found_error", param="model", code="model_not_found")
         return None
 
+    def reported_model(self, lora: LoRARequest | None) -> str:
+        """The ``model`` a response names: the adapter that served it, else the served model."""
+        return lora.lora_name if lora is not None else self.model_name
+
     async def start(self, prompts: list[dict], params: SamplingParams | PoolingParams, request_id: str,
                     arrival_time: float, param_renames: dict[str, str] | None = None,
                     prompt_param: str = "prompt", priority: int = 0,

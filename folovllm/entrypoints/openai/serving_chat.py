@@ -37,14 +37,15 @@ class ChatServing:
         streams = await ctx.start([prompt], params, request_id, arrival, renames, prompt_param="messages",
                                   priority=body.priority, user=body.user, lora_request=lora)
         if body.stream:
-            chunks = self._stream(body, streams[0], request_id, params.stop, prompt["prompt_token_ids"], reader)
+            chunks = self._stream(body, streams[0], request_id, params.stop, prompt["prompt_token_ids"], reader,
+                                  ctx.reported_model(lora))
             return StreamingResponse(event_stream(chunks, ctx, streams), media_type="text/event-stream")
         final = (await ctx.collect(streams, raw))[0]
-        return JSONResponse(self.response(body, final, request_id, reader))
+        return JSONResponse(self.response(body, final, request_id, reader, ctx.reported_model(lora)))
 
     def response(self, body: ChatCompletionRequest, final: RequestOutput, request_id: str,
-                 reader: ReplyReader) -> dict:
-        """The non-streaming response body for the request's final output."""
+                 reader: ReplyReader, model: str) -> dict:
+        """The non-streaming response body for the request's final output; ``model``: the name it reports."""
         ctx = self.ctx
         choices = []
         for out in final.outputs:
@@ -57,7 +58,7 @@ class ChatServing:
             choices.append(choice)
         completion_tokens = sum(len(o.token_ids) for o in final.outputs)
         response = {"id": request_id, "object": "chat.completion", "created": now_s(),
-                    "model": ctx.model_name, "choices": choices,
+                    "model": model, "choices": choices,
                     "usage": ctx.usage([final], completion_tokens)}
         if body.return_token_ids:
             response["prompt_token_ids"] = final.prompt_token_ids
@@ -84,8 +85,9 @@ class ChatServing:
         return {"content": content}
 
     async def _stream(self, body: ChatCompletionRequest, stream: AsyncIterator[RequestOutput], request_id: str,
-                      stop: list[str], prompt_token_ids: list[int], reader: ReplyReader) -> AsyncIterator[str]:
-        created, model = now_s(), self.ctx.model_name
+                      stop: list[str], prompt_token_ids: list[int], reader: ReplyReader,
+                      model: str) -> AsyncIterator[str]:
+        created = now_s()
         cursors = [TextDeltas(stop) for _ in range(body.n)]
         replies = [ReplyDeltas(reader) for _ in range(body.n)] if reader.reads else None
 

@@ -39,7 +39,7 @@ class ResponsesServing:
         streams = await ctx.start([prompt], params, response_id, arrival,
                                   {"max_tokens": "max_output_tokens"}, prompt_param="input", user=body.user,
                                   lora_request=lora)
-        draft = _Draft(body, response_id, f"msg_{uuid.uuid4().hex}", now_s(), ctx.model_name)
+        draft = _Draft(body, response_id, f"msg_{uuid.uuid4().hex}", now_s(), ctx.reported_model(lora))
         if body.stream:
             return StreamingResponse(self._events(draft, streams[0]), media_type="text/event-stream")
         final = (await ctx.collect(streams, raw))[0]
