@@ -44,8 +44,9 @@ class ChatServing:
         return JSONResponse(self.response(body, final, request_id, reader, ctx.reported_model(lora)))
 
     def response(self, body: ChatCompletionRequest, final: RequestOutput, request_id: str,
-                 reader: ReplyReader, model: str) -> dict:
-        """The non-streaming response body for the request's final output; ``model``: the name it reports."""
+                 reader: ReplyReader, model: str | None = None) -> dict:
+        """The non-streaming response body for the request's final output; ``model``: the name it reports
+        (the adapter that served it; None: the served model)."""
         ctx = self.ctx
         choices = []
         for out in final.outputs:
@@ -58,7 +59,7 @@ class ChatServing:
             choices.append(choice)
         completion_tokens = sum(len(o.token_ids) for o in final.outputs)
         response = {"id": request_id, "object": "chat.completion", "created": now_s(),
-                    "model": model, "choices": choices,
+                    "model": model or ctx.model_name, "choices": choices,
                     "usage": ctx.usage([final], completion_tokens)}
         if body.return_token_ids:
             response["prompt_token_ids"] = final.prompt_token_ids
@@ -86,14 +87,14 @@ class ChatServing:
 
     async def _stream(self, body: ChatCompletionRequest, stream: AsyncIterator[RequestOutput], request_id: str,
                       stop: list[str], prompt_token_ids: list[int], reader: ReplyReader,
-                      model: str) -> AsyncIterator[str]:
-        created = now_s()
+                      model: str | None = None) -> AsyncIterator[str]:
+        created, model = now_s(), model or self.ctx.model_name
         cursors = [TextDeltas(stop) for _ in range(body.n)]
         replies = [ReplyDeltas(reader) for _ in range(body.n)] if reader.reads else None
 
         def chunk(choices: list[dict], **extra) -> str:
             return sse({"id": request_id, "object": "chat.completion.chunk", "created": created,
-                        "model": model, "choices": choices, **extra})
+                        "model": model or ctx.model_name, "choices": choices, **extra})
 
         final = None
         first = {}
