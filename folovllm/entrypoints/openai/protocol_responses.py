@@ -6,15 +6,16 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from folovllm.entrypoints.openai.protocol import Bool, Float, Int, _Body
+from folovllm.entrypoints.openai.protocol import LIMIT, Bool, Float, Int, _Body, stated
 from folovllm.entrypoints.openai.protocol_chat import ChatMessage
 
 
 class ResponseContentPart(BaseModel):
     model_config = ConfigDict(extra="allow")
 
-    type: str  # input_text | output_text (an earlier answer given back) | text
-    text: str | None = None
+    # input_text | output_text (an earlier answer given back) | text
+    type: str = stated(..., enum=["input_text", "output_text", "text"])
+    text: str = stated(...)
 
 
 class ResponseInputMessage(BaseModel):
@@ -53,11 +54,12 @@ class ResponsesRequest(_Body):
     }
 
     model: str | None = None
-    input: str | list[ResponseInputMessage]
+    input: str | list[ResponseInputMessage] = stated(..., minItems=1)
     instructions: str | None = None
-    max_output_tokens: Int | None = None
-    temperature: Float = 1.0
-    top_p: Float = 1.0
+    # with the input, within max_model_len
+    max_output_tokens: Int | None = stated(minimum=1, **{LIMIT: {"maximum": "max_model_len"}})
+    temperature: Float = stated(1.0, minimum=0)
+    top_p: Float = stated(1.0, exclusiveMinimum=0, maximum=1)
     stream: Bool = False
     user: str | None = Field(default=None, max_length=256)
     store: Bool = False  # nothing is kept: a response cannot be fetched again by its id

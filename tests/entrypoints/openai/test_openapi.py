@@ -1,0 +1,135 @@
+"""/openapi.json says what the server answers: 400 with the error body (never FastAPI's 422), text for
+/metrics, an empty 200 for /health, this server's limits in the request schemas, only the routes its engine
+serves; and the request models refuse what the server refuses. The live check is `make check-api`."""
+from __future__ import annotations
+
+import jsonschema
+import pytest
+from pydantic import ValidationError
+
+from folovllm.engine.core_loop import EngineInfo
+from folovllm.entrypoints.openai.protocol import CompletionRequest
+from folovllm.entrypoints.openai.protocol_chat import ChatCompletionRequest, TokenizeRequest
+from folovllm.entrypoints.openai.server_args import ServerConfig
+from folovllm.entrypoints.openai.validation import RequestLimits
+from folovllm.sampling_params import SamplingParams
+
+MAX_MODEL_LEN = 128
+
+
+class _Core:
+    """What build_app reads of an engine core before it starts: its info."""
+
+    def __init__(self, pooling: bool) -> None:
+        self.info = EngineInfo("model", MAX_MODEL_LEN, vocab_size=49152, pooling=pooling)
+
+
+def _schema(pooling: bool = False, **config) -> dict:
+    from folovllm.entrypoints.openai.api_server import build_app
+    from folovllm.model.loader import default_model_path
+    from folovllm.model.loader.tokenizer import load_tokenizer
+
+    try:
+        tokenizer = load_tokenizer(default_model_path())
+    except ValueError as err:
+        pytest.skip(f"the default model's tokenizer is not installed: {err}")
+    return build_app(_Core(pooling), tokenizer, ServerConfig(["smol"], **config)).openapi()
+
+
+@pytest.fixture(scope="module")
+def schema() -> dict:
+    return _schema(limits=RequestLimits(max_n=7, max_stop_strings=5))
+
+
+def _body_schema(schema: dict, path: str) -> dict:
+    """The request body's schema of ``path``, its references resolvable."""
+    ref = schema["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    return {**ref, "components": schema["components"]}
+
+
+def _valid(schema: dict, path: str, body: dict) -> bool:
+    return jsonschema.Draft202012Validator(_body_schema(schema, path)).is_valid(body)
+
+
+def test_errors_are_400_with_the_error_body_never_422(schema: dict) -> None:
+    operations = [op for methods in schema["paths"].values() for op in methods.values()]
+    assert operations
+    for op in operations:
+        assert "422" not in op["responses"]
+        for status in ("400", "default"):
+            body = op["responses"][status]["content"]["application/json"]["schema"]
+            assert body == {"$ref": "#/components/schemas/ErrorResponse"}
+    error = schema["components"]["schemas"]["ErrorDetail"]
+    assert set(error["required"]) == {"message", "type", "param", "code"}
+    assert "HTTPValidationError" not in schema["components"]["schemas"]
+
+
+def test_metrics_is_text_and_health_an_empty_200(schema: dict) -> None:
+    assert list(schema["paths"]["/metrics"]["get"]["responses"]["200"]["content"]) == ["text/plain"]
+    for path, method in (("/health", "get"), ("/ping", "get"), ("/ping", "post")):
+        assert "content" not in schema["paths"][path][method]["responses"]["200"], path
+    streamed = schema["paths"]["/v1/completions"]["post"]["responses"]["200"]["content"]
+    assert set(streamed) == {"application/json", "text/event-stream"}
+
+
+def test_the_schema_states_this_servers_limits(schema: dict) -> None:
+    props = schema["components"]["schemas"]["CompletionRequest"]["properties"]
+    assert props["n"]["maximum"] == 7 and props["n"]["minimum"] == 1
+    assert props["max_tokens"]["maximum"] == MAX_MODEL_LEN
+    assert props["stop_token_ids"]["maxItems"] == 5
+    assert "x-server-limit" not in str(schema)
+    assert props["kv_transfer_params"]["type"] == "null"  # no --kv-role
+    detokenize = schema["components"]["schemas"]["DetokenizeRequest"]["properties"]["tokens"]
+    assert detokenize["items"]["maximum"] == 49151
+
+
+def test_only_the_routes_the_engine_serves_are_listed() -> None:
+    generating, pooling = _schema()["paths"], _schema(pooling=True)["paths"]
+    assert "/v1/completions" in generating and "/v1/embeddings" not in generating
+    assert "/v1/embeddings" in pooling and "/v1/completions" not in pooling
+    assert "/v1/load_lora_adapter" not in generating  # LoRA off: each call would be a 400
+    with_lora = _schema(enable_lora=True, allow_runtime_lora_updating=True)["paths"]
+    assert "/v1/load_lora_adapter" in with_lora
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/completions", {"prompt": ""}),
+    ("/v1/completions", {"prompt": []}),
+    ("/v1/completions", {"prompt": ["Hi", ""]}),
+    ("/v1/chat/completions", {"messages": [{"role": "tool"}]}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": None}]}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "chat_template_kwargs": {"tools": 1}}),
+    ("/tokenize", {}),
+    ("/tokenize", {"prompt": "Hi", "messages": [{"role": "user", "content": "Hi"}]}),
+])
+def test_what_the_server_refuses_the_schema_and_the_model_refuse(schema: dict, path: str, body: dict) -> None:
+    assert not _valid(schema, path, body)
+    model = {"/v1/completions": CompletionRequest, "/v1/chat/completions": ChatCompletionRequest,
+             "/tokenize": TokenizeRequest}[path]
+    if "chat_template_kwargs" not in body:  # that one is the validator's (a 400 naming the field)
+        with pytest.raises(ValidationError):
+            model.model_validate(body)
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/completions", {"prompt": "Hi"}),
+    ("/v1/completions", {"prompt": [[1, 2], [3]], "n": 7, "temperature": 0, "top_p": 1}),
+    ("/v1/chat/completions", {"messages": [{"role": "assistant"}, {"role": "user", "content": "Hi"}]}),
+    ("/tokenize", {"prompt": "Hi", "messages": None}),
+    ("/tokenize", {"messages": [{"role": "user", "content": "Hi"}]}),
+])
+def test_what_the_server_takes_the_schema_takes(schema: dict, path: str, body: dict) -> None:
+    assert _valid(schema, path, body)
+
+
+@pytest.mark.parametrize("field, value", [
+    ("temperature", -0.5), ("top_p", 0), ("top_p", 1.01), ("min_p", 1.5), ("top_k", -2),
+    ("presence_penalty", 2.5), ("frequency_penalty", -2.5), ("repetition_penalty", 0), ("repetition_penalty", 2.1),
+    ("prompt_logprobs", 21), ("min_tokens", -1), ("seed", 2**63), ("n", 0),
+])
+def test_the_stated_ranges_are_sampling_params_ranges(schema: dict, field: str, value: float) -> None:
+    """A range the schema states is the one SamplingParams checks: each side of its bounds agrees."""
+    assert not _valid(schema, "/v1/completions", {"prompt": "Hi", field: value})
+    with pytest.raises(ValueError):
+        SamplingParams(**{field: value})
