@@ -93,7 +93,7 @@ def main() -> int:
                  "--max-examples", str(args.max_examples), "--max-time", str(args.max_time), "--seed", str(args.seed),
                  "--phases", "examples,coverage,fuzzing", "--workers", "1", "--request-timeout", "120",
                  "--max-response-time", "120", "--generation-allow-x00", "false", "--no-color",
-                 "--suppress-health-check", "filter_too_much,too_slow"],
+                 "--suppress-health-check", "filter_too_much,too_slow", "--generation-database", "none"],
                 cwd=ROOT, env=hooks_env)
             if run.returncode != 0:
                 log.seek(0)

@@ -12,7 +12,7 @@ import pytest
 
 from tests.entrypoints.openai.conftest import API_KEY, parse_metrics
 
-BODY = {"model": "smol", "prompt": "Write a long poem about the sea:", "max_tokens": 200, "temperature": 0,
+BODY = {"model": "smol", "prompt": "Write a long poem about the sea:", "max_tokens": 400, "temperature": 0,
         "ignore_eos": True}
 ABANDONED = re.compile(r"^INFO \S+: request (\S+) abandoned after (\d+) output token\(s\)")
 
@@ -34,7 +34,8 @@ def logged_server(start_server):
 
 async def _hang_up(client: httpx.AsyncClient, index: int) -> str:
     """Client ``index`` leaves at a different point: a non-streaming one after a while (queued or
-    mid-generation), a streaming one after its first token; every fourth stays to the end."""
+    mid-generation), a streaming one after its first token; every fourth stays to the end. Returns the
+    id of the request it left ("" if it stayed, or its request was done first)."""
     request_id = f"storm-{index}"
     headers = {"X-Request-Id": request_id}
     if index % 4 == 3:
@@ -46,7 +47,7 @@ async def _hang_up(client: httpx.AsyncClient, index: int) -> str:
             await asyncio.wait_for(client.post("/v1/completions", json=BODY, headers=headers), 0.3 + 0.1 * index)
         except asyncio.TimeoutError:
             return request_id
-        raise AssertionError(f"{request_id} ended before its client left")
+        return ""  # a fast machine's: done before its client's patience ran out
     async with client.stream("POST", "/v1/completions", json={**BODY, "stream": True}, headers=headers) as response:
         async for line in response.aiter_lines():
             if line.startswith("data: "):
@@ -63,6 +64,7 @@ def test_a_disconnect_storm_is_logged_quietly_and_leaves_nothing_running(logged_
             return [r for r in await asyncio.gather(*(_hang_up(client, i) for i in range(16))) if r]
 
     left = asyncio.run(storm())
+    assert len(left) >= 6  # every streaming client, and the first non-streaming ones (400 tokens take seconds)
     with httpx.Client(base_url=srv.base_url, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=60) as http:
         deadline = time.monotonic() + 30.0
         while True:
