@@ -15,7 +15,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,19 +47,14 @@ def free_port() -> int:
 
 
 def wait_healthy(url: str, server: subprocess.Popen, timeout_s: float) -> None:
-    import httpx
+    from folovllm.bench.serve_client import wait_for_health
 
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    def running() -> None:
         if server.poll() is not None:
             raise RuntimeError(f"the server exited with {server.returncode}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"the server was not healthy within {timeout_s:.0f} s")
+
+    if not wait_for_health(url, timeout_s, running):
+        raise RuntimeError(f"the server was not healthy within {timeout_s:.0f} s")
 
 
 def main() -> int:

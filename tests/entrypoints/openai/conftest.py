@@ -7,7 +7,8 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
@@ -106,6 +107,18 @@ def start_server():
 def scrape(http):
     """Reads /metrics of the shared server."""
     return lambda: parse_metrics(http.get("/metrics"))
+
+
+def wait_idle(scrape: Callable[[], dict[str, float]], timeout_s: float = 30.0) -> dict[str, float]:
+    """/metrics once nothing runs, waits or holds KV blocks (the last scrape, however it stands, past
+    ``timeout_s``)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        now = scrape()
+        idle = (now["vllm:num_requests_running"], now["vllm:num_requests_waiting"], now["vllm:kv_cache_usage_perc"])
+        if idle == (0, 0, 0) or time.monotonic() > deadline:
+            return now
+        time.sleep(0.2)
 
 
 def parse_metrics(response: httpx.Response) -> dict[str, float]:
