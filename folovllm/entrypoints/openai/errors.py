@@ -4,8 +4,10 @@ from __future__ import annotations
 import logging
 import re
 
+from collections.abc import Iterable
 from typing import Any
 
+import fastapi.routing
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -136,11 +138,18 @@ def install_error_handlers(app: FastAPI) -> None:
 def _allowed_methods(request: Request) -> list[str]:
     """Every method some route of the request's path takes (a path may have one route per method)."""
     methods: set[str] = set()
-    for route in request.app.router.routes:
+    for route in app_routes(request.app):
         match, _ = route.matches(request.scope)
         if match != Match.NONE:
             methods |= set(getattr(route, "methods", None) or ())
     return sorted(methods)
+
+
+def app_routes(app: FastAPI) -> Iterable[Any]:
+    """The app's routes, those of included routers one by one (FastAPI from 0.16x includes a router as one
+    lazy route that ``iter_route_contexts`` opens)."""
+    iterate = getattr(fastapi.routing, "iter_route_contexts", None)
+    return app.routes if iterate is None else iterate(app.routes)
 
 
 def _field_path(loc: list[str]) -> str:

@@ -24,7 +24,7 @@ class _Core:
         self.info = EngineInfo("model", MAX_MODEL_LEN, vocab_size=49152, pooling=pooling)
 
 
-def _schema(pooling: bool = False, **config) -> dict:
+def _app(pooling: bool = False, **config):
     from folovllm.entrypoints.openai.api_server import build_app
     from folovllm.model.loader import default_model_path
     from folovllm.model.loader.tokenizer import load_tokenizer
@@ -33,7 +33,11 @@ def _schema(pooling: bool = False, **config) -> dict:
         tokenizer = load_tokenizer(default_model_path())
     except ValueError as err:
         pytest.skip(f"the default model's tokenizer is not installed: {err}")
-    return build_app(_Core(pooling), tokenizer, ServerConfig(["smol"], **config)).openapi()
+    return build_app(_Core(pooling), tokenizer, ServerConfig(["smol"], **config))
+
+
+def _schema(pooling: bool = False, **config) -> dict:
+    return _app(pooling, **config).openapi()
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +94,17 @@ def test_only_the_routes_the_engine_serves_are_listed() -> None:
     assert "/v1/load_lora_adapter" not in generating  # LoRA off: each call would be a 400
     with_lora = _schema(enable_lora=True, allow_runtime_lora_updating=True)["paths"]
     assert "/v1/load_lora_adapter" in with_lora
+
+
+def test_a_wrong_method_is_a_405_naming_every_method_of_the_path() -> None:
+    from fastapi.testclient import TestClient
+
+    client = TestClient(_app())  # no lifespan: routing alone
+    for method, path, allowed in (("DELETE", "/v1/completions", "POST"), ("PUT", "/ping", "GET, POST"),
+                                  ("POST", "/metrics", "GET")):
+        response = client.request(method, path)
+        assert (response.status_code, response.headers["allow"]) == (405, allowed), path
+        assert response.json()["error"]["type"] == "invalid_request_error"
 
 
 @pytest.mark.parametrize("path, body", [
