@@ -119,7 +119,8 @@ def _chat_tokens(body: dict) -> int:
     most), tools and documents included."""
     tokens = _TEMPLATE_TOKENS
     for message in body["messages"]:
-        tokens += _TEMPLATE_TOKENS_PER_MESSAGE + _text_tokens(message.get("role")) + _text_tokens(message.get("content"))
+        tokens += (_TEMPLATE_TOKENS_PER_MESSAGE + _text_tokens(message.get("role"))
+                   + _text_tokens(message.get("content")))
     for extra in ("tools", "documents"):
         if body.get(extra):
             tokens += len(json.dumps(body[extra]).encode())

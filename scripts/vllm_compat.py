@@ -113,7 +113,8 @@ def _routes() -> set[str]:
 
     from folovllm.entrypoints.openai.errors import app_routes
 
-    api_routes = [route for route in app_routes(_app()) if isinstance(getattr(route, "original_route", route), APIRoute)]
+    api_routes = [route for route in app_routes(_app())
+                  if isinstance(getattr(route, "original_route", route), APIRoute)]
     return {f"{method} {route.path}" for route in api_routes for method in route.methods}
 
 

@@ -28,6 +28,7 @@ from pydantic import (
 
 logger = logging.getLogger(__name__)
 
+
 def _integral(value: Any) -> Any:
     """A float with no fraction as the int it equals: JSON Schema's integers include 3.0."""
     return int(value) if isinstance(value, float) and value.is_integer() else value
@@ -38,7 +39,7 @@ Float = Annotated[float, Field(allow_inf_nan=False, strict=True)]
 Int = Annotated[int, BeforeValidator(_integral), Strict()]
 Bool = StrictBool
 # A schema keyword whose value is a limit of the server the schema describes: {keyword: limit name}
-# (openapi.py's SERVER_LIMITS), filled in when the server builds its /openapi.json.
+# (openapi.py's ServerLimits), filled in when the server builds its /openapi.json.
 LIMIT = "x-server-limit"
 TOKEN_ID_SCHEMA = {"type": "integer", "minimum": 0, LIMIT: {"maximum": "max_token_id"}}
 TokenIds = Annotated[list[Int], WithJsonSchema({"type": "array", "items": TOKEN_ID_SCHEMA})]
@@ -49,10 +50,6 @@ def stated(default: Any = None, **schema: Any) -> Any:
     """A field's default, with a rule checked elsewhere (SamplingParams' ranges, the server's limits)
     stated in its schema."""
     return Field(default, json_schema_extra=schema)
-
-
-def _nullable(schema: dict) -> dict:
-    return {"anyOf": [schema, {"type": "null"}]}
 
 
 _STOP_STRING = {"type": "string", "minLength": 1, LIMIT: {"maxLength": "max_stop_string_chars"}}
@@ -250,7 +247,8 @@ class SamplingRequest(_Body):
     guided_regex: str | None = None
     guided_choice: list[str] | None = stated(minItems=1)
     guided_grammar: str | None = None
-    guided_decoding_backend: str | None = stated(anyOf=[{"enum": ["auto", "xgrammar"]}, {"type": "null"}])  # structured.BACKEND_NAMES
+    # structured.BACKEND_NAMES (else a 400 naming them)
+    guided_decoding_backend: str | None = stated(anyOf=[{"enum": ["auto", "xgrammar"]}, {"type": "null"}])
     # PD disaggregation (a server with --kv-role): {"do_remote_decode": true} asks a producer to hold
     # the prompt's KV; a producer's returned params make a consumer pull it
     kv_transfer_params: dict[str, Any] | None = stated(**{LIMIT: {"type": "kv_transfer_params"}})

@@ -109,14 +109,18 @@ def scrape(http):
     return lambda: parse_metrics(http.get("/metrics"))
 
 
+def load(metrics: dict[str, float]) -> tuple[float, float, float]:
+    """(requests running, requests waiting, KV cache usage): (0, 0, 0) when the server is idle."""
+    return (metrics["vllm:num_requests_running"], metrics["vllm:num_requests_waiting"],
+            metrics["vllm:kv_cache_usage_perc"])
+
+
 def wait_idle(scrape: Callable[[], dict[str, float]], timeout_s: float = 30.0) -> dict[str, float]:
-    """/metrics once nothing runs, waits or holds KV blocks (the last scrape, however it stands, past
-    ``timeout_s``)."""
+    """/metrics once the server is idle (``load``); past ``timeout_s``, the last scrape as it stands."""
     deadline = time.monotonic() + timeout_s
     while True:
         now = scrape()
-        idle = (now["vllm:num_requests_running"], now["vllm:num_requests_waiting"], now["vllm:kv_cache_usage_perc"])
-        if idle == (0, 0, 0) or time.monotonic() > deadline:
+        if load(now) == (0, 0, 0) or time.monotonic() > deadline:
             return now
         time.sleep(0.2)
 
