@@ -81,7 +81,7 @@ def main() -> int:
             # the hooks read what they need to know of the server (scripts/check_api_hooks.py)
             hooks_env = {**env, "SCHEMATHESIS_HOOKS": "scripts.check_api_hooks",
                          "CHECK_API_SERVER": json.dumps({"vocab": vocab, "max_model_len": MAX_MODEL_LEN,
-                                                         "max_sequences": 4})}
+                                                         "max_sequences": 4, "model": "tiny"})}
             run = subprocess.run(
                 [sys.executable, "-m", "schemathesis.cli", "run", f"{url}/openapi.json", "--checks", "all",
                  "--max-examples", str(args.max_examples), "--max-time", str(args.max_time), "--seed", str(args.seed),

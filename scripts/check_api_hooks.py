@@ -4,7 +4,8 @@
 or need the model. Each is the server's, answered with a 400 that names it, and each is written in the
 field's description or the validator's message. A positive test case that breaks one is dropped before it
 is sent: schemathesis would otherwise call a correct 400 a schema-valid body refused. Negative cases are
-left as drawn, so every refusal is still checked.
+left as drawn, so every refusal is still checked. A positive Messages body names the served model (the API
+requires ``model``; any other name is a 404 before the body is read).
 """
 from __future__ import annotations
 
@@ -29,6 +30,15 @@ def filter_case(context: Any, case: Any) -> bool:
     return not broken_rule(case.operation.path, case.body)
 
 
+@schemathesis.hook
+def map_case(context: Any, case: Any) -> Any:
+    meta = getattr(case, "meta", None)
+    if (meta is not None and meta.generation.mode.is_positive and isinstance(case.body, dict)
+            and case.operation.path.startswith("/v1/messages")):
+        case.body["model"] = SERVER["model"]
+    return case
+
+
 def broken_rule(path: str, body: dict) -> str | None:
     """The first cross-field rule ``body`` breaks on ``path``, else None."""
     if path in ("/v1/completions", "/invocations") and "prompt" in body and "messages" not in body:
@@ -36,8 +46,9 @@ def broken_rule(path: str, body: dict) -> str | None:
     if path in ("/v1/chat/completions", "/invocations") and "messages" in body:
         return _chat_rule(body)
     if path == "/v1/responses":
-        return _fits(_text_tokens(body.get("input")) + _text_tokens(body.get("instructions")) + _TEMPLATE_TOKENS,
-                     body.get("max_output_tokens"))
+        return _responses_rule(body)
+    if path in ("/v1/messages", "/v1/messages/count_tokens"):
+        return _messages_rule(body, counts_only=path.endswith("count_tokens"))
     if path == "/tokenize" and isinstance(body.get("messages"), list):
         return _template_rule(body)
     return None
@@ -88,17 +99,83 @@ def _completion_rule(body: dict) -> str | None:
 def _chat_rule(body: dict) -> str | None:
     if body.get("top_logprobs") is not None and not body.get("logprobs"):
         return "top_logprobs needs logprobs"
-    tools = body.get("tools") or []
-    names = [tool.get("function", {}).get("name") for tool in tools if isinstance(tool, dict)]
-    if len(set(names)) < len(names):
-        return "tool names are unique"
+    tools = body.get("tools")
     choice = body.get("tool_choice")
-    if choice not in (None, "none") and body.get("tools") is None:
-        return "tool_choice needs tools"
-    if isinstance(choice, dict) or choice == "required":
-        return "a required or named tool call constrains the output with its parameters' schema, which must compile"
+    names = None if tools is None else [tool.get("function", {}).get("name") for tool in tools]
+    broken = _tools_rule(names, choice, isinstance(choice, dict) or choice == "required")
     max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
-    return _template_rule(body) or _fits(_chat_tokens(body), max_tokens) or _sampling_rule(body, max_tokens)
+    return (broken or _template_rule(body) or _fits(_chat_tokens(body), max_tokens)
+            or _sampling_rule(body, max_tokens))
+
+
+def _tools_rule(names: list | None, choice: Any, forced: bool) -> str | None:
+    """What tools (their names; None: no tools given) and tool_choice ask of each other, as chat has them
+    (``forced``: a required or named call)."""
+    if names is not None and len(set(names)) < len(names):
+        return "tool names are unique"
+    if choice not in (None, "none") and names is None:
+        return "tool_choice needs tools"
+    if forced:
+        return "a required or named tool call constrains the output with its parameters' schema, which must compile"
+    return None
+
+
+def _responses_rule(body: dict) -> str | None:
+    """A conversation of items: each call's output after its call, a reasoning item before what it led to."""
+    calls, reasoning = set(), False  # reasoning: a reasoning item waits for what it led to
+    for item in body["input"] if isinstance(body.get("input"), list) else ():
+        kind = item.get("type", "message")
+        if kind == "function_call_output" and item.get("call_id") not in calls:
+            return "a function_call_output follows the function_call with its call_id"
+        if kind == "function_call":
+            if not _json_object_text(item.get("arguments", "")):
+                return "a function call's arguments text is a JSON object"
+            calls.add(item.get("call_id"))
+        if kind == "reasoning":
+            reasoning = True
+        elif kind == "function_call" or kind == "message" and item.get("role") == "assistant":
+            reasoning = False
+    if reasoning:
+        return "a reasoning item comes before the assistant message or function call it led to"
+    tools, choice = body.get("tools"), body.get("tool_choice")
+    fmt = (body.get("text") or {}).get("format") or {}
+    if fmt.get("type") == "json_schema":
+        return "a text.format schema must compile"
+    broken = _tools_rule(None if tools is None else [tool.get("name") for tool in tools], choice,
+                         isinstance(choice, dict) or choice == "required")
+    tokens = sum(_text_tokens(body.get(name)) for name in ("input", "instructions", "tools")) + _TEMPLATE_TOKENS
+    return broken or _fits(tokens, body.get("max_output_tokens"))
+
+
+def _messages_rule(body: dict, counts_only: bool) -> str | None:
+    """Anthropic's conversation rules: content in every message but a final assistant one, each tool_use
+    answered by a tool_result in the next message, and only there."""
+    messages = body["messages"]
+    open_calls: list = []
+    for i, message in enumerate(messages):
+        content = message["content"]
+        blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
+        final = i == len(messages) - 1
+        if all(block["type"] == "text" and not block["text"] for block in blocks) and not (
+                final and message["role"] == "assistant"):
+            return "a message's content is not empty (but a final assistant message's)"
+        answered = [block.get("tool_use_id") for block in blocks if block["type"] == "tool_result"]
+        if any(call not in answered for call in open_calls) or any(call not in open_calls for call in answered):
+            return "each tool_use is answered by a tool_result of the next message, and only there"
+        open_calls = [block.get("id") for block in blocks if block["type"] == "tool_use"]
+    if open_calls:
+        return "the final message's tool_use blocks are answered"
+    if (body.get("output_config") or {}).get("format") is not None:
+        return "an output_config.format schema must compile"
+    tools, choice = body.get("tools"), body.get("tool_choice")
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    broken = _tools_rule(None if tools is None else [tool.get("name") for tool in tools], kind,
+                         kind in ("any", "tool"))
+    if broken or counts_only:
+        return broken
+    tokens = _TEMPLATE_TOKENS + _text_tokens(body.get("system")) + _text_tokens(body.get("tools"))
+    tokens += sum(_TEMPLATE_TOKENS_PER_MESSAGE + _text_tokens(message["content"]) for message in messages)
+    return _fits(tokens, body["max_tokens"])
 
 
 def _template_rule(body: dict) -> str | None:

@@ -10,7 +10,7 @@ from folovllm.platforms import to_device
 from folovllm.sample.logits_processors import LogitsProcessor, adjusts_row, build_logits_processors
 from folovllm.sample.rows import SamplingRow
 
-__all__ = ["SamplingBatch", "SamplingRow", "build_sampling_batch", "is_plain_greedy_row"]
+__all__ = ["SamplingBatch", "SamplingRow", "build_sampling_batch", "is_plain_greedy_row", "noise_keys"]
 
 
 @dataclass
@@ -32,6 +32,9 @@ class SamplingBatch:
     num_logprobs: list[int | None]  # per row: params.logprobs
     max_num_logprobs: int | None  # None when no row wants logprobs
     max_top_k: int | None = None  # the largest k of top_k, kept on the host (no device sync to read it)
+    # a counter-keyed draw (``Sampler(race=...)``): each row's noise key, [N] int64 each (``noise_keys``)
+    noise_seeds: torch.Tensor | None = None
+    noise_counters: torch.Tensor | None = None
     # Applied in order to the logits before temperature; only those some row uses this step.
     processors: list[LogitsProcessor] = field(default_factory=list)
 
@@ -52,15 +55,25 @@ def is_plain_greedy_row(row: SamplingRow) -> bool:
     return row.params.greedy and row.params.logprobs is None and not adjusts_row(row)
 
 
+def noise_keys(rows: Sequence[SamplingRow], step_seed: int) -> tuple[list[int], list[int]]:
+    """Each row's (seed, counter) for a counter-keyed draw: a seeded row's own seed and its output count, so its
+    noise is the same whatever its batch; an unseeded row's seed ``step_seed`` + its row (``step_seed`` drawn
+    afresh each step, below 2^62)."""
+    seeds = [row.seed if row.seed is not None else step_seed + i for i, row in enumerate(rows)]
+    return seeds, [row.num_output_tokens for row in rows]
+
+
 def build_sampling_batch(
     rows: Sequence[SamplingRow],
     generators: Sequence[torch.Generator | None],
     vocab_size: int,
     device: torch.device | str,
+    noise_step_seed: int | None = None,
 ) -> SamplingBatch:
     """Pack per-row settings into tensors on ``device``.
 
-    ``generators[i]`` is row ``i``'s own RNG or ``None`` for the default RNG.
+    ``generators[i]`` is row ``i``'s own RNG or ``None`` for the default RNG; with ``noise_step_seed`` the
+    batch carries each row's noise key instead (``noise_keys``), for a sampler that draws by counter.
     """
     num_rows = len(rows)
     if len(generators) != num_rows:
@@ -89,6 +102,10 @@ def build_sampling_batch(
             top_p = floats([p.top_p for p in params])
         if any(p.min_p > 0.0 for p in params):
             min_p = floats([p.min_p for p in params])
+    noise_seeds = noise_counters = None
+    if not all_greedy and noise_step_seed is not None:
+        seeds, counters = noise_keys(rows, noise_step_seed)
+        noise_seeds, noise_counters = to_device(seeds, torch.int64, device), to_device(counters, torch.int64, device)
 
     return SamplingBatch(
         num_rows=num_rows,
@@ -103,5 +120,7 @@ def build_sampling_batch(
         generators={i: g for i, g in enumerate(generators) if g is not None and not greedy[i]},
         num_logprobs=num_logprobs,
         max_num_logprobs=max(wanted) if wanted else None,
+        noise_seeds=noise_seeds,
+        noise_counters=noise_counters,
         processors=build_logits_processors(rows, vocab_size, device),
     )

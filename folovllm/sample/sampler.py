@@ -2,15 +2,19 @@
 temperature, top-k/top-p/min-p, sampling.
 
 Rows are processed together; only rows with their own ``torch.Generator`` draw their noise
-one at a time, so a seeded request gets the same tokens whatever else is in the batch.
+one at a time, so a seeded request gets the same tokens whatever else is in the batch. Where the platform
+has a counter-keyed draw (``Platform.sampling_race``: CUDA's Triton kernel) every row's noise comes from its
+(seed, output count) in one launch instead, which a CUDA graph replays as it is.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from folovllm.sample.metadata import SamplingBatch, SamplingRow, build_sampling_batch
+from folovllm.sample.top_entries import top_entries
 
 __all__ = [
     "Sampler",
@@ -20,6 +24,10 @@ __all__ = [
     "SamplingRow",
     "build_sampling_batch",
 ]
+
+# race(probs [N, V], seeds [N], counters [N]) -> tokens [N]: each row's argmax of probs / Exp(1) noise keyed by
+# its (seed, counter)
+Race = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 @dataclass
@@ -43,7 +51,11 @@ class Sampler:
 
     Two shortcuts, checked by tests against the general path: plain argmax when every row is
     greedy with nothing to adjust, and ``topk`` instead of a full sort when no row uses top-p.
+    ``race``: the platform's counter-keyed draw (its batches carry noise keys); None: the generators' draw.
     """
+
+    def __init__(self, race: Race | None = None) -> None:
+        self.race = race
 
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
         return self.forward(logits, batch)
@@ -104,7 +116,11 @@ class Sampler:
         greedy_tokens = None
         if batch.greedy_mask is not None:
             greedy_tokens = logits.argmax(dim=-1)
-        sampled = _exponential_race(self.probabilities(logits, batch), batch.generators)
+        probs = self.probabilities(logits, batch)
+        if self.race is not None and batch.noise_seeds is not None:
+            sampled = self.race(probs, batch.noise_seeds, batch.noise_counters)
+        else:
+            sampled = _exponential_race(probs, batch.generators)
         if greedy_tokens is not None:
             sampled = torch.where(batch.greedy_mask, greedy_tokens, sampled)
         return sampled
@@ -163,7 +179,7 @@ def gather_logprobs(
     # Computed for every row (cheaper than gathering the rows that asked, especially on CPU).
     chosen = raw_logprobs.gather(1, sampled.unsqueeze(1))
     ranks = (raw_logprobs > chosen).sum(dim=-1) + 1
-    top_values, top_ids = raw_logprobs.topk(batch.max_num_logprobs, dim=-1)
+    top_values, top_ids = top_entries(raw_logprobs, batch.max_num_logprobs)
 
     # One device-to-host copy per tensor, then plain Python.
     chosen_list = chosen.squeeze(1).tolist()

@@ -7,6 +7,7 @@ scheduling); a token still on the device is fed to the next step straight from d
 from __future__ import annotations
 
 import itertools
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,7 +39,7 @@ class LaunchedStep:
     token_ids: torch.Tensor | None  # [len(request_ids)] on the device; None: nothing sampled
     logprobs: list | None
     needs_sync: bool = False  # a logits processor read every earlier token: the next step must wait
-    host_token_ids: torch.Tensor | None = None  # an asynchronous device: the host copy, valid once ``ready`` fires
+    host_token_ids: torch.Tensor | None = None  # the host copy (asynchronous device, graph step); valid once ``ready``
     ready: Any = None  # that copy's event (``synchronize()`` waits for it)
     prompt_logprobs: PromptLogprobsTensors | None = None  # read back by ``resolve``
     pooled: list[tuple[str, torch.Tensor]] | None = None  # pooling requests' results, read back by ``resolve``
@@ -66,11 +67,13 @@ class ModelRunner:
         self.model = model
         self.samples = samples
         self.greedy_head = greedy_head
-        self.cuda_graphs = cuda_graphs  # decode-step graphs (CUDA + triton backend); None: always eager
+        self.cuda_graphs = cuda_graphs  # whole decode-step graphs (CUDA + triton backend); None: always eager
         self.kv_caches = kv_caches
         self.block_size = block_size
         self.platform, self.device = platform, platform.device
-        self.sampler = Sampler()
+        self.sampler = Sampler(platform.sampling_race())
+        # each step's seed for its unseeded rows' noise keys, where the sampler draws by counter
+        self._noise_seeds = random.Random(torch.initial_seed()) if self.sampler.race is not None else None
         self.vocab_size = model.arch.vocab_size
         self.decode_inputs = DecodeInputBuffers(block_size) if decode_input_buffers else None
         # pooling requests' results from the final hidden states (a cross-encoder's: through its score head)
@@ -88,6 +91,13 @@ class ModelRunner:
 
     def _launch(self, step: StepInput, generators: list[torch.Generator | None],
                 previous: LaunchedStep | None) -> LaunchedStep:
+        noise_seed = self._noise_seeds.getrandbits(62) if self._noise_seeds is not None else None
+        previous_rows = previous.row_of() if previous is not None else {}
+        if self.cuda_graphs is not None and self.samples and self.cuda_graphs.takes(step, previous_rows):
+            token_ids, logprobs, needs_sync, host, ready = self.cuda_graphs.launch(
+                step, generators, previous_rows, None if previous is None else previous.token_ids, noise_seed)
+            return LaunchedStep([r.request_id for r in step.requests], token_ids, logprobs, needs_sync,
+                                host_token_ids=host, ready=ready)
         batch = self._prepare(step)
         if self.lora is not None:
             self.lora.set_batch([(r.lora, r.num_new_tokens) for r in step.requests])
@@ -112,7 +122,8 @@ class ModelRunner:
             logprobs: list[TokenLogprobs | None] = [None] * len(batch.sampling_rows)
             needs_sync = False
         else:
-            sampling_batch = build_sampling_batch(batch.sampling_rows, generators, self.vocab_size, self.device)
+            sampling_batch = build_sampling_batch(batch.sampling_rows, generators, self.vocab_size, self.device,
+                                                  noise_seed)
             logits = self.model.compute_logits(sampled_hidden)
             token_ids, logprobs = self.sampler.sample(logits, sampling_batch)
             needs_sync = sampling_batch.needs_sync
@@ -147,8 +158,9 @@ class ModelRunner:
         pooled = [(rid, result.tolist()) for rid, result in launched.pooled or ()]
         if launched.token_ids is None:
             return StepOutput(prompt_logprobs=prompt_logprobs, wait_s=time.perf_counter() - start, pooled=pooled)
-        if launched.ready is not None:
-            launched.ready.synchronize()
+        if launched.host_token_ids is not None:
+            if launched.ready is not None:
+                launched.ready.synchronize()
             ids = launched.host_token_ids.tolist()
         else:
             ids = launched.token_ids.tolist()
@@ -185,11 +197,8 @@ class ModelRunner:
         return prepare_step_batch(step, self.block_size, self.device)
 
     def _forward(self, batch: StepBatch) -> torch.Tensor:
-        """Hidden states of the step: a CUDA graph replay for decode-only batches that fit one."""
-        ids, positions, meta = batch.input_ids, batch.positions, batch.attn_metadata
-        if self.cuda_graphs is not None and self.cuda_graphs.can_run(ids, meta):
-            return self.cuda_graphs.run(ids, positions, meta)
-        return self.model(ids, positions, self.kv_caches, meta)
+        """Hidden states of the step, run eagerly (a step a decode graph takes never gets here)."""
+        return self.model(batch.input_ids, batch.positions, self.kv_caches, batch.attn_metadata)
 
 
 def _sampled_rows(hidden: torch.Tensor, batch: StepBatch) -> torch.Tensor:

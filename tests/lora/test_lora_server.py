@@ -4,6 +4,7 @@ load and unload, a bad adapter is a 400 naming what does not fit, the metric. Th
 its engine thread (as --no-engine-process); the slow twin runs a live `folovllm serve`."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import httpx
@@ -81,8 +82,8 @@ def check_serving(client, http: httpx.Client, tiny_llama_dir: str, adapter_dirs:
     for name in ("a1", "a2", None):
         expected = hf_greedy(merged_model(tiny_llama_dir, adapter_dirs.get(name)), PROMPT, MAX_TOKENS)
         assert complete(client, name or MODEL_NAME) == expected, name
-    check_reported_model(client, "a2")
-    check_reported_model(client, MODEL_NAME)
+    check_reported_model(client, http, "a2")
+    check_reported_model(client, http, MODEL_NAME)
     with pytest.raises(openai.NotFoundError):
         complete(client, "a3")
 
@@ -102,9 +103,9 @@ def check_serving(client, http: httpx.Client, tiny_llama_dir: str, adapter_dirs:
     assert http.post("/v1/unload_lora_adapter", json={"lora_name": "a3"}).status_code == 404
 
 
-def check_reported_model(client, model: str) -> None:
+def check_reported_model(client, http: httpx.Client, model: str) -> None:
     """A response names the adapter that served it (the served model without one), as vLLM's do:
-    completions and chat, whole and every streamed chunk."""
+    completions, chat, Responses and Messages, whole and in every streamed chunk or event."""
     text = dict(model=model, prompt=PROMPT, max_tokens=2, temperature=0)
     assert client.completions.create(**text).model == model
     assert {c.model for c in client.completions.create(**text, stream=True,
@@ -113,3 +114,12 @@ def check_reported_model(client, model: str) -> None:
     assert client.chat.completions.create(**chat).model == model
     assert {c.model for c in client.chat.completions.create(**chat, stream=True,
                                                             stream_options={"include_usage": True})} == {model}
+    answer = dict(model=model, input="1+2=", max_output_tokens=2, temperature=0)
+    assert client.responses.create(**answer).model == model
+    events = [e for e in client.responses.create(**answer, stream=True) if hasattr(e, "response")]
+    assert events and {e.response.model for e in events} == {model}
+    message = {"model": model, "max_tokens": 2, "temperature": 0, "messages": [{"role": "user", "content": "1+2="}]}
+    assert http.post("/v1/messages", json=message).json()["model"] == model
+    streamed = http.post("/v1/messages", json={**message, "stream": True})
+    starts = [json.loads(line[len("data: "):]) for line in streamed.text.splitlines() if line.startswith("data: ")]
+    assert [e["message"]["model"] for e in starts if e["type"] == "message_start"] == [model]

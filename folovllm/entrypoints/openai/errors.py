@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 import re
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import fastapi.routing
@@ -85,19 +85,24 @@ class ErrorResponse(BaseModel):
     error: ErrorDetail
 
 
-# What every route documents besides its success: a body the server refuses is a 400 (never FastAPI's
-# 422); any other error status (401, 404, 413, 503, 500, ...) carries the same body.
-ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    400: {"model": ErrorResponse, "description": "the request is invalid (malformed JSON, a field out of "
-                                                   "its range or a value this server refuses)"},
-    "default": {"model": ErrorResponse, "description": "any other error: 401 (API key), 404 (no such model "
-                                                       "or path), 413 (body too large), 503 (busy or "
-                                                       "shutting down), 500 (engine failure)"},
-}
+def error_responses(body: type[BaseModel]) -> dict[int | str, dict[str, Any]]:
+    """What a route documents besides its success: a body the server refuses is a 400 (never FastAPI's
+    422); any other error status (401, 404, 413, 503, 500, ...) carries the same ``body``."""
+    return {400: {"model": body, "description": "the request is invalid (malformed JSON, a field out of its range "
+                                                "or a value this server refuses)"},
+            "default": {"model": body, "description": "any other error: 401 (API key), 404 (no such model or "
+                                                      "path), 413 (body too large), 503 (busy or shutting down), "
+                                                      "500 (engine failure)"}}
 
 
-def install_error_handlers(app: FastAPI) -> None:
-    """Every error leaves the server as an OpenAI error body, whatever raised it."""
+ERROR_RESPONSES = error_responses(ErrorResponse)  # every route's, but the Messages API's (Anthropic's shape)
+
+
+def install_error_handlers(app: FastAPI,
+                           reshape: Callable[[Request, JSONResponse], JSONResponse] | None = None) -> None:
+    """Every error leaves the server as an OpenAI error body, whatever raised it. ``reshape``: for the
+    unexpected errors, answered outside every middleware, the error body a path gives instead (the
+    Messages API's middleware reshapes the others)."""
     @app.exception_handler(APIError)
     async def _api_error(_: Request, err: APIError) -> JSONResponse:
         return err.response()
@@ -129,10 +134,12 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, err: Exception) -> JSONResponse:
         if isinstance(err, RecursionError):  # JSON nested deeper than the parser goes
-            return APIError(400, "the request body is nested too deeply").response()
-        logger.exception("unexpected error on %s %s", request.method, request.url.path)
-        return APIError(500, f"internal server error: {type(err).__name__}", type="internal_error",
-                        code="internal_error").response()
+            error = APIError(400, "the request body is nested too deeply")
+        else:
+            logger.exception("unexpected error on %s %s", request.method, request.url.path)
+            error = APIError(500, f"internal server error: {type(err).__name__}", type="internal_error",
+                             code="internal_error")
+        return reshape(request, error.response()) if reshape is not None else error.response()
 
 
 def _allowed_methods(request: Request) -> list[str]:

@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
+    GetJsonSchemaHandler,
     Strict,
     StrictBool,
     ValidatorFunctionWrapHandler,
@@ -52,40 +53,57 @@ def stated(default: Any = None, **schema: Any) -> Any:
     return Field(default, json_schema_extra=schema)
 
 
-_STOP_STRING = {"type": "string", "minLength": 1, LIMIT: {"maxLength": "max_stop_string_chars"}}
+STOP_STRING = {"type": "string", "minLength": 1, LIMIT: {"maxLength": "max_stop_string_chars"}}
 StopStrings = Annotated[str | list[str] | None, WithJsonSchema({"anyOf": [
-    _STOP_STRING, {"type": "array", "items": _STOP_STRING, LIMIT: {"maxItems": "max_stop_strings"}},
+    STOP_STRING, {"type": "array", "items": STOP_STRING, LIMIT: {"maxItems": "max_stop_strings"}},
     {"type": "null"}]})]
 
+
+def _absent(value: Any) -> None:
+    if value is not None:
+        raise ValueError("this is a hosted model's setting, not implemented here; leave it out")
+    return value
+
+
+# A setting only a hosted model has (Anthropic's effort, OpenAI's verbosity): accepted only when absent.
+HostedSetting = Annotated[str | None, AfterValidator(_absent), WithJsonSchema({"type": "null"})]
+
+
+def noop_values(*values: Any) -> dict[str, Any]:
+    """The JSON schema of an unimplemented field's no-op values (what ``_NOOP`` maps a field to)."""
+    return {"enum": list(values)}
+
+
 # Fields of the OpenAI API (or vLLM's extensions) that this server does not implement, each with the
-# test for its no-op value: anything else is a 400 that names the field, never a silently different
-# result. Unknown keys beyond these are ignored with a log line, as vLLM does.
-_NOOP: dict[str, Callable[[Any], bool]] = {
-    "best_of": lambda v: v in (None, 1),
-    "suffix": lambda v: v in (None, ""),
-    "use_beam_search": lambda v: v in (None, False),
-    "length_penalty": lambda v: v in (None, 1, 1.0),
-    "guided_whitespace_pattern": lambda v: v is None,
-    "logits_processors": lambda v: v is None,
-    "spaces_between_special_tokens": lambda v: v in (None, True),
-    "prompt_embeds": lambda v: v is None,
-    "mm_processor_kwargs": lambda v: v in (None, {}),
-    "tools": lambda v: v in (None, []),  # chat implements these: on completions they are no-ops
-    "tool_choice": lambda v: v in (None, "none"),
-    "functions": lambda v: v in (None, []),
-    "function_call": lambda v: v in (None, "none"),
-    "audio": lambda v: v is None,
-    "modalities": lambda v: v in (None, ["text"]),
-    "prediction": lambda v: v is None,
-    "reasoning_effort": lambda v: v is None,
-    "verbosity": lambda v: v is None,
-    "web_search_options": lambda v: v is None,
-    "continue_final_message": lambda v: v in (None, False),
-    "documents": lambda v: v is None,
-    "chat_template": lambda v: v is None,
-    "chat_template_kwargs": lambda v: v in (None, {}),
-    "store": lambda v: v in (None, False),
-    "echo": lambda v: v in (None, False),  # chat only: completions implement it
+# schema of its no-op values: anything else is a 400 that names the field, never a silently different
+# result. Unknown keys beyond these are ignored with a log line, as vLLM does. A body's /openapi.json
+# schema states each of them (``_Body.states_unimplemented``).
+_NOOP: dict[str, dict[str, Any]] = {
+    "best_of": noop_values(None, 1),  # or n itself
+    "suffix": noop_values(None, ""),
+    "use_beam_search": noop_values(None, False),
+    "length_penalty": noop_values(None, 1),
+    "guided_whitespace_pattern": noop_values(None),
+    "logits_processors": noop_values(None),
+    "spaces_between_special_tokens": noop_values(None, True),
+    "prompt_embeds": noop_values(None),
+    "mm_processor_kwargs": noop_values(None, {}),
+    "tools": noop_values(None, []),  # chat implements these: on completions they are no-ops
+    "tool_choice": noop_values(None, "none"),
+    "functions": noop_values(None, []),
+    "function_call": noop_values(None, "none"),
+    "audio": noop_values(None),
+    "modalities": noop_values(None, ["text"]),
+    "prediction": noop_values(None),
+    "reasoning_effort": noop_values(None),
+    "verbosity": noop_values(None),
+    "web_search_options": noop_values(None),
+    "continue_final_message": noop_values(None, False),
+    "documents": noop_values(None),
+    "chat_template": noop_values(None),
+    "chat_template_kwargs": noop_values(None, {}),
+    "store": noop_values(None, False),
+    "echo": noop_values(None, False),  # chat only: completions implement it
 }
 # Fields that only describe the request (no effect on what is generated): accepted as they are.
 _METADATA = {"metadata", "service_tier", "prompt_cache_key", "safety_identifier", "request_id",
@@ -129,10 +147,24 @@ class UnsupportedField(ValueError):
 
 
 class _Body(BaseModel):
-    """The checks every request body gets: valid Unicode, and no unimplemented field in use."""
+    """The checks every request body gets: valid Unicode, and (where its endpoint calls
+    ``check_supported``) no unimplemented field in use."""
 
     model_config = ConfigDict(extra="allow")
-    _extra_noop: ClassVar[dict[str, Callable[[Any], bool]]] = {}  # an endpoint's own, beyond _NOOP
+    _extra_noop: ClassVar[dict[str, dict[str, Any]]] = {}  # an endpoint's own, beyond _NOOP
+    _extra_metadata: ClassVar[frozenset[str]] = frozenset()  # an endpoint's own, beyond _METADATA
+    states_unimplemented: ClassVar[bool] = False  # its endpoint calls check_supported: the schema says so
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, core_schema: Any, handler: GetJsonSchemaHandler) -> dict[str, Any]:
+        schema = handler(core_schema)
+        if cls.states_unimplemented:
+            target = handler.resolve_ref_schema(schema)
+            properties = target.setdefault("properties", {})
+            for name, noop in {**_NOOP, **cls._extra_noop}.items():
+                if name not in cls.model_fields:
+                    properties[name] = {**noop, "description": "not implemented here: only its no-op value"}
+        return schema
 
     @model_validator(mode="before")
     @classmethod
@@ -153,12 +185,23 @@ class _Body(BaseModel):
         for name, value in (self.model_extra or {}).items():
             noop = _NOOP.get(name) or self._extra_noop.get(name)
             if noop is not None:
-                if not noop(value) and not (name == "best_of" and value == getattr(self, "n", None)):
+                best_of_n = name == "best_of" and type(value) is int and value == getattr(self, "n", None)
+                if not _matches(noop, value) and not best_of_n:
                     raise UnsupportedField(name, value)
-            elif name not in _METADATA:
+            elif name not in _METADATA and name not in self._extra_metadata:
                 ignored.append(name)
         if ignored:
             logger.warning("ignoring unknown request fields: %s", ", ".join(sorted(ignored)))
+
+
+def _matches(schema: dict[str, Any], value: Any) -> bool:
+    """``value`` against the subset of JSON Schema the no-op table uses: enum, anyOf, and an object whose
+    values all match ``additionalProperties``. JSON's equality: 1 is 1.0, but true is not 1."""
+    if "anyOf" in schema:
+        return any(_matches(option, value) for option in schema["anyOf"])
+    if "enum" in schema:
+        return any(value == v and isinstance(value, bool) == isinstance(v, bool) for v in schema["enum"])
+    return isinstance(value, dict) and all(_matches(schema["additionalProperties"], v) for v in value.values())
 
 
 class StreamOptions(BaseModel):
@@ -186,6 +229,10 @@ class ResponseFormat(BaseModel):
     type: Literal["text", "json_object", "json_schema", "structural_tag"]
     json_schema: JsonSchemaFormat | None = None
 
+    @classmethod
+    def of_schema(cls, schema: dict[str, Any], name: str = "response", strict: bool | None = None) -> ResponseFormat:
+        return cls(type="json_schema", json_schema=JsonSchemaFormat(name=name, schema=schema, strict=strict))
+
 
 class StructuredOutputsRequest(BaseModel):
     """vLLM's ``structured_outputs`` object: exactly one constraint (checked by StructuredOutputsParams)."""
@@ -203,6 +250,8 @@ class StructuredOutputsRequest(BaseModel):
 
 class SamplingRequest(_Body):
     """Fields shared by /v1/completions and /v1/chat/completions."""
+
+    states_unimplemented = True
 
     model: str | None = None
     n: Int = stated(1, minimum=1, **{LIMIT: {"maximum": "max_n"}})
@@ -233,7 +282,7 @@ class SamplingRequest(_Body):
                                                  additionalProperties={"type": "number", "minimum": -100,
                                                                        "maximum": 100})
     allowed_token_ids: NonEmptyTokenIds | None = None
-    bad_words: list[str] | None = stated(items=_STOP_STRING, **{LIMIT: {"maxItems": "max_stop_strings"}})
+    bad_words: list[str] | None = stated(items=STOP_STRING, **{LIMIT: {"maxItems": "max_stop_strings"}})
     # keep the prompt's last k tokens (-1: max_model_len)
     truncate_prompt_tokens: Int | None = stated(
         anyOf=[{"type": "integer", "const": -1}, {"type": "integer", "minimum": 1, LIMIT: {"maximum": "max_model_len"}},

@@ -102,9 +102,9 @@ class CompletionServing:
         return result
 
     async def _stream(self, body: CompletionRequest, prompts: list[dict], streams: list[RequestStream],
-                      request_id: str, stop: list[str], model: str | None = None) -> AsyncIterator[str]:
+                      request_id: str, stop: list[str], model: str) -> AsyncIterator[str]:
         n = body.n
-        created, model = now_s(), model or self.ctx.model_name
+        created = now_s()
         cursors = [[TextDeltas(stop) for _ in range(n)] for _ in streams]
         offsets = [[0] * n for _ in streams]
         finals: list[RequestOutput | None] = [None] * len(streams)
