@@ -82,7 +82,7 @@ def layer_chain(layers: Sequence[DirectDecoderLayer], team: bool) -> LayerChain 
     calls = [_layer_calls(layer) for layer in layers]
     if any(c is None for c in calls):
         return None
-    chain = torch.classes.folovllm.DecoderChain(*backend.kernel_switches(), TEAM_ATTENTION_COST if team else 0)
+    chain = torch.classes.folovllm.DecoderChain(backend.sdpa_from, TEAM_ATTENTION_COST if team else 0)
     for layer, parts in zip(layers, calls):
         chain.add_layer(layer.norm1, layer.eps1, layer.norm2, layer.eps2, layer.num_heads, layer.num_kv_heads,
                         layer.q_norm, layer.k_norm, layer.qk_eps, layer.scale, layer.sliding_window or 0)
