@@ -18,6 +18,7 @@ from folovllm.core.kv_cache import KVCacheManager
 from folovllm.core.scheduler import Scheduler, SchedulerOutput
 from folovllm.engine.output_processor import OutputProcessor, RequestGroup
 from folovllm.engine.stats import EngineStats
+from folovllm.engine.step_phases import PhaseClock
 from folovllm.request import Request, RequestStatus
 from folovllm.sample.prompt_logprobs import PromptLogprobsChunk
 from folovllm.spec_decode.speculator import Speculator
@@ -33,9 +34,11 @@ class StepResults:
     """The engine's requests and what happens to them after a step (see the module doc)."""
 
     def __init__(self, scheduler: Scheduler, kv_cache: KVCacheManager, structured: StructuredOutputManager,
-                 output_processor: OutputProcessor, stats: EngineStats, speculator: Speculator | None) -> None:
+                 output_processor: OutputProcessor, stats: EngineStats, speculator: Speculator | None,
+                 phases: PhaseClock) -> None:
         self.scheduler, self.kv_cache, self.structured = scheduler, kv_cache, structured
         self.output_processor, self.stats, self.speculator = output_processor, stats, speculator
+        self.phases = phases
         self.groups: dict[str, RequestGroup] = {}
         self.finished_ids: list[str] = []  # ended since the last launch
 

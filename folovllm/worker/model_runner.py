@@ -45,6 +45,10 @@ class LaunchedStep:
     # a step that verified proposals: each row's emitted tokens and their logprobs, already on the host
     spec_token_ids: list[list[int]] | None = None
     spec_logprobs: list[list[TokenLogprobs | None]] | None = None
+    # host seconds the launch spent building the batch's tensors, and from the forward's end on (the head's
+    # tokens, or the logits and the sampler; prompt logprobs, pooling): the engine's step phases read them
+    input_build_s: float = 0.0
+    sampling_s: float = 0.0
 
     def row_of(self) -> dict[str, int]:
         return {rid: i for i, rid in enumerate(self.request_ids)}
@@ -88,12 +92,22 @@ class ModelRunner:
 
     def _launch(self, step: StepInput, generators: list[torch.Generator | None],
                 previous: LaunchedStep | None) -> LaunchedStep:
+        started = time.perf_counter()
         batch = self._prepare(step)
         if self.lora is not None:
             self.lora.set_batch([(r.lora, r.num_new_tokens) for r in step.requests])
         if batch.pending_inputs:
             self._fill_pending_inputs(batch, previous)
+        built = time.perf_counter()
         hidden = self._forward(batch)
+        forwarded = time.perf_counter()
+        launched = self._after_forward(batch, hidden, generators)
+        launched.input_build_s, launched.sampling_s = built - started, time.perf_counter() - forwarded
+        return launched
+
+    def _after_forward(self, batch: StepBatch, hidden: torch.Tensor,
+                       generators: list[torch.Generator | None]) -> LaunchedStep:
+        """The step's results from its hidden states: sampled tokens, prompt logprobs, pooled vectors."""
         if not self.samples:
             self._join_logits_gathers(batch, hidden)
             return LaunchedStep([], None, None)
