@@ -64,6 +64,15 @@ VARIABLES: dict[str, EnvVar] = {v.name: v for v in (
     EnvVar("FOLOVLLM_HUGE_PAGE_WEIGHTS", "on",
            "after loading on the CPU, the weights are copied into one block advised onto 2 MiB pages "
            "(fewer TLB misses when a decode step streams them)", ON_OFF),
+    # -- the engine's host work per step -----------------------------------------------------------
+    EnvVar("FOLOVLLM_DECODE_ROWS", "on",
+           "the worker keeps each decoding request's block table and sampling settings, so a decode step sends "
+           "only its id, token, position and new blocks, and the batch and its sampling tensors are built in "
+           "bulk from what it keeps (off: every request in full every step, the batch built row by row)", ON_OFF),
+    EnvVar("FOLOVLLM_BATCHED_OUTPUTS", "on",
+           "a step's sampled tokens that need no logprobs, grammar or stop strings are appended in one pass, "
+           "screened for stop tokens as one array and detokenized in one pass (off: each token through the "
+           "output processor in turn)", ON_OFF),
     # -- quantized linears --------------------------------------------------------------------------
     EnvVar("FOLOVLLM_QUANT_KERNEL", "auto",
            "int4/int8 matmuls: folovllm (ours; an error where the tier lacks it), torch (torch's CPU "

@@ -103,6 +103,11 @@ class Request:
         self.num_prompt_logprobs = 0  # prompt positions 1.. that have their entry (filled in order)
         self.stop_reason: int | str | None = None
         self.detokenizer: Any = None  # set by the engine's output processor
+        # Set by the output processor: outputs up to the length limit (max_tokens, or the model's length).
+        self.output_limit = max_tokens
+        # A sampled token needs no logprobs entry or stop-string search: the engine takes it in bulk.
+        self.plain_outputs = params.logprobs is None and not params.stop
+        self.final_only = params.output_kind == "final_only"  # its caller reads only the final output
         # Structured outputs: its grammar and matcher (structured_output.RequestGrammar), set by the engine.
         self.grammar: Any = None
         self.text = ""

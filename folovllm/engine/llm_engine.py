@@ -16,6 +16,7 @@ import time
 
 import torch
 
+from folovllm import envs
 from folovllm.config import EngineConfig
 from folovllm.core.admission import make_admission
 from folovllm.attention.kv_quant import kv_cache_format
@@ -30,7 +31,7 @@ from folovllm.engine.request_intake import ModelLimits, PromptInput, RequestInta
 from folovllm.engine.stats import EngineStats, StepStats, step_cost_terms
 from folovllm.engine.step_phases import PhaseClock
 from folovllm.engine.step_results import StepResults
-from folovllm.engine.worker_input import build_step_input
+from folovllm.engine.worker_input import StepInputBuilder
 from folovllm.kv_transfer.base import ConnectorSide, KVConnectorBase
 from folovllm.kv_transfer.setup import kv_transfer_settings, make_connector
 from folovllm.lora.request import LoRARequest
@@ -126,6 +127,7 @@ class LLMEngine:
         self.structured = StructuredOutputManager(GrammarCache(
             config.structured_outputs_backend, self.tokenizer, self.vocab_size, self.eos_token_ids))
         self.overlap = config.overlap_scheduling
+        self.inputs = StepInputBuilder(self.structured, envs.switch("FOLOVLLM_DECODE_ROWS"))
         self._in_flight: InFlight | None = None
         self._ids = itertools.count()
         self._step_started = 0.0
@@ -134,7 +136,8 @@ class LLMEngine:
         # proposals each step (overlap is off with them: config.resolve)
         self.speculator = make_speculator(config, self.structured, self.stats, self.vocab_size, self.max_model_len)
         self.results = StepResults(self.scheduler, self.kv_cache, self.structured, self.output_processor,
-                                   self.stats, self.speculator, self.phases)
+                                   self.stats, self.speculator, self.phases,
+                                   batched=envs.switch("FOLOVLLM_BATCHED_OUTPUTS"))
         # Line-buffered so a trace is complete up to the last step even if the process is killed.
         self._trace = open(config.trace_path, "w", buffering=1) if config.trace_path else None
 
@@ -350,10 +353,11 @@ class LLMEngine:
         """Hands a scheduled batch to the worker; its tokens count as pending until ``_resolve``.
         Nothing changes if the worker raises, so a failed batch can be launched again in parts."""
         num_decode, context, pairs = step_cost_terms(sched)  # before num_computed_tokens moves
-        step_input, sampled = build_step_input(sched, self.results.finished_ids, self.structured)
+        step_input, sampled = self.inputs.build(sched, self.results.finished_ids)
         self.phases.lap("input build")
         launched = self.worker.launch(step_input)
         self.phases.lap_launch(launched.input_build_s, launched.sampling_s)
+        self.inputs.launched(step_input)
         self.results.finished_ids = []
         for request, num_new in zip(sched.requests, sched.num_new_tokens):
             request.num_computed_tokens += num_new
