@@ -73,6 +73,11 @@ VARIABLES: dict[str, EnvVar] = {v.name: v for v in (
            "a step's sampled tokens that need no logprobs, grammar or stop strings are appended in one pass, "
            "screened for stop tokens as one array and detokenized in one pass (off: each token through the "
            "output processor in turn)", ON_OFF),
+    EnvVar("FOLOVLLM_TOP_K_CANDIDATES", "on",
+           "a step whose random rows all have a top_k samples each row among its top k tokens (topk; no sort, "
+           "softmax or noise over the whole vocabulary): the same distribution, but a tie at the k-th logit keeps "
+           "k tokens, and a seeded request draws its noise for those tokens only (off: the vocabulary sorted, "
+           "every token tied with the k-th kept, the noise drawn for every token)", ON_OFF),
     # -- quantized linears --------------------------------------------------------------------------
     EnvVar("FOLOVLLM_QUANT_KERNEL", "auto",
            "int4/int8 matmuls: folovllm (ours; an error where the tier lacks it), torch (torch's CPU "

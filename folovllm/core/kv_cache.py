@@ -205,6 +205,16 @@ class KVCacheManager:
             self.pool.cache(table[i], hashes[i])
         self._num_cached_blocks[request.request_id] = num_full
 
+    def cache_full_blocks(self, requests: list[Request]) -> None:
+        """``cache_computed_blocks`` for each request; one whose full computed blocks are all named costs a
+        comparison (the engine calls it for every request of every step)."""
+        if not self.enable_prefix_caching:
+            return
+        size, named = self.block_size, self._num_cached_blocks
+        for request in requests:
+            if min(request.num_computed_tokens, len(request.token_ids)) // size > named.get(request.request_id, 0):
+                self.cache_computed_blocks(request)
+
     def reset_prefix_cache(self) -> int:
         return self.pool.reset_cache()
 

@@ -57,8 +57,9 @@ class SchedulerOutput:
 def is_decode_row(request: Request, num_new_tokens: int) -> bool:
     """Whether the request generates from a full cache (not a prompt chunk), before the step runs: its
     last token, plus the proposals it verifies when it speculates."""
-    return (num_new_tokens == 1 + len(request.spec_token_ids) and request.num_output_tokens > 0
-            and request.num_computed_tokens == request.num_tokens - 1)
+    pending = request.num_pending_tokens  # the properties' sums spelled out: the engine asks for every row
+    return (num_new_tokens == 1 + len(request.spec_token_ids) and bool(request.output_token_ids or pending)
+            and request.num_computed_tokens == len(request.token_ids) + pending - 1)
 
 
 @dataclass
@@ -275,8 +276,9 @@ class Scheduler:
 
     def _num_new_tokens(self, request: Request, budget: int, num_cached: int = 0,
                         chunked: bool = True) -> int:
-        num_tokens = request.num_tokens
-        if request.num_output_tokens >= request.max_tokens or num_tokens >= self.limits.max_model_len:
+        pending = request.num_pending_tokens  # num_tokens and num_output_tokens without the properties
+        num_tokens = len(request.token_ids) + pending
+        if len(request.output_token_ids) + pending >= request.max_tokens or num_tokens >= self.limits.max_model_len:
             return 0  # overlap: its last token is still pending and will end it by length
         num_new = num_tokens - request.num_computed_tokens - num_cached
         if num_new == 1 and not request.spec_token_ids:  # a decode

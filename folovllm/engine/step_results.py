@@ -49,8 +49,7 @@ class StepResults:
         now = time.perf_counter()
         if self.speculator is not None:  # first: the prefix cache must not name a rejected proposal
             self.speculator.settle(sched, sampled, out)
-        for request in sched.requests:
-            self.kv_cache.cache_computed_blocks(request)
+        self.kv_cache.cache_full_blocks(sched.requests)
         if out.prompt_logprobs:
             self._take_prompt_logprobs(sched, out.prompt_logprobs, touched)
         if out.pooled:
@@ -107,6 +106,7 @@ class StepResults:
             metrics.last_token_time = now
             if not request.final_only:
                 touched[request.parent_id] = groups[request.parent_id]
+        self.phases.lap("output processing")
         # a stop token ends its request once min_tokens is met (known tokens: a pending one is not judged yet)
         ends = [(row, RequestStatus.FINISHED_STOPPED) for row in stopped
                 if len(plain[row].output_token_ids) >= plain[row].params.min_tokens]

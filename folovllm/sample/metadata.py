@@ -9,6 +9,7 @@ import torch
 from folovllm.platforms import to_device
 from folovllm.sample.logits_processors import LogitsProcessor, adjusts_row, build_logits_processors
 from folovllm.sample.rows import SamplingRow
+from folovllm.sample.seeded_noise import fold_seed
 
 __all__ = ["SamplingBatch", "SamplingRow", "build_sampling_batch", "is_plain_greedy_row"]
 
@@ -32,6 +33,17 @@ class SamplingBatch:
     num_logprobs: list[int | None]  # per row: params.logprobs
     max_num_logprobs: int | None  # None when no row wants logprobs
     max_top_k: int | None = None  # the largest k of top_k, kept on the host (no device sync to read it)
+    # the random rows with a top_k below the vocabulary (their tokens lie among their top k logits) and the
+    # largest of those k (None: no such row); each row's k on the host
+    candidate_rows: list[int] = field(default_factory=list)
+    candidate_k: int | None = None
+    top_k_list: list[int] = field(default_factory=list)
+    num_greedy_rows: int = 0
+    # the random rows with a seed: a mask and each row's folded seed (0 where it has none), for the candidate
+    # path's hashed noise (sample/seeded_noise.py); None when no random row has a seed
+    seeded: torch.Tensor | None = None
+    seed_keys: torch.Tensor | None = None
+    num_seeded_rows: int = 0
     # Applied in order to the logits before temperature; only those some row uses this step.
     processors: list[LogitsProcessor] = field(default_factory=list)
 
@@ -77,7 +89,10 @@ def build_sampling_batch(
     def floats(values: list[float]) -> torch.Tensor:
         return to_device(values, torch.float32, device)
 
-    greedy_mask = temperature = top_k = top_p = min_p = max_top_k = None
+    greedy_mask = temperature = top_k = top_p = min_p = max_top_k = candidate_k = seeded = seed_keys = None
+    candidate_rows: list[int] = []
+    ks: list[int] = []
+    seeded_rows: list[bool] = []
     if not all_greedy:
         temperature = floats([1.0 if g else p.temperature for p, g in zip(params, greedy)])
         if any(greedy):
@@ -85,10 +100,17 @@ def build_sampling_batch(
         if any(p.top_k != -1 and p.top_k < vocab_size for p in params):
             ks = [vocab_size if p.top_k == -1 else min(p.top_k, vocab_size) for p in params]
             top_k, max_top_k = to_device(ks, torch.int64, device), max(ks)
+            candidate_rows = [i for i, (k, g) in enumerate(zip(ks, greedy)) if not g and k < vocab_size]
+            candidate_k = max((ks[i] for i in candidate_rows), default=None)
         if any(p.top_p < 1.0 for p in params):
             top_p = floats([p.top_p for p in params])
         if any(p.min_p > 0.0 for p in params):
             min_p = floats([p.min_p for p in params])
+        seeded_rows = [r.seed is not None and not g for r, g in zip(rows, greedy)]
+        if any(seeded_rows):
+            seeded = to_device(seeded_rows, torch.bool, device)
+            seed_keys = to_device([fold_seed(r.seed) if s else 0 for r, s in zip(rows, seeded_rows)], torch.int64,
+                                  device)
 
     return SamplingBatch(
         num_rows=num_rows,
@@ -98,6 +120,13 @@ def build_sampling_batch(
         temperature=temperature,
         top_k=top_k,
         max_top_k=max_top_k,
+        candidate_rows=candidate_rows,
+        candidate_k=candidate_k,
+        top_k_list=ks,
+        num_greedy_rows=sum(greedy),
+        seeded=seeded,
+        seed_keys=seed_keys,
+        num_seeded_rows=sum(seeded_rows),
         top_p=top_p,
         min_p=min_p,
         generators={i: g for i, g in enumerate(generators) if g is not None and not greedy[i]},

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from folovllm.sample.metadata import SamplingBatch, SamplingRow, build_sampling_batch
+from folovllm.sample.seeded_noise import seeded_exponential
 
 __all__ = [
     "Sampler",
@@ -43,20 +44,30 @@ class Sampler:
 
     Two shortcuts, checked by tests against the general path: plain argmax when every row is
     greedy with nothing to adjust, and ``topk`` instead of a full sort when no row uses top-p.
+    ``top_k_candidates``: a batch whose random rows all have a top_k samples each row among its top
+    ``candidate_k`` tokens (``topk``: no sort, softmax or noise over the whole vocabulary); the same
+    distribution, but a tie at a row's k-th logit keeps k tokens where the full path keeps every tied one, and a
+    seeded row's noise is drawn for those tokens only (``FOLOVLLM_TOP_K_CANDIDATES``).
     """
 
-    def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
-        return self.forward(logits, batch)
+    def __init__(self, top_k_candidates: bool = False) -> None:
+        self.top_k_candidates = top_k_candidates
 
-    def forward(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
+    def __call__(self, logits: torch.Tensor, batch: SamplingBatch,
+                 positions: torch.Tensor | None = None) -> SamplerOutput:
+        return self.forward(logits, batch, positions)
+
+    def forward(self, logits: torch.Tensor, batch: SamplingBatch,
+                positions: torch.Tensor | None = None) -> SamplerOutput:
         """``logits``: ``[N, V]``, one row per sequence sampling this step. Not modified."""
-        sampled, logprobs = self.sample(logits, batch)
+        sampled, logprobs = self.sample(logits, batch, positions)
         return SamplerOutput(sampled.tolist(), logprobs)
 
-    def sample(self, logits: torch.Tensor, batch: SamplingBatch
+    def sample(self, logits: torch.Tensor, batch: SamplingBatch, positions: torch.Tensor | None = None
                ) -> tuple[torch.Tensor, list[TokenLogprobs | None]]:
         """The sampled ids as a device tensor ``[N]`` (no host sync unless logprobs are asked for,
-        so the caller can overlap the next step's CPU work), plus each row's logprobs."""
+        so the caller can overlap the next step's CPU work), plus each row's logprobs. ``positions``: each
+        row's position (of the token whose logits it is), which seeded rows' candidate noise is hashed from."""
         if logits.dim() != 2 or tuple(logits.shape) != (batch.num_rows, batch.vocab_size):
             raise ValueError(
                 f"logits must be [num_rows={batch.num_rows}, vocab_size={batch.vocab_size}], "
@@ -70,7 +81,7 @@ class Sampler:
         if batch.all_greedy:
             sampled = logits.argmax(dim=-1)
         else:
-            sampled = self._sample(logits, batch)
+            sampled = self._sample(logits, batch, positions)
         if raw_logprobs is None:
             return sampled, no_logprobs
         return sampled, gather_logprobs(raw_logprobs, sampled, sampled.tolist(), batch)
@@ -100,14 +111,87 @@ class Sampler:
             _apply_min_p(logits, batch.min_p)
         return logits.softmax(dim=-1)
 
-    def _sample(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    def _sample(self, logits: torch.Tensor, batch: SamplingBatch, positions: torch.Tensor | None) -> torch.Tensor:
         greedy_tokens = None
         if batch.greedy_mask is not None:
             greedy_tokens = logits.argmax(dim=-1)
-        sampled = _exponential_race(self.probabilities(logits, batch), batch.generators)
+        rows = batch.candidate_rows if self.top_k_candidates else []
+        if rows and batch.seeded is not None and positions is None:
+            raise ValueError("seeded rows sampled among their top k need each row's position")
+        if rows and len(rows) == batch.num_rows - batch.num_greedy_rows:  # every random row has a top k
+            sampled = _sample_candidates(logits, batch.temperature, batch.top_k, batch.top_p, batch.min_p,
+                                         _Seeds.of(batch, positions), batch.candidate_k)
+        elif rows:
+            sampled = self._sample_some_candidates(logits, batch, rows, positions)
+        else:
+            sampled = _exponential_race(self.probabilities(logits, batch), batch.generators)
         if greedy_tokens is not None:
             sampled = torch.where(batch.greedy_mask, greedy_tokens, sampled)
         return sampled
+
+    def _sample_some_candidates(self, logits: torch.Tensor, batch: SamplingBatch, rows: list[int],
+                                positions: torch.Tensor | None) -> torch.Tensor:
+        """The candidate rows among their top k, the others through the full path (which draws no noise from
+        the candidate rows' generators: a seeded row's stream does not depend on its neighbours)."""
+        index = torch.tensor(rows, device=logits.device)
+
+        def pick(values: torch.Tensor | None) -> torch.Tensor | None:
+            return None if values is None else values[index]
+
+        seeds = _Seeds.of(batch, positions)
+        chosen = _sample_candidates(logits[index], pick(batch.temperature), pick(batch.top_k), pick(batch.top_p),
+                                    pick(batch.min_p), seeds.rows(index) if seeds else None, batch.candidate_k)
+        candidates = set(rows)
+        others = {row: g for row, g in batch.generators.items() if row not in candidates}
+        sampled = _exponential_race(self.probabilities(logits, batch), others)
+        sampled[index] = chosen
+        return sampled
+
+
+class _Seeds:
+    """Candidate rows' seeds: which rows have one (``every``: all that are not greedy), their folded seeds,
+    each row's position."""
+
+    def __init__(self, mask: torch.Tensor, keys: torch.Tensor, positions: torch.Tensor, every: bool) -> None:
+        self.mask, self.keys, self.positions, self.every = mask, keys, positions, every
+
+    @classmethod
+    def of(cls, batch: SamplingBatch, positions: torch.Tensor | None) -> _Seeds | None:
+        if batch.seeded is None:
+            return None
+        every = batch.num_seeded_rows == batch.num_rows - batch.num_greedy_rows
+        return cls(batch.seeded, batch.seed_keys, positions, every)
+
+    def rows(self, index: torch.Tensor) -> _Seeds:
+        return _Seeds(self.mask[index], self.keys[index], self.positions[index], False)
+
+
+def _sample_candidates(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+                       top_p: torch.Tensor | None, min_p: torch.Tensor | None, seeds: _Seeds | None,
+                       candidate_k: int) -> torch.Tensor:
+    """Rows that each sample among their top k logits: temperature, top-k, top-p and min-p on those alone (the
+    full path's rules), then the race over them, a seeded row's noise hashed from its seed and position."""
+    values, token_ids = logits.topk(candidate_k, dim=-1)  # highest first
+    values.div_(temperature.unsqueeze(1))
+    columns = torch.arange(candidate_k, device=values.device)
+    values.masked_fill_(columns >= top_k.unsqueeze(1), float("-inf"))
+    if top_p is not None:
+        # the full path's rule: drop the low tail whose mass (the token's own included) is at most 1 - p
+        mass_up_to = values.softmax(dim=-1).flip(-1).cumsum(dim=-1).flip(-1)
+        drop = mass_up_to <= (1.0 - top_p).unsqueeze(1)
+        drop[:, 0] = False
+        values.masked_fill_(drop, float("-inf"))
+    if min_p is not None:
+        _apply_min_p(values, min_p)
+    probs = values.softmax(dim=-1)
+    if seeds is None:
+        noise = torch.empty_like(probs).exponential_()
+    else:
+        noise = seeded_exponential(seeds.keys, seeds.positions, token_ids)  # greedy rows' goes unread
+        if not seeds.every:
+            noise = torch.where(seeds.mask.unsqueeze(1), noise, torch.empty_like(probs).exponential_())
+    choice = probs.div_(noise).argmax(dim=-1)
+    return token_ids.gather(1, choice.unsqueeze(1)).squeeze(1)
 
 
 def _apply_top_k_top_p(

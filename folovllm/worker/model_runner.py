@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from folovllm import envs
 from folovllm.lora.manager import LoRAManager
 from folovllm.platforms import Platform, to_device
 from folovllm.pooling.pooler import Pooler
@@ -76,7 +77,7 @@ class ModelRunner:
         self.kv_caches = kv_caches
         self.block_size = block_size
         self.platform, self.device = platform, platform.device
-        self.sampler = Sampler()
+        self.sampler = Sampler(top_k_candidates=envs.switch("FOLOVLLM_TOP_K_CANDIDATES"))
         self.vocab_size = model.arch.vocab_size
         self.decode_writer = DecodeBatchWriter(block_size, self.device, reuse_buffers=decode_input_buffers)
         self.states = RequestStates(self.device)  # per-request RNGs, and what is kept of decoding requests
@@ -139,7 +140,9 @@ class ModelRunner:
         else:
             sampling_batch = self._sampling_batch(batch)
             logits = self.model.compute_logits(sampled_hidden)
-            token_ids, logprobs = self.sampler.sample(logits, sampling_batch)
+            positions = batch.positions if len(batch.sampling_rows) == hidden.shape[0] \
+                else batch.positions[batch.logits_indices]  # seeded rows' candidate noise is keyed by them
+            token_ids, logprobs = self.sampler.sample(logits, sampling_batch, positions)
             needs_sync = sampling_batch.needs_sync
         launched = LaunchedStep(batch.sampling_request_ids, token_ids, logprobs, needs_sync,
                                 prompt_logprobs=prompt_logprobs, pooled=pooled)
