@@ -23,8 +23,12 @@ class RequestStatus(enum.Enum):
 
     @property
     def finished(self) -> bool:
-        return self in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH,
-                        RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_ERROR)
+        return self in FINISHED_STATUSES
+
+
+# what ``RequestStatus.finished`` tests, for loops over a whole batch that skip the property
+FINISHED_STATUSES = frozenset((RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH,
+                               RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_ERROR))
 
 
 def stop_token_ids(params: SamplingParams, eos_token_ids: list[int]) -> tuple[int, ...]:

@@ -258,6 +258,8 @@ class KVCacheManager:
         if used > self.peak_blocks_used:
             self.peak_blocks_used = used
             self.peak_used_slots = self.total_slots_used
+        elif used == self.peak_blocks_used:  # the fullest the peak blocks got
+            self.peak_used_slots = max(self.peak_used_slots, self.total_slots_used)
         self._at_peak = used == self.peak_blocks_used
         return True
 

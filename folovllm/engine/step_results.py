@@ -19,7 +19,7 @@ from folovllm.core.scheduler import Scheduler, SchedulerOutput
 from folovllm.engine.output_processor import OutputProcessor, RequestGroup
 from folovllm.engine.stats import EngineStats
 from folovllm.engine.step_phases import PhaseClock
-from folovllm.request import Request, RequestStatus
+from folovllm.request import FINISHED_STATUSES, Request, RequestStatus
 from folovllm.sample.prompt_logprobs import PromptLogprobsChunk
 from folovllm.spec_decode.speculator import Speculator
 from folovllm.structured_output import StructuredOutputManager
@@ -75,20 +75,28 @@ class StepResults:
         plain: list[Request] = []
         plain_tokens: list[int] = []
         at_length: list[int] = []  # plain rows at their length limit
+        groups = self.groups
         for row, request in enumerate(sampled):
             request.num_pending_tokens -= 1
-            if request.status.finished:  # ended meanwhile (stopped one step earlier, or aborted)
+            if request.status in FINISHED_STATUSES:  # ended meanwhile (stopped one step earlier, or aborted)
                 continue
             token = tokens[row]
             if not request.plain_outputs or request.grammar is not None:
                 self._take_token(request, token, logprobs[row] if logprobs else None, now, touched)
                 continue
             request.token_ids.append(token)
-            request.output_token_ids.append(token)
+            output = request.output_token_ids
+            output.append(token)
+            if len(output) >= request.output_limit:
+                at_length.append(len(plain))
             plain.append(request)
             plain_tokens.append(token)
-            if len(request.output_token_ids) >= request.output_limit:
-                at_length.append(len(plain) - 1)
+            metrics = request.metrics
+            if metrics.first_token_time is None:
+                metrics.first_token_time = now
+            metrics.last_token_time = now
+            if not request.final_only:
+                touched[request.parent_id] = groups[request.parent_id]
         if not plain:
             return
         self.stats.generation_tokens += len(plain)
@@ -98,15 +106,6 @@ class StepResults:
         self.phases.lap("stop checks")
         processor.detokenize(plain, plain_tokens, stopped)
         self.phases.lap("detokenize")
-        groups = self.groups
-        for request in plain:
-            metrics = request.metrics
-            if metrics.first_token_time is None:
-                metrics.first_token_time = now
-            metrics.last_token_time = now
-            if not request.final_only:
-                touched[request.parent_id] = groups[request.parent_id]
-        self.phases.lap("output processing")
         # a stop token ends its request once min_tokens is met (known tokens: a pending one is not judged yet)
         ends = [(row, RequestStatus.FINISHED_STOPPED) for row in stopped
                 if len(plain[row].output_token_ids) >= plain[row].params.min_tokens]

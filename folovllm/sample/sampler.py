@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from folovllm.platforms import to_device
 from folovllm.sample.metadata import SamplingBatch, SamplingRow, build_sampling_batch
 from folovllm.sample.seeded_noise import seeded_exponential
 
@@ -133,7 +134,7 @@ class Sampler:
                                 positions: torch.Tensor | None) -> torch.Tensor:
         """The candidate rows among their top k, the others through the full path (which draws no noise from
         the candidate rows' generators: a seeded row's stream does not depend on its neighbours)."""
-        index = torch.tensor(rows, device=logits.device)
+        index = to_device(rows, torch.int64, logits.device)
 
         def pick(values: torch.Tensor | None) -> torch.Tensor | None:
             return None if values is None else values[index]

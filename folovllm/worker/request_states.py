@@ -80,6 +80,7 @@ class RequestStates:
         self.lora[row] = request.lora
         self.any_lora += request.lora is not None
         self._write_table(row, 0, request.block_table)
+        self.tables[row, len(request.block_table):] = 0  # a batch's tables are zero past their ends
 
     def _write_table(self, row: int, first: int, blocks: list[int]) -> None:
         end = first + len(blocks)
