@@ -15,7 +15,6 @@ from folovllm.worker.model_runner import ModelRunner
 from folovllm.worker.request_states import RequestStates
 from folovllm.worker.step_batch import StepBatch, prepare_step_batch
 from folovllm.worker.step_input import DecodeRows, ScheduledRequest, StepInput
-from tests.worker.test_decode_inputs import assert_same_batch
 
 BLOCK = 4
 GREEDY = SamplingRow(SamplingParams(temperature=0.0))
