@@ -151,20 +151,21 @@ class Scheduler:
         shortage = False
 
         index = 0
-        tables = self.kv_cache.block_tables
-        while plan.run_running and index < len(self.running) and budget > 0:
-            request = self.running[index]
+        running, tables = self.running, self.kv_cache.block_tables  # every running request, every step: locals
+        allocate, on_scheduled = self.kv_cache.allocate_slots, self.policy.on_scheduled
+        while plan.run_running and index < len(running) and budget > 0:
+            request = running[index]
             num_new = self._num_new_tokens(request, budget)
             if num_new == 0:
                 index += 1
                 continue
-            if not self.kv_cache.allocate_slots(request, num_new):
+            if not allocate(request, num_new):
                 ok, shortage_here = self._allocate_or_preempt(request, num_new, out)
                 shortage = shortage or shortage_here
                 if not ok:
                     break  # the request preempted itself: nothing later in `running` is left
             out.add(request, num_new, tables[request.request_id])
-            self.policy.on_scheduled(request, num_new)
+            on_scheduled(request, num_new)
             budget -= num_new
             index += 1
 
