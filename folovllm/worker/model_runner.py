@@ -167,15 +167,14 @@ class ModelRunner:
         """A step with proposals: every proposal's row scored, the kept tokens read back at once (the
         engine turns overlap off while speculating, so nothing waits on this step's tokens)."""
         drafts = batch.draft_token_ids
-        starts = itertools.accumulate((len(d) + 1 for d in drafts), initial=0)  # each request's first row
-        generators = [self.states.generator(rid, batch.sampling_rows[start].seed)
-                      for rid, start in zip(batch.sampling_request_ids, starts)]
+        starts = list(itertools.accumulate((len(d) + 1 for d in drafts), initial=0))  # each request's first row
         if self.greedy_head is not None and all(is_plain_greedy_row(row) for row in batch.sampling_rows):
             target = self.greedy_head(sampled_hidden).tolist()
-            starts = itertools.accumulate((len(d) + 1 for d in drafts), initial=0)
             emitted = [accept_greedy(target[start:start + len(d) + 1], d) for start, d in zip(starts, drafts)]
             logprobs = [[None] * len(tokens) for tokens in emitted]
         else:
+            generators = [self.states.generator(rid, batch.sampling_rows[start].seed)
+                          for rid, start in zip(batch.sampling_request_ids, starts)]
             logits = self.model.compute_logits(sampled_hidden)
             emitted, logprobs = verify(logits, batch.sampling_rows, drafts, generators, self.sampler)
         first = torch.tensor([tokens[0] for tokens in emitted], device=self.device)
