@@ -55,16 +55,24 @@ class OutputProcessor:
         return [row for row in screened.tolist() if token_ids[row] in requests[row].stop_token_ids]
 
     @staticmethod
-    def detokenize(requests: Sequence[Request], token_ids: list[int], stopped: list[int]) -> None:
+    def detokenize(requests: Sequence[Request], token_ids: list[int],
+                   stopped: list[int]) -> list[tuple[int, Exception]]:
         """Each row's token through its request's incremental detokenizer; a stop token's text is left out
-        unless the request keeps special tokens (as ``append_token``)."""
+        unless the request keeps special tokens (as ``append_token``). Returns the rows whose detokenizer
+        raised, with the error (the caller ends those requests alone)."""
         skipped = set(stopped)
+        failed: list[tuple[int, Exception]] = []
         for row, request in enumerate(requests):
             detokenizer = request.detokenizer
             if detokenizer is None or (row in skipped and request.params.skip_special_tokens is not False):
                 continue
-            detokenizer.append(token_ids[row])
+            try:
+                detokenizer.append(token_ids[row])
+            except Exception as error:
+                failed.append((row, error))
+                continue
             request.text = detokenizer.text
+        return failed
 
     def stopped_by_token(self, request: Request, token_id: int) -> None:
         """The request ends on a stop token: its stop reason, and the text it still holds back."""

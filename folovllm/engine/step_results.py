@@ -104,7 +104,9 @@ class StepResults:
         processor = self.output_processor
         stopped = processor.stop_token_rows(plain, plain_tokens)
         self.phases.lap("stop checks")
-        processor.detokenize(plain, plain_tokens, stopped)
+        for row, error in processor.detokenize(plain, plain_tokens, stopped):
+            logger.error("output processing failed for request %s; ending it", plain[row].request_id, exc_info=error)
+            self.fail_group(plain[row].parent_id, touched)
         self.phases.lap("detokenize")
         # a stop token ends its request once min_tokens is met (known tokens: a pending one is not judged yet)
         ends = [(row, RequestStatus.FINISHED_STOPPED) for row in stopped
@@ -114,6 +116,8 @@ class StepResults:
             ends = sorted(ends + [(row, RequestStatus.FINISHED_LENGTH) for row in at_length if row not in ending])
         for row, status in ends:  # in row order, as one by one: blocks go back to the pool in that order
             request = plain[row]
+            if request.status in FINISHED_STATUSES:  # its text failed: ended already
+                continue
             if status == RequestStatus.FINISHED_STOPPED:
                 processor.stopped_by_token(request, plain_tokens[row])
             else:
