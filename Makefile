@@ -66,20 +66,24 @@ TEST_FLAGS := -n 2 --dist loadfile
 test: $(STAMP) $(KERNELS)
 	OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -q -m "not slow" $(TEST_FLAGS)
 
-# The model and attention tests again at lower CPU tiers: FOLOVLLM_CPU_ISA=avx2 (a higher host's AVX2 code
-# paths, and the plain-torch ones its kernels lack) and none (plain torch everywhere, as on Arm).
+# The model and attention tests and the feature matrix's CPU twins (docs/features.md) again at lower CPU tiers:
+# FOLOVLLM_CPU_ISA=avx2 (a higher host's AVX2 code paths, and the plain-torch ones its kernels lack) and none
+# (plain torch everywhere, as on Arm).
 test-tiers: $(STAMP) $(KERNELS)
-	FOLOVLLM_CPU_ISA=avx2 $(PY) -m pytest -q -m "not slow" tests/model tests/attention
-	FOLOVLLM_CPU_ISA=none $(PY) -m pytest -q -m "not slow" tests/model tests/attention
+	FOLOVLLM_CPU_ISA=avx2 $(PY) -m pytest -q -m "not slow" tests/model tests/attention tests/matrix
+	FOLOVLLM_CPU_ISA=none $(PY) -m pytest -q -m "not slow" tests/model tests/attention tests/matrix
 
 # Everything, the slow tests too (heavier twins of default tests: real-weight models, more servers).
 test-all: $(STAMP) $(KERNELS)
 	$(PY) -m pytest -q
 
 # The GPU check rehearsed on this CPU under the GPU image's Python and packages (benchmarks/gpu/
-# image-packages.txt: torch 2.11, transformers 5.17, no gguf/fastapi/xgrammar): scripts/gpu_check.sh's
-# steps, imports and tests, so version drift shows here rather than in a device lease. Python 3.12 where
-# the machine has it (pyenv's, else python3.12 on the PATH), else $(PYTHON).
+# image-packages.txt: torch 2.11, transformers 5.17, no gguf/fastapi/xgrammar) plus only the wheels the device
+# run carries (benchmarks/gpu/carried-wheels.txt, fetched into .whl/ for the image's Python 3.12 with the default
+# model's tokenizer): scripts/gpu_check.sh's steps, imports and tests (the feature matrix's CPU twins), so
+# version drift or a wheel missing from the list shows here rather than in a device lease. Python 3.12 where the
+# machine has it (pyenv's, else python3.12 on the PATH), else $(PYTHON): then the binary wheels are fetched
+# again for that version into build/ and the rehearsal installs those.
 GPU_VENV := .venv-gpu
 PYTHON312 ?= $(or $(lastword $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12)),$(shell command -v python3.12 >/dev/null && python3.12 -V >/dev/null 2>&1 && echo python3.12),$(PYTHON))
 $(GPU_VENV)/.installed-stamp: benchmarks/gpu/image-packages.txt
@@ -87,8 +91,17 @@ $(GPU_VENV)/.installed-stamp: benchmarks/gpu/image-packages.txt
 	$(GPU_VENV)/bin/python -m pip install -q -r benchmarks/gpu/image-packages.txt
 	touch $@
 
-gpu-rehearsal: $(GPU_VENV)/.installed-stamp
-	PYTHON=$(GPU_VENV)/bin/python OUT=build/gpu-rehearsal bash scripts/gpu_check.sh --rehearse
+.whl/.fetched: benchmarks/gpu/carried-wheels.txt | $(STAMP)
+	PYTHON=$(PY) TOKENIZER_PYTHON=$(PY) bash scripts/gpu_check.sh --fetch-wheels
+	touch $@
+
+GPU_VENV_VERSION = $(shell $(GPU_VENV)/bin/python -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+gpu-rehearsal: $(GPU_VENV)/.installed-stamp .whl/.fetched
+	if [ "$(GPU_VENV_VERSION)" = 3.12 ]; then wheels=.whl; else wheels=build/gpu-rehearsal-wheels; \
+	  PYTHON=$(PY) TOKENIZER_PYTHON=$(PY) WHEEL_DIR=$$wheels WHEEL_PYTHON=$(GPU_VENV_VERSION) \
+	    bash scripts/gpu_check.sh --fetch-wheels || exit 1; fi; \
+	PYTHON=$(GPU_VENV)/bin/python OUT=build/gpu-rehearsal GPU_SITE=build/gpu-rehearsal-site WHEEL_DIR=$$wheels \
+	  bash scripts/gpu_check.sh --rehearse
 
 bench: $(STAMP) $(KERNELS)
 	$(VENV)/bin/folovllm bench throughput --workload decode-heavy --baseline hf

@@ -254,6 +254,11 @@ class EngineConfig:
     kv_layout: str = knob("paged", "contiguous: each request reserves max_model_len up front (ablation)",
                           choices=["paged", "contiguous"])
     num_threads: int | None = knob(None, "CPU threads for torch (default: the cores this process may run on)")
+    batch_invariant: bool = knob(
+        False, "a request's tokens and logprobs are bitwise the same whatever else is scheduled with it (alone or "
+               "in any batch, any chunking, prefix-cache hit or miss, preemption, speculation): every row reduced "
+               "in an order fixed by its own position, at some cost in throughput (docs/batch_invariance.md); "
+               "VLLM_BATCH_INVARIANT=1 turns it on too")
     structured_outputs_backend: str = knob(
         "auto", "the library that compiles structured-output constraints (auto = xgrammar)",
         choices=["auto", "xgrammar"], group="StructuredOutputsConfig", aliases=("--guided-decoding-backend",))

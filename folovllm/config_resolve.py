@@ -7,6 +7,7 @@ import logging
 import os
 from typing import TYPE_CHECKING
 
+from folovllm import envs
 from folovllm.platforms import platform_for, resolve_device
 
 if TYPE_CHECKING:
@@ -29,7 +30,7 @@ def resolve_config(config: EngineConfig) -> EngineConfig:
     the attention backend (triton on CUDA when installed; on CPU our kernel where it runs at the CPU's
     tier, else torch) and overlap scheduling (on CUDA only: on CPU the forward runs synchronously, so
     overlapping would only hand each token out one step later). structured_outputs_backend: xgrammar.
-    load_quantized: off (see its help). runner: pooling when convert is embed (and convert embed
+    load_quantized: off (see its help). batch_invariant: on with ``VLLM_BATCH_INVARIANT=1`` too. runner: pooling when convert is embed (and convert embed
     under a pooling runner). num_threads: the cores this process may run on (its CPU
     affinity, which a container or taskset narrows). Names of registered pieces (attention backend,
     policy, admission) are checked where they are looked up, when the engine builds them.
@@ -53,12 +54,26 @@ def resolve_config(config: EngineConfig) -> EngineConfig:
     structured = "xgrammar" if config.structured_outputs_backend == "auto" else config.structured_outputs_backend
     # 4-bit GGUF weights win one-stream decode on CPU but lose batched decode and prefill to bf16
     load_quantized = "off" if config.load_quantized == "auto" else config.load_quantized
+    batch_invariant = _batch_invariant(config)
     return dataclasses.replace(config, runner="pooling" if pooling else "generate",
                                convert="embed" if pooling else "none", device=device, dtype=dtype, attention_backend=backend,
                                overlap_scheduling=overlap, enforce_eager=enforce_eager,
                                load_quantized=load_quantized,
                                num_threads=config.num_threads or usable_cores(),
-                               structured_outputs_backend=structured, speculative_config=speculative)
+                               structured_outputs_backend=structured, speculative_config=speculative,
+                               batch_invariant=batch_invariant)
+
+
+def _batch_invariant(config: EngineConfig) -> bool:
+    """Whether the engine runs batch-invariant: the knob, or vLLM's ``VLLM_BATCH_INVARIANT=1``. Tensor
+    parallelism is refused: a ring all-reduce adds the ranks' parts in an order set by where an element falls
+    in the buffer, which the batch's size moves."""
+    on = config.batch_invariant or envs.value("VLLM_BATCH_INVARIANT") == "1"
+    if on and config.tensor_parallel_size > 1:
+        raise ValueError(f"batch-invariant mode with tensor_parallel_size={config.tensor_parallel_size} is not "
+                         "supported: the all-reduce's order of adding the ranks' parts depends on the batch's size; "
+                         "use one rank (data parallelism keeps each replica invariant)")
+    return on
 
 def _tensor_parallel_settings(config: EngineConfig, device: str, overlap: bool) -> tuple[bool, bool]:
     """(overlap_scheduling, enforce_eager) under tensor parallelism: both off.

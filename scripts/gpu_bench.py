@@ -6,8 +6,7 @@
     python scripts/gpu_bench.py --time-limit 270                   # skip what would start after 270 s
 
 Model: the Qwen3-0.6B architecture (benchmarks/configs/qwen3-0.6b/config.json) with random weights
-(``load_format="dummy"``; when the HF baseline runs, its random init is copied into every engine so both
-use the same weights), bfloat16, token-id prompts, ``ignore_eos``, no detokenization (the dummy model has no
+(``load_format="dummy"``; the HF baseline runs last, on its own random init), bfloat16, token-id prompts, ``ignore_eos``, no detokenization (the dummy model has no
 Qwen3 tokenizer). Sections, each timed after a warm-up (CUDA-graph capture and Triton JIT excluded):
 
 - hf_generate: transformers' ``generate``, one left-padded static batch of the decode-heavy workload (sdpa).
@@ -15,14 +14,23 @@ Qwen3 tokenizer). Sections, each timed after a warm-up (CUDA-graph capture and T
   100..1024, ids 0..10000, temperature 0.6, python ``random.seed(0)``).
 - decode_heavy (128 × 10 → 512) and prefill_heavy (128 × 1024 → 16): the reference serving workloads, greedy.
 - step_time: median decode step wall time at batch 1 and 128 against the floor
-  (weight bytes + KV bytes read per step) / device copy bandwidth (2 × bytes / time of a big tensor copy).
+  (weight bytes + KV bytes read per step) / device copy bandwidth (2 × bytes / time of a big tensor copy), and
+  the same steps' median span on the device's timeline (CUDA events).
 - prefill_profile: prefill-heavy's first three full prefill steps under torch.profiler (the kernels with the
-  most device time per step, their sum, the step time).
+  most device time per step, their sum, the step time), fused forms on (the default).
+- decode_graph: the decode graph of batch 1 and 128: kernels per replay (profiler), device ms per replay, the
+  same step run eagerly (kernels, ms).
+- fused_ab: an engine with ``FOLOVLLM_CUDA_FUSED_OPS=off`` beside the default one: greedy tokens of a
+  logprobs workload compared by the top-2 rule, and each side's batch-1 step, decode-heavy and prefill-heavy.
+- attention_kernels: the Triton prefill kernel (its tiles and 64-row ones) and decode kernel (split over the
+  context and not) against SDPA at Qwen3-0.6B's attention shape.
 - overlap: host time per step (EngineStats.host_time_s / num_steps) and step wall time with overlap
   scheduling on and off; greedy outputs must be identical.
 - cuda_graphs: decode-heavy with ``enforce_eager=True``; attention_backends: decode-heavy per backend.
 
-Each section is independent (try/except); an error is recorded as a string in the JSON. The report is
+Every timed run also records host ms per step (the engine's own accounting) and, on CUDA, device ms per step
+(an event after each step). Each section is independent (try/except); an error is recorded as a string in
+the JSON. The report is
 written after every section, and ``--time-limit`` skips the sections that would start past it (and cuts a
 timed run short), so a run inside a device lease always leaves what it finished.
 """
@@ -48,6 +56,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 from folovllm import LLM, SamplingParams
 from folovllm.bench import hf_baseline
+from folovllm.bench.gpu_kernels import attention_figures, decode_graph_figures
 from folovllm.bench.gpu_runs import (
     GPU_SCALE,
     SMOKE_CONFIG,
@@ -57,6 +66,7 @@ from folovllm.bench.gpu_runs import (
     copy_bandwidth,
     format_table,
     free_device_memory,
+    greedy_match,
     nano_vllm_requests,
     run_workload,
     save_tokenizer,
@@ -66,13 +76,14 @@ from folovllm.bench.gpu_runs import (
 )
 from folovllm.bench.profile import profile_steps
 from folovllm.bench.results import build_result
-from folovllm.bench.workloads import BenchRequest
+from folovllm.bench.workloads import BenchRequest, build_workload
 from folovllm.paging import blocks_for_tokens
 
 QWEN3_CONFIG = ROOT / "benchmarks/configs/qwen3-0.6b/config.json"
 DEFAULT_OUTPUT = ROOT / "docs/results/gpu-bench.json"
 SECTIONS = ("hf_generate", "nano_vllm_offline", "decode_heavy", "prefill_heavy", "step_time", "prefill_profile",
-            "overlap", "cuda_graphs", "attention_backends")
+            "decode_graph", "fused_ab", "overlap", "cuda_graphs", "attention_backends", "attention_kernels")
+FUSED_SWITCH = "FOLOVLLM_CUDA_FUSED_OPS"
 
 
 class GpuBench:
@@ -86,7 +97,7 @@ class GpuBench:
         self.device = self.scale.engine_args["device"]
         self.skip = set(args.skip)
         self.deadline = self.start + args.time_limit if args.time_limit else None
-        # make_llm copies weights into the built model: on a CPU its linears must stay plain tensors
+        # the CPU smoke run keeps torch's matmuls, as the GPU path runs them (its prefill profile is led by them)
         os.environ.setdefault("FOLOVLLM_CPU_LINEAR", "torch")
         self.engine_args = {"dtype": "bfloat16", "load_format": "dummy", "seed": 0,
                             "max_num_batched_tokens": args.max_num_batched_tokens,
@@ -101,7 +112,6 @@ class GpuBench:
         self.device_name = (torch.cuda.get_device_name() if self.device.startswith("cuda")
                             else f"cpu ({platform.processor() or platform.machine()})")
         self.sections: dict[str, Any] = {}
-        self.weights: dict[str, torch.Tensor] | None = None  # the HF baseline's random init, on the host
         self.main_runs: dict[str, Run] = {}
         self.bandwidth = 0.0  # bytes/s, measured first thing in run()
         self.memory_in_use_gb: list[float] = []  # device memory allocated before each engine start-up
@@ -141,15 +151,13 @@ class GpuBench:
         return float("inf") if self.deadline is None else self.deadline - time.perf_counter()
 
     def make_llm(self, **overrides: Any) -> tuple[LLM, float]:
-        """An engine with the shared weights, warmed up; returns it and its start-up seconds."""
+        """An engine on the dummy weights (seed 0: every engine the same ones), warmed up; returns it and its
+        start-up seconds."""
         free_device_memory()
         if self.device.startswith("cuda"):  # what an earlier engine may have left behind
             self.memory_in_use_gb.append(torch.cuda.memory_allocated() / 2**30)
         start = time.perf_counter()
         llm = LLM(str(self.model_dir), **{**self.engine_args, **overrides})
-        if self.weights is not None:
-            with torch.no_grad():
-                llm.llm_engine.model.load_weights(self.weights.items())
         startup = time.perf_counter() - start
         self.warm_up(llm)
         return llm, startup
@@ -179,7 +187,10 @@ class GpuBench:
         return {"nano_vllm_offline": nano_vllm_requests(*s.nano, vocab_size),
                 "decode_heavy": seed000_requests("decode-heavy", s.decode_heavy, vocab_size),
                 "prefill_heavy": seed000_requests("prefill-heavy", s.prefill_heavy, vocab_size),
-                "batch_1": seed000_requests("decode-heavy", (1, 10, s.batch1_output_len), vocab_size)}
+                "batch_1": seed000_requests("decode-heavy", (1, 10, s.batch1_output_len), vocab_size),
+                # greedy with logprobs, compared across engines by the top-2 rule
+                "compare": build_workload("decode-heavy", vocab_size, num_requests=s.compare[0],
+                                          input_len=s.compare[1], output_len=s.compare[2], seed=1)}
 
     # -- sections -------------------------------------------------------------------------------
 
@@ -200,7 +211,6 @@ class GpuBench:
             timings, duration, computed = hf_baseline.run_static(model, requests)
             sync(self.device)
             peak = torch.cuda.max_memory_allocated() / 2**20 if self.device.startswith("cuda") else None
-            self.weights = {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
         finally:
             del model
             free_device_memory()
@@ -213,7 +223,7 @@ class GpuBench:
 
     def main_engine(self) -> None:
         """The default configuration, one engine: nano-vllm's and the reference workloads, the step times."""
-        names = ("nano_vllm_offline", "decode_heavy", "prefill_heavy", "step_time", "prefill_profile")
+        names = ("nano_vllm_offline", "decode_heavy", "prefill_heavy", "step_time", "prefill_profile", "decode_graph")
         if self.seconds_left() <= 0:
             self.sections.update({name: {"skipped": "time limit"} for name in names})
             return
@@ -242,6 +252,14 @@ class GpuBench:
         self.section("prefill_heavy", lambda: timed("prefill_heavy"))
         self.section("step_time", step_time)
         self.section("prefill_profile", lambda: self.prefill_profile(llm.llm_engine, work["prefill_heavy"]))
+        self.section("decode_graph", lambda: decode_graph_figures(llm.llm_engine, (1, self.scale.decode_heavy[0])))
+        if "fused_ab" not in self.skip and self.seconds_left() > 0:
+            try:
+                self.main_runs["compare"] = self.run_workload(llm, "compare", work["compare"], config=config,
+                                                              logprobs=2)
+            except Exception as e:  # fused_ab reports it
+                traceback.print_exc()
+                self.sections["fused_ab"] = {"error": f"the fused-on compare run failed: {type(e).__name__}: {e}"}
         llm = None  # frees the engine (the closures above share this cell)
         free_device_memory()
 
@@ -264,6 +282,9 @@ class GpuBench:
             median_s = statistics.median(walls)
             out[label] = {"batch": run.result["num_requests"], "num_steady_steps": len(walls),
                           "median_step_ms": 1000 * median_s, "p90_step_ms": 1000 * walls[int(0.9 * (len(walls) - 1))],
+                          "median_device_step_ms": 1000 * statistics.median(run.step_device_s)
+                          if run.step_device_s else None,
+                          "host_ms_per_step": run.result["extra"]["host_ms_per_step"],
                           "mean_context_tokens": context, "floor_ms": 1000 * floor_s, "ratio": median_s / floor_s}
         return out
 
@@ -300,9 +321,11 @@ class GpuBench:
     @staticmethod
     def _summary(run: Run) -> dict[str, Any]:
         extra = run.result["extra"]
-        return {"output_tok_s": run.result["output_tok_s"], "num_steps": run.num_steps,
-                "wall_ms_per_step": extra["wall_ms_per_step"], "host_ms_per_step": extra["host_ms_per_step"],
-                "median_decode_step_ms": 1000 * statistics.median(run.step_walls_s) if run.step_walls_s else None}
+        return {"output_tok_s": run.result["output_tok_s"], "input_tok_s": run.result["input_tok_s"],
+                "num_steps": run.num_steps, "wall_ms_per_step": extra["wall_ms_per_step"],
+                "host_ms_per_step": extra["host_ms_per_step"], "device_ms_per_step": extra["device_ms_per_step"],
+                "median_decode_step_ms": 1000 * statistics.median(run.step_walls_s) if run.step_walls_s else None,
+                "median_device_step_ms": 1000 * statistics.median(run.step_device_s) if run.step_device_s else None}
 
     def overlap(self) -> dict[str, Any]:
         on = self.main_runs.get("decode_heavy")
@@ -312,6 +335,40 @@ class GpuBench:
         same = sum(a == b for a, b in zip(on.token_ids, off.token_ids))
         return {"on": self._summary(on), "off": self._summary(off), "num_compared": len(on.token_ids),
                 "num_identical": same, "outputs_identical": same == len(on.token_ids) == len(off.token_ids)}
+
+    def fused_ab(self) -> dict[str, Any]:
+        """The default engine (fused forms on) against one with them off: greedy tokens by the top-2 rule, and
+        each side's batch-1 decode step, decode-heavy and prefill-heavy."""
+        on = self.main_runs.get("compare")
+        if on is None:
+            raise RuntimeError("needs the default engine's compare run (fused forms on)")
+        previous = os.environ.get(FUSED_SWITCH)
+        os.environ[FUSED_SWITCH] = "off"  # the platform reads it as the engine is built
+        try:
+            llm, startup = self.make_llm()
+        finally:
+            if previous is None:
+                os.environ.pop(FUSED_SWITCH)
+            else:
+                os.environ[FUSED_SWITCH] = previous
+        try:
+            work = self.workloads(llm.llm_engine.model.arch.vocab_size)
+            config = self.run_config({"startup_s": startup, "env": {FUSED_SWITCH: "off"}})
+            off = self.run_workload(llm, "compare", work["compare"], config=config, logprobs=2)
+            out: dict[str, Any] = {**greedy_match(on.token_ids, off.token_ids, off.top2_gaps),
+                                   "num_compared": len(on.token_ids)}
+            runs = {name: self.run_workload(llm, name, work[name], config=config, steady_batch=len(work[name])
+                                            if name != "prefill_heavy" else None)
+                    for name in ("batch_1", "decode_heavy", "prefill_heavy")}
+        finally:
+            del llm
+            free_device_memory()
+        for name, run in runs.items():
+            on_run = self.main_runs.get(name)
+            out[name] = {"off": self._summary(run), "on": self._summary(on_run) if on_run else None}
+            key = "input_tok_s" if name == "prefill_heavy" else "output_tok_s"
+            out[name]["on_over_off"] = on_run.result[key] / run.result[key] if on_run else None
+        return out
 
     def cuda_graphs(self) -> dict[str, Any]:
         graphs = self.main_runs.get("decode_heavy")
@@ -332,19 +389,28 @@ class GpuBench:
                 out[name] = {"error": f"{type(e).__name__}: {e}"}
         return out
 
+    def attention_kernels(self) -> dict[str, Any]:
+        if not self.device.startswith("cuda"):
+            return {"skipped": "the Triton kernels run compiled on CUDA only (their CPU tests run the interpreter)"}
+        return attention_figures(self.device)
+
     # -- the whole run --------------------------------------------------------------------------
 
     def run(self) -> dict[str, Any]:
         try:
             self.bandwidth = copy_bandwidth(self.scale.copy_bytes, self.device)
-            self.section("hf_generate", self.hf_generate)
+            # the bars' figures first: a run cut short by --time-limit loses the older comparisons
             self.main_engine()
+            if "error" not in self.sections.get("fused_ab", {}):
+                self.section("fused_ab", self.fused_ab)
+            self.section("attention_kernels", self.attention_kernels)
+            self.section("cuda_graphs", self.cuda_graphs)
+            self.section("overlap", self.overlap)
+            self.section("attention_backends", self.attention_backends)
+            self.section("hf_generate", self.hf_generate)
             hf, ours = self.sections.get("hf_generate", {}), self.sections.get("decode_heavy", {})
             if "output_tok_s" in hf and "output_tok_s" in ours:
                 hf["ours_over_hf"] = ours["output_tok_s"] / hf["output_tok_s"]
-            self.section("overlap", self.overlap)
-            self.section("cuda_graphs", self.cuda_graphs)
-            self.section("attention_backends", self.attention_backends)
         finally:
             shutil.rmtree(self.workdir, ignore_errors=True)
         return self.save()
@@ -352,7 +418,7 @@ class GpuBench:
     def save(self) -> dict[str, Any]:
         """Writes the report so far: a run cut off midway still leaves the sections it finished."""
         report = {"name": "gpu-bench", "smoke": self.smoke, "model": self.model_name,
-                  "weights": "hf-random-init" if self.weights is not None else "dummy, seed 0",
+                  "weights": "dummy, seed 0 (the HF baseline: its own random init)",
                   "tokenizer": self.tokenizer, "dtype": "bfloat16", "device": self.device_name,
                   "versions": versions(), "engine_config": self.engine_args,
                   "copy_bandwidth_gb_s": self.bandwidth / 1e9,

@@ -127,7 +127,8 @@ def _endpoint_rows(names: list[str]) -> list[tuple[str, ...]]:
 def _request_field_rows(names: list[str], model) -> list[tuple[str, ...]]:
     from folovllm.entrypoints.openai import protocol
 
-    noop, metadata = getattr(protocol, "_NOOP", {}), getattr(protocol, "_METADATA", set())
+    noop = {**getattr(protocol, "_NOOP", {}), **getattr(model, "_extra_noop", {})}
+    metadata = set(getattr(protocol, "_METADATA", set())) | set(getattr(model, "_extra_metadata", ()))
     rows = []
     for name in names:
         if name in model.model_fields:
@@ -198,6 +199,8 @@ def render_docs() -> str:
     from folovllm.entrypoints.cli import build_parser
     from folovllm.entrypoints.openai.protocol import CompletionRequest
     from folovllm.entrypoints.openai.protocol_chat import ChatCompletionRequest
+    from folovllm.entrypoints.openai.protocol_messages import MessagesRequest
+    from folovllm.entrypoints.openai.protocol_responses import ResponsesRequest
 
     names = json.loads(NAMES.read_text())
     parser = build_parser()
@@ -227,6 +230,10 @@ def render_docs() -> str:
          _request_field_rows(names["request_fields"]["completions"], CompletionRequest)),
         ("`/v1/chat/completions` request fields", ("vLLM", "status", "notes"),
          _request_field_rows(names["request_fields"]["chat"], ChatCompletionRequest)),
+        ("`/v1/responses` request fields (OpenAI's names)", ("vLLM", "status", "notes"),
+         _request_field_rows(names["request_fields"]["responses"], ResponsesRequest)),
+        ("`/v1/messages` request fields (Anthropic's names)", ("vLLM", "status", "notes"),
+         _request_field_rows(names["request_fields"]["messages"], MessagesRequest)),
         ("Prometheus metrics (`/metrics`)", ("vLLM", "status", "FoloVLLM"), _metric_rows(names["metrics"])),
         ("Offline API", ("vLLM", "status"), _offline_rows(names["offline_api"])),
         ("`SamplingParams` fields", ("vLLM", "status"), _sampling_rows(names["sampling_params"])),

@@ -104,3 +104,16 @@ def test_kv_transfer_config_sets_the_kv_role_and_connector() -> None:
         EngineConfig(kv_role="producer", data_parallel_size=2)
     with pytest.raises(ValueError, match="kv_transfer_timeout"):
         EngineConfig(kv_role="both", kv_transfer_timeout=0)
+
+
+def test_batch_invariant_is_the_knob_or_vllms_variable(monkeypatch) -> None:
+    monkeypatch.delenv("VLLM_BATCH_INVARIANT", raising=False)
+    assert EngineConfig(device="cpu").resolve().batch_invariant is False
+    assert EngineConfig(device="cpu", batch_invariant=True).resolve().batch_invariant is True
+    monkeypatch.setenv("VLLM_BATCH_INVARIANT", "1")
+    assert EngineConfig(device="cpu").resolve().batch_invariant is True
+    with pytest.raises(ValueError, match="batch-invariant mode with tensor_parallel_size=2 is not supported"):
+        EngineConfig(device="cpu", tensor_parallel_size=2).resolve()
+    monkeypatch.setenv("VLLM_BATCH_INVARIANT", "yes")
+    with pytest.raises(ValueError, match="VLLM_BATCH_INVARIANT='yes'; choose one of 0, 1"):
+        EngineConfig(device="cpu").resolve()

@@ -85,7 +85,7 @@ FORBIDDEN = {
 # Exceptions to FORBIDDEN: what a part may import even so.
 ALLOWED = {"config": ["folovllm.platforms", "folovllm.envs", "folovllm.spec_decode.config", "folovllm.config_checks",
                       "folovllm.config_resolve"],
-           "config_checks": ["folovllm.config"], "config_resolve": ["folovllm.config", "folovllm.platforms"],
+           "config_checks": ["folovllm.config"], "config_resolve": ["folovllm.config", "folovllm.platforms", "folovllm.envs"],
            "platforms": ["folovllm.platforms", "folovllm.envs"]}
 
 

@@ -19,12 +19,13 @@ TINY_LLAMA = dict(vocab_size=49152, hidden_size=32, intermediate_size=64, num_hi
                   tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
 
 
-def save_tiny_llama(folder: Path, tokenizer, generation: dict | None = None) -> Path:
-    """Weights far from ties (std 0.5, so beams never tie), its tokenizer, and a generation config."""
+def save_tiny_llama(folder: Path, tokenizer, generation: dict | None = None, **shape) -> Path:
+    """Weights far from ties (std 0.5, so beams never tie), its tokenizer, and a generation config;
+    ``shape`` overrides fields of ``TINY_LLAMA``."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(**TINY_LLAMA)).eval()
+    model = LlamaForCausalLM(LlamaConfig(**{**TINY_LLAMA, **shape})).eval()
     with torch.no_grad():
         for name, param in model.named_parameters():
             param.copy_(1 + 0.1 * torch.randn_like(param) if "norm" in name else 0.5 * torch.randn_like(param))

@@ -24,6 +24,33 @@ def top2_gaps(step_logits: list[torch.Tensor]) -> list[float]:
     return gaps
 
 
+def logprob_gaps(completion) -> list[float]:
+    """The same gap at each step of one of our completions, from its own logprobs (``logprobs >= 2``)."""
+    result = []
+    for step in completion.logprobs:
+        top = sorted((lp.logprob for lp in step.values()), reverse=True)
+        result.append(top[0] - top[1])
+    return result
+
+
+def hf_greedy(model, prompt: list[int], max_new_tokens: int,
+              ignore_eos: bool = True) -> tuple[list[int], list[float]]:
+    """A transformers model's greedy continuation on the model's own device (a full forward per token, so
+    nothing of ``generate``'s own rules such as masking EOS before ``min_new_tokens``), and its top-2 gap at
+    each step; it stops after an EOS unless ``ignore_eos``."""
+    tokens, gaps = list(prompt), []
+    eos = model.generation_config.eos_token_id
+    eos = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+    with torch.inference_mode():
+        for _ in range(max_new_tokens):
+            logits = model(torch.tensor([tokens], device=model.device)).logits[0, -1].cpu()
+            gaps += top2_gaps([logits])
+            tokens.append(int(logits.argmax()))
+            if not ignore_eos and tokens[-1] in eos:
+                break
+    return tokens[len(prompt):], gaps
+
+
 def assert_greedy_match(ours: list[int], reference: list[int], reference_gaps: list[float],
                         tolerance: float = TOP2_TOLERANCE) -> None:
     for step, (a, b) in enumerate(zip(ours, reference)):

@@ -1,5 +1,5 @@
-// The bf16 linear kernel's loops (linear_bf16.cpp registers the op; the layer chain's team, decoder_team.h,
-// runs them on its own threads): see linear_bf16.cpp for the layout.
+// The bf16 linear kernel's loops (linear.cpp registers the op; the layer chain's team, decoder_team.h,
+// runs them on its own threads): see linear.cpp for the layout.
 #pragma once
 
 #include "isa.h"

@@ -37,7 +37,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rotary_store_kv(
     at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& slot_mapping);
 at::Tensor silu_and_mul(const at::Tensor& gate_up);
 
-// linear_bf16.cpp, greedy_head.cpp
+// linear.cpp, greedy_head.cpp
 at::Tensor linear_pack(const at::Tensor& weight);
 at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias);
 at::Tensor linear_argmax(const at::Tensor& x, const at::Tensor& packed);

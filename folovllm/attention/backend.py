@@ -57,12 +57,19 @@ def attention_backend_names() -> list[str]:
     return sorted(ATTENTION_BACKENDS.names())
 
 
-def get_attention_backend(name: str = "torch") -> AttentionBackend:
+def get_attention_backend(name: str = "torch", batch_invariant: bool = False) -> AttentionBackend:
     """Return an attention backend by name.
 
     "torch": pure PyTorch, runs on any device. "cpu": a C++ kernel reading the paged cache in place
     (built by ``make kernels``). "triton": Triton kernels for CUDA (CUDA-graph safe);
-    on CPU only under Triton's interpreter (``TRITON_INTERPRET=1``, tests).
+    on CPU only under Triton's interpreter (``TRITON_INTERPRET=1``, tests). ``batch_invariant``: the
+    backend's batch-invariant form (each query row's keys reduced in an order fixed by their positions,
+    whatever else is in the step); ValueError for a backend without one.
     """
     _import_builtin_backends()
-    return ATTENTION_BACKENDS.get(name)()
+    cls = ATTENTION_BACKENDS.get(name)
+    if not batch_invariant:
+        return cls()
+    if not getattr(cls, "has_batch_invariant_form", False):
+        raise ValueError(f"attention backend {name!r} has no batch-invariant form; use cpu, torch or triton")
+    return cls(batch_invariant=True)

@@ -21,6 +21,11 @@ threads take their work items in runs that shrink as items run out, not one at a
 claiming each sub-microsecond item moved the shared counter between the two cores about as often as it
 computed). Both change only when loads and claims happen: the outputs are the same bits either way, and
 the backend's ``decode_prefetch`` / ``chunked_claims`` arguments turn them off for the tests that say so.
+
+Batch-invariant mode (``batch_invariant=True``): every query row goes through the kernel as a decode row
+(its own sequence of one new token at its position), so a row's keys are reduced by one form, in tiles set
+by its position alone, whether it is decoded, in a prompt chunk cut anywhere, recomputed after preemption,
+after a prefix-cache hit or a speculative verification row. No chunk goes to SDPA or the prefill kernel.
 """
 from __future__ import annotations
 
@@ -48,11 +53,13 @@ class CpuAttentionBackend:
     """
 
     takes_quantized_kv = True
+    has_batch_invariant_form = True
 
     def __init__(self, sdpa_from: int = SDPA_MIN_ROWS, decode_prefetch: bool = True,
-                 chunked_claims: bool = True) -> None:
+                 chunked_claims: bool = True, batch_invariant: bool = False) -> None:
         """``sdpa_from``: chunks of this many new tokens over cached context go to SDPA (0: the kernel takes
-        every one); ``decode_prefetch``, ``chunked_claims``: the kernel's (see the module doc)."""
+        every one); ``decode_prefetch``, ``chunked_claims``: the kernel's (see the module doc);
+        ``batch_invariant``: every query row as a decode row (the module doc)."""
         if not kernel_library.has_kernel("paged_attention"):
             raise RuntimeError("attention_backend 'cpu' is unavailable: "
                                f"{kernel_library.load() or 'the CPU tier is below avx2'} "
@@ -64,6 +71,8 @@ class CpuAttentionBackend:
         self._prefill_takes: dict[tuple[torch.dtype, int], bool] = {}  # (dtype, head_dim) -> the kernel's answer
         self._decode_prefetch = decode_prefetch
         self._chunked_claims = chunked_claims
+        self._batch_invariant = batch_invariant
+        self._last_rows: tuple[AttentionMetadata, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
         self._last_chunks: tuple[AttentionMetadata, list[tuple[int, int, int]]] | None = None
         # (length, context, window) -> mask, and window -> the prefill kernel's share, for that metadata
         self._masks: dict[tuple[int, int, int], torch.Tensor] = {}
@@ -87,9 +96,12 @@ class CpuAttentionBackend:
             write_kv_cache(key, value, k_cache, v_cache, meta.slot_mapping)
         query = query.contiguous()  # q is often a slice of a fused qkv projection
         out = torch.empty_like(query)
-        self._op(out, query, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, scale,
+        tables, seq_lens, starts = self.kernel_metadata(meta)
+        self._op(out, query, k_cache, v_cache, tables, seq_lens, starts, scale,
                  True, sliding_window or 0, True, self._sdpa_from, True, self._decode_prefetch,
                  self._chunked_claims)
+        if self._batch_invariant:  # the kernel took every row
+            return out.view(num_tokens, num_heads * head_dim)
         gqa = num_heads != key.shape[1]
         chunks = self._sdpa_chunks(meta)
         if chunks and self._prefill_kernel and self._kernel_takes(query.dtype, head_dim):
@@ -117,13 +129,22 @@ class CpuAttentionBackend:
 
     def kernel_switches(self) -> tuple[int, bool, bool]:
         """(skip_prefills_from, decode_prefetch, chunked_claims): what ``forward`` passes the kernel besides
-        the step's tensors, for callers that call the kernel op themselves (``model/layer_chain.py``)."""
+        the step's tensors, for callers that call the kernel op themselves (``compilation/layer_chain.py``)."""
         return self._sdpa_from, self._decode_prefetch, self._chunked_claims
 
     def kernel_takes_whole_step(self, meta: AttentionMetadata) -> bool:
         """Whether ``forward`` on this step (K/V stored already) is the kernel op alone: no prefill chunk
-        goes to SDPA or the prefill kernel (true of every decode-only step)."""
-        return not self._sdpa_chunks(meta)
+        goes to SDPA or the prefill kernel (true of every decode-only step, and of every step when batch-invariant)."""
+        return self._batch_invariant or not self._sdpa_chunks(meta)
+
+    def kernel_metadata(self, meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(block_tables, seq_lens, query_start_loc) the kernel op is called with: the step's own, or when
+        batch-invariant each query row as a sequence of its own (``rows_as_sequences``), built once per metadata."""
+        if not self._batch_invariant or all(n == 1 for n in meta.query_lens):
+            return meta.block_tables, meta.seq_lens, meta.query_start_loc
+        if self._last_rows is None or self._last_rows[0] is not meta:
+            self._last_rows = (meta, rows_as_sequences(meta))
+        return self._last_rows[1]
 
     def _sdpa_chunks(self, meta: AttentionMetadata) -> list[tuple[int, int, int, int]]:
         """(sequence, first row, end row, cached context) of the prefill chunks the kernel leaves to SDPA."""
@@ -157,6 +178,18 @@ class CpuAttentionBackend:
         if key not in self._masks:
             self._masks[key] = causal_mask(length, context, sliding_window, device)
         return self._masks[key]
+
+
+def rows_as_sequences(meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(block_tables, seq_lens, query_start_loc) with every query row of the step a sequence of one new token:
+    row j of a chunk at position p keeps its sequence's block table and has p + 1 keys."""
+    query_lens = torch.tensor(meta.query_lens, dtype=torch.int64)
+    seq_of_row = torch.repeat_interleave(torch.arange(len(meta.query_lens)), query_lens)
+    rows = seq_of_row.numel()
+    row_in_chunk = torch.arange(rows) - meta.query_start_loc[:-1].index_select(0, seq_of_row)
+    context = (meta.seq_lens - query_lens).index_select(0, seq_of_row)
+    return (meta.block_tables.index_select(0, seq_of_row), context + row_in_chunk + 1,
+            torch.arange(rows + 1, dtype=torch.int64))
 
 
 def prefill_kernel(out: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

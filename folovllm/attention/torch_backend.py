@@ -15,6 +15,7 @@ from folovllm.attention.kv_quant import (
     write_quantized_kv,
 )
 from folovllm.attention.metadata import AttentionMetadata
+from folovllm.attention.torch_invariant import invariant_attention
 from folovllm.paging import blocks_for_tokens
 
 
@@ -55,8 +56,11 @@ class TorchAttentionBackend:
     """
 
     takes_quantized_kv = True
+    has_batch_invariant_form = True
 
-    def __init__(self) -> None:
+    def __init__(self, batch_invariant: bool = False) -> None:
+        """``batch_invariant``: every query row through ``torch_invariant.invariant_attention``."""
+        self._batch_invariant = batch_invariant
         self._last_meta: AttentionMetadata | None = None
         self._plans: dict[int | None, _StepPlan] = {}  # by sliding window, for self._last_meta
 
@@ -75,6 +79,9 @@ class TorchAttentionBackend:
         num_tokens, num_heads, head_dim = query.shape
         if not kv_stored:  # the fused rotary op stored them already
             write_kv_cache(key, value, k_cache, v_cache, meta.slot_mapping)
+        if self._batch_invariant:
+            check_sliding_window(sliding_window)
+            return invariant_attention(query, k_cache, v_cache, meta, scale, sliding_window).view(num_tokens, -1)
         plan = self._get_plan(meta, num_tokens, k_cache.shape[2], query.dtype, sliding_window)
         if plan.decode is not None and plan.decode.rows is None:
             return _decode(query, k_cache, v_cache, plan.decode, scale).view(num_tokens, -1)

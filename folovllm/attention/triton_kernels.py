@@ -5,13 +5,20 @@ Triton's interpreter when ``TRITON_INTERPRET=1`` is set before this module is fi
 (``@triton.jit`` reads the variable when it decorates).
 
 Both launches size their grids from tensor shapes only and read lengths and block tables from device
-tensors, so they never wait on the device and can be captured in a CUDA graph.
+tensors, so they never wait on the device and can be captured in a CUDA graph. A decode-only batch whose
+sequences and KV heads leave the GPU idle runs triton_decode.py's split over the context instead.
 """
 from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
+
+from folovllm.attention.triton_decode import DecodeTickets, decode_splits, split_decode_attention
+from folovllm.attention.triton_tiles import KV_FORMATS, attend_tile
 
 # Scores use exp2; folding log2(e) into the softmax scale turns exp(x) into exp2(x * log2(e)).
 _LOG2E = 1.4426950408889634
@@ -21,8 +28,6 @@ _NO_WINDOW = 1 << 30
 _MIN_DOT_ROWS = 16
 # Triton 3.6's interpreter multiplies bf16 bit patterns in tl.dot, so it gets fp32 operands instead.
 _TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
-# KV_FORMAT of a cache (attention/kv_quant.py's rows): 0 the query's dtype, else its one-byte codes' format
-_KV_FORMATS = {torch.int8: 1, torch.float8_e4m3fn: 2, torch.float8_e5m2: 3}
 
 
 def is_interpreted() -> bool:
@@ -52,27 +57,6 @@ def _store_kv_kernel(
     tl.store(v_cache_ptr + cache_offset, value, mask=mask)
 
 
-@triton.jit
-def _dequantized_rows(cache_ptr, row_offset, dims, valid, HEAD_DIM: tl.constexpr, KV_FORMAT: tl.constexpr):
-    """[N, D] fp32 values of N quantized rows at byte offsets ``row_offset``: each code (int8, or an fp8's
-    bits moved into fp32's place, its exponent bias made up by a power of two) times the row's float16 scale."""
-    codes = tl.load(cache_ptr + row_offset[:, None] + dims[None, :], mask=valid[:, None], other=0).to(tl.uint32)
-    low = tl.load(cache_ptr + row_offset + HEAD_DIM, mask=valid, other=0).to(tl.uint32)
-    high = tl.load(cache_ptr + row_offset + HEAD_DIM + 1, mask=valid, other=0).to(tl.uint32)
-    # float16 bits -> fp32: 13 bits up, bias 15 -> 127 is 2^112 (scales are normal float16s)
-    scale = (((low | (high << 8)) & 0x7FFF) << 13).to(tl.float32, bitcast=True) * 5.192296858534828e33
-    if KV_FORMAT == 1:
-        values = codes.to(tl.int32) - ((codes & 0x80) << 1).to(tl.int32)  # the byte as two's complement
-        values = values.to(tl.float32)
-    elif KV_FORMAT == 2:  # e4m3: bias 7, 3 mantissa bits -> 2^120
-        bits = ((codes & 0x7F) << 20) | ((codes & 0x80) << 24)
-        values = bits.to(tl.float32, bitcast=True) * 1.329227995784916e36
-    else:  # e5m2: bias 15, 2 mantissa bits -> 2^112
-        bits = ((codes & 0x7F) << 21) | ((codes & 0x80) << 24)
-        values = bits.to(tl.float32, bitcast=True) * 5.192296858534828e33
-    return values * scale[:, None]
-
-
 # Triton compiles one variant per value class of each integer argument (1, a multiple of 16, other): the
 # batch's sequence count and its block table's width change from step to step, and a variant compiled
 # in the middle of serving stalls that step for about a second, so those two are left unspecialized.
@@ -91,7 +75,8 @@ def _paged_attention_kernel(
     HEAD_DIM: tl.constexpr,
     DOT_DTYPE: tl.constexpr,  # operand type of tl.dot: the input dtype (fp32 in the interpreter)
     DOT_PRECISION: tl.constexpr,
-    KV_FORMAT: tl.constexpr,  # 0: K/V rows in the query's dtype; else quantized rows (_dequantized_rows)
+    KV_FORMAT: tl.constexpr,  # 0: K/V rows in the query's dtype; else quantized rows (triton_tiles.dequantized_rows)
+    KEYS_FROM_TILE_START: tl.constexpr,  # the key loop starts at a multiple of BLOCK_N (batch-invariant tiles)
 ):
     """Causal attention of a tile of query rows over its sequence's paged K/V (flash-style).
 
@@ -146,30 +131,13 @@ def _paged_attention_kernel(
     kv_end = tl.minimum(seq_len, context_len + first_token + BLOCK_Q)  # keys this tile's last token sees
     block_table = block_tables_ptr + seq * stride_bt
     kv_begin = tl.maximum(context_len + first_token - sliding_window + 1, 0)  # keys the first token sees
+    if KEYS_FROM_TILE_START:  # key tiles at fixed positions, wherever the query tile starts
+        kv_begin = kv_begin // BLOCK_N * BLOCK_N
     for key_start in range(kv_begin, kv_end, BLOCK_N):
-        key_pos = key_start + tl.arange(0, BLOCK_N)
-        key_valid = key_pos < kv_end
-        block = tl.load(block_table + key_pos // BLOCK_SIZE, mask=key_valid, other=0)
-        kv_offset = block * stride_cb + (key_pos % BLOCK_SIZE) * stride_cs + kv_head * stride_ch
-        if KV_FORMAT == 0:
-            k_t = tl.load(k_cache_ptr + kv_offset[None, :] + dims[:, None], mask=key_valid[None, :], other=0.0)
-        else:
-            k_t = tl.trans(_dequantized_rows(k_cache_ptr, kv_offset, dims, key_valid, HEAD_DIM, KV_FORMAT))
-        scores = tl.dot(q, k_t.to(DOT_DTYPE), input_precision=DOT_PRECISION) * scale_log2
-        visible = key_valid[None, :] & (key_pos[None, :] <= q_pos[:, None])
-        visible = visible & (key_pos[None, :] > q_pos[:, None] - sliding_window)
-        scores = tl.where(visible, scores, float("-inf"))
-        m_new = tl.maximum(m, tl.max(scores, 1))
-        alpha = tl.exp2(m - m_new)
-        p = tl.exp2(scores - m_new[:, None])
-        l = l * alpha + tl.sum(p, 1)
-        if KV_FORMAT == 0:
-            v = tl.load(v_cache_ptr + kv_offset[:, None] + dims[None, :], mask=key_valid[:, None], other=0.0)
-        else:
-            v = _dequantized_rows(v_cache_ptr, kv_offset, dims, key_valid, HEAD_DIM, KV_FORMAT)
-        p = p.to(q_ptr.dtype.element_ty).to(DOT_DTYPE)  # probabilities rounded to the input dtype, as on the GPU
-        acc = acc * alpha[:, None] + tl.dot(p, v.to(DOT_DTYPE), input_precision=DOT_PRECISION)
-        m = m_new
+        m, l, acc = attend_tile(q, m, l, acc, key_start, kv_end, q_pos, block_table, k_cache_ptr, v_cache_ptr,
+                                kv_head, dims, scale_log2, sliding_window, stride_cb, stride_cs, stride_ch,
+                                q_ptr.dtype.element_ty, BLOCK_SIZE, BLOCK_N, HEAD_DIM, DOT_DTYPE, DOT_PRECISION,
+                                KV_FORMAT)
 
     out = acc / tl.where(l > 0, l, 1.0)[:, None]
     o_offset = (q_start + token)[:, None] * stride_ot + head[:, None] * stride_oh + dims[None, :]
@@ -194,19 +162,26 @@ def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_ca
 
 def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
-                    scale: float, out: torch.Tensor | None = None,
-                    sliding_window: int | None = None) -> torch.Tensor:
+                    scale: float, out: torch.Tensor | None = None, sliding_window: int | None = None,
+                    num_splits: int | None = None, tiles: PrefillTiles | None = None,
+                    tickets: DecodeTickets | None = None, fixed_tiles: bool = False) -> torch.Tensor:
     """Causal attention of query [T, H, D] over each sequence's paged context; returns [T, H, D]. The caches
     hold rows in the query's dtype or quantized ones (attention/kv_quant.py), dequantized as they are loaded.
 
     Sequence i owns query rows ``query_start_loc[i]:query_start_loc[i+1]`` and has ``seq_lens[i]``
     keys in the cache (its new keys included: store them first). ``out`` (contiguous, like query)
     receives the result when given. With ``sliding_window`` a query at position p sees only keys
-    p - sliding_window + 1 .. p.
+    p - sliding_window + 1 .. p. A decode-only batch (one token per sequence) splits each context over
+    ``num_splits`` programs (None: as many as fill the GPU, ``triton_decode.decode_splits``; 1: no split),
+    merged with ``tickets`` (kept by the caller across calls; None: a fresh buffer, a memset per call);
+    ``tiles``: the prefill kernel's tiles (None: this device's, ``prefill_tiles``). ``fixed_tiles``
+    (batch-invariant mode): no split, and every query tile has the decode step's shape, key tiles starting at
+    multiples of BLOCK_N, so a row's sums are the same whether it is decoded or sits anywhere in a prompt chunk
+    (a key tile past a row's position adds exact zeros to it).
     """
     query = _unit_last_stride(query)
     num_tokens, num_heads, head_dim = query.shape
-    kv_format = _KV_FORMATS.get(k_cache.dtype, 0)
+    kv_format = KV_FORMATS.get(k_cache.dtype, 0)
     if kv_format:  # quantized rows are read as bytes
         k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
     num_kv_heads = k_cache.shape[2]
@@ -214,23 +189,68 @@ def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     out = query.new_empty(query.shape) if out is None else out
     if num_tokens == 0:
         return out
+    dot_dtype = tl.float32 if is_interpreted() else _TL_DTYPES[query.dtype]
+    dot_precision = "ieee" if query.dtype == torch.float32 else "tf32"
+    window = _NO_WINDOW if sliding_window is None else sliding_window
+    decode = num_tokens == num_seqs
+    if fixed_tiles:
+        num_splits = 1
+    if decode and num_splits is None:
+        num_splits = decode_splits(num_seqs, num_kv_heads, block_tables.shape[1] * k_cache.shape[1],
+                                   _num_sms(query.device))
+    if decode and num_splits > 1:
+        ticket_buffer = (tickets or DecodeTickets()).get(num_seqs * num_kv_heads, query.device)
+        split_decode_attention(out, query, k_cache, v_cache, block_tables, seq_lens, scale * _LOG2E, window,
+                               num_splits, ticket_buffer, kv_format, dot_dtype, dot_precision)
+        return out
     group = num_heads // num_kv_heads
     group_pad = triton.next_power_of_2(group)
-    # Decode (one token per sequence): the smallest tile tl.dot takes; prefill: 64-row (or 32) tiles.
-    rows = _MIN_DOT_ROWS if num_tokens == num_seqs else (64 if head_dim <= 128 else 32)
+    # Decode (one token per sequence): the smallest tile tl.dot takes; prefill: the device's tiles.
+    tiles = tiles or prefill_tiles(head_dim)
+    rows = _MIN_DOT_ROWS if decode or fixed_tiles else tiles.rows
     block_q = max(1, max(rows, group_pad) // group_pad)
     grid = (num_tokens // block_q + num_seqs, num_kv_heads)
     _paged_attention_kernel[grid](
         out, query, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
-        num_seqs, scale * _LOG2E, _NO_WINDOW if sliding_window is None else sliding_window,
+        num_seqs, scale * _LOG2E, window,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         BLOCK_SIZE=k_cache.shape[1], GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q,
-        BLOCK_N=64 if head_dim <= 128 else 32, HEAD_DIM=head_dim,
-        DOT_DTYPE=tl.float32 if is_interpreted() else _TL_DTYPES[query.dtype],
-        DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32", KV_FORMAT=kv_format,
+        BLOCK_N=tiles.block_n, HEAD_DIM=head_dim, DOT_DTYPE=dot_dtype, DOT_PRECISION=dot_precision,
+        KV_FORMAT=kv_format, num_warps=4 if decode or fixed_tiles else tiles.num_warps, num_stages=tiles.num_stages,
+        KEYS_FROM_TILE_START=fixed_tiles,
     )
     return out
+
+
+@dataclass(frozen=True)
+class PrefillTiles:
+    """The prefill kernel's tiling: query rows (tokens x the GQA group's heads) and keys per step, and the
+    compiled kernel's warps and software-pipeline stages."""
+
+    rows: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+def prefill_tiles(head_dim: int) -> PrefillTiles:
+    """The tiles for ``head_dim``: 128-row tiles of 8 warps on a GPU (FlashAttention-2's shape for Hopper-class
+    parts; gpu_bench's attention section times them against SDPA and the 64-row tiles), 64-row ones (32 past
+    head_dim 128) under the interpreter, where smaller tiles run faster."""
+    if is_interpreted():
+        return PrefillTiles(64, 64, 4, 1) if head_dim <= 128 else PrefillTiles(32, 32, 4, 1)
+    if head_dim <= 64:
+        return PrefillTiles(128, 64, 4, 3)
+    if head_dim <= 128:
+        return PrefillTiles(128, 64, 8, 3)
+    return PrefillTiles(64, 32, 8, 2)
+
+
+@functools.cache
+def _num_sms(device: torch.device) -> int:
+    """Streaming multiprocessors of the device the kernels are compiled for (8 under the interpreter)."""
+    return 8 if is_interpreted() else torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _unit_last_stride(x: torch.Tensor) -> torch.Tensor:

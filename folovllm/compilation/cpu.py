@@ -9,7 +9,8 @@ from torch import nn
 from folovllm.attention.metadata import AttentionMetadata
 from folovllm.compilation.direct import DirectDecoderLayer, direct_layer, hook_tables
 from folovllm.compilation.layer_chain import LayerChain, layer_chain
-from folovllm.model.layers import CustomOp, DecoderLayers, KVCache, Rope
+from folovllm.compilation.kernel_forms import use_kernel_forms
+from folovllm.model.layers import DecoderLayers, KVCache, Rope
 from folovllm.model.layers.linear import LinearBase
 from folovllm.platforms.cpu import CpuPlatform
 
@@ -39,11 +40,11 @@ class CompiledDecoder:
 
 def compile_cpu_model(model: nn.Module, platform: CpuPlatform) -> None:
     """Kernel forms where the platform's fused ops run (``FOLOVLLM_CPU_FUSED_OPS``); then, as far as
-    ``FOLOVLLM_CPU_DECODER`` allows, each stack of pre-norm layers as direct calls and a chain."""
-    for module in model.modules():
-        if isinstance(module, CustomOp):
-            module.use_kernel_form(platform.fused_ops)
-    form = platform.decoder_form
+    ``FOLOVLLM_CPU_DECODER`` allows, each stack of pre-norm layers as direct calls and a chain (both call the
+    C++ library's ops, so only over its op table)."""
+    ops = platform.kernel_ops()
+    use_kernel_forms(model, ops)
+    form = platform.decoder_form if ops is not None and ops.source == "folovllm" else "modules"
     if form in ("chain", "team") and any(isinstance(m, LinearBase) and not m.method.fusable for m in model.modules()):
         logger.info("LoRA adapters are on: the decoder layers run as direct calls (the C++ layer chain and the "
                     "fused int4 MLP do not add the adapters' deltas)")

@@ -40,9 +40,9 @@ class DirectDecoderLayer:
 
     def __init__(self, layer: PreNormDecoderLayer) -> None:
         attn, mlp = layer.self_attn, layer.mlp
-        ops = torch.ops.folovllm
-        self.rms_norm, self.add_rms_norm = ops.rms_norm.default, ops.add_rms_norm.default
-        self.rotary_store_kv, self.silu_and_mul = ops.rotary_store_kv.default, ops.silu_and_mul.default
+        ops = attn.ops  # the platform's op table, which direct_layer found on every part
+        self.rms_norm, self.add_rms_norm = ops.rms_norm, ops.add_rms_norm
+        self.rotary_store_kv, self.silu_and_mul = ops.rotary_store_kv, ops.silu_and_mul
         self.norm1, self.norm2 = layer.input_layernorm.weight, layer.post_attention_layernorm.weight
         self.eps1, self.eps2 = layer.input_layernorm.eps, layer.post_attention_layernorm.eps
         self.qkv, self.o_proj = attn.qkv_proj.bound(), attn.o_proj.bound()

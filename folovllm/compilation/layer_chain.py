@@ -49,14 +49,14 @@ class LayerChain:
 
     def on_team(self, rows: int, meta: AttentionMetadata) -> bool:
         """Whether the chain runs a step of ``rows`` rows with this metadata on its team of threads."""
-        return self.chain.team_takes(rows, meta.seq_lens, meta.query_start_loc)
+        _, seq_lens, starts = self.backend.kernel_metadata(meta)
+        return self.chain.team_takes(rows, seq_lens, starts)
 
     def __call__(self, rope: Rope, x: torch.Tensor, kv_caches: Sequence[KVCache],
                  meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
         """(x, residual) after every layer, from the embeddings ``x``: what the direct layers' loop returns."""
         caches = [cache for kv in kv_caches for cache in kv]
-        return self._run(x, rope[0], rope[1], caches, meta.slot_mapping, meta.block_tables, meta.seq_lens,
-                         meta.query_start_loc)
+        return self._run(x, rope[0], rope[1], caches, meta.slot_mapping, *self.backend.kernel_metadata(meta))
 
 
 def _layer_calls(layer: DirectDecoderLayer) -> dict[str, list[tuple[Any, tuple]]] | None:

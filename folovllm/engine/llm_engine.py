@@ -78,7 +78,7 @@ class LLMEngine:
         for line in given.ignored_settings(config.device):  # what the user set, not what resolve derived
             logger.warning(line)
         self.device = config.torch_device
-        self.platform = platform_for(self.device)
+        self.platform = platform_for(self.device, config.batch_invariant)
         # what runs this engine: the device, and on a CPU its tier (start-up log, /metrics, result JSON)
         self.platform_info = self.platform.describe()
         logger.info("platform: %s", ", ".join(f"{k}={v}" for k, v in self.platform_info.items()))

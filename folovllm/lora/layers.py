@@ -10,10 +10,10 @@ row by all slots' A stacked while those are few rows (``STACKED_A_ROWS``: a few 
 wasted multiplications), else one per adapter too. The deltas are summed in the adapters' dtype and added
 to the base's result once.
 
-Where the platform has our kernel (``torch.ops.folovllm.lora_add``, the CPU from avx2 on; the switch is
-``FOLOVLLM_CPU_LORA_KERNEL``; on CUDA its Triton form, lora/triton_lora.py), each linear makes one call for
-all its rows instead: every row multiplies its own adapter's A and B only, in fp32, from tables built here
-when a slot changes (``kernel_tables``).
+Where the platform has a kernel for it (``Platform.lora_op``: the C++ library's ``lora_add`` on the CPU from
+avx2 on, switch ``FOLOVLLM_CPU_LORA_KERNEL``; its Triton form on CUDA, platforms/triton_ops/lora.py), each
+linear makes one call for all its rows instead: every row multiplies its own adapter's A and B only, in fp32,
+from tables built here when a slot changes (``kernel_tables``).
 """
 from __future__ import annotations
 
@@ -27,6 +27,8 @@ from folovllm.lora.adapter import LinearLoRA
 from folovllm.model.quantization.linear_method import LinearMethod
 
 Rows = slice | torch.Tensor  # a run of consecutive rows, or their indices
+# lora_add(out, x, row_slot, a, a_start, b, pieces, p_start): out += each row's adapter delta, in place
+LoRAOp = Callable[..., None]
 STACKED_A_ROWS = 256  # up to this many A rows over all slots, every row is multiplied by all of them at once
 
 
@@ -84,19 +86,17 @@ def kernel_tables(slots: list[LinearLoRA | None]) -> tuple[torch.Tensor, ...]:
 class LoRALinearMethod(LinearMethod):
     """One layer's base method plus its adapters' weights per slot (None: that slot's adapter leaves this
     linear alone). Created over a loaded layer (``create_weights`` is the base's, never called again).
-    ``kernel``: deltas through ``torch.ops.folovllm.lora_add`` on CPU tensors, else its Triton form (adapters
-    in fp32 for both); without it the torch form."""
+    ``kernel``: the platform's lora_add op (adapters in fp32); None: the torch form."""
 
     fusable = False  # a compiled form must call this method, not the base kernel it wraps
 
-    def __init__(self, base: LinearMethod, max_loras: int, batch: LoRABatch, kernel: bool = False) -> None:
+    def __init__(self, base: LinearMethod, max_loras: int, batch: LoRABatch, kernel: LoRAOp | None = None) -> None:
         self.base = base
         self.slots: list[LinearLoRA | None] = [None] * max_loras
         self.batch = batch  # shared by every adapted linear of the model; the manager sets it each step
         self.kernel = kernel
         self._stacked: tuple[torch.Tensor, dict[int, tuple[int, int]]] | None = None  # all slots' A, each's columns
         self._tables: tuple[torch.Tensor, ...] | None = None  # the kernel's (kernel_tables)
-        self._max_rank: int | None = None  # the tables' largest piece rank (the Triton form's tile)
 
     def set_slot(self, slot: int, weights: LinearLoRA | None) -> None:
         """Slot ``slot`` now holds these (A, B pieces) (None: its adapter leaves this linear alone)."""
@@ -131,21 +131,11 @@ class LoRALinearMethod(LinearMethod):
     def add_deltas(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """``out`` (the base's result, written in place) plus each row's adapter delta, computed in the
         adapters' dtype."""
-        if self.kernel:
+        if self.kernel is not None:
             if self._tables is None:
                 self._tables = kernel_tables(self.slots)
-                self._max_rank = None
-            if self.batch.row_slot is None or not self._tables:
-                return out
-            if out.device.type == "cpu":
-                torch.ops.folovllm.lora_add(out, x, self.batch.row_slot, *self._tables)
-            else:
-                # imports triton: only where a device runs it
-                from folovllm.lora import triton_lora
-
-                if self._max_rank is None:
-                    self._max_rank = triton_lora.max_rank(self._tables[3])
-                triton_lora.lora_add(out, x, self.batch.row_slot, *self._tables, rank=self._max_rank)
+            if self.batch.row_slot is not None and self._tables:
+                self.kernel(out, x, self.batch.row_slot, *self._tables)
             return out
         segments = [(slot, rows) for slot, rows in self.batch.segments if self.slots[slot] is not None]
         if not segments:

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from folovllm.lora.adapter import LinearLoRA, LoRAAdapter, load_adapter
-from folovllm.lora.layers import LoRABatch, LoRALinearMethod, adapted_linears
+from folovllm.lora.layers import LoRABatch, LoRALinearMethod, LoRAOp, adapted_linears
 from folovllm.lora.request import LoRARequest
 from folovllm.model.arch import ArchConfig
 
@@ -25,13 +25,13 @@ class LoRAManager:
     """Adapters for one model (see the module doc); ``attach`` wraps its linears first."""
 
     def __init__(self, model: nn.Module, max_loras: int, max_lora_rank: int, max_cpu_loras: int,
-                 dtype: torch.dtype, kernel: bool = False) -> None:
+                 dtype: torch.dtype, kernel: LoRAOp | None = None) -> None:
         """``dtype``: the adapters' matmuls (the platform's ``small_matmul_dtype`` of the model's); ``kernel``:
-        the platform's lora_add op adds the deltas (it reads fp32 adapters)."""
+        the platform's lora_add op (``Platform.lora_op``), which adds the deltas from fp32 adapters."""
         self.arch: ArchConfig = model.arch
         self.max_loras, self.max_lora_rank, self.max_cpu_loras = max_loras, max_lora_rank, max_cpu_loras
         self.device = next(model.parameters()).device
-        self.dtype = torch.float32 if kernel else dtype
+        self.dtype = torch.float32 if kernel is not None else dtype
         self.batch = LoRABatch()
         self.linears: dict[tuple[int, str], LoRALinearMethod] = {}
         for key, linear in adapted_linears(model).items():

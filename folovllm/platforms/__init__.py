@@ -9,9 +9,9 @@ import torch
 
 from folovllm.platforms.cpu import CpuPlatform
 from folovllm.platforms.cuda import CudaPlatform
-from folovllm.platforms.interface import LinearKernels, Platform
+from folovllm.platforms.interface import KernelOps, LinearKernels, Platform
 
-__all__ = ["LinearKernels", "Platform", "platform_for", "resolve_device", "to_device"]
+__all__ = ["KernelOps", "LinearKernels", "Platform", "platform_for", "resolve_device", "to_device"]
 
 _PLATFORMS: dict[str, type[Platform]] = {"cpu": CpuPlatform, "cuda": CudaPlatform}
 
@@ -23,12 +23,13 @@ def resolve_device(requested: str) -> str:
     return requested
 
 
-def platform_for(device: torch.device | str) -> Platform:
-    """The platform of ``device`` (built afresh: it reads the environment's switches as they are now)."""
+def platform_for(device: torch.device | str, batch_invariant: bool = False) -> Platform:
+    """The platform of ``device`` (built afresh: it reads the environment's switches as they are now);
+    ``batch_invariant``: for an engine in batch-invariant mode (its kernel forms)."""
     device = torch.device(device)
     if device.type not in _PLATFORMS:
         raise ValueError(f"device {device} is not supported; use cpu or cuda[:N]")
-    return _PLATFORMS[device.type](device)
+    return _PLATFORMS[device.type](device, batch_invariant)
 
 
 def to_device(values: list, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
+from collections.abc import Callable
 
 import torch
 
@@ -16,7 +18,7 @@ from folovllm import envs
 from folovllm.platforms import isa, kernel_library
 from folovllm.platforms.allocator import allocator_hint, loaded_allocator
 from folovllm.platforms.huge_pages import move_weights_to_huge_pages
-from folovllm.platforms.interface import LinearKernels, Platform
+from folovllm.platforms.interface import KernelOps, LinearKernels, Platform
 
 logger = logging.getLogger(__name__)
 
@@ -41,8 +43,8 @@ class CpuPlatform(Platform):
     captures_graphs = False
     shares_cores = True
 
-    def __init__(self, device: torch.device) -> None:
-        super().__init__(device)
+    def __init__(self, device: torch.device, batch_invariant: bool = False) -> None:
+        super().__init__(device, batch_invariant)
         self.tier = isa.cpu_tier()
         self.kernels_unavailable = kernel_library.set_tier(self.tier)  # why none of ours runs, or None
         if self.kernels_unavailable is not None:
@@ -54,6 +56,20 @@ class CpuPlatform(Platform):
         self.decoder_form = envs.value("FOLOVLLM_CPU_DECODER")
         self.greedy_head = envs.switch("FOLOVLLM_CPU_GREEDY_HEAD")
         self.lora_kernel = envs.switch("FOLOVLLM_CPU_LORA_KERNEL") and kernel_library.has_kernel("lora")
+
+    def kernel_ops(self) -> KernelOps | None:
+        if not self.fused_ops:
+            return None
+        ops = torch.ops.folovllm
+        return KernelOps("folovllm", ops.add_rms_norm.default, ops.rms_norm.default, ops.rotary_store_kv.default,
+                         ops.silu_and_mul.default)
+
+    def lora_op(self) -> Callable[..., None] | None:
+        return torch.ops.folovllm.lora_add.default if self.lora_kernel else None
+
+    def runs_triton(self) -> bool:
+        # only under Triton's own interpreter switch (tests): it runs the kernels on CPU tensors, in numpy
+        return os.environ.get("TRITON_INTERPRET") == "1"
 
     def resolve_dtype(self, requested: str, prefill_only: bool = False) -> str:
         """auto: bfloat16 where its matmuls run fast (native bf16 dot products, or our linear kernel, which
@@ -95,6 +111,8 @@ class CpuPlatform(Platform):
                        quantized_linears: bool = False) -> LinearKernels:
         if quantize_lm_head not in QUANTIZE_LM_HEAD:
             raise ValueError(f"quantize_lm_head must be one of {', '.join(QUANTIZE_LM_HEAD)}; got {quantize_lm_head!r}")
+        if self.batch_invariant:
+            return self._invariant_linear_kernels(dtype, quantize_lm_head, quantized_linears)
         onednn = torch.backends.mkldnn.is_available() and (
             dtype == torch.float32
             or (dtype == torch.bfloat16 and isa.native_bf16(self.tier) and torch.ops.mkldnn._is_mkldnn_bf16_supported()))
@@ -102,6 +120,24 @@ class CpuPlatform(Platform):
                              quant=self._quant_kernel(),
                              int4_activations=self._int4_activations(),
                              int8_lm_head=quantized_linears if quantize_lm_head == "auto" else quantize_lm_head == "on")
+
+    def _invariant_linear_kernels(self, dtype: torch.dtype, quantize_lm_head: str,
+                                  quantized_linears: bool) -> LinearKernels:
+        """Batch-invariant mode: our kernel (each output summed along K in one order, whatever the rows) where
+        it takes the dtype, else torch's GEMM in calls of a fixed row count; quantized weights refused (our
+        int4/int8 kernels multiply few rows and many rows in different orders), oneDNN's too (its blocking
+        follows the row count)."""
+        if quantized_linears or quantize_lm_head == "on":
+            raise ValueError("batch-invariant mode takes float weights only: the CPU's int4/int8 kernels sum a few "
+                             "rows and many rows in different orders (load a float checkpoint, load_quantized off, "
+                             "quantize_lm_head off)")
+        choice = envs.value("FOLOVLLM_CPU_LINEAR")
+        if choice == "onednn":
+            raise ValueError("FOLOVLLM_CPU_LINEAR=onednn cannot run batch-invariant: oneDNN's GEMMs block by the row "
+                             "count; use auto, folovllm or torch")
+        ours = dtype == torch.bfloat16 and kernel_library.has_kernel("linear")
+        dense = self._dense_kernel(dtype, onednn=False) if choice != "auto" else "folovllm" if ours else "torch"
+        return LinearKernels(dense=dense, dense_fallback="torch", quant=self._quant_kernel(), row_invariant=True)
 
     def _dense_kernel(self, dtype: torch.dtype, onednn: bool) -> str:
         choice = envs.value("FOLOVLLM_CPU_LINEAR")
@@ -132,7 +168,8 @@ class CpuPlatform(Platform):
 
     def describe(self) -> dict[str, str]:
         return {"platform": "cpu", "cpu": isa.cpu_model_name(), "isa": self.tier, "isa_host": isa.host_tier(),
-                "kernels": "torch" if self.kernels_unavailable else "folovllm", "allocator": self.allocator}
+                "kernels": "torch" if self.kernels_unavailable else "folovllm", "allocator": self.allocator,
+                **self.modes()}
 
     def place_weights(self, model: torch.nn.Module) -> None:
         if envs.switch("FOLOVLLM_HUGE_PAGE_WEIGHTS"):

@@ -8,6 +8,7 @@ use (``LinearKernels``, plain data the linear methods read).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -23,6 +24,8 @@ class LinearKernels:
     for a weight our kernel does not take (its shape). quant: int4/int8 weights: ``folovllm``,
     ``torch`` (torch's CPU kernels) or ``reference`` (dequantize, then matmul). int4_activations: what our
     int4 kernel multiplies the codes with (bf16, int8, auto). int8_lm_head: the LM head held as int8 rows.
+    row_invariant: each row's outputs must not depend on how many rows a call multiplies (batch-invariant
+    mode): dense weights on our kernel where it takes them, every other one in calls of a fixed row count.
     """
 
     dense: str = "torch"
@@ -30,6 +33,25 @@ class LinearKernels:
     quant: str = "reference"
     int4_activations: str = "bf16"
     int8_lm_head: bool = False
+    row_invariant: bool = False
+
+
+@dataclass(frozen=True)
+class KernelOps:
+    """A platform's kernel forms of a decoder layer's element-wise ops, each with the C++ library's signature
+    (csrc/cpu/ops.h), rounding where the torch form rounds; the layers' ``forward_kernel`` calls them.
+
+    add_rms_norm(residual, x, weight, eps) -> out (``residual += x`` in place); rms_norm(x, weight, eps) -> out;
+    rotary_store_kv(qkv, num_heads, num_kv_heads, cos, sin, q_weight, k_weight, eps, k_cache, v_cache,
+    slot_mapping) -> (q, k, v) with k and v stored at their cache slots (slot -1: nothing);
+    silu_and_mul(gate_up) -> silu(gate) * up. source: ``folovllm`` (the C++ library) or ``triton``.
+    """
+
+    source: str
+    add_rms_norm: Callable[..., torch.Tensor]
+    rms_norm: Callable[..., torch.Tensor]
+    rotary_store_kv: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    silu_and_mul: Callable[..., torch.Tensor]
 
 
 class Platform(ABC):
@@ -51,11 +73,14 @@ class Platform(ABC):
     shares_cores: ClassVar[bool]
     # an all plain-greedy step takes its tokens from the LM head's argmax where the head's method offers one
     greedy_head: bool = False
-    # LoRA adapters' deltas through the kernel library's lora_add (adapters held in fp32)
-    lora_kernel: bool = False
+    # a captured decode step samples inside its graph (where the platform has a counter-keyed draw)
+    graph_sampling: bool = False
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, batch_invariant: bool = False) -> None:
+        """``batch_invariant``: the engine's batch-invariant mode: the platform picks the kernel forms whose
+        result for a row does not depend on the rest of the batch (or refuses what has none)."""
         self.device = device
+        self.batch_invariant = batch_invariant
 
     @abstractmethod
     def resolve_dtype(self, requested: str, prefill_only: bool = False) -> str:
@@ -74,6 +99,37 @@ class Platform(ABC):
     @abstractmethod
     def describe(self) -> dict[str, str]:
         """What the start-up log, ``/metrics`` (platform_info) and every result JSON record of this device."""
+
+    def modes(self) -> dict[str, str]:
+        """The engine-wide modes the platform runs in, for ``describe`` (batch-invariant mode, when on)."""
+        return {"batch_invariant": "on"} if self.batch_invariant else {}
+
+    def kernel_ops(self) -> KernelOps | None:
+        """The kernel forms the layers switch to at compile time (None: their torch forms)."""
+        return None
+
+    def lora_op(self) -> Callable[..., None] | None:
+        """LoRA's one call per linear for every adapter of a step, ``lora_add(out, x, row_slot, a, a_start, b,
+        pieces, p_start)`` over lora/layers.py's ``kernel_tables`` (adapters in fp32); None: the torch form."""
+        return None
+
+    def runs_triton(self) -> bool:
+        """Whether Triton kernels (the triton attention backend) run on this device's tensors."""
+        return False
+
+    def sampling_race(self) -> Callable[..., torch.Tensor] | None:
+        """``race(probs, seeds, counters) -> tokens``: each row's sample drawn with noise that is a function of its
+        (seed, counter) alone, in one kernel, so a step replayed in a graph draws what an eager one would; None:
+        each row's noise from its ``torch.Generator`` (or the global one)."""
+        return None
+
+    def host_buffer(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """A host tensor that copies to and from the device without the host waiting (pinned on CUDA)."""
+        return torch.zeros(shape, dtype=dtype)
+
+    def record_event(self) -> Any:
+        """An event marking the work queued so far (``synchronize()`` waits for it); None on a synchronous device."""
+        return None
 
     def small_matmul_dtype(self, dtype: torch.dtype) -> torch.dtype:
         """The dtype of the small side matmuls (LoRA's x·Aᵀ·Bᵀ) of a ``dtype`` model: the model's own, unless the

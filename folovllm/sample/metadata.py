@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -11,7 +11,8 @@ from folovllm.sample.logits_processors import LogitsProcessor, adjusts_row, buil
 from folovllm.sample.rows import SamplingRow
 from folovllm.sample.seeded_noise import fold_seed
 
-__all__ = ["SamplingBatch", "SamplingRow", "build_sampling_batch", "is_plain_greedy_row"]
+__all__ = ["SamplingBatch", "SamplingRow", "build_sampling_batch", "is_plain_greedy_row", "noise_keys",
+           "with_noise_keys"]
 
 
 @dataclass
@@ -44,6 +45,10 @@ class SamplingBatch:
     seeded: torch.Tensor | None = None
     seed_keys: torch.Tensor | None = None
     num_seeded_rows: int = 0
+    # each row's noise key, [N] int64 each (``noise_keys``): the seeds for a counter-keyed draw
+    # (``Sampler(race=...)``, set with a step seed), the counters whenever some random row is seeded or seeds are
+    noise_seeds: torch.Tensor | None = None
+    noise_counters: torch.Tensor | None = None
     # Applied in order to the logits before temperature; only those some row uses this step.
     processors: list[LogitsProcessor] = field(default_factory=list)
 
@@ -64,15 +69,30 @@ def is_plain_greedy_row(row: SamplingRow) -> bool:
     return row.params.greedy and row.params.logprobs is None and not adjusts_row(row)
 
 
+def noise_keys(rows: Sequence[SamplingRow], step_seed: int, output_counts: Sequence[int] | None = None
+               ) -> tuple[list[int], list[int]]:
+    """Each row's (seed, counter) for a keyed draw: a seeded row's own seed and its output count (``output_counts``
+    where given, else its row's), so its noise is the same whatever its batch; an unseeded row's seed
+    ``step_seed`` + its row (``step_seed`` drawn afresh each step, below 2^62)."""
+    seeds = [row.seed if row.seed is not None else step_seed + i for i, row in enumerate(rows)]
+    counters = list(output_counts) if output_counts is not None else [row.num_output_tokens for row in rows]
+    return seeds, counters
+
+
 def build_sampling_batch(
     rows: Sequence[SamplingRow],
     generators: Sequence[torch.Generator | None],
     vocab_size: int,
     device: torch.device | str,
+    noise_step_seed: int | None = None,
+    output_counts: Sequence[int] | None = None,
 ) -> SamplingBatch:
     """Pack per-row settings into tensors on ``device``.
 
-    ``generators[i]`` is row ``i``'s own RNG or ``None`` for the default RNG.
+    ``generators[i]`` is row ``i``'s own RNG or ``None`` for the default RNG; with ``noise_step_seed`` the
+    batch carries each row's noise key instead (``noise_keys``), for a sampler that draws by counter. Seeded
+    random rows' counters are carried either way (the top-k candidates' hashed noise reads them);
+    ``output_counts``: see ``with_noise_keys``.
     """
     num_rows = len(rows)
     if len(generators) != num_rows:
@@ -112,7 +132,7 @@ def build_sampling_batch(
             seed_keys = to_device([fold_seed(r.seed) if s else 0 for r, s in zip(rows, seeded_rows)], torch.int64,
                                   device)
 
-    return SamplingBatch(
+    batch = SamplingBatch(
         num_rows=num_rows,
         vocab_size=vocab_size,
         all_greedy=all_greedy,
@@ -134,3 +154,16 @@ def build_sampling_batch(
         max_num_logprobs=max(wanted) if wanted else None,
         processors=build_logits_processors(rows, vocab_size, device),
     )
+    if not all_greedy and (noise_step_seed is not None or seeded is not None):
+        batch = with_noise_keys(batch, rows, noise_step_seed, output_counts)
+    return batch
+
+
+def with_noise_keys(batch: SamplingBatch, rows: Sequence[SamplingRow], step_seed: int | None,
+                    output_counts: Sequence[int] | None = None) -> SamplingBatch:
+    """The batch with this step's noise keys (``noise_keys``): seeds only with ``step_seed``, counters always.
+    ``output_counts``: each row's output count where its row's is out of date (a kept decode row)."""
+    seeds, counters = noise_keys(rows, 0 if step_seed is None else step_seed, output_counts)
+    device = batch.temperature.device
+    return replace(batch, noise_seeds=None if step_seed is None else to_device(seeds, torch.int64, device),
+                   noise_counters=to_device(counters, torch.int64, device))

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from folovllm.sample.sampler import TokenLogprobs
+from folovllm.sample.top_entries import top_entries
 
 # Rows turned into fp32 logprobs at once: bounds the transient [rows, vocab] tensors.
 DEFAULT_SLICE_ROWS = 512
@@ -89,7 +90,7 @@ def compute_prompt_logprobs(hidden: torch.Tensor, batch: PromptLogprobsBatch,
         picked = logprobs.gather(1, targets[start:start + slice_rows].unsqueeze(1))
         chosen.append(picked.squeeze(1))
         ranks.append((logprobs > picked).sum(dim=-1) + 1)
-        values, ids = logprobs.topk(k, dim=-1)
+        values, ids = top_entries(logprobs, k)
         top_values.append(values)
         top_ids.append(ids)
     return PromptLogprobsTensors(batch, torch.cat(chosen), torch.cat(ranks), torch.cat(top_values),

@@ -2,10 +2,13 @@
 temperature, top-k/top-p/min-p, sampling.
 
 Rows are processed together; only rows with their own ``torch.Generator`` draw their noise
-one at a time, so a seeded request gets the same tokens whatever else is in the batch.
+one at a time, so a seeded request gets the same tokens whatever else is in the batch. Where the platform
+has a counter-keyed draw (``Platform.sampling_race``: CUDA's Triton kernel) every row's noise comes from its
+(seed, output count) in one launch instead, which a CUDA graph replays as it is.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -13,6 +16,7 @@ import torch
 from folovllm.platforms import to_device
 from folovllm.sample.metadata import SamplingBatch, SamplingRow, build_sampling_batch
 from folovllm.sample.seeded_noise import seeded_exponential
+from folovllm.sample.top_entries import top_entries
 
 __all__ = [
     "Sampler",
@@ -22,6 +26,10 @@ __all__ = [
     "SamplingRow",
     "build_sampling_batch",
 ]
+
+# race(probs [N, V], seeds [N], counters [N]) -> tokens [N]: each row's argmax of probs / Exp(1) noise keyed by
+# its (seed, counter)
+Race = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 @dataclass
@@ -45,30 +53,32 @@ class Sampler:
 
     Two shortcuts, checked by tests against the general path: plain argmax when every row is
     greedy with nothing to adjust, and ``topk`` instead of a full sort when no row uses top-p.
-    ``top_k_candidates``: a batch whose random rows all have a top_k samples each row among its top
-    ``candidate_k`` tokens (``topk``: no sort, softmax or noise over the whole vocabulary); the same
-    distribution, but a tie at a row's k-th logit keeps k tokens where the full path keeps every tied one, and a
-    seeded row's noise is drawn for those tokens only (``FOLOVLLM_TOP_K_CANDIDATES``).
+    ``race``: the platform's counter-keyed draw (its batches carry noise keys); None: the generators' draw.
+    ``top_k_candidates`` (``FOLOVLLM_TOP_K_CANDIDATES``; only without a ``race``, which already keys each token's
+    noise): a batch whose random rows all have a top_k samples each row among its top ``candidate_k`` tokens
+    (``topk``: no sort, softmax or noise over the whole vocabulary); the same distribution, but a tie at a row's
+    k-th logit keeps k tokens where the full path keeps every tied one. A seeded row's noise for token t at its
+    n-th output token is a function of (seed, n, t) on both keyed draws (``race``: Philox; the candidates: a
+    hash, sample/seeded_noise.py), so its tokens are the same whatever its batch; the full path on the CPU
+    draws it from the request's generator instead.
     """
 
-    def __init__(self, top_k_candidates: bool = False) -> None:
-        self.top_k_candidates = top_k_candidates
+    def __init__(self, race: Race | None = None, top_k_candidates: bool = False) -> None:
+        self.race = race
+        self.top_k_candidates = top_k_candidates and race is None
 
-    def __call__(self, logits: torch.Tensor, batch: SamplingBatch,
-                 positions: torch.Tensor | None = None) -> SamplerOutput:
-        return self.forward(logits, batch, positions)
+    def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
+        return self.forward(logits, batch)
 
-    def forward(self, logits: torch.Tensor, batch: SamplingBatch,
-                positions: torch.Tensor | None = None) -> SamplerOutput:
+    def forward(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
         """``logits``: ``[N, V]``, one row per sequence sampling this step. Not modified."""
-        sampled, logprobs = self.sample(logits, batch, positions)
+        sampled, logprobs = self.sample(logits, batch)
         return SamplerOutput(sampled.tolist(), logprobs)
 
-    def sample(self, logits: torch.Tensor, batch: SamplingBatch, positions: torch.Tensor | None = None
+    def sample(self, logits: torch.Tensor, batch: SamplingBatch
                ) -> tuple[torch.Tensor, list[TokenLogprobs | None]]:
         """The sampled ids as a device tensor ``[N]`` (no host sync unless logprobs are asked for,
-        so the caller can overlap the next step's CPU work), plus each row's logprobs. ``positions``: each
-        row's position (of the token whose logits it is), which seeded rows' candidate noise is hashed from."""
+        so the caller can overlap the next step's CPU work), plus each row's logprobs."""
         if logits.dim() != 2 or tuple(logits.shape) != (batch.num_rows, batch.vocab_size):
             raise ValueError(
                 f"logits must be [num_rows={batch.num_rows}, vocab_size={batch.vocab_size}], "
@@ -82,7 +92,7 @@ class Sampler:
         if batch.all_greedy:
             sampled = logits.argmax(dim=-1)
         else:
-            sampled = self._sample(logits, batch, positions)
+            sampled = self._sample(logits, batch)
         if raw_logprobs is None:
             return sampled, no_logprobs
         return sampled, gather_logprobs(raw_logprobs, sampled, sampled.tolist(), batch)
@@ -112,26 +122,29 @@ class Sampler:
             _apply_min_p(logits, batch.min_p)
         return logits.softmax(dim=-1)
 
-    def _sample(self, logits: torch.Tensor, batch: SamplingBatch, positions: torch.Tensor | None) -> torch.Tensor:
+    def _sample(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         greedy_tokens = None
         if batch.greedy_mask is not None:
             greedy_tokens = logits.argmax(dim=-1)
         rows = batch.candidate_rows if self.top_k_candidates else []
-        if rows and batch.seeded is not None and positions is None:
-            raise ValueError("seeded rows sampled among their top k need each row's position")
+        if rows and batch.seeded is not None and batch.noise_counters is None:
+            raise ValueError("seeded rows sampled among their top k need their output counts (noise_counters)")
         if rows and len(rows) == batch.num_rows - batch.num_greedy_rows:  # every random row has a top k
             sampled = _sample_candidates(logits, batch.temperature, batch.top_k, batch.top_p, batch.min_p,
-                                         _Seeds.of(batch, positions), batch.candidate_k)
+                                         _Seeds.of(batch), batch.candidate_k)
         elif rows:
-            sampled = self._sample_some_candidates(logits, batch, rows, positions)
+            sampled = self._sample_some_candidates(logits, batch, rows)
         else:
-            sampled = _exponential_race(self.probabilities(logits, batch), batch.generators)
+            probs = self.probabilities(logits, batch)
+            if self.race is not None and batch.noise_seeds is not None:
+                sampled = self.race(probs, batch.noise_seeds, batch.noise_counters)
+            else:
+                sampled = _exponential_race(probs, batch.generators)
         if greedy_tokens is not None:
             sampled = torch.where(batch.greedy_mask, greedy_tokens, sampled)
         return sampled
 
-    def _sample_some_candidates(self, logits: torch.Tensor, batch: SamplingBatch, rows: list[int],
-                                positions: torch.Tensor | None) -> torch.Tensor:
+    def _sample_some_candidates(self, logits: torch.Tensor, batch: SamplingBatch, rows: list[int]) -> torch.Tensor:
         """The candidate rows among their top k, the others through the full path (which draws no noise from
         the candidate rows' generators: a seeded row's stream does not depend on its neighbours)."""
         index = to_device(rows, torch.int64, logits.device)
@@ -139,7 +152,7 @@ class Sampler:
         def pick(values: torch.Tensor | None) -> torch.Tensor | None:
             return None if values is None else values[index]
 
-        seeds = _Seeds.of(batch, positions)
+        seeds = _Seeds.of(batch)
         chosen = _sample_candidates(logits[index], pick(batch.temperature), pick(batch.top_k), pick(batch.top_p),
                                     pick(batch.min_p), seeds.rows(index) if seeds else None, batch.candidate_k)
         candidates = set(rows)
@@ -151,27 +164,27 @@ class Sampler:
 
 class _Seeds:
     """Candidate rows' seeds: which rows have one (``every``: all that are not greedy), their folded seeds,
-    each row's position."""
+    each row's output count."""
 
-    def __init__(self, mask: torch.Tensor, keys: torch.Tensor, positions: torch.Tensor, every: bool) -> None:
-        self.mask, self.keys, self.positions, self.every = mask, keys, positions, every
+    def __init__(self, mask: torch.Tensor, keys: torch.Tensor, counters: torch.Tensor, every: bool) -> None:
+        self.mask, self.keys, self.counters, self.every = mask, keys, counters, every
 
     @classmethod
-    def of(cls, batch: SamplingBatch, positions: torch.Tensor | None) -> _Seeds | None:
+    def of(cls, batch: SamplingBatch) -> _Seeds | None:
         if batch.seeded is None:
             return None
         every = batch.num_seeded_rows == batch.num_rows - batch.num_greedy_rows
-        return cls(batch.seeded, batch.seed_keys, positions, every)
+        return cls(batch.seeded, batch.seed_keys, batch.noise_counters, every)
 
     def rows(self, index: torch.Tensor) -> _Seeds:
-        return _Seeds(self.mask[index], self.keys[index], self.positions[index], False)
+        return _Seeds(self.mask[index], self.keys[index], self.counters[index], False)
 
 
 def _sample_candidates(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
                        top_p: torch.Tensor | None, min_p: torch.Tensor | None, seeds: _Seeds | None,
                        candidate_k: int) -> torch.Tensor:
     """Rows that each sample among their top k logits: temperature, top-k, top-p and min-p on those alone (the
-    full path's rules), then the race over them, a seeded row's noise hashed from its seed and position."""
+    full path's rules), then the race over them, a seeded row's noise hashed from its seed and output count."""
     values, token_ids = logits.topk(candidate_k, dim=-1)  # highest first
     values.div_(temperature.unsqueeze(1))
     columns = torch.arange(candidate_k, device=values.device)
@@ -188,7 +201,7 @@ def _sample_candidates(logits: torch.Tensor, temperature: torch.Tensor, top_k: t
     if seeds is None:
         noise = torch.empty_like(probs).exponential_()
     else:
-        noise = seeded_exponential(seeds.keys, seeds.positions, token_ids)  # greedy rows' goes unread
+        noise = seeded_exponential(seeds.keys, seeds.counters, token_ids)  # greedy rows' goes unread
         if not seeds.every:
             noise = torch.where(seeds.mask.unsqueeze(1), noise, torch.empty_like(probs).exponential_())
     choice = probs.div_(noise).argmax(dim=-1)
@@ -248,7 +261,7 @@ def gather_logprobs(
     # Computed for every row (cheaper than gathering the rows that asked, especially on CPU).
     chosen = raw_logprobs.gather(1, sampled.unsqueeze(1))
     ranks = (raw_logprobs > chosen).sum(dim=-1) + 1
-    top_values, top_ids = raw_logprobs.topk(batch.max_num_logprobs, dim=-1)
+    top_values, top_ids = top_entries(raw_logprobs, batch.max_num_logprobs)
 
     # One device-to-host copy per tensor, then plain Python.
     chosen_list = chosen.squeeze(1).tolist()

@@ -1,7 +1,8 @@
 """Exp(1) noise for seeded rows without drawing from a generator per row: each value is hashed from the row's
-seed, the position of the token it samples and the candidate token's id.
+seed, its output count (the n of the n-th output token it samples: the key CUDA's counter-keyed draw uses) and
+the candidate token's id.
 
-A seeded request's noise at a position depends on nothing else (not its neighbours, not how many values were
+A seeded request's noise for its n-th token depends on nothing else (not its neighbours, not how many values were
 drawn before), so its tokens are reproducible whatever the batch, and every seeded row is hashed in one pass
 of elementwise integer ops. The hash works on 32-bit values inside int64 with multipliers below 2**31, so no
 product leaves the int64 range on any device.
@@ -27,10 +28,10 @@ def _mix(x: torch.Tensor) -> torch.Tensor:
     return (x >> 16) ^ x
 
 
-def seeded_exponential(seed_keys: torch.Tensor, positions: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+def seeded_exponential(seed_keys: torch.Tensor, counters: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
     """``[rows, k]`` float32 Exp(1) values: row ``i``'s value for token ``token_ids[i, j]`` from its folded seed
-    ``seed_keys[i]`` and the position ``positions[i]`` of the token it samples (each strictly positive)."""
-    row_key = _mix(_mix(seed_keys & _LOW32) ^ (positions & _LOW32))
+    ``seed_keys[i]`` and its output count ``counters[i]`` (each strictly positive)."""
+    row_key = _mix(_mix(seed_keys & _LOW32) ^ (counters & _LOW32))
     bits = _mix(row_key.unsqueeze(1) ^ (token_ids * _GOLDEN & _LOW32))
     uniform = ((bits >> 8).to(torch.float32) + 0.5) * 2.0 ** -24  # in (0, 1): 24 bits, none at either end
     return uniform.log_().neg_()

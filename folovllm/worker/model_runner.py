@@ -7,6 +7,7 @@ scheduling); a token still on the device is fed to the next step straight from d
 from __future__ import annotations
 
 import itertools
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from folovllm import envs
 from folovllm.lora.manager import LoRAManager
 from folovllm.platforms import Platform, to_device
 from folovllm.pooling.pooler import Pooler
-from folovllm.sample.metadata import is_plain_greedy_row
+from folovllm.sample.metadata import is_plain_greedy_row, with_noise_keys
 from folovllm.sample.prompt_logprobs import DEFAULT_SLICE_ROWS, PromptLogprobsTensors, compute_prompt_logprobs
 from folovllm.sample.rejection_sampler import accept_greedy, verify
 from folovllm.sample.sampler import Sampler, SamplingBatch, TokenLogprobs, build_sampling_batch
@@ -41,7 +42,7 @@ class LaunchedStep:
     token_ids: torch.Tensor | None  # [len(request_ids)] on the device; None: nothing sampled
     logprobs: list | None
     needs_sync: bool = False  # a logits processor read every earlier token: the next step must wait
-    host_token_ids: torch.Tensor | None = None  # an asynchronous device: the host copy, valid once ``ready`` fires
+    host_token_ids: torch.Tensor | None = None  # the host copy (asynchronous device, graph step); valid once ``ready``
     ready: Any = None  # that copy's event (``synchronize()`` waits for it)
     prompt_logprobs: PromptLogprobsTensors | None = None  # read back by ``resolve``
     pooled: list[tuple[str, torch.Tensor]] | None = None  # pooling requests' results, read back by ``resolve``
@@ -73,11 +74,14 @@ class ModelRunner:
         self.model = model
         self.samples = samples
         self.greedy_head = greedy_head
-        self.cuda_graphs = cuda_graphs  # decode-step graphs (CUDA + triton backend); None: always eager
+        self.cuda_graphs = cuda_graphs  # whole decode-step graphs (CUDA + triton backend); None: always eager
         self.kv_caches = kv_caches
         self.block_size = block_size
         self.platform, self.device = platform, platform.device
-        self.sampler = Sampler(top_k_candidates=envs.switch("FOLOVLLM_TOP_K_CANDIDATES"))
+        race = platform.sampling_race()
+        self.sampler = Sampler(race, top_k_candidates=envs.switch("FOLOVLLM_TOP_K_CANDIDATES"))
+        # each step's seed for its unseeded rows' noise keys, where the sampler draws by counter
+        self._noise_seeds = random.Random(torch.initial_seed()) if race is not None else None
         self.vocab_size = model.arch.vocab_size
         self.decode_writer = DecodeBatchWriter(block_size, self.device, reuse_buffers=decode_input_buffers)
         self.states = RequestStates(self.device)  # per-request RNGs, and what is kept of decoding requests
@@ -105,18 +109,30 @@ class ModelRunner:
     def _launch(self, step: StepInput, previous: LaunchedStep | None) -> LaunchedStep:
         started = time.perf_counter()
         self.states.update(step)
+        noise_seed = self._noise_seeds.getrandbits(62) if self._noise_seeds is not None else None
+        if self.cuda_graphs is not None and self.samples:
+            if step.decodes is not None and len(step.decodes):
+                step = self.states.in_full(step)  # a graph stages every request from its full row
+            previous_rows = previous.row_of() if previous is not None else {}
+            if self.cuda_graphs.takes(step, previous_rows):
+                generators = [self.states.generator(r.request_id, r.sampling.seed) for r in step.requests]
+                token_ids, logprobs, needs_sync, host, ready = self.cuda_graphs.launch(
+                    step, generators, previous_rows, None if previous is None else previous.token_ids, noise_seed)
+                return LaunchedStep([r.request_id for r in step.requests], token_ids, logprobs, needs_sync,
+                                    host_token_ids=host, ready=ready)
         batch = self._prepare(step)
         if batch.pending_inputs:
             self._fill_pending_inputs(batch, previous)
         built = time.perf_counter()
         hidden = self._forward(batch)
         forwarded = time.perf_counter()
-        launched = self._after_forward(batch, hidden)
+        launched = self._after_forward(batch, hidden, noise_seed)
         launched.input_build_s, launched.sampling_s = built - started, time.perf_counter() - forwarded
         return launched
 
-    def _after_forward(self, batch: StepBatch, hidden: torch.Tensor) -> LaunchedStep:
-        """The step's results from its hidden states: sampled tokens, prompt logprobs, pooled vectors."""
+    def _after_forward(self, batch: StepBatch, hidden: torch.Tensor, noise_seed: int | None) -> LaunchedStep:
+        """The step's results from its hidden states: sampled tokens, prompt logprobs, pooled vectors.
+        ``noise_seed``: the step's seed for its unseeded rows' noise keys (None: the sampler draws no keyed noise)."""
         if not self.samples:
             self._join_logits_gathers(batch, hidden)
             return LaunchedStep([], None, None)
@@ -138,11 +154,9 @@ class ModelRunner:
             logprobs: list[TokenLogprobs | None] = [None] * len(batch.sampling_rows)
             needs_sync = False
         else:
-            sampling_batch = self._sampling_batch(batch)
+            sampling_batch = self._sampling_batch(batch, noise_seed)
             logits = self.model.compute_logits(sampled_hidden)
-            positions = batch.positions if len(batch.sampling_rows) == hidden.shape[0] \
-                else batch.positions[batch.logits_indices]  # seeded rows' candidate noise is keyed by them
-            token_ids, logprobs = self.sampler.sample(logits, sampling_batch, positions)
+            token_ids, logprobs = self.sampler.sample(logits, sampling_batch)
             needs_sync = sampling_batch.needs_sync
         launched = LaunchedStep(batch.sampling_request_ids, token_ids, logprobs, needs_sync,
                                 prompt_logprobs=prompt_logprobs, pooled=pooled)
@@ -150,17 +164,31 @@ class ModelRunner:
             launched.host_token_ids, launched.ready = self.platform.copy_home(token_ids)
         return launched
 
-    def _sampling_batch(self, batch: StepBatch) -> SamplingBatch:
-        """The step's sampling tensors: the last ones again for a step of the same decode rows alone."""
+    def _sampling_batch(self, batch: StepBatch, noise_seed: int | None) -> SamplingBatch:
+        """The step's sampling tensors: the last ones again for a step of the same decode rows alone, with this
+        step's noise keys where it has any (the output counts move on every step)."""
         request_ids = batch.sampling_request_ids
         cached = self._sampling_cache
         if batch.kept_rows_only and cached is not None and cached[0] == request_ids:
-            return cached[1]
+            sampling_batch = cached[1]
+            if sampling_batch.all_greedy or (noise_seed is None and sampling_batch.noise_counters is None):
+                return sampling_batch
+            return with_noise_keys(sampling_batch, batch.sampling_rows, noise_seed, self._output_counts(batch))
         states = self.states
         generators = [states.generator(rid, row.seed) for rid, row in zip(request_ids, batch.sampling_rows)]
-        sampling_batch = build_sampling_batch(batch.sampling_rows, generators, self.vocab_size, self.device)
+        sampling_batch = build_sampling_batch(batch.sampling_rows, generators, self.vocab_size, self.device,
+                                              noise_seed, self._output_counts(batch))
         self._sampling_cache = (request_ids, sampling_batch) if batch.kept_rows_only else None
         return sampling_batch
+
+    @staticmethod
+    def _output_counts(batch: StepBatch) -> list[int] | None:
+        """Each sampling row's output count, where its kept decode rows' own rows are out of date (None: none)."""
+        counts = batch.decode_output_counts
+        if counts is None:
+            return None
+        rows = batch.sampling_rows
+        return [row.num_output_tokens for row in rows[:len(rows) - len(counts)]] + counts.tolist()
 
     def _verify(self, batch: StepBatch, sampled_hidden: torch.Tensor,
                 prompt_logprobs: PromptLogprobsTensors | None, pooled: list | None) -> LaunchedStep:
@@ -189,8 +217,9 @@ class ModelRunner:
         pooled = [(rid, result.tolist()) for rid, result in launched.pooled or ()]
         if launched.token_ids is None:
             return StepOutput(prompt_logprobs=prompt_logprobs, wait_s=time.perf_counter() - start, pooled=pooled)
-        if launched.ready is not None:
-            launched.ready.synchronize()
+        if launched.host_token_ids is not None:
+            if launched.ready is not None:
+                launched.ready.synchronize()
             ids = launched.host_token_ids.tolist()
         else:
             ids = launched.token_ids.tolist()
@@ -244,6 +273,7 @@ class ModelRunner:
                 batch = self.decode_writer.batch(columns, sampling, decodes.request_ids)
                 batch.pending_inputs = [(row, decodes.request_ids[row]) for row in decodes.pending_rows]
                 batch.kept_rows_only = True
+            batch.decode_output_counts = states.output_counts(rows, columns.positions)
             if bool(states.plain_greedy[rows].all()) and all(
                     is_plain_greedy_row(r.sampling) for r in step.requests if r.sampling is not None):
                 batch.plain_greedy = True  # else left to the sampling rows (proposals' rows among them)
@@ -261,11 +291,8 @@ class ModelRunner:
         return batch
 
     def _forward(self, batch: StepBatch) -> torch.Tensor:
-        """Hidden states of the step: a CUDA graph replay for decode-only batches that fit one."""
-        ids, positions, meta = batch.input_ids, batch.positions, batch.attn_metadata
-        if self.cuda_graphs is not None and self.cuda_graphs.can_run(ids, meta):
-            return self.cuda_graphs.run(ids, positions, meta)
-        return self.model(ids, positions, self.kv_caches, meta)
+        """Hidden states of the step, run eagerly (a step a decode graph takes never gets here)."""
+        return self.model(batch.input_ids, batch.positions, self.kv_caches, batch.attn_metadata)
 
 
 def _sampled_rows(hidden: torch.Tensor, batch: StepBatch) -> torch.Tensor:

@@ -8,6 +8,8 @@ this state in bulk. The engine keeps the mirror of which requests are kept (``en
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import torch
 
@@ -28,6 +30,7 @@ class RequestStates:
         self.tables = np.zeros((0, 1), dtype=np.int64)  # [rows, blocks]: each kept request's block table
         self.num_blocks = np.zeros(0, dtype=np.int64)  # its table's length
         self.plain_greedy = np.zeros(0, dtype=bool)  # its sampling row is plain greedy (the head's argmax)
+        self.count_offset = np.zeros(0, dtype=np.int64)  # its output count less the position it samples at
         self.sampling: list[SamplingRow | None] = []
         self.lora: list[LoRARequest | None] = []
         self.any_lora = 0  # kept requests with an adapter
@@ -68,6 +71,24 @@ class RequestStates:
         row_of = self.row_of
         return np.fromiter((row_of[r] for r in request_ids), dtype=np.int64, count=len(request_ids))
 
+    def output_counts(self, rows: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """The output counts of kept rows at these positions (one more token per position since kept)."""
+        return positions + self.count_offset[rows]
+
+    def in_full(self, step: StepInput) -> StepInput:
+        """The step with its decode rows sent as full requests, as they were kept, at their new positions."""
+        decodes = step.decodes
+        pending = set(decodes.pending_rows)
+        requests = list(step.requests)
+        for i, (request_id, token, position) in enumerate(zip(decodes.request_ids, decodes.token_ids,
+                                                               decodes.positions)):
+            row = self.row_of[request_id]
+            sampling = replace(self.sampling[row], num_output_tokens=position + int(self.count_offset[row]))
+            requests.append(ScheduledRequest(request_id, [] if i in pending else [token], int(i in pending), position,
+                                             self.tables[row, :self.num_blocks[row]].tolist(), sampling,
+                                             lora=self.lora[row]))
+        return StepInput(requests, step.finished_request_ids)
+
     def _keep(self, request: ScheduledRequest) -> None:
         row = self.row_of.get(request.request_id)
         if row is None:
@@ -77,6 +98,9 @@ class RequestStates:
             self.any_lora -= 1
         self.sampling[row] = request.sampling
         self.plain_greedy[row] = is_plain_greedy_row(request.sampling)
+        # the row it samples is its last new token's, at num_computed_tokens + num_new_tokens - 1
+        self.count_offset[row] = (request.sampling.num_output_tokens
+                                  - (request.num_computed_tokens + request.num_new_tokens - 1))
         self.lora[row] = request.lora
         self.any_lora += request.lora is not None
         self._write_table(row, 0, request.block_table)
@@ -99,6 +123,7 @@ class RequestStates:
             self.tables = np.concatenate([self.tables, np.zeros((size - used, self.tables.shape[1]), np.int64)])
             self.num_blocks = np.concatenate([self.num_blocks, np.zeros(size - used, np.int64)])
             self.plain_greedy = np.concatenate([self.plain_greedy, np.zeros(size - used, bool)])
+            self.count_offset = np.concatenate([self.count_offset, np.zeros(size - used, np.int64)])
         self.sampling.append(None)
         self.lora.append(None)
         return used

@@ -33,6 +33,8 @@ class StepBatch:
     draft_token_ids: list[list[int]] = field(default_factory=list)
     plain_greedy: bool | None = None  # every sampling row is plain greedy (None: read the rows)
     kept_rows_only: bool = False  # every row is a kept request's decode row (their sampling settings never change)
+    # the output counts of the kept decode rows that end the sampling rows (their kept rows' counts are stale)
+    decode_output_counts: np.ndarray | None = None
 
 
 @dataclass

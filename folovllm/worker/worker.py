@@ -53,13 +53,16 @@ class Worker:
         single process."""
         self.config = config
         self.tp_group = tp_group
-        self.platform = platform_for(config.torch_device)
+        self.platform = platform_for(config.torch_device, config.batch_invariant)
         self.device = self.platform.device
         if tp_group is not None:
             self.device = self.platform.rank_device(tp_group.rank % config.ranks_per_node)
         self.dtype = config.torch_dtype
         self.kv_format = kv_cache_format(config.kv_cache_dtype)
-        backend = get_attention_backend(config.attention_backend)
+        if config.attention_backend == "triton" and not self.platform.runs_triton():
+            raise ValueError(f"the triton attention backend does not run on {self.platform.name}: use "
+                             "attention_backend 'torch' (or 'cpu' on a CPU); tests run it on CPU under TRITON_INTERPRET=1")
+        backend = get_attention_backend(config.attention_backend, config.batch_invariant)
         check_backend_takes(backend, config.attention_backend, self.kv_format)
         torch.manual_seed(config.seed)  # unseeded sampling draws from the global RNG
         self.platform.set_threads(config.threads_per_rank)
@@ -71,11 +74,15 @@ class Worker:
                                 quantize_lm_head=config.quantize_lm_head, platform=self.platform,
                                 pooling=config.runner == "pooling")
         self.platform.place_weights(self.model)
+        if config.enable_lora and config.batch_invariant and self.platform.lora_op() is None:
+            raise ValueError("batch-invariant mode with LoRA needs the lora_add kernel (each row's delta on its own); "
+                             "the torch form multiplies each adapter's rows together: turn FOLOVLLM_CPU_LORA_KERNEL on "
+                             "(a tier from avx2)")
         # adapters wrap the linears' methods before the compiled forms bind them
         self.lora = LoRAManager(self.model, config.max_loras, config.max_lora_rank,
                                 config.max_cpu_loras or config.max_loras,
                                 self.platform.small_matmul_dtype(self.model.dtype),
-                                kernel=self.platform.lora_kernel) if config.enable_lora else None
+                                kernel=self.platform.lora_op()) if config.enable_lora else None
         compile_model(self.model, self.platform)
         self.runner: ModelRunner | None = None  # built by initialize_cache (it keeps the per-request RNGs)
         self._previous: LaunchedStep | None = None  # the last step launched: pending inputs come from it
@@ -117,7 +124,7 @@ class Worker:
                                     self.model.num_kv_heads, arch.head_dim, self.dtype, self.device, self.kv_format)
         graphs = None  # a graph would replay without the step's adapters: LoRA runs eager
         if self.platform.captures_graphs and self.lora is None:
-            graphs = capture_decode_graphs(self.model, caches, cfg, max_model_len)
+            graphs = capture_decode_graphs(self.model, caches, cfg, max_model_len, self.platform)
         samples = self.tp_group is None or self.tp_group.is_first
         greedy_head = self.model.greedy_head() if self.platform.greedy_head else None
         self.runner = ModelRunner(self.model, caches, cfg.block_size, self.platform, graphs, samples, greedy_head,

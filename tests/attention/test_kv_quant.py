@@ -110,6 +110,19 @@ def test_triton_dequantizes_in_the_kernel(fmt: str, query_lens: list[int], seq_l
     assert (ours.double() - ref).abs().max() < BOUND[fmt]
 
 
+@pytest.mark.parametrize("fmt", list(KV_CACHE_FORMATS))
+def test_triton_split_decode_dequantizes_in_the_kernel(fmt: str, monkeypatch) -> None:
+    """Decode rows split over their context (as a GPU would split them) read the same quantized rows."""
+    pytest.importorskip("triton")
+    use_triton_interpreter_without_cuda()
+    from folovllm.attention import triton_kernels
+
+    monkeypatch.setattr(triton_kernels, "decode_splits", lambda *shape: 3)
+    ours, ref, read = quantized_case(fmt, [1, 1], [5, 80], "triton")
+    assert (ours.double() - read).abs().max() < 1e-4
+    assert (ours.double() - ref).abs().max() < BOUND[fmt]
+
+
 @pytest.mark.skipif(NOT_BUILT is not None, reason=f"{NOT_BUILT}")
 @pytest.mark.parametrize("fmt", list(KV_CACHE_FORMATS))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

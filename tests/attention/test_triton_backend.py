@@ -144,6 +144,86 @@ def test_reads_nothing_past_a_sequence_and_writes_every_output() -> None:
     torch.testing.assert_close(out.cpu().flatten(1).double(), ref, atol=1e-5, rtol=1e-5)
 
 
+# (query_lens, seq_lens) of decode-only batches: contexts cut at block edges, one token, a context shorter
+# than a range (its later ranges see no key), and a padding row (seq_len 0)
+SPLIT_CASES = [([1, 1, 1], [5, 17, 64]), ([1], [1]), ([1, 1], [130, 3])]
+
+
+@pytest.mark.parametrize("query_lens,seq_lens", SPLIT_CASES)
+@pytest.mark.parametrize("num_splits", [2, 3, 7])
+@pytest.mark.parametrize("heads", [(4, 2), (6, 2)])
+def test_decode_split_over_the_context_matches_reference(query_lens, seq_lens, num_splits, heads) -> None:
+    q, k, v, k_cache, v_cache, meta, scale, ref = build_case(query_lens, seq_lens, *heads, 16, 4, torch.float32,
+                                                             poison=True)
+    triton_kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+    out = triton_kernels.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
+                                         meta.query_start_loc, scale, num_splits=num_splits)
+    torch.testing.assert_close(out.cpu().flatten(1).double(), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_split_decode_leaves_its_tickets_zero_for_the_next_launch() -> None:
+    """The ranges merge in one launch through tickets the caller keeps: zero again after each launch, so a
+    second launch (a graph's next replay) merges as the first did."""
+    q, k, v, k_cache, v_cache, meta, scale, ref = build_case([1, 1], [30, 70], 6, 2, 16, 4, torch.float32)
+    triton_kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+    tickets = triton_kernels.DecodeTickets()
+    for _ in range(2):
+        out = triton_kernels.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
+                                             meta.query_start_loc, scale, num_splits=4, tickets=tickets)
+        torch.testing.assert_close(out.cpu().flatten(1).double(), ref, atol=1e-5, rtol=1e-5)
+        assert not tickets.get(4, q.device).any()
+
+
+@pytest.mark.parametrize("sliding_window", [1, 7, 40])
+def test_decode_split_with_a_sliding_window(sliding_window: int) -> None:
+    q, k, v, k_cache, v_cache, meta, scale, ref = build_case([1, 1], [9, 70], 4, 2, 16, 4, torch.float32,
+                                                             poison=True, sliding_window=sliding_window)
+    triton_kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+    out = triton_kernels.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
+                                         meta.query_start_loc, scale, sliding_window=sliding_window, num_splits=4)
+    torch.testing.assert_close(out.cpu().flatten(1).double(), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_split_decode_padding_rows_output_zeros() -> None:
+    """A CUDA graph's spare rows (seq_len 0) see no key in any range: zeros, not NaN."""
+    q, k, v, k_cache, v_cache, meta, scale, ref = build_case([1, 1], [9, 4], 4, 2, 16, 4, torch.float32)
+    triton_kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+    q = torch.cat([q, torch.randn(2, 4, 16, device=DEVICE)])
+    seq_lens = torch.cat([meta.seq_lens, torch.zeros(2, dtype=torch.int64, device=DEVICE)])
+    tables = torch.cat([meta.block_tables, meta.block_tables.new_zeros(2, meta.block_tables.shape[1])])
+    out = triton_kernels.paged_attention(q, k_cache, v_cache, tables, seq_lens, torch.arange(5, device=DEVICE),
+                                         scale, num_splits=3).cpu()
+    torch.testing.assert_close(out[:2].flatten(1).double(), ref, atol=1e-5, rtol=1e-5)
+    assert torch.equal(out[2:], torch.zeros_like(out[2:]))
+
+
+def test_the_split_switch_leaves_the_output_unchanged(monkeypatch) -> None:
+    """FOLOVLLM_TRITON_SPLIT_DECODE=off: one program per sequence and KV head; on: the context split (forced into
+    ranges here, as a GPU with idle SMs would split it). The same attention, to fp32's rounding of the sums."""
+    from tests.helpers import switches
+
+    monkeypatch.setattr(triton_kernels, "decode_splits", lambda *shape: 3)
+    outputs = {}
+    for value in ("on", "off"):
+        with switches(TRITON_SPLIT_DECODE=value):
+            backend = get_attention_backend("triton")
+        q, k, v, k_cache, v_cache, meta, scale, ref = build_case([1, 1, 1], [40, 9, 70], 4, 2, 16, 4, torch.float32)
+        outputs[value] = backend.forward(q, k, v, k_cache, v_cache, meta, scale).cpu()
+        torch.testing.assert_close(outputs[value].double(), ref, atol=1e-5, rtol=1e-5)
+    assert backend._num_splits == 1
+    torch.testing.assert_close(outputs["on"], outputs["off"], atol=1e-6, rtol=1e-5)
+
+
+def test_decode_splits_fill_the_gpu_from_shapes_alone() -> None:
+    from folovllm.attention.triton_decode import MAX_SPLITS, MIN_SPLIT_KEYS, decode_splits
+
+    assert decode_splits(1, 8, 4096, 132) == 4096 // MIN_SPLIT_KEYS  # one stream: ranges of the shortest length
+    assert decode_splits(1, 2, 1 << 20, 132) == MAX_SPLITS
+    assert decode_splits(128, 8, 4096, 132) == 1  # a large batch fills the GPU by itself
+    assert decode_splits(4, 8, 4096, 132) == 9  # 2 x 132 programs over 32 (sequence, KV head) pairs
+    assert decode_splits(1, 8, 100, 132) == 1  # a short table: no range would be long enough
+
+
 def test_store_kv_skips_negative_slots() -> None:
     k_cache = torch.full((3, 4, 2, 16), -7.0, device=DEVICE)
     v_cache = k_cache.clone()
@@ -222,8 +302,12 @@ def test_qwen3_shapes_on_cuda() -> None:
 def test_new_batch_sizes_compile_no_new_kernel_variant() -> None:
     """A step's sequence count and block-table width vary while serving; a kernel variant compiled for a
     new value class (1, a multiple of 16, other) would stall that step for about a second."""
-    def variants() -> int:  # compiled kernels of the attention kernel, over devices (Triton 3.x's per-device caches)
-        return sum(len(caches[0]) for caches in triton_kernels._paged_attention_kernel.device_caches.values())
+    from folovllm.attention import triton_decode
+
+    kernels = (triton_kernels._paged_attention_kernel, triton_decode._decode_split_kernel)
+
+    def variants() -> int:  # compiled attention kernels, over devices (Triton 3.x's per-device caches)
+        return sum(len(caches[0]) for kernel in kernels for caches in kernel.device_caches.values())
 
     shapes = [([7], [7]), ([5, 3, 9], [37, 3, 260]), ([4] * 16, [4] * 16), ([9] * 17, [500] * 17)]
     for form, new_tokens in (("prefill", None), ("decode", 1)):

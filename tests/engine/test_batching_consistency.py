@@ -3,7 +3,7 @@ import pytest
 
 from folovllm import SamplingParams
 from tests.engine.conftest import make_llm, random_prompts
-from tests.tolerance import assert_greedy_match
+from tests.tolerance import assert_greedy_match, logprob_gaps
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=2)
 
@@ -13,18 +13,9 @@ def run(llm, prompts, params=GREEDY):
     return [o.outputs[0] for o in outs]
 
 
-def gaps(completion) -> list[float]:
-    """Top-2 logprob gap at each step, from the run's own logprobs."""
-    result = []
-    for step in completion.logprobs:
-        top = sorted((lp.logprob for lp in step.values()), reverse=True)
-        result.append(top[0] - top[1])
-    return result
-
-
 def assert_same(candidates, references):
     for ours, ref in zip(candidates, references):
-        assert_greedy_match(ours.token_ids, ref.token_ids, gaps(ref))
+        assert_greedy_match(ours.token_ids, ref.token_ids, logprob_gaps(ref))
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,8 @@ import pytest
 from folovllm import SamplingParams
 from folovllm.worker.model_runner import ModelRunner
 from tests.engine.conftest import make_llm, random_prompts
-from tests.engine.test_batching_consistency import assert_same, gaps
+from tests.engine.test_batching_consistency import assert_same
+from tests.tolerance import logprob_gaps
 
 PARAMS = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, logprobs=2)
 FAULTY = "2"  # the request id the injected fault hits
@@ -125,4 +126,4 @@ def test_llm_generate_returns_the_failed_request(tiny_llama_dir, prompts, refere
     inject_fault(monkeypatch, when=lambda request_id: request_id == "1")  # the second prompt
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts[:3]], PARAMS, use_tqdm=False)
     assert [o.outputs[0].finish_reason for o in outs] == ["length", "error", "length"]
-    assert gaps(outs[0].outputs[0])  # logprobs of the survivors are intact
+    assert logprob_gaps(outs[0].outputs[0])  # logprobs of the survivors are intact

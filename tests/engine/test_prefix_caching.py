@@ -3,15 +3,10 @@ import pytest
 
 from folovllm import SamplingParams
 from tests.engine.conftest import make_llm, random_prompts
-from tests.tolerance import assert_greedy_match
+from tests.tolerance import assert_greedy_match, logprob_gaps
 
 PARAMS = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=2)
 BLOCK = 4
-
-
-def gaps(completion) -> list[float]:
-    return [sorted((lp.logprob for lp in s.values()), reverse=True)[0]
-            - sorted((lp.logprob for lp in s.values()), reverse=True)[1] for s in completion.logprobs]
 
 
 def run(llm, prompts, **kwargs):
@@ -38,7 +33,7 @@ def test_shared_prefix_outputs_equal_without_cache(cached_llm, plain_llm, shared
     first = run(cached_llm, prompts[:1])  # warms the cache with the shared prefix
     rest = run(cached_llm, prompts[1:])
     for ours, ref in zip(first + rest, reference):
-        assert_greedy_match(ours.outputs[0].token_ids, ref.outputs[0].token_ids, gaps(ref.outputs[0]))
+        assert_greedy_match(ours.outputs[0].token_ids, ref.outputs[0].token_ids, logprob_gaps(ref.outputs[0]))
     full_blocks = shared_len // BLOCK
     assert all(o.num_cached_tokens == full_blocks * BLOCK for o in rest)
     assert first[0].num_cached_tokens == 0
@@ -52,7 +47,7 @@ def test_identical_prompts_hit_all_but_the_last_token(cached_llm, plain_llm):
     again = run(cached_llm, [prompt, prompt])
     for out in again:
         assert out.num_cached_tokens == 12  # the block holding the last prompt token is recomputed
-        assert_greedy_match(out.outputs[0].token_ids, reference.token_ids, gaps(reference))
+        assert_greedy_match(out.outputs[0].token_ids, reference.token_ids, logprob_gaps(reference))
 
 
 def test_cache_salt_prevents_sharing(cached_llm):
@@ -73,7 +68,7 @@ def test_eviction_under_pressure_still_serves_correctly(tiny_llama_dir, plain_ll
     for i in range(0, 12, 3):  # waves, so later waves meet earlier waves' (partly evicted) blocks
         ours += run(llm, prompts[i:i + 3])
     for out, ref in zip(ours, reference):
-        assert_greedy_match(out.outputs[0].token_ids, ref.outputs[0].token_ids, gaps(ref.outputs[0]))
+        assert_greedy_match(out.outputs[0].token_ids, ref.outputs[0].token_ids, logprob_gaps(ref.outputs[0]))
     engine = llm.llm_engine
     assert engine.stats.prefix_cache_hits > 0
     assert engine.kv_cache.num_used_blocks == 0 and engine.kv_cache.num_free_blocks == 40
@@ -88,7 +83,7 @@ def test_preempted_request_rehits_its_own_blocks(tiny_llama_dir, plain_llm):
     assert engine.scheduler.num_preemptions > 0
     assert engine.stats.prefix_cache_hits > 0  # recomputation found its own blocks still cached
     for out, ref in zip(ours, reference):
-        assert_greedy_match(out.outputs[0].token_ids, ref.outputs[0].token_ids, gaps(ref.outputs[0]))
+        assert_greedy_match(out.outputs[0].token_ids, ref.outputs[0].token_ids, logprob_gaps(ref.outputs[0]))
 
 
 def test_hit_rate_stats(cached_llm):

@@ -11,21 +11,11 @@ from folovllm import LLM, SamplingParams
 from folovllm.bench.gpu_runs import save_tokenizer
 from tests.model.test_gemma3 import random_hf_model, tiny_gemma3_config
 from tests.tiers import library_missing
-from tests.tolerance import assert_greedy_match, top2_gaps
+from tests.tolerance import assert_greedy_match, hf_greedy
 
 NOT_BUILT = library_missing()
 BACKENDS = ["torch", pytest.param("cpu", marks=pytest.mark.skipif(NOT_BUILT is not None, reason=f"{NOT_BUILT}"))]
 SHARED_PREFIX = [40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51]  # three full 4-token blocks
-
-
-def hf_greedy(hf_model: torch.nn.Module, prompt: list[int], max_new_tokens: int) -> tuple[list[int], list[float]]:
-    """transformers' greedy continuation and its top-2 logprob gaps per step."""
-    ids = torch.tensor([prompt])
-    with torch.inference_mode():
-        ref = hf_model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                max_new_tokens=max_new_tokens, output_logits=True, return_dict_in_generate=True,
-                                pad_token_id=0)
-    return ref.sequences[0, ids.shape[1]:].tolist(), top2_gaps(list(ref.logits))
 
 
 @pytest.fixture(scope="module")
@@ -88,5 +78,5 @@ def test_gemma3_270m_greedy_matches_transformers(gemma_gguf: str) -> None:
     hf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=torch.float32,
                                                     local_files_only=True).eval()
     for out in ours:
-        ref_tokens, gaps = hf_greedy(hf_model, out.prompt_token_ids, GEMMA_TOKENS)
+        ref_tokens, gaps = hf_greedy(hf_model, out.prompt_token_ids, GEMMA_TOKENS, ignore_eos=False)
         assert_greedy_match(out.outputs[0].token_ids, ref_tokens, gaps)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from folovllm import LLM, SamplingParams
-from tests.tolerance import BF16_TOP2_TOLERANCE, TOP2_TOLERANCE, assert_greedy_match
+from tests.tolerance import BF16_TOP2_TOLERANCE, TOP2_TOLERANCE, assert_greedy_match, logprob_gaps
 
 
 @pytest.fixture(scope="module")
@@ -39,15 +39,7 @@ def greedy_runs(model_dir: str, dtype: str, **engine_args) -> list[tuple[list[in
     llm = LLM(model_dir, dtype=dtype, max_model_len=512, max_num_batched_tokens=256, max_num_seqs=8,
               num_gpu_blocks_override=512, seed=0, **engine_args)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    runs = []
-    for out in outs:
-        c = out.outputs[0]
-        gaps = []
-        for step in c.logprobs:
-            top = sorted((lp.logprob for lp in step.values()), reverse=True)
-            gaps.append(top[0] - top[1])
-        runs.append((c.token_ids, gaps))
-    return runs
+    return [(out.outputs[0].token_ids, logprob_gaps(out.outputs[0])) for out in outs]
 
 
 @pytest.mark.gpu

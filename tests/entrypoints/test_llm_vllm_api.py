@@ -63,13 +63,15 @@ def test_unknown_or_unimplemented_engine_arguments_are_errors(tiny_hub) -> None:
 
 
 def reference_beam_search(model, prompt: list[int], width: int, steps: int) -> list[tuple[list[int], float]]:
-    """Beam search by brute force: every beam extended by every vocabulary token, full forward passes."""
+    """Beam search by brute force: every beam extended by every vocabulary token, full forward passes (on the
+    model's device)."""
     beams = [(list(prompt), 0.0)]
     for _ in range(steps):
         candidates = []
         for tokens, score in beams:
             with torch.no_grad():
-                logprobs = torch.log_softmax(model(torch.tensor([tokens])).logits[0, -1].float(), dim=-1)
+                logits = model(torch.tensor([tokens], device=model.device)).logits[0, -1]
+                logprobs = torch.log_softmax(logits.float(), dim=-1)
             candidates += [(tokens + [t], score + lp) for t, lp in enumerate(logprobs.tolist())]
         beams = sorted(candidates, key=lambda c: c[1], reverse=True)[:width]
     return beams

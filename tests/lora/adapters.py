@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import save_file
 
 from folovllm.lora.adapter import BPiece
-from folovllm.lora.layers import LoRABatch, LoRALinearMethod
+from folovllm.lora.layers import LoRABatch, LoRALinearMethod, LoRAOp
 from folovllm.model.quantization.linear_method import UnquantizedLinearMethod
 
 ATTN, MLP = ("q_proj", "k_proj", "v_proj", "o_proj"), ("gate_proj", "up_proj", "down_proj")
@@ -79,10 +79,17 @@ def hf_greedy(model, prompt: list[int], max_tokens: int) -> list[int]:
     return out[0, len(prompt):].tolist()
 
 
-def adapted_forms(gen: torch.Generator, row_slots: list[int], in_features: int, outs: list[int], specs: list):
-    """The torch form and the kernel form over the same slots; spec (rank, pieces) per slot, None: no weights."""
+def cpu_lora_add(*args: torch.Tensor) -> None:
+    """The C++ library's op, looked up when called (a test that runs it skips where the library is missing)."""
+    torch.ops.folovllm.lora_add(*args)
+
+
+def adapted_forms(gen: torch.Generator, row_slots: list[int], in_features: int, outs: list[int], specs: list,
+                  kernel: LoRAOp = cpu_lora_add):
+    """The torch form and the kernel form (``kernel``: the C++ op by default) over the same slots; spec (rank,
+    pieces) per slot, None: no weights."""
     batch = LoRABatch.from_row_slots(row_slots)
-    forms = [LoRALinearMethod(UnquantizedLinearMethod(), len(specs), batch, kernel) for kernel in (False, True)]
+    forms = [LoRALinearMethod(UnquantizedLinearMethod(), len(specs), batch, op) for op in (None, kernel)]
     for slot, spec in enumerate(specs):
         weights = None
         if spec is not None:

@@ -10,7 +10,7 @@ from folovllm.lora import layers
 from folovllm.lora.adapter import BPiece
 from folovllm.lora.layers import LoRABatch, LoRALinearMethod
 from folovllm.model.quantization.linear_method import UnquantizedLinearMethod
-from tests.lora.adapters import adapted_forms
+from tests.lora.adapters import adapted_forms, cpu_lora_add
 from tests.tiers import skip_unless_kernel
 
 OUTS = [8, 4, 4]  # a merged q/k/v-like linear
@@ -38,7 +38,8 @@ def test_each_row_gets_its_slots_delta(row_slots, form, dtype, monkeypatch) -> N
     if form == "kernel":
         skip_unless_kernel("lora")
     gen = torch.Generator().manual_seed(0)
-    method = LoRALinearMethod(UnquantizedLinearMethod(), 4, LoRABatch.from_row_slots(row_slots), form == "kernel")
+    method = LoRALinearMethod(UnquantizedLinearMethod(), 4, LoRABatch.from_row_slots(row_slots),
+                              cpu_lora_add if form == "kernel" else None)
     weights = [slot_weights(gen, 2, [0, 2]), slot_weights(gen, 3, [0, 1, 2]), None]
     for slot, w in enumerate(weights):
         method.set_slot(slot, w)

@@ -1,5 +1,5 @@
-"""The Triton form of the LoRA op (lora/triton_lora.py) against the torch form: on CUDA when present, else
-through Triton's interpreter on CPU tensors.
+"""The Triton form of the LoRA op (platforms/triton_ops/lora.py) against the torch form: on CUDA when present,
+else through Triton's interpreter on CPU tensors.
 
 Shapes stay small: on CPU every Triton program runs in Python (numpy), one program at a time."""
 from __future__ import annotations
@@ -18,26 +18,27 @@ if importlib.util.find_spec("triton") is None:  # not importorskip: triton must 
     pytest.skip("triton is not installed (the test extra pins it on x86-64 Linux)", allow_module_level=True)
 use_triton_interpreter_without_cuda()  # before the kernel's module is imported anywhere
 
-from folovllm.lora import triton_lora
+from folovllm.platforms.triton_ops.lora import lora_add  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_triton_form_equals_the_torch_form(dtype: torch.dtype) -> None:
-    """Rows interleaved among slots, base rows between; ranks 4 to 64; q/k/v-like pieces whose widths are no
-    multiple of the kernel's BLOCK_N (one crosses a tile edge); a slot with no weights for this linear."""
+    """Rows interleaved among slots, base rows between; ranks 4 to 64 (several rank blocks of the kernel); q/k/v-like
+    pieces whose widths are no multiple of the kernel's BLOCK_N (one crosses a tile edge); a slot with no weights
+    for this linear."""
     gen = torch.Generator().manual_seed(1)
     in_features, outs = 72, [40, 30, 30]  # 100 outputs: two tiles of 64, the second piece across the edge
     row_slots = [0, 1, 0, -1, 2, 3, 4, -1, 1, 4, 0, 3]
     torch_form, _ = adapted_forms(gen, row_slots, in_features, outs,
-                                  [(8, [0, 1, 2]), (4, [1]), (64, [0, 2]), None, (16, [2])])
+                                  [(8, [0, 1, 2]), (4, [1]), (64, [0, 2]), None, (20, [2])])
     x = torch.randn(len(row_slots), in_features, generator=gen).to(dtype)
     base = torch.randn(len(row_slots), sum(outs), generator=gen).to(dtype)
     expected = torch_form.add_deltas(x.float(), base.float().clone())
     got = base.to(DEVICE, copy=True)
     tables = [t.to(DEVICE) for t in kernel_tables(torch_form.slots)]
-    triton_lora.lora_add(got, x.to(DEVICE), torch.tensor(row_slots, device=DEVICE), *tables)
+    lora_add(got, x.to(DEVICE), torch.tensor(row_slots, device=DEVICE), *tables)
     got = got.cpu()
     assert got.dtype == dtype
     tolerance = 1e-5 if dtype == torch.float32 else 1e-2
@@ -49,28 +50,12 @@ def test_triton_form_equals_the_torch_form(dtype: torch.dtype) -> None:
     assert not torch.equal(got[1, second], base[1, second])
 
 
-def test_rank_given_or_read_from_the_pieces() -> None:
-    """The largest rank from the table, or passed in (as the linear method does once per table): same result."""
-    gen = torch.Generator().manual_seed(2)
-    row_slots = [1, 0, 1]
-    torch_form, _ = adapted_forms(gen, row_slots, 20, [9, 5], [(4, [0, 1]), (12, [1])])
-    tables = [t.to(DEVICE) for t in kernel_tables(torch_form.slots)]
-    assert triton_lora.max_rank(tables[3]) == 12
-    x = torch.randn(3, 20, generator=gen).to(DEVICE)
-    base = torch.randn(3, 14, generator=gen).to(DEVICE)
-    outs = [base.clone(), base.clone()]
-    triton_lora.lora_add(outs[0], x, torch.tensor(row_slots, device=DEVICE), *tables)
-    triton_lora.lora_add(outs[1], x, torch.tensor(row_slots, device=DEVICE), *tables, rank=12)
-    assert torch.equal(outs[0], outs[1])
-    expected = torch_form.add_deltas(x.cpu(), base.cpu().clone())
-    torch.testing.assert_close(outs[0].cpu(), expected, rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CPU tensors take the C++ kernel)")
-def test_the_linear_method_takes_the_triton_form_on_cuda() -> None:
+def test_the_linear_method_takes_the_platforms_op() -> None:
+    """The method calls whichever op it is given (the CUDA platform's ``lora_op`` is this one): the same deltas
+    as the torch form."""
     gen = torch.Generator().manual_seed(3)
     row_slots = [0, -1, 1, 0]
-    torch_form, kernel_form = adapted_forms(gen, row_slots, 24, [16, 8], [(8, [0, 1]), (4, [0])])
+    torch_form, kernel_form = adapted_forms(gen, row_slots, 24, [16, 8], [(8, [0, 1]), (4, [0])], kernel=lora_add)
     for method in (kernel_form, torch_form):
         method.batch = LoRABatch.from_row_slots(row_slots, DEVICE)
         for slot, weights in enumerate(method.slots):

@@ -1,4 +1,4 @@
-"""Our bf16 linear kernel (csrc/cpu/linear_bf16.cpp) against F.linear and an fp64 reference at every tier it
+"""Our bf16 linear kernel (csrc/cpu/linear.cpp) against F.linear and an fp64 reference at every tier it
 has, and through the packing method, the loader and the engine (``FOLOVLLM_CPU_LINEAR=folovllm`` against
 ``torch``: greedy tokens)."""
 from __future__ import annotations

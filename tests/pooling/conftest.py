@@ -26,8 +26,9 @@ def random_prompts(count: int, seed: int = 0, low: int = 2, high: int = 60) -> l
     return [torch.randint(3, VOCAB, (n,), generator=gen).tolist() for n in lengths]
 
 
-def hf_hidden_states(model_dir: str, prompts: list[list[int]]) -> list[torch.Tensor]:
-    """transformers' final normed hidden states of each prompt, one at a time, in float32."""
-    model = LlamaForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
+def hf_hidden_states(model_dir: str, prompts: list[list[int]], device: str = "cpu") -> list[torch.Tensor]:
+    """transformers' final normed hidden states of each prompt, one at a time, in float32 on ``device``
+    (returned on the CPU)."""
+    model = LlamaForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).to(device).eval()
     with torch.no_grad():
-        return [model.model(torch.tensor([p])).last_hidden_state[0] for p in prompts]
+        return [model.model(torch.tensor([p], device=device)).last_hidden_state[0].cpu() for p in prompts]

@@ -28,9 +28,10 @@ def cross_encoder(tmp_path_factory):
 
 
 def hf_scores(model, tokenizer, pairs) -> list[float]:
+    """transformers' score of each pair, on the model's device."""
     with torch.no_grad():
-        return [torch.sigmoid(model(torch.tensor([tokenizer(a, b)["input_ids"]])).logits[0, 0]).item()
-                for a, b in pairs]
+        ids = [torch.tensor([tokenizer(a, b)["input_ids"]], device=model.device) for a, b in pairs]
+        return [torch.sigmoid(model(pair).logits[0, 0]).item() for pair in ids]
 
 
 def test_scores_match_hf_and_embeddings_are_refused(cross_encoder):

@@ -28,15 +28,18 @@ def make_batch(
     outputs: list[list[int]] | None = None,
     generators: list[torch.Generator | None] | None = None,
     banned: list[list[int]] | None = None,
+    output_count: int = 0,
 ) -> SamplingBatch:
-    """``banned[i]``: row i's stop ids, with min_tokens still ahead (so the sampler must avoid them)."""
+    """``banned[i]``: row i's stop ids, with min_tokens still ahead (so the sampler must avoid them);
+    ``output_count``: every row's tokens so far."""
     n = len(params)
     rows = []
     for i, p in enumerate(params):
         stop = tuple(banned[i]) if banned else ()
         if stop:
             p = dataclasses.replace(p, min_tokens=1)
-        rows.append(SamplingRow(p, p.seed, 0, stop, prompts[i] if prompts else (), outputs[i] if outputs else ()))
+        rows.append(SamplingRow(p, p.seed, output_count, stop, prompts[i] if prompts else (),
+                                outputs[i] if outputs else ()))
     return build_sampling_batch(rows, generators or [None] * n, vocab_size, "cpu")
 
 
@@ -59,11 +62,11 @@ def full_sort_sample(logits: torch.Tensor, batch: SamplingBatch) -> list[int]:
     return sampled.tolist()
 
 
-def sample(logits: torch.Tensor, params: list[SamplingParams], candidates: bool = False, position: int = 0,
+def sample(logits: torch.Tensor, params: list[SamplingParams], candidates: bool = False, output_count: int = 0,
            **kwargs) -> list[int]:
-    """``position``: every row's (seeded rows' candidate noise is hashed from it)."""
-    positions = torch.full((logits.shape[0],), position, dtype=torch.int64)
-    return Sampler(candidates)(logits, make_batch(params, logits.shape[1], **kwargs), positions).sampled_token_ids
+    """``output_count``: every row's (seeded rows' candidate noise is hashed from it)."""
+    batch = make_batch(params, logits.shape[1], output_count=output_count, **kwargs)
+    return Sampler(top_k_candidates=candidates)(logits, batch).sampled_token_ids
 
 
 def seeded(seed: int) -> torch.Generator:
@@ -315,7 +318,7 @@ def test_top_k_candidates_keep_greedy_rows_and_logprobs() -> None:
     params = [SamplingParams(temperature=0.0, logprobs=2), SamplingParams(temperature=0.9, top_k=4, seed=1),
               SamplingParams(temperature=0.0), SamplingParams(temperature=0.5, top_k=1)]
     batch = make_batch(params, 200, generators=[None, seeded(1), None, None])
-    out = Sampler(top_k_candidates=True)(logits, batch, torch.arange(4))
+    out = Sampler(top_k_candidates=True)(logits, batch)
     argmax = logits.argmax(dim=-1).tolist()
     assert out.sampled_token_ids[0] == argmax[0] and out.sampled_token_ids[2] == argmax[2]
     assert out.sampled_token_ids[3] == argmax[3]  # top_k=1
@@ -335,13 +338,40 @@ def test_top_k_candidates_seeded_row_ignores_a_wider_neighbour() -> None:
     assert alone == beside
 
 
-def test_top_k_candidates_seeded_noise_needs_positions() -> None:
-    batch = make_batch([SamplingParams(temperature=1.0, top_k=3, seed=1)], 10)
-    with pytest.raises(ValueError, match="position"):
-        Sampler(top_k_candidates=True)(torch.zeros(1, 10), batch)
+def test_top_k_candidates_seeded_noise_needs_output_counts() -> None:
+    batch = make_batch([SamplingParams(temperature=1.0, top_k=3, seed=1)], 10, output_count=4)
+    assert batch.noise_counters.tolist() == [4] and batch.noise_seeds is None  # no step seed: no race keys
+    with pytest.raises(ValueError, match="output counts"):
+        Sampler(top_k_candidates=True)(torch.zeros(1, 10), dataclasses.replace(batch, noise_counters=None))
 
 
-def test_seeded_noise_is_exponential_and_keyed_by_seed_position_and_token() -> None:
+def test_seeded_candidates_noise_is_keyed_by_the_output_count() -> None:
+    """The race's key: a seeded row's n-th token depends on its seed and n, not on which step samples it."""
+    params = [SamplingParams(temperature=1.5, top_k=40, seed=8)]
+    logits = torch.randn(1, 300, generator=seeded(21))
+    draws = {n: [sample(logits, params, True, n)[0] for _ in range(2)] for n in range(12)}
+    assert all(a == b for a, b in draws.values())
+    assert len({a for a, _ in draws.values()}) > 3  # the count moves the noise
+
+
+def test_a_counter_keyed_race_takes_every_random_row() -> None:
+    """Where the platform draws by counter, the top-k candidates path is off and the race gets the rows' keys."""
+    calls = []
+
+    def race(probs: torch.Tensor, seeds: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
+        calls.append((seeds.tolist(), counters.tolist()))
+        return probs.argmax(dim=-1)
+
+    sampler = Sampler(race, top_k_candidates=True)
+    assert not sampler.top_k_candidates
+    rows = [SamplingRow(SamplingParams(temperature=0.9, top_k=5, seed=7), 7, 3),
+            SamplingRow(SamplingParams(temperature=0.9, top_k=5), None, 6)]
+    batch = build_sampling_batch(rows, [None, None], 50, "cpu", noise_step_seed=100)
+    sampler(torch.randn(2, 50, generator=seeded(2)), batch)
+    assert calls == [([7, 101], [3, 6])]
+
+
+def test_seeded_noise_is_exponential_and_keyed_by_seed_count_and_token() -> None:
     from folovllm.sample.seeded_noise import fold_seed, seeded_exponential
 
     keys = torch.tensor([fold_seed(s) for s in range(400)])

@@ -1,9 +1,11 @@
 """What the worker keeps of each request: decode rows built from it give the batch the same requests sent in
 full give, step after step (tables that grow, rows reused after a request ends, steps that mix both forms,
-tokens pending on the device); RNGs and kept state go when a request ends."""
+tokens pending on the device), each row's output count included; the same rows sent in full again (``in_full``,
+for a CUDA graph); RNGs and kept state go when a request ends."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from types import SimpleNamespace
 
 import torch
@@ -35,10 +37,15 @@ class Sequence:
         self.position = rng.randrange(3, 20)
         self.table = [pool.pop() for _ in range(self.position // BLOCK + 1)]
         self.row = rng.choice([GREEDY, SAMPLED])
+        self.count = rng.randrange(1, 5)  # tokens output so far: one more per position
+
+    def sampling(self) -> SamplingRow:
+        return replace(self.row, num_output_tokens=self.count)
 
     def advance(self) -> tuple[int, list[int]] | None:
         """One token further; the blocks its table gained, as (first index, blocks)."""
         self.position += 1
+        self.count += 1
         if self.position // BLOCK + 1 > len(self.table):
             self.table.append(self.pool.pop())
             return len(self.table) - 1, self.table[-1:]
@@ -46,7 +53,8 @@ class Sequence:
 
     def full(self, keep: bool, pending: bool = False) -> ScheduledRequest:
         token = [] if pending else [self.rng.randrange(100)]
-        return ScheduledRequest(self.rid, token, int(pending), self.position, list(self.table), self.row, keep=keep)
+        return ScheduledRequest(self.rid, token, int(pending), self.position, list(self.table), self.sampling(),
+                                keep=keep)
 
 
 def as_general(step: StepInput, sequences: dict[str, Sequence]) -> StepInput:
@@ -54,7 +62,7 @@ def as_general(step: StepInput, sequences: dict[str, Sequence]) -> StepInput:
     decodes = step.decodes
     extra = [ScheduledRequest(rid, [] if row in decodes.pending_rows else [decodes.token_ids[row]],
                               int(row in decodes.pending_rows), decodes.positions[row], list(sequences[rid].table),
-                              sequences[rid].row)
+                              sequences[rid].sampling())
              for row, rid in enumerate(decodes.request_ids)]
     return StepInput(step.requests + extra, step.finished_request_ids)
 
@@ -70,7 +78,11 @@ def assert_same_batch_fields(got: StepBatch, want: StepBatch) -> None:
     for name in ("slot_mapping", "query_start_loc", "seq_lens", "block_tables"):
         assert torch.equal(getattr(got.attn_metadata, name), getattr(want.attn_metadata, name)), name
     assert got.attn_metadata.seq_lens_list == want.attn_metadata.seq_lens_list
-    assert got.sampling_rows == want.sampling_rows and got.sampling_request_ids == want.sampling_request_ids
+    assert got.sampling_request_ids == want.sampling_request_ids
+    settings = [replace(r, num_output_tokens=0) for r in got.sampling_rows]
+    assert settings == [replace(r, num_output_tokens=0) for r in want.sampling_rows]
+    counts = ModelRunner._output_counts(got) or [r.num_output_tokens for r in got.sampling_rows]
+    assert counts == [r.num_output_tokens for r in want.sampling_rows]  # a kept row's own count is stale
 
 
 def test_decode_rows_build_the_batch_of_the_full_rows() -> None:
@@ -105,8 +117,11 @@ def test_decode_rows_build_the_batch_of_the_full_rows() -> None:
             run.forget(rid)
         run.states.update(step)
         got = run._prepare(step)
-        want = prepare_step_batch(as_general(step, live) if decode_ids else step, BLOCK, torch.device("cpu"))
+        full = as_general(step, live) if decode_ids else step
+        want = prepare_step_batch(full, BLOCK, torch.device("cpu"))
         assert_same_step(got, want)
+        if decode_ids:
+            assert run.states.in_full(step) == full
         assert got.kept_rows_only == (not general and bool(decode_ids))
         kept.update(r.request_id for r in general)
     assert set(run.states.row_of) == kept

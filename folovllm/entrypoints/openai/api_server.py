@@ -43,12 +43,13 @@ from folovllm.entrypoints.openai.protocol_chat import (
     DetokenizeRequest,
     TokenizeRequest,
 )
-from folovllm.entrypoints.openai.protocol_responses import ResponsesRequest
+from folovllm.entrypoints.openai.responses_store import ResponseStore, check_store_bounds
 from folovllm.entrypoints.openai.serving import ClientDisconnected, ServingContext, now_s
 from folovllm.entrypoints.openai.serving_chat import ChatServing
 from folovllm.entrypoints.openai.serving_completion import CompletionServing
+from folovllm.entrypoints.openai.serving_messages import AnthropicErrorShape, MessagesServing, add_messages_routes
 from folovllm.entrypoints.openai.serving_pooling import PoolingServing, add_pooling_routes
-from folovllm.entrypoints.openai.serving_responses import ResponsesServing
+from folovllm.entrypoints.openai.serving_responses import ResponsesServing, add_responses_routes
 from folovllm.entrypoints.openai.server_args import ServerConfig, chat_settings, server_config
 from folovllm.entrypoints.openai.validation import RequestLimits
 
@@ -78,7 +79,8 @@ def build_app(core: ProcessCore | ThreadCore | DataParallelCore, tokenizer, conf
                          chat_settings=config.chat, on_admitted=metrics.observe_params,
                          prompt_tokens_details=config.prompt_tokens_details, log_requests=config.log_requests,
                          structured_outputs_backend=config.structured_outputs_backend)
-    completions, chat, responses = CompletionServing(ctx), ChatServing(ctx), ResponsesServing(ctx)
+    completions, chat = CompletionServing(ctx), ChatServing(ctx)
+    responses = ResponsesServing(ctx, chat, ResponseStore(config.max_stored_responses, config.stored_response_ttl_s))
     loras = LoRAServing(ctx, engine, config.enable_lora, config.allow_runtime_lora_updating, config.lora_modules)
     load = InFlight()
 
@@ -98,10 +100,12 @@ def build_app(core: ProcessCore | ThreadCore | DataParallelCore, tokenizer, conf
             return
         # Compared as bytes (headers arrive as latin-1 text), in constant time, whatever they hold.
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode("latin-1"),
-                                                                     expected_key):
-            raise APIError(401, "missing or invalid API key: send 'Authorization: Bearer <key>'",
-                           type="authentication_error", code="invalid_api_key")
+        bearer = scheme.lower() == "bearer" and secrets.compare_digest(token.strip().encode("latin-1"), expected_key)
+        api_key = request.headers.get("x-api-key")  # Anthropic's header
+        if not bearer and not (api_key is not None and secrets.compare_digest(api_key.strip().encode("latin-1"),
+                                                                              expected_key)):
+            raise APIError(401, "missing or invalid API key: send 'Authorization: Bearer <key>' or "
+                                "'x-api-key: <key>'", type="authentication_error", code="invalid_api_key")
 
     # redirect_slashes off: "/v1/completions/" is a 404 with an error body, not a 307 a client may not follow
     app = FastAPI(title="FoloVLLM", lifespan=lifespan, redirect_slashes=False, root_path=config.root_path)
@@ -110,6 +114,7 @@ def build_app(core: ProcessCore | ThreadCore | DataParallelCore, tokenizer, conf
     app.add_middleware(RejectionCounter, metrics=metrics)  # sees the gate's 503s too
     app.add_middleware(ServerLoad, load=load)
     app.add_middleware(RequestIdHeader)  # every response carries its X-Request-Id, errors included
+    app.add_middleware(AnthropicErrorShape)  # errors on /v1/messages in Anthropic's shape, whoever gave them
     cors = config.cors
     app.add_middleware(CORSMiddleware, allow_origins=cors.allowed_origins,  # outermost: answers preflights
                        allow_methods=cors.allowed_methods, allow_headers=cors.allowed_headers,
@@ -125,10 +130,6 @@ def build_app(core: ProcessCore | ThreadCore | DataParallelCore, tokenizer, conf
     async def create_chat_completion(body: ChatCompletionRequest, raw: Request):
         return await _handle(chat.create(body, raw))
 
-    @v1.post("/responses")
-    async def create_response(body: ResponsesRequest, raw: Request):
-        return await _handle(responses.create(body, raw))
-
     @v1.get("/models")
     async def list_models():
         return {"object": "list", "data": [{
@@ -137,6 +138,8 @@ def build_app(core: ProcessCore | ThreadCore | DataParallelCore, tokenizer, conf
             + loras.model_cards(engine.info.model_path)}
 
     v1.include_router(loras.router())
+    add_responses_routes(v1, responses, _handle)
+    add_messages_routes(v1, MessagesServing(ctx, chat), _handle)
 
     guarded = [Depends(require_api_key)]
     add_pooling_routes(app, v1, PoolingServing(ctx), guarded)
@@ -248,6 +251,7 @@ def run_server(args: argparse.Namespace, engine_config: EngineConfig) -> int:
     """Serves until SIGINT/SIGTERM, then drains; returns the exit code (non-zero: the engine died)."""
     if args.max_waiting_requests is not None and args.max_waiting_requests < 0:
         raise ValueError(f"--max-waiting-requests must be >= 0; got {args.max_waiting_requests}")
+    check_store_bounds(args.max_stored_responses, args.stored_response_ttl)
     limits = RequestLimits(**{f.name: getattr(args, f.name) for f in fields(RequestLimits)})
     chat = chat_settings(args)  # before the engine starts: a bad flag fails fast
     check_http_stack(args.uvicorn_http, args.uvicorn_loop)

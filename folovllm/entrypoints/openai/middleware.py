@@ -12,7 +12,7 @@ from folovllm.entrypoints.openai.serving import REQUEST_ID
 
 MAX_REQUEST_ID_CHARS = 256
 # The routes that run generation: their in-flight requests are the server's load (GET /load).
-GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/invocations")
+GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages", "/invocations")
 
 
 def route_path(scope) -> str:

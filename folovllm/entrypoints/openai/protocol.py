@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -29,6 +30,16 @@ Float = Annotated[float, Field(allow_inf_nan=False, strict=True)]
 Int = StrictInt
 Bool = StrictBool
 TokenIds = list[StrictInt]
+
+
+def _absent(value: Any) -> None:
+    if value is not None:
+        raise ValueError("this is a hosted model's setting, not implemented here; leave it out")
+    return value
+
+
+# A setting only a hosted model has (Anthropic's effort, OpenAI's verbosity): accepted only when absent.
+HostedSetting = Annotated[str | None, AfterValidator(_absent)]
 
 # Fields of the OpenAI API (or vLLM's extensions) that this server does not implement, each with the
 # test for its no-op value: anything else is a 400 that names the field, never a silently different
@@ -106,6 +117,7 @@ class _Body(BaseModel):
 
     model_config = ConfigDict(extra="allow")
     _extra_noop: ClassVar[dict[str, Callable[[Any], bool]]] = {}  # an endpoint's own, beyond _NOOP
+    _extra_metadata: ClassVar[frozenset[str]] = frozenset()  # an endpoint's own, beyond _METADATA
 
     @model_validator(mode="before")
     @classmethod
@@ -128,7 +140,7 @@ class _Body(BaseModel):
             if noop is not None:
                 if not noop(value) and not (name == "best_of" and value == getattr(self, "n", None)):
                     raise UnsupportedField(name, value)
-            elif name not in _METADATA:
+            elif name not in _METADATA and name not in self._extra_metadata:
                 ignored.append(name)
         if ignored:
             logger.warning("ignoring unknown request fields: %s", ", ".join(sorted(ignored)))
@@ -158,6 +170,10 @@ class ResponseFormat(BaseModel):
 
     type: Literal["text", "json_object", "json_schema", "structural_tag"]
     json_schema: JsonSchemaFormat | None = None
+
+    @classmethod
+    def of_schema(cls, schema: dict[str, Any], name: str = "response", strict: bool | None = None) -> ResponseFormat:
+        return cls(type="json_schema", json_schema=JsonSchemaFormat(name=name, schema=schema, strict=strict))
 
 
 class StructuredOutputsRequest(BaseModel):

@@ -50,6 +50,10 @@ class MessageToolCall(BaseModel):
     type: Literal["function"] = "function"
     function: FunctionCall
 
+    @classmethod
+    def of(cls, call_id: str, name: str, arguments: str | dict[str, Any]) -> MessageToolCall:
+        return cls(id=call_id, function=FunctionCall(name=name, arguments=arguments))
+
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")  # name, reasoning_content, ... go to the template as given
@@ -85,6 +89,12 @@ class ChatTool(BaseModel):
     type: Literal["function"]
     function: FunctionDefinition
 
+    @classmethod
+    def of(cls, name: str, description: str | None, parameters: dict[str, Any] | None,
+           strict: bool | None) -> ChatTool:
+        return cls(type="function", function=FunctionDefinition(name=name, description=description,
+                                                                parameters=parameters, strict=strict))
+
 
 class NamedFunction(BaseModel):
     name: str = Field(min_length=1)
@@ -95,6 +105,10 @@ class NamedToolChoice(BaseModel):
 
     type: Literal["function"]
     function: NamedFunction
+
+    @classmethod
+    def of(cls, name: str) -> NamedToolChoice:
+        return cls(type="function", function=NamedFunction(name=name))
 
 
 ToolMode = Literal["none", "auto", "required", "named"]

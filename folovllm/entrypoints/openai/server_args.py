@@ -45,6 +45,8 @@ class ServerConfig:
     enable_lora: bool = False  # the engine's
     lora_modules: list[dict] = field(default_factory=list)  # --lora-modules, parsed
     allow_runtime_lora_updating: bool = False
+    max_stored_responses: int = 1000  # responses kept for previous_response_id and GET (0: none)
+    stored_response_ttl_s: float = 3600.0  # how long each is kept after it was created
 
     @property
     def model_name(self) -> str:
@@ -116,6 +118,13 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
                    help="length of each stop string and bad word (default: %(default)s)")
     g.add_argument("--no-engine-process", dest="engine_process", action="store_false",
                    help="step the engine on a thread of the server process instead of its own process")
+    g.add_argument("--max-stored-responses", type=int, default=ServerConfig.max_stored_responses,
+                   help="Responses API: responses kept in memory (store: true) for previous_response_id and "
+                        "GET/DELETE /v1/responses/{id}; past this many the oldest is dropped; 0 keeps none "
+                        "(default: %(default)s)")
+    g.add_argument("--stored-response-ttl", type=float, default=ServerConfig.stored_response_ttl_s,
+                   metavar="SECONDS", help="Responses API: how long a stored response is kept after it was "
+                                           "created (default: %(default)s)")
     chat = parser.add_argument_group("chat")
     chat.add_argument("--chat-template", default=None,
                       help="a chat template file, or the template itself (used over the tokenizer's)")
@@ -171,4 +180,5 @@ def server_config(args: argparse.Namespace, engine_config: EngineConfig, model_p
         prompt_tokens_details=args.enable_prompt_tokens_details, log_requests=args.enable_log_requests,
         root_path=args.root_path, cors=cors, structured_outputs_backend=engine_config.structured_outputs_backend,
         enable_lora=engine_config.enable_lora, lora_modules=args.lora_modules,
-        allow_runtime_lora_updating=runtime_updating_allowed(args.allow_runtime_lora_updating))
+        allow_runtime_lora_updating=runtime_updating_allowed(args.allow_runtime_lora_updating),
+        max_stored_responses=args.max_stored_responses, stored_response_ttl_s=args.stored_response_ttl)

@@ -3,11 +3,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from folovllm.engine.async_engine import RequestStream
 from folovllm.entrypoints.openai.chat_reply import ReplyDeltas, ReplyReader
+from folovllm.entrypoints.openai.errors import APIError, bad_request
 from folovllm.entrypoints.openai.protocol_chat import ChatCompletionRequest
 from folovllm.entrypoints.openai.serving import (
     ServingContext,
@@ -22,25 +25,60 @@ from folovllm.entrypoints.openai.serving import (
 from folovllm.outputs import CompletionOutput, RequestOutput
 
 
+@dataclass
+class ChatRun:
+    """A chat request queued in the engine, and what reading its reply takes."""
+
+    stream: RequestStream
+    reader: ReplyReader
+    prompt_token_ids: list[int]
+    stop: list[str]  # the stop strings: a stream holds back text that could become one
+
+
 class ChatServing:
     def __init__(self, ctx: ServingContext) -> None:
         self.ctx = ctx
 
     async def create(self, body: ChatCompletionRequest, raw: Request):
-        arrival = time.perf_counter()
+        arrival, request_id = time.perf_counter(), request_id_of(raw, "chatcmpl-")
+        run = await self.start(body, request_id, arrival)
         ctx = self.ctx
-        lora = ctx.check_model(body.model)
-        prompt, params, renames = await ctx.off_loop(ctx.validator.chat, body)
-        await ctx.check_structured_outputs(body, params)
-        reader = ReplyReader.for_request(body, ctx.validator.chat_settings)
-        request_id = request_id_of(raw, "chatcmpl-")
-        streams = await ctx.start([prompt], params, request_id, arrival, renames, prompt_param="messages",
-                                  priority=body.priority, user=body.user, lora_request=lora)
         if body.stream:
-            chunks = self._stream(body, streams[0], request_id, params.stop, prompt["prompt_token_ids"], reader)
-            return StreamingResponse(event_stream(chunks, ctx, streams), media_type="text/event-stream")
-        final = (await ctx.collect(streams, raw))[0]
-        return JSONResponse(self.response(body, final, request_id, reader))
+            chunks = self._stream(body, run.stream, request_id, run.stop, run.prompt_token_ids, run.reader)
+            return StreamingResponse(event_stream(chunks, ctx, [run.stream]), media_type="text/event-stream")
+        final = (await ctx.collect([run.stream], raw))[0]
+        return JSONResponse(self.response(body, final, request_id, run.reader))
+
+    async def start(self, body: ChatCompletionRequest, request_id: str, arrival: float,
+                    names: dict[str, str] | None = None) -> ChatRun:
+        """Checks, renders and queues one chat request: what every API built on chat (Messages,
+        Responses) runs. ``names`` maps chat's field names to the calling API's, for its errors."""
+        ctx = self.ctx
+        names = names or {}
+        try:
+            lora = ctx.check_model(body.model)
+            prompt, params, renames = await ctx.off_loop(ctx.validator.chat, body)
+            await ctx.check_structured_outputs(body, params)
+            reader = ReplyReader.for_request(body, ctx.validator.chat_settings)
+            streams = await ctx.start([prompt], params, request_id, arrival, {**renames, **names},
+                                      prompt_param="messages", priority=body.priority, user=body.user,
+                                      lora_request=lora)
+        except APIError as err:
+            raise _renamed(err, names) from err
+        return ChatRun(streams[0], reader, prompt["prompt_token_ids"], params.stop)
+
+    async def prompt_ids(self, body: ChatCompletionRequest, names: dict[str, str] | None = None) -> list[int]:
+        """The token ids of the prompt ``body`` renders to (what a token count reports), without
+        queueing it or checking its sampling and tool_choice."""
+        ctx = self.ctx
+        try:
+            ctx.check_model(body.model)
+            body.check_supported()
+            return await ctx.off_loop(ctx.validator.chat_prompt_ids, body)
+        except ValueError as err:
+            raise _renamed(bad_request(err, "messages"), names or {}) from err
+        except APIError as err:
+            raise _renamed(err, names or {}) from err
 
     def response(self, body: ChatCompletionRequest, final: RequestOutput, request_id: str,
                  reader: ReplyReader) -> dict:
@@ -129,3 +167,12 @@ class ChatServing:
         if body.include_usage:
             completion_tokens = sum(len(o.token_ids) for o in final.outputs)
             yield chunk([], usage=self.ctx.usage([final], completion_tokens))
+
+
+def _renamed(err: APIError, names: dict[str, str]) -> APIError:
+    """``err`` speaking the calling API's field names (its param, and a message that starts with one)."""
+    if not names or err.param not in names:
+        return err
+    new = names[err.param]
+    message = new + err.message[len(err.param):] if err.message.startswith(err.param) else err.message
+    return APIError(err.status_code, message, type=err.type, param=new, code=err.code, headers=err.headers)

@@ -15,7 +15,6 @@ from folovllm.entrypoints.openai.chat_template import RESERVED_TEMPLATE_KWARGS, 
 from folovllm.entrypoints.openai.errors import bad_request
 from folovllm.entrypoints.openai.protocol import CompletionRequest, SamplingRequest, UnsupportedField
 from folovllm.entrypoints.openai.protocol_chat import ChatCompletionRequest, ChatMessage
-from folovllm.entrypoints.openai.protocol_responses import ResponsesRequest
 from folovllm.entrypoints.openai.reasoning import get_reasoning_parser
 from folovllm.entrypoints.openai.structured import structured_outputs_from_body
 from folovllm.entrypoints.openai.tool_parsers import get_tool_parser
@@ -137,36 +136,21 @@ class Validator:
             renames["max_tokens"] = max_name
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         params = self._params(body, max_tokens, logprobs, renames, prompt_logprobs=body.prompt_logprobs)
-        tools = self._tools(body, params)
-        template = self._request_template(body)
-        ids = self._truncate(self.render_chat(body.messages, body.add_generation_prompt, body.add_special_tokens,
-                                              tools=tools, documents=body.documents, chat_template=template,
-                                              template_kwargs=body.chat_template_kwargs,
-                                              continue_final_message=body.continue_final_message), params)
+        self._tools(body, params)
+        ids = self._truncate(self.chat_prompt_ids(body), params)
         self._check_length(len(ids), params, "messages", max_name)
         prompt = {"prompt_token_ids": ids}
         if body.cache_salt is not None:
             prompt["cache_salt"] = body.cache_salt
         return prompt, params, renames
 
-    def responses(self, body: ResponsesRequest) -> tuple[dict, SamplingParams]:
-        """The engine prompt and sampling params of a /v1/responses body."""
-        try:
-            body.check_supported()
-        except UnsupportedField as err:
-            raise bad_request(err, err.param) from err
-        try:
-            messages = body.messages()
-        except ValueError as err:
-            raise bad_request(err, "input") from err
-        try:
-            params = SamplingParams(temperature=body.temperature, top_p=body.top_p,
-                                    max_tokens=body.max_output_tokens)
-        except ValueError as err:
-            raise bad_request(err, renames={"max_tokens": "max_output_tokens"}) from err
-        ids = self.render_chat(messages)
-        self._check_length(len(ids), params, "input", "max_output_tokens")
-        return {"prompt_token_ids": ids}, params
+    def chat_prompt_ids(self, body: ChatCompletionRequest) -> list[int]:
+        """The conversation a chat body renders (with the tools its template is shown), as token ids:
+        the prompt it would run on, before truncation and without its sampling and tool_choice checks."""
+        return self.render_chat(body.messages, body.add_generation_prompt, body.add_special_tokens,
+                                tools=self._rendered_tools(body), documents=body.documents,
+                                chat_template=self._request_template(body), template_kwargs=body.chat_template_kwargs,
+                                continue_final_message=body.continue_final_message)
 
     def render_chat(self, messages: list[ChatMessage], add_generation_prompt: bool = True,
                     add_special_tokens: bool = False, *, tools: list[dict] | None = None,
@@ -211,9 +195,9 @@ class Validator:
 
     # -- chat options ---------------------------------------------------------------------------
 
-    def _tools(self, body: ChatCompletionRequest, params: SamplingParams) -> list[dict] | None:
+    def _tools(self, body: ChatCompletionRequest, params: SamplingParams) -> None:
         """Checks tools and tool_choice; a required or named choice constrains ``params`` to the
-        calls it asks for. Returns the tools the template renders."""
+        calls it asks for."""
         if body.tool_choice not in (None, "none") and body.tools is None:
             raise bad_request("tool_choice needs tools: give the tools the model may call, or leave "
                               "tool_choice out", "tool_choice")
@@ -245,9 +229,12 @@ class Validator:
             except ValueError as err:
                 raise bad_request(err, "tools") from err
             params.structured_outputs = StructuredOutputsParams(json=schema)
-        if not tools or (mode == "none" and settings.exclude_tools_when_tool_choice_none):
+
+    def _rendered_tools(self, body: ChatCompletionRequest) -> list[dict] | None:
+        """The tools the chat template is shown."""
+        if not body.tools or (body.tool_mode[0] == "none" and self.chat_settings.exclude_tools_when_tool_choice_none):
             return None
-        return [tool.model_dump(exclude_none=True) for tool in tools]
+        return [tool.model_dump(exclude_none=True) for tool in body.tools]
 
     def _request_template(self, body: ChatCompletionRequest) -> str | None:
         if body.chat_template is not None and not self.chat_settings.trust_request_chat_template:

@@ -74,7 +74,7 @@ class Attention(CustomOp):
         self, rope: Rope, x: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata
     ) -> torch.Tensor:
         q_norm, k_norm = self.q_norm, self.k_norm
-        q, k, v = torch.ops.folovllm.rotary_store_kv(
+        q, k, v = self.ops.rotary_store_kv(
             self.qkv_proj(x), self.num_heads, self.num_kv_heads, rope[0], rope[1],
             None if q_norm is None else q_norm.weight, None if k_norm is None else k_norm.weight,
             self.eps, kv_cache[0], kv_cache[1], meta.slot_mapping)

@@ -38,4 +38,4 @@ class GatedMLP(CustomOp):
         return self.down_proj(self.act(gate).mul_(up))
 
     def forward_kernel(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(torch.ops.folovllm.silu_and_mul(self.gate_up_proj(x)))
+        return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))

@@ -39,5 +39,5 @@ class RMSNorm(CustomOp):
         if not x.is_contiguous():  # q/k norms get strided heads: the torch form
             return self.forward_native(x, residual)
         if residual is None:
-            return torch.ops.folovllm.rms_norm(x, self.weight, self.eps)
-        return torch.ops.folovllm.add_rms_norm(residual, x, self.weight, self.eps), residual
+            return self.ops.rms_norm(x, self.weight, self.eps)
+        return self.ops.add_rms_norm(residual, x, self.weight, self.eps), residual

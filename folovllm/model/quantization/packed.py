@@ -5,7 +5,7 @@ blocked layout the GEMM kernel wants makes small-batch matmuls (decode) about tw
 (``torch.ops.mkldnn``) bf16 results are bit-identical to ``F.linear`` (the same oneDNN kernel family
 accumulates in fp32 either way); fp32 ones differ in the last bits (oneDNN instead of MKL's sgemm).
 
-Our kernel (``torch.ops.folovllm.linear``, csrc/cpu/linear_bf16.cpp) streams the weight faster than
+Our kernel (``torch.ops.folovllm.linear``, csrc/cpu/linear.cpp) streams the weight faster than
 oneDNN at decode (a batch-1 step is mostly reading weights) and keeps up with it at larger batches. It
 takes bf16 weights of a multiple of 64 rows and an even number of columns; others stay with the fallback
 (oneDNN where it takes the dtype, else plain). It too accumulates in fp32, in its own order: results equal
@@ -28,6 +28,8 @@ from folovllm.platforms.interface import LinearKernels
 
 UNQUANTIZED = "unquantized"
 KERNEL_ROWS = 64  # our kernel packs weights in blocks of this many output rows
+# rows per GEMM call in the row-invariant torch form: every call one shape, so one algorithm and blocking
+ROW_TILE = 16
 
 
 def kernel_fits(weight: torch.Tensor) -> bool:
@@ -46,6 +48,27 @@ def pack_linear_weight(weight: torch.Tensor, ours: bool = False, onednn: bool = 
     return weight.detach()
 
 
+def row_tiled_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [..., in] @ weight^T (+ bias) in GEMM calls of exactly ``ROW_TILE`` rows (the last one padded with
+    zeros): a GEMM chooses its algorithm and blocking by the shape, so a row's sums would otherwise change with
+    the number of rows beside it; with one shape they run one way (tests/model/test_row_invariance.py)."""
+    rows = x.reshape(-1, x.shape[-1])
+    count = rows.shape[0]
+    out = rows.new_empty(count + -count % ROW_TILE, weight.shape[0])
+    weight_t = weight.t()
+    full = count - count % ROW_TILE
+    for start in range(0, full, ROW_TILE):
+        torch.mm(rows[start:start + ROW_TILE], weight_t, out=out[start:start + ROW_TILE])
+    if full < count:
+        last = rows.new_zeros(ROW_TILE, rows.shape[1])
+        last[:count - full] = rows[full:]
+        torch.mm(last, weight_t, out=out[full:])
+    out = out[:count]
+    if bias is not None:
+        out += bias
+    return out.view(*x.shape[:-1], weight.shape[0])
+
+
 def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """x [..., in] @ packed^T (+ bias): one call of the kernel the weight was packed for."""
     if packed.is_mkldnn:
@@ -60,20 +83,25 @@ class PackedLinearMethod(UnquantizedLinearMethod):
 
     After ``process_weights_after_loading`` the layer's ``weight`` parameter holds the packed tensor
     (same element count, so weight bytes stay honest); nothing reads it as a plain tensor.
-    ``ours``: pack for our kernel where the weight fits it; ``onednn``: else (or always) for oneDNN.
+    ``ours``: pack for our kernel where the weight fits it; ``onednn``: else (or always) for oneDNN;
+    ``row_tiles``: a weight left plain is multiplied in calls of a fixed row count (``row_tiled_linear``).
     """
 
-    def __init__(self, ours: bool = False, onednn: bool = True) -> None:
-        self.ours, self.onednn = ours, onednn
+    def __init__(self, ours: bool = False, onednn: bool = True, row_tiles: bool = False) -> None:
+        self.ours, self.onednn, self.row_tiles = ours, onednn, row_tiles
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         layer.weight = nn.Parameter(pack_linear_weight(layer.weight, self.ours, self.onednn), requires_grad=False)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if self.row_tiles and layer.weight.dim() == 2:
+            return row_tiled_linear(x, layer.weight, bias)
         return packed_linear(x, layer.weight, bias)
 
     def bind(self, layer: nn.Module, bias: torch.Tensor | None) -> Callable[[torch.Tensor], torch.Tensor]:
         packed = layer.weight
+        if self.row_tiles and packed.dim() == 2:
+            return lambda x: row_tiled_linear(x, packed, bias)
         if packed.is_mkldnn:  # not a tagged call: its empty scalar list does not cross into the C++ chain
             onednn = torch.ops.mkldnn._linear_pointwise.default
             return lambda x: onednn(x, packed, bias, "none", [], "")
@@ -91,6 +119,8 @@ class PackedLinearMethod(UnquantizedLinearMethod):
 
 def dense_method(kernels: LinearKernels) -> LinearMethod:
     """The method for unquantized weights under the platform's dense kernel choice."""
+    if kernels.row_invariant:
+        return PackedLinearMethod(ours=kernels.dense == "folovllm", onednn=False, row_tiles=True)
     if kernels.dense == "torch":
         return UnquantizedLinearMethod()
     return PackedLinearMethod(ours=kernels.dense == "folovllm", onednn=kernels.dense_fallback == "onednn"

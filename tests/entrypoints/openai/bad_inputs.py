@@ -1,13 +1,15 @@
 """A corpus of bad requests: each is (name, method, path, body, headers, status).
 
 ``body`` is a dict (sent as JSON), bytes (sent as they are) or None. Every case must get its status
-with an OpenAI error body, and leave the server serving everyone else.
+with an OpenAI error body (Anthropic's on the Messages API's paths), and leave the server serving
+everyone else.
 """
 from __future__ import annotations
 
 import json
 
 CMPL, CHAT, TOK, DETOK = "/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"
+RESP, MSGS, COUNT = "/v1/responses", "/v1/messages", "/v1/messages/count_tokens"
 JSON = {"Content-Type": "application/json"}
 MSG = [{"role": "user", "content": "Hi"}]
 
@@ -18,6 +20,14 @@ def _completion(**fields) -> dict:
 
 def _chat(**fields) -> dict:
     return {"messages": MSG, "max_tokens": 2, **fields}
+
+
+def _response(**fields) -> dict:
+    return {"input": "Hi", "max_output_tokens": 2, **fields}
+
+
+def _message(**fields) -> dict:
+    return {"model": "smol", "messages": MSG, "max_tokens": 2, **fields}
 
 
 def _raw(text: str) -> bytes:
@@ -33,7 +43,7 @@ def case(name: str, path: str, body, status: int = 400, method: str = "POST",
 
 
 # -- malformed bodies and content types, on every endpoint that takes a body --------------------
-for path in (CMPL, CHAT, TOK, DETOK):
+for path in (CMPL, CHAT, TOK, DETOK, RESP, MSGS, COUNT):
     tag = path.strip("/").replace("/", "_")
     case(f"{tag}-truncated-json", path, _raw('{"prompt": "Hi",'))
     case(f"{tag}-not-json", path, _raw("not json"))
@@ -217,6 +227,58 @@ case("chat-top-logprobs-without-logprobs", CHAT, _chat(top_logprobs=2))
 case("chat-logprobs-string", CHAT, _chat(logprobs="yes"))
 case("chat-max-tokens-over-context", CHAT, _chat(max_tokens=10_000))
 
+# -- Responses API shapes -----------------------------------------------------------------------
+for name, value in [("number", 5), ("null", None), ("empty", ""), ("empty-list", []),
+                    ("unknown-item", [{"type": "computer_call"}]), ("role-tool", [{"role": "tool", "content": "x"}]),
+                    ("call-without-call-id", [{"type": "function_call", "name": "f", "arguments": "{}"}]),
+                    ("output-without-call", [{"type": "function_call_output", "call_id": "c", "output": "x"}]),
+                    ("image-part", [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}])]:
+    case(f"responses-input-{name}", RESP, _response(input=value))
+for name, fields in [("hosted-tool", {"tools": [{"type": "file_search"}]}),
+                     ("tool-without-name", {"tools": [{"type": "function"}]}),
+                     ("choice-unknown", {"tool_choice": "sometimes"}),
+                     ("text-format-unknown", {"text": {"format": {"type": "xml"}}}),
+                     ("store-string", {"store": "yes"}), ("background", {"background": True}),
+                     ("include", {"include": ["message.output_text.logprobs"]}),
+                     ("truncation-auto", {"truncation": "auto"}), ("metadata-number", {"metadata": {"k": 1}}),
+                     ("max-output-tokens-zero", {"max_output_tokens": 0})]:
+    case(f"responses-{name}", RESP, _response(**fields))
+case("responses-unknown-previous", RESP, _response(previous_response_id="resp_nonesuch"), status=404)
+case("responses-get-unknown", RESP + "/resp_nonesuch", None, status=404, method="GET")
+case("responses-delete-unknown", RESP + "/resp_nonesuch", None, status=404, method="DELETE")
+
+# -- Messages API shapes (Anthropic's error body) ---------------------------------------------------
+case("messages-no-max-tokens", MSGS, {"model": "smol", "messages": MSG})
+case("messages-no-model", MSGS, {"messages": MSG, "max_tokens": 2})
+case("messages-max-tokens-zero", MSGS, _message(max_tokens=0))
+for name, messages in [("empty", []), ("empty-text", [{"role": "user", "content": ""}]),
+                       ("bad-role", [{"role": "tool", "content": "x"}]),
+                       ("unknown-block", [{"role": "user", "content": [{"type": "hologram"}]}]),
+                       ("image", [{"role": "user", "content": [{"type": "image", "source": {}}]}]),
+                       ("result-without-use", [{"role": "user", "content": [
+                           {"type": "tool_result", "tool_use_id": "toolu_1", "content": "x"}]}]),
+                       ("use-from-user", [{"role": "user", "content": [
+                           {"type": "tool_use", "id": "t", "name": "f", "input": {}}]}]),
+                       ("use-without-result", [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": [
+                           {"type": "tool_use", "id": "t", "name": "f", "input": {}}]}]),
+                       ("use-input-string", [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": [
+                           {"type": "tool_use", "id": "t", "name": "f", "input": "x"}]}])]:
+    case(f"messages-{name}", MSGS, _message(messages=messages))
+for name, fields in [("server-tool", {"tools": [{"type": "bash_20250124", "name": "bash"}]}),
+                     ("tool-without-schema", {"tools": [{"name": "f"}]}),
+                     ("choice-tool-without-name", {"tool_choice": {"type": "tool"}}),
+                     ("choice-unknown", {"tool_choice": {"type": "sometimes"}}),
+                     ("named-tool-not-given", {"tools": [{"name": "f", "input_schema": {"type": "object"}}],
+                                               "tool_choice": {"type": "tool", "name": "g"}}),
+                     ("thinking", {"thinking": {"type": "enabled", "budget_tokens": 10}}),
+                     ("system-image", {"system": [{"type": "image"}]}), ("top-k-string", {"top_k": "5"}),
+                     ("stop-sequences-string", {"stop_sequences": "x"}), ("metadata-extra", {"metadata": {"x": 1}})]:
+    case(f"messages-{name}", MSGS, _message(**fields))
+case("messages-count-no-messages", COUNT, {"model": "smol"})
+case("messages-unknown-model", MSGS, _message(model="claude-9"), status=404)
+case("messages-unknown-subpath", MSGS + "/batches", {}, status=404)
+case("messages-get", MSGS, None, status=405, method="GET")
+
 # -- tokenize / detokenize shapes ---------------------------------------------------------------
 case("tokenize-both", TOK, {"prompt": "Hi", "messages": MSG})
 case("tokenize-neither", TOK, {})
@@ -240,7 +302,7 @@ case("unknown-model-chat", CHAT, _chat(model="gpt-9"), status=404)
 case("unknown-model-tokenize", TOK, {"prompt": "Hi", "model": "gpt-9"}, status=404)
 
 # -- authentication (the test adds the right key unless a case brings its own header) -------------
-for path in (CMPL, CHAT, TOK, DETOK, "/v1/models"):
+for path in (CMPL, CHAT, TOK, DETOK, "/v1/models", RESP, MSGS):
     tag = path.strip("/").replace("/", "_")
     for name, auth in [("none", None), ("wrong", "Bearer wrong"), ("non-ascii", "Bearer kéy-ü"),
                        ("basic", "Basic dGVzdDp0ZXN0"), ("bearer-only", "Bearer")]:

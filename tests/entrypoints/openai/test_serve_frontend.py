@@ -105,15 +105,6 @@ def test_responses_stream_events(client):
     assert "".join(deltas) == final.output_text and final.output_text
 
 
-def test_responses_tools_are_a_clear_400(client):
-    import openai
-
-    with pytest.raises(openai.BadRequestError) as err:
-        client.responses.create(model=MODEL_NAME, input="Hi", tools=[{
-            "type": "function", "name": "f", "parameters": {"type": "object", "properties": {}}}])
-    assert "tools" in str(err.value)
-
-
 @pytest.fixture(scope="module")
 def tls_server(start_server, tmp_path_factory, tiny_model):
     """One server with every frontend flag set away from its default, over HTTPS, on the tiny random

@@ -1,4 +1,4 @@
-"""Backpressure (503 + Retry-After) and SIGTERM drain (in-flight requests finish, exit code 0; past
+"""Backpressure (503 + Retry-After, on every generating endpoint) and SIGTERM drain (in-flight requests finish, exit code 0; past
 the drain timeout they end with an error instead of a cut-off body)."""
 from __future__ import annotations
 
@@ -43,6 +43,12 @@ def test_backpressure_then_sigterm_drain(start_server, tiny_model):
                     assert busy.status_code == 503, busy.text
                     assert busy.headers["Retry-After"] == "1"
                     assert busy.json()["error"]["code"] == "server_busy"
+                    # the agent APIs queue through the same gate, each answering in its own error shape
+                    busy = httpx.post(f"{srv.base_url}/v1/responses", json={"input": "Hi", "max_output_tokens": 2})
+                    assert busy.status_code == 503 and busy.json()["error"]["code"] == "server_busy"
+                    busy = httpx.post(f"{srv.base_url}/v1/messages", json={
+                        "model": "", "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]})
+                    assert busy.status_code == 503 and busy.json()["error"]["type"] == "overloaded_error"
 
                     futures = [pool.submit(_stream_to_end, lines) for lines in (a_lines, b.iter_lines())]
                     assert srv.stop() == 0  # SIGTERM: drains both in-flight streams, then exits cleanly

@@ -1,4 +1,4 @@
-"""Our CPU W4A16 and W8A16 kernels (csrc/cpu_quant_gemm.cpp) against dequantize-then-matmul: shapes, groups,
+"""Our CPU W4A16 and W8A16 kernels (csrc/cpu/quant_gemm.cpp) against dequantize-then-matmul: shapes, groups,
 rows, dtypes."""
 from __future__ import annotations
 
