@@ -13,6 +13,8 @@ which CPU tier and kernels to use, each with an off-path that tests compare agai
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 ON_OFF = ("on", "off")
@@ -130,6 +132,24 @@ def value(name: str) -> str | None:
     if var.choices is not None and raw not in var.choices:
         raise ValueError(f"{name}={raw!r}; choose one of {', '.join(var.choices)}")
     return raw
+
+
+@contextmanager
+def overridden(values: Mapping[str, str]) -> Iterator[None]:
+    """These variables set for the block (an engine built inside reads them), as they were after it; each value
+    checked against its declaration first."""
+    previous = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        for name in values:
+            value(name)
+        yield
+    finally:
+        for name, old in previous.items():
+            if old is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = old
 
 
 def switch(name: str) -> bool:

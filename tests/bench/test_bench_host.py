@@ -25,6 +25,20 @@ def test_bench_host_reports_ms_per_step_split_by_phase(tmp_path) -> None:
         assert len(row["folovllm_tokens_sha1"]) == 1 and "vllm_ms_per_step" not in row
 
 
+def test_bench_host_beside_its_switches_off(tmp_path) -> None:
+    """The engine with the host fast paths off runs in the same rounds; greedy tokens agree with it."""
+    out = tmp_path / "host.json"
+    main(["bench", "host", "--batches", "3", "--output-len", "5", "--rounds", "2", "--threads", "1",
+          "--sampling", "greedy", "--detokenize", "off", "--vs-switches-off", "--out", str(out)])
+    result = json.loads(out.read_text())
+    assert result["switches_off"] == list(host.HOST_SWITCHES)
+    (row,) = result["rows"]
+    assert len(row["folovllm_off_runs_ms"]) == 2 and row["ours_over_switches_off"] > 0
+    assert row["folovllm_tokens_sha1"] == row["folovllm_off_tokens_sha1"]
+    assert set(row["phases_off_ms_per_step"]) == set(host.PHASES)
+    assert "switches off" in host.format_tables(result["rows"])
+
+
 def test_bench_host_refuses_what_it_cannot_run(monkeypatch, tmp_path) -> None:
     args = SimpleNamespace(batches="4,x", sampling="greedy", detokenize="off", rounds=1, output_len=4, prompt_len=4)
     with pytest.raises(ValueError, match="--batches"):
