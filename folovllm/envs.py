@@ -136,13 +136,11 @@ def value(name: str) -> str | None:
 
 @contextmanager
 def overridden(values: Mapping[str, str]) -> Iterator[None]:
-    """These variables set for the block (an engine built inside reads them), as they were after it; each value
-    checked against its declaration first."""
+    """These variables set for the block (an engine built inside reads them and checks them), as they were
+    after it."""
     previous = {name: os.environ.get(name) for name in values}
     os.environ.update(values)
     try:
-        for name in values:
-            value(name)
         yield
     finally:
         for name, old in previous.items():
