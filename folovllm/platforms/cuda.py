@@ -21,15 +21,12 @@ class CudaPlatform(Platform):
     captures_graphs = True
     shares_cores = False
 
-    def __init__(self, device: torch.device) -> None:
-        super().__init__(device)
-        self.fused_ops = _TRITON and envs.switch("FOLOVLLM_CUDA_FUSED_OPS")
-        self.graph_sampling = envs.switch("FOLOVLLM_CUDA_GRAPH_SAMPLING")  # (where sampling_race has a kernel)
-
     def __init__(self, device: torch.device, batch_invariant: bool = False) -> None:
         """``batch_invariant``: torch's CUDA GEMMs and row reductions take fixed-tile Triton forms, process-wide
         (``cuda_invariant.py``); the triton attention backend its own batch-invariant form."""
         super().__init__(device, batch_invariant)
+        self.fused_ops = _TRITON and envs.switch("FOLOVLLM_CUDA_FUSED_OPS")
+        self.graph_sampling = envs.switch("FOLOVLLM_CUDA_GRAPH_SAMPLING")  # (where sampling_race has a kernel)
         if batch_invariant:
             if importlib.util.find_spec("triton") is None:
                 raise ValueError("batch-invariant mode on CUDA runs Triton kernels: install triton")

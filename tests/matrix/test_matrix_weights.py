@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 
 from folovllm.bench.gpu_runs import save_tokenizer
 from folovllm.model.quantization.int8 import quantize_int8_per_channel
