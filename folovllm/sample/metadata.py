@@ -4,6 +4,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
+import numpy as np
 import torch
 
 from folovllm.platforms import to_device
@@ -69,14 +70,12 @@ def is_plain_greedy_row(row: SamplingRow) -> bool:
     return row.params.greedy and row.params.logprobs is None and not adjusts_row(row)
 
 
-def noise_keys(rows: Sequence[SamplingRow], step_seed: int, output_counts: Sequence[int] | None = None
-               ) -> tuple[list[int], list[int]]:
-    """Each row's (seed, counter) for a keyed draw: a seeded row's own seed and its output count (``output_counts``
-    where given, else its row's), so its noise is the same whatever its batch; an unseeded row's seed
-    ``step_seed`` + its row (``step_seed`` drawn afresh each step, below 2^62)."""
+def noise_keys(rows: Sequence[SamplingRow], step_seed: int) -> tuple[list[int], list[int]]:
+    """Each row's (seed, counter) for a counter-keyed draw: a seeded row's own seed and its output count, so its
+    noise is the same whatever its batch; an unseeded row's seed ``step_seed`` + its row (``step_seed`` drawn
+    afresh each step, below 2^62)."""
     seeds = [row.seed if row.seed is not None else step_seed + i for i, row in enumerate(rows)]
-    counters = list(output_counts) if output_counts is not None else [row.num_output_tokens for row in rows]
-    return seeds, counters
+    return seeds, [row.num_output_tokens for row in rows]
 
 
 def build_sampling_batch(
@@ -85,7 +84,7 @@ def build_sampling_batch(
     vocab_size: int,
     device: torch.device | str,
     noise_step_seed: int | None = None,
-    output_counts: Sequence[int] | None = None,
+    output_counts: Sequence[int] | np.ndarray | None = None,
 ) -> SamplingBatch:
     """Pack per-row settings into tensors on ``device``.
 
@@ -160,10 +159,11 @@ def build_sampling_batch(
 
 
 def with_noise_keys(batch: SamplingBatch, rows: Sequence[SamplingRow], step_seed: int | None,
-                    output_counts: Sequence[int] | None = None) -> SamplingBatch:
+                    output_counts: Sequence[int] | np.ndarray | None = None) -> SamplingBatch:
     """The batch with this step's noise keys (``noise_keys``): seeds only with ``step_seed``, counters always.
     ``output_counts``: each row's output count where its row's is out of date (a kept decode row)."""
-    seeds, counters = noise_keys(rows, 0 if step_seed is None else step_seed, output_counts)
     device = batch.temperature.device
-    return replace(batch, noise_seeds=None if step_seed is None else to_device(seeds, torch.int64, device),
-                   noise_counters=to_device(counters, torch.int64, device))
+    if output_counts is None:
+        output_counts = [row.num_output_tokens for row in rows]
+    seeds = None if step_seed is None else to_device(noise_keys(rows, step_seed)[0], torch.int64, device)
+    return replace(batch, noise_seeds=seeds, noise_counters=to_device(output_counts, torch.int64, device))

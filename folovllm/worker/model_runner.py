@@ -182,13 +182,14 @@ class ModelRunner:
         return sampling_batch
 
     @staticmethod
-    def _output_counts(batch: StepBatch) -> list[int] | None:
+    def _output_counts(batch: StepBatch) -> np.ndarray | None:
         """Each sampling row's output count, where its kept decode rows' own rows are out of date (None: none)."""
         counts = batch.decode_output_counts
-        if counts is None:
-            return None
+        if counts is None or batch.kept_rows_only:
+            return counts
         rows = batch.sampling_rows
-        return [row.num_output_tokens for row in rows[:len(rows) - len(counts)]] + counts.tolist()
+        head = np.fromiter((row.num_output_tokens for row in rows[:len(rows) - len(counts)]), np.int64)
+        return np.concatenate([head, counts])
 
     def _verify(self, batch: StepBatch, sampled_hidden: torch.Tensor,
                 prompt_logprobs: PromptLogprobsTensors | None, pooled: list | None) -> LaunchedStep:

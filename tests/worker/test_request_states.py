@@ -81,7 +81,8 @@ def assert_same_batch_fields(got: StepBatch, want: StepBatch) -> None:
     assert got.sampling_request_ids == want.sampling_request_ids
     settings = [replace(r, num_output_tokens=0) for r in got.sampling_rows]
     assert settings == [replace(r, num_output_tokens=0) for r in want.sampling_rows]
-    counts = ModelRunner._output_counts(got) or [r.num_output_tokens for r in got.sampling_rows]
+    counts = ModelRunner._output_counts(got)
+    counts = [r.num_output_tokens for r in got.sampling_rows] if counts is None else counts.tolist()
     assert counts == [r.num_output_tokens for r in want.sampling_rows]  # a kept row's own count is stale
 
 
