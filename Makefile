@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: run test test-all test-tiers gpu-rehearsal bench kernels clean
+.PHONY: run test test-all test-tiers check-api gpu-rehearsal bench kernels clean
 # the kernel library's sources compile side by side
 MAKEFLAGS += --jobs=$(shell nproc)
 
@@ -73,9 +73,21 @@ test-tiers: $(STAMP) $(KERNELS)
 	FOLOVLLM_CPU_ISA=avx2 $(PY) -m pytest -q -m "not slow" tests/model tests/attention tests/matrix
 	FOLOVLLM_CPU_ISA=none $(PY) -m pytest -q -m "not slow" tests/model tests/attention tests/matrix
 
-# Everything, the slow tests too (heavier twins of default tests: real-weight models, more servers).
+# Everything, the slow tests too (heavier twins of default tests: real-weight models, more servers), and
+# the API check.
 test-all: $(STAMP) $(KERNELS)
 	$(PY) -m pytest -q
+	$(MAKE) check-api
+
+# schemathesis over a live server's /openapi.json, every check, bounded in examples and time (~4 min):
+# each body the schema allows must be taken, each it refuses refused, each answer as documented.
+CHECK_API_STAMP := $(VENV)/.check-api-stamp
+$(CHECK_API_STAMP): pyproject.toml | $(STAMP)
+	$(PY) -m pip install -q -e ".[check-api]"
+	touch $@
+
+check-api: $(STAMP) $(KERNELS) $(CHECK_API_STAMP)
+	$(PY) scripts/check_api.py
 
 # The GPU check rehearsed on this CPU under the GPU image's Python and packages (benchmarks/gpu/
 # image-packages.txt: torch 2.11, transformers 5.17, no gguf/fastapi/xgrammar) plus only the wheels the device

@@ -130,10 +130,10 @@ class EngineConfig:
     download_dir: str | None = knob(None, "hub ids: the Hugging Face cache folder (default: $HF_HOME/hub)",
                                     group="LoadConfig")
     load_quantized: str = knob(
-        "auto", "GGUF on CPU: keep Q4_0/Q4_1/Q4_K linear weights 4-bit for a CPU int4 kernel (on) or "
-                "dequantize them to the model dtype (off); other types are always dequantized. auto = off: "
-                "4-bit wins one-stream decode but is not measured ahead at batch 64 and in prefill "
-                "(docs/benchmarks.md)",
+        "auto", "GGUF on CPU: keep the file's quantized tensors in their types (on: with our kernel every "
+                "linear, the embedding and the LM head in Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K; with torch's the 4-bit "
+                "linears) or dequantize them to the model dtype (off). auto = on for a GGUF file's own weights "
+                "where our GGUF kernel runs (the platform decides; docs/gguf.md), else off",
         choices=list(LOAD_QUANTIZED), group="LoadConfig")
     quantize_lm_head: str = knob(
         "auto", "hold the LM head (a tied one: the embedding table too) as int8 with one scale per vocabulary "

@@ -8,7 +8,7 @@ import os
 from typing import TYPE_CHECKING
 
 from folovllm import envs
-from folovllm.platforms import platform_for, resolve_device
+from folovllm.platforms import Platform, platform_for, resolve_device
 
 if TYPE_CHECKING:
     from folovllm.config import EngineConfig
@@ -30,8 +30,9 @@ def resolve_config(config: EngineConfig) -> EngineConfig:
     the attention backend (triton on CUDA when installed; on CPU our kernel where it runs at the CPU's
     tier, else torch) and overlap scheduling (on CUDA only: on CPU the forward runs synchronously, so
     overlapping would only hand each token out one step later). structured_outputs_backend: xgrammar.
-    load_quantized: off (see its help). batch_invariant: on with ``VLLM_BATCH_INVARIANT=1`` too. runner: pooling when convert is embed (and convert embed
-    under a pooling runner). num_threads: the cores this process may run on (its CPU
+    load_quantized: on for a GGUF file where the platform runs its types (``_auto_load_quantized``).
+    batch_invariant: on with ``VLLM_BATCH_INVARIANT=1`` too. runner: pooling when convert is embed (and
+    convert embed under a pooling runner). num_threads: the cores this process may run on (its CPU
     affinity, which a container or taskset narrows). Names of registered pieces (attention backend,
     policy, admission) are checked where they are looked up, when the engine builds them.
     """
@@ -52,9 +53,9 @@ def resolve_config(config: EngineConfig) -> EngineConfig:
     if config.tensor_parallel_size > 1:
         overlap, enforce_eager = _tensor_parallel_settings(config, device, overlap)
     structured = "xgrammar" if config.structured_outputs_backend == "auto" else config.structured_outputs_backend
-    # 4-bit GGUF weights win one-stream decode on CPU but lose batched decode and prefill to bf16
-    load_quantized = "off" if config.load_quantized == "auto" else config.load_quantized
     batch_invariant = _batch_invariant(config)
+    load_quantized = (_auto_load_quantized(config, platform, batch_invariant) if config.load_quantized == "auto"
+                      else config.load_quantized)
     return dataclasses.replace(config, runner="pooling" if pooling else "generate",
                                convert="embed" if pooling else "none", device=device, dtype=dtype, attention_backend=backend,
                                overlap_scheduling=overlap, enforce_eager=enforce_eager,
@@ -74,6 +75,17 @@ def _batch_invariant(config: EngineConfig) -> bool:
                          "supported: the all-reduce's order of adding the ranks' parts depends on the batch's size; "
                          "use one rank (data parallelism keeps each replica invariant)")
     return on
+
+
+def _auto_load_quantized(config: EngineConfig, platform: Platform, batch_invariant: bool) -> str:
+    """on for a GGUF file's own weights (``model`` unset: the default model, a GGUF file; not dummy weights, no
+    quantization asked for) where the platform runs them in their types (``Platform.runs_gguf_types``), else
+    off: a 4-bit file is never widened to 16-bit where it need not be. Batch-invariant mode takes dense
+    weights only, so there it is off."""
+    gguf_file = config.model is None or config.model.endswith(".gguf")
+    own_weights = config.load_format != "dummy" and config.quantization == "auto"
+    return "on" if gguf_file and own_weights and not batch_invariant and platform.runs_gguf_types() else "off"
+
 
 def _tensor_parallel_settings(config: EngineConfig, device: str, overlap: bool) -> tuple[bool, bool]:
     """(overlap_scheduling, enforce_eager) under tensor parallelism: both off.

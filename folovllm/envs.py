@@ -56,6 +56,18 @@ VARIABLES: dict[str, EnvVar] = {v.name: v for v in (
     EnvVar("FOLOVLLM_CPU_PREFILL_ATTENTION", "kernel",
            "fresh prompt chunks: our causal prefill kernel where the tier has it (kernel) or torch's SDPA (sdpa)",
            ("kernel", "sdpa")),
+    EnvVar("FOLOVLLM_CPU_ATTENTION_FAST_DECODE", "on",
+           "decode rows of the CPU attention kernel take its AVX-512 form (head_dim 64 or 128) or its per-tier "
+           "form below avx512 (off: the kernel's portable path)", ON_OFF),
+    EnvVar("FOLOVLLM_CPU_ATTENTION_BF16_DOT", "on",
+           "the CPU attention kernel scores bf16 keys with bf16 dot products at the avx512_bf16 tier (off: keys "
+           "widened to fp32 first)", ON_OFF),
+    EnvVar("FOLOVLLM_CPU_ATTENTION_PREFETCH", "on",
+           "the CPU attention kernel's decode rows prefetch the next tile's K/V rows while a tile computes (the "
+           "same bits either way)", ON_OFF),
+    EnvVar("FOLOVLLM_CPU_ATTENTION_CHUNKED_CLAIMS", "on",
+           "the CPU attention kernel's threads claim runs of work items rather than one at a time (the same bits "
+           "either way)", ON_OFF),
     EnvVar("FOLOVLLM_CPU_LORA_KERNEL", "on",
            "LoRA adapters' deltas through our kernel, one call per linear for every adapter in the step, in "
            "fp32 (off: torch matmuls per adapter and piece, in the platform's small-matmul dtype)", ON_OFF),

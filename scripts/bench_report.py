@@ -129,7 +129,12 @@ def vs_vllm_table(path: Path) -> str:
     v = result["versions"]
     labels = {e: info["label"] for e, info in result.get("engines", {}).items()} or None
     tier = result["machine"].get("tier")
-    tables = [vs_vllm.format_table(result["rows"], labels)] if result["rows"] else []
+    sweep, tables = result.get("sweep"), []
+    if sweep:  # the sweep's points in a table of their own, the start-up and memory rows below it
+        tables.append(vs_vllm.format_sweep(sweep["rows"], sweep["summary"], labels or {}))
+    rows = vs_vllm.beside_sweep(result["rows"], sweep)
+    if rows:
+        tables.append(vs_vllm.format_table(rows, labels))
     if result.get("llama_rows"):
         tables.append(vs_vllm.format_llama_table(result["llama_rows"], labels or {}))
     if result.get("embed"):

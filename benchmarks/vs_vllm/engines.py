@@ -29,7 +29,7 @@ SERVED_MODEL_NAME = "smollm2"
 @dataclass(frozen=True)
 class Variant:
     """One engine in one setting: which engine (folo, vllm), its label, the LLM arguments beyond the shared
-    ones, and whether it loads the GGUF (its 4-bit weights) rather than the HF folder."""
+    ones, and whether it loads the GGUF (its quantized weights) rather than the HF folder."""
 
     engine: str
     label: str
@@ -43,8 +43,9 @@ VARIANTS = {
     "folo": Variant("folo", "FoloVLLM", {"dtype": "auto"}),  # our default: the platform picks the dtype
     "folo-bf16": Variant("folo", "FoloVLLM bf16", {"dtype": "bfloat16"}),
     "folo-fp32": Variant("folo", "FoloVLLM fp32", {"dtype": "float32"}),
-    "folo-q4": Variant("folo", "FoloVLLM 4-bit (the GGUF's Q4_1)", {"dtype": "auto", "load_quantized": "on"},
-                       gguf=True),
+    "folo-q4": Variant("folo", "FoloVLLM, the GGUF's types kept (load_quantized on)",
+                       {"dtype": "auto", "load_quantized": "on"}, gguf=True),
+    "folo-gguf": Variant("folo", "FoloVLLM, the GGUF with default flags", {"dtype": "auto"}, gguf=True),
     "folo-int8": Variant("folo", "FoloVLLM int8", {"dtype": "auto", "quantization": "int8"}),
 }
 DEFAULT_ENGINES = ("vllm", "vllm-fp32", "folo")
@@ -69,7 +70,7 @@ class Setup:
 
     root: Path  # the repository: FoloVLLM runs from here
     model: Path  # the HF folder both load
-    gguf: Path  # the GGUF it was made from (4-bit variants load it)
+    gguf: Path  # the GGUF of the same model (the GGUF variants and llama.cpp load it)
     vllm_venv: Path
     logs: Path
     threads: int = 2

@@ -10,7 +10,8 @@ sha256, so no build step of the package itself runs (``pip download`` would buil
 higher-tier host measures what an AVX2 machine would run.
 
 compare.py imports ``batched_bench`` and ``parse_batched_bench``: one ``llama-batched-bench`` run and its
-table (per parallel sequence count: prompt and generation tok/s).
+table (per parallel sequence count: prompt and generation tok/s), with its peak RSS; shapes.py runs
+``llama-quantize`` and the tree's ``convert_hf_to_gguf.py``.
 """
 from __future__ import annotations
 
@@ -18,9 +19,11 @@ import argparse
 import hashlib
 import io
 import json
+import os
 import shutil
 import subprocess
 import tarfile
+import tempfile
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -35,7 +38,7 @@ TIER_FLAGS = {
              "-DGGML_AVX512=OFF", "-DGGML_AVX512_VBMI=OFF", "-DGGML_AVX512_VNNI=OFF", "-DGGML_AVX512_BF16=OFF",
              "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"],
 }
-TARGETS = ("llama-batched-bench", "llama-bench")
+TARGETS = ("llama-batched-bench", "llama-bench", "llama-quantize")
 
 
 def sdist_url(package: str = PACKAGE, version: str = VERSION) -> tuple[str, str]:
@@ -118,16 +121,23 @@ def parse_batched_bench(text: str) -> list[dict[str, float]]:
 def batched_bench(tier: str, model: Path, prompt: int, generate: int, parallel: list[int], threads: int,
                   context: int = 16384) -> dict[str, Any]:
     """One run: each parallel count's generation tok/s (S_TG), prompt tok/s (S_PP) and ms per decode step
-    (T_TG / TG: a one-sequence run's ms per token), with the command."""
+    (T_TG / TG: a one-sequence run's ms per token), with the command and the process's peak RSS (MiB)."""
     cmd = [str(binary(tier)), "-m", str(model), "-c", str(context), "-b", "2048", "-ub", "512",
            "-npp", str(prompt), "-ntg", str(generate), "-npl", ",".join(map(str, parallel)), "-t", str(threads),
            "-tb", str(threads)]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    rows = parse_batched_bench(done.stdout + "\n" + done.stderr)
-    return {"command": cmd, "rows": {int(r["B"]): {"tg_tok_s": r["S_TG t/s"], "pp_tok_s": r["S_PP t/s"],
-                                                  "ms_per_token": 1000.0 * r["T_TG s"] / r["TG"]} for r in rows}}
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True)
+        _, status, usage = os.wait4(proc.pid, 0)  # its own rusage: ru_maxrss, KiB on Linux
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{stderr[-3000:]}")
+    rows = parse_batched_bench(stdout + "\n" + stderr)
+    return {"command": cmd, "peak_rss_mib": usage.ru_maxrss / 1024,
+            "rows": {int(r["B"]): {"tg_tok_s": r["S_TG t/s"], "pp_tok_s": r["S_PP t/s"],
+                                   "ms_per_token": 1000.0 * r["T_TG s"] / r["TG"]} for r in rows}}
 
 
 def main() -> None:

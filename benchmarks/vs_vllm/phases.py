@@ -82,43 +82,59 @@ def worker_ready(worker: Process) -> dict[str, Any]:
     return {**info, "first_token_s": time.monotonic() - worker.spawned, "worker_first_token_s": info["first_token_s"]}
 
 
+def sessions(engines: tuple[str, ...], rounds: int, one_at_a_time: bool) -> list[tuple[tuple[str, ...], range]]:
+    """The engines a phase has up together and the rounds they run: all of them for every round, or
+    (``one_at_a_time``: a model too big for two in memory) each alone for one round, in each round's order."""
+    if not one_at_a_time:
+        return [(engines, range(rounds))]
+    return [((engine,), range(r, r + 1)) for r in range(rounds) for engine in order(engines, r)]
+
+
 def offline_phase(setup: Setup, engines: tuple[str, ...], workloads: tuple[Workload, ...], rounds: int,
-                  timer: Timer, check_prompts: list[list[int]]) -> dict[str, Any]:
-    print(f"offline: starting {', '.join(map(label, engines))}", flush=True)
-    rss = PeakRss()
-    workers, startup = start_all(engines, lambda e: Worker(e, setup), worker_ready, timer, rss)
-    try:
-        for w in workers.values():
-            w.generate(build_requests(WARMUP))
-        requests = {wl.name: build_requests(wl) for wl in workloads}
-        runs: dict[str, dict[str, list[dict[str, Any]]]] = {wl.name: {e: [] for e in engines} for wl in workloads}
-        kept: dict[str, dict[str, list[list[int]]]] = {}
-        for r in range(rounds):
-            for wl in workloads:
-                for engine in order(engines, r):
-                    worker = workers[engine]
-                    done, meta = timer.run(worker.proc, lambda: worker.generate(requests[wl.name], KEPT_OUTPUTS))
-                    if done["output_tokens"] != sum(q["max_tokens"] for q in requests[wl.name]):
-                        raise RuntimeError(f"{engine} on {wl.name}: {done['output_tokens']} output tokens, "
-                                           "not the sum of max_tokens (ignore_eos)")
-                    rates = report.run_rates(done["wall_s"], done["input_tokens"], done["output_tokens"])
-                    runs[wl.name][engine].append({"value": rates[wl.metric], "wall_s": done["wall_s"], **meta})
-                    kept.setdefault(wl.name, {}).setdefault(engine, done["token_ids"])
-                    print(f"  round {r + 1}/{rounds} {wl.name:<14} {engine:<10} "
-                          f"{rates[wl.metric]:9.1f} {METRICS[wl.metric][0]:<20} others {meta['others_share']:.0%}"
-                          + (f" (attempts {len(meta['attempt_shares'])})" if len(meta["attempt_shares"]) > 1 else ""),
-                          flush=True)
-        check = {e: workers[e].generate([{"prompt_token_ids": p, "max_tokens": CHECK_MAX_TOKENS} for p in check_prompts],
-                                        keep_tokens=len(check_prompts))["token_ids"] for e in engines}
-        peak = {e: rss.peak_mib(w.popen.pid) for e, w in workers.items()}
-    finally:
-        for w in workers.values():
-            w.close()
-        rss.stop()
+                  timer: Timer, check_prompts: list[list[int]], one_at_a_time: bool = False) -> dict[str, Any]:
+    print(f"offline: {', '.join(map(label, engines))}{' (one at a time)' if one_at_a_time else ''}", flush=True)
+    requests = {wl.name: build_requests(wl) for wl in workloads}
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {wl.name: {e: [] for e in engines} for wl in workloads}
+    kept: dict[str, dict[str, list[list[int]]]] = {}
+    check: dict[str, list[list[int]]] = {}
+    startup: dict[str, Any] = {}
+    peak: dict[str, float] = {}
+    for group, group_rounds in sessions(engines, rounds, one_at_a_time):
+        rss = PeakRss()
+        workers, started = start_all(group, lambda e: Worker(e, setup), worker_ready, timer, rss)
+        for engine, info in started.items():
+            startup.setdefault(engine, info)
+        try:
+            for w in workers.values():
+                w.generate(build_requests(WARMUP))
+            for r in group_rounds:
+                for wl in workloads:
+                    for engine in (e for e in order(engines, r) if e in workers):
+                        worker = workers[engine]
+                        done, meta = timer.run(worker.proc, lambda: worker.generate(requests[wl.name], KEPT_OUTPUTS))
+                        if done["output_tokens"] != sum(q["max_tokens"] for q in requests[wl.name]):
+                            raise RuntimeError(f"{engine} on {wl.name}: {done['output_tokens']} output tokens, "
+                                               "not the sum of max_tokens (ignore_eos)")
+                        rates = report.run_rates(done["wall_s"], done["input_tokens"], done["output_tokens"])
+                        runs[wl.name][engine].append({"value": rates[wl.metric], "wall_s": done["wall_s"], **meta})
+                        kept.setdefault(wl.name, {}).setdefault(engine, done["token_ids"])
+                        print(f"  round {r + 1}/{rounds} {wl.name:<14} {engine:<10} "
+                              f"{rates[wl.metric]:9.1f} {METRICS[wl.metric][0]:<20} others {meta['others_share']:.0%}"
+                              + (f" (attempts {len(meta['attempt_shares'])})" if len(meta["attempt_shares"]) > 1 else ""),
+                              flush=True)
+            for e in group:
+                if e not in check:
+                    check[e] = workers[e].generate([{"prompt_token_ids": p, "max_tokens": CHECK_MAX_TOKENS}
+                                                    for p in check_prompts], keep_tokens=len(check_prompts))["token_ids"]
+                peak[e] = max(peak.get(e, 0.0), rss.peak_mib(workers[e].popen.pid))
+        finally:
+            for w in workers.values():
+                w.close()
+            rss.stop()
     results = []
     for wl in workloads:
         figure, higher = METRICS[wl.metric]
-        entry = {"name": wl.name, "shape": wl.shape, "metric": wl.metric, "figure": figure,
+        entry = {"name": wl.name, "shape": wl.shape, "kind": wl.kind, "metric": wl.metric, "figure": figure,
                  "higher_is_better": higher, "runs": runs[wl.name],
                  "median": {e: report.median([x["value"] for x in runs[wl.name][e]]) for e in engines}}
         results.append(entry)
@@ -131,8 +147,8 @@ def offline_phase(setup: Setup, engines: tuple[str, ...], workloads: tuple[Workl
         match = {"engines": pair, "check_prompts": report.agreement(check[a], check[b]),
                  "workloads": report.agreement([t for wl in workloads for t in kept[wl.name][a]],
                                                [t for wl in workloads for t in kept[wl.name][b]])}
-    return {"engines": list(engines), "startup": startup, "peak_rss_mib": peak, "workloads": results,
-            "greedy_match": match}
+    return {"engines": list(engines), "one_at_a_time": one_at_a_time, "startup": startup, "peak_rss_mib": peak,
+            "workloads": results, "greedy_match": match}
 
 
 def serve_phase(setup: Setup, engines: tuple[str, ...], rates: list[float], rounds: int, timer: Timer,
@@ -171,48 +187,59 @@ def serve_phase(setup: Setup, engines: tuple[str, ...], rates: list[float], roun
 
 
 def llama_phase(setup: Setup, engines: tuple[str, ...], parallel: list[int], rounds: int, timer: Timer,
-                tier: str) -> dict[str, Any]:
-    """llama.cpp's batched bench on the GGUF (its Q4_1) against our engines on the same shapes: n streams
-    x 16 prompt tokens x 128 new, for each n in ``parallel``; rounds alternate who goes first. llama.cpp's
-    figure is its generation rate (S_TG, prompts excluded); ours is output tokens over the whole run (the
-    16-token prompts included), so the comparison leans its way."""
+                tier: str, one_at_a_time: bool = False) -> dict[str, Any]:
+    """llama.cpp's batched bench on the GGUF against our engines on the same shapes: n streams x 16 prompt
+    tokens x 128 new, for each n in ``parallel``; rounds alternate who goes first. llama.cpp's figure is its
+    generation rate (S_TG, prompts excluded); ours is output tokens over the whole run (the 16-token prompts
+    included), so the comparison leans its way. Peak RSS of every side beside its speed."""
     shapes = [Workload(f"batched_{n}", n, LLAMA_SHAPE["prompt"], LLAMA_SHAPE["generate"], seed=10 + n,
                        metric="output_tok_s") for n in parallel]
-    print(f"llama.cpp ({tier} build) against {', '.join(map(label, engines))}", flush=True)
-    rss = PeakRss()
-    workers, startup = start_all(engines, lambda e: Worker(e, setup), worker_ready, timer, rss)
+    print(f"llama.cpp ({tier} build) on {setup.gguf.name} against {', '.join(map(label, engines))}", flush=True)
     sides = ("llama.cpp", *engines)
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {wl.name: {e: [] for e in sides} for wl in shapes}
-    commands = []
-    try:
-        for w in workers.values():
-            w.generate(build_requests(WARMUP))
-        for r in range(rounds):
-            for side in order(sides, r):
-                if side == "llama.cpp":
-                    res, meta = timer.run(None, lambda: llama_cpp.batched_bench(
-                        tier, setup.gguf, LLAMA_SHAPE["prompt"], LLAMA_SHAPE["generate"], parallel, setup.threads))
-                    commands.append(res["command"])
-                    for wl, n in zip(shapes, parallel):
-                        row = res["rows"][n]
-                        runs[wl.name][side].append({"value": row["tg_tok_s"], "ms_per_step": row["ms_per_token"],
-                                                    "pp_tok_s": row["pp_tok_s"], **meta})
-                        print(f"  round {r + 1}/{rounds} {wl.name:<11} llama.cpp  {row['tg_tok_s']:8.1f} tg tok/s "
-                              f"({row['ms_per_token']:.1f} ms/step) others {meta['others_share']:.0%}", flush=True)
-                    continue
-                for wl in shapes:
-                    done, meta = timer.run(workers[side].proc, lambda: workers[side].generate(build_requests(wl)))
-                    rates = report.run_rates(done["wall_s"], done["input_tokens"], done["output_tokens"])
-                    ms_per_step = 1000.0 * done["wall_s"] / wl.output_len
-                    runs[wl.name][side].append({"value": rates["output_tok_s"], "ms_per_step": ms_per_step, **meta})
-                    print(f"  round {r + 1}/{rounds} {wl.name:<11} {side:<10} {rates['output_tok_s']:8.1f} output "
-                          f"tok/s ({ms_per_step:.1f} ms/step) others {meta['others_share']:.0%}", flush=True)
-        peak = {e: rss.peak_mib(w.popen.pid) for e, w in workers.items()}
-    finally:
-        for w in workers.values():
-            w.close()
-        rss.stop()
+    commands: list[list[str]] = []
+    startup: dict[str, Any] = {}
+    peak: dict[str, float] = {}
+    # llama.cpp is a process per run: it joins every session (alone, one at a time)
+    for group, group_rounds in sessions(sides, rounds, one_at_a_time):
+        rss = PeakRss()
+        ours = tuple(e for e in group if e != "llama.cpp")
+        workers, started = start_all(ours, lambda e: Worker(e, setup), worker_ready, timer, rss)
+        for engine, info in started.items():
+            startup.setdefault(engine, info)
+        try:
+            for w in workers.values():
+                w.generate(build_requests(WARMUP))
+            for r in group_rounds:
+                for side in (s for s in order(sides, r) if s in group):
+                    if side == "llama.cpp":
+                        res, meta = timer.run(None, lambda: llama_cpp.batched_bench(
+                            tier, setup.gguf, LLAMA_SHAPE["prompt"], LLAMA_SHAPE["generate"], parallel,
+                            setup.threads))
+                        commands.append(res["command"])
+                        peak[side] = max(peak.get(side, 0.0), res["peak_rss_mib"])
+                        for wl, n in zip(shapes, parallel):
+                            row = res["rows"][n]
+                            runs[wl.name][side].append({"value": row["tg_tok_s"], "ms_per_step": row["ms_per_token"],
+                                                        "pp_tok_s": row["pp_tok_s"], **meta})
+                            print(f"  round {r + 1}/{rounds} {wl.name:<11} llama.cpp  {row['tg_tok_s']:8.1f} tg tok/s "
+                                  f"({row['ms_per_token']:.1f} ms/step) others {meta['others_share']:.0%}", flush=True)
+                        continue
+                    for wl in shapes:
+                        done, meta = timer.run(workers[side].proc, lambda: workers[side].generate(build_requests(wl)))
+                        rates = report.run_rates(done["wall_s"], done["input_tokens"], done["output_tokens"])
+                        ms_per_step = 1000.0 * done["wall_s"] / wl.output_len
+                        runs[wl.name][side].append({"value": rates["output_tok_s"], "ms_per_step": ms_per_step, **meta})
+                        print(f"  round {r + 1}/{rounds} {wl.name:<11} {side:<10} {rates['output_tok_s']:8.1f} output "
+                              f"tok/s ({ms_per_step:.1f} ms/step) others {meta['others_share']:.0%}", flush=True)
+            for e, w in workers.items():
+                peak[e] = max(peak.get(e, 0.0), rss.peak_mib(w.popen.pid))
+        finally:
+            for w in workers.values():
+                w.close()
+            rss.stop()
     medians = {wl.name: {e: {k: report.median([x[k] for x in runs[wl.name][e]]) for k in ("value", "ms_per_step")}
                          for e in sides} for wl in shapes}
-    return {"engines": list(engines), "tier": tier, "shape": LLAMA_SHAPE, "parallel": parallel,
-            "commands": commands[:1], "startup": startup, "peak_rss_mib": peak, "runs": runs, "median": medians}
+    return {"engines": list(engines), "tier": tier, "gguf": str(setup.gguf), "gguf_mib": setup.gguf.stat().st_size / 2**20,
+            "shape": LLAMA_SHAPE, "parallel": parallel, "one_at_a_time": one_at_a_time, "commands": commands[:1],
+            "startup": startup, "peak_rss_mib": peak, "runs": runs, "median": medians}

@@ -94,7 +94,7 @@ def format_table(rows: Sequence[dict[str, Any]], labels: dict[str, str] | None =
 
 def llama_rows(llama: dict[str, Any]) -> list[dict[str, Any]]:
     """The llama.cpp table's lines: per stream count, generation tok/s (llama.cpp's S_TG; ours over the whole
-    run), and for one stream ms per token; each with ours (4-bit, and our best) against llama.cpp's."""
+    run), and for one stream ms per token; each with ours (on the same GGUF, and our best) against llama.cpp's."""
     rows = []
     for name, by_side in llama["median"].items():
         n = int(name.split("_")[1])
@@ -104,10 +104,12 @@ def llama_rows(llama: dict[str, Any]) -> list[dict[str, Any]]:
             values = {side: f[key] for side, f in by_side.items()}
             theirs = values["llama.cpp"]
             ours = {e: v for e, v in values.items() if e != "llama.cpp"}
+            # ours on llama.cpp's own file: with default flags where that ran, else with load_quantized on
+            gguf = next((e for e in ("folo-gguf", "folo-q4") if e in values), None)
             best = max(ours.values()) if higher else min(ours.values())
             rows.append({"label": f"{n} stream{'s' if n > 1 else ''}, {shape}", "metric": metric,
                          "by_engine": values, "higher_is_better": higher,
-                         "four_bit": advantage(theirs, values["folo-q4"], higher) if "folo-q4" in values else None,
+                         "four_bit": advantage(theirs, values[gguf], higher) if gguf else None,
                          "best": advantage(theirs, best, higher)})
     return rows
 
@@ -116,7 +118,7 @@ def format_llama_table(rows: Sequence[dict[str, Any]], labels: dict[str, str]) -
     """The markdown table of llama.cpp against our variants."""
     sides = list(rows[0]["by_engine"])
     head = " | ".join(labels.get(e, e) for e in sides)
-    lines = [f"| streams × prompt × new | figure | {head} | our 4-bit vs llama.cpp | our best vs llama.cpp |",
+    lines = [f"| streams × prompt × new | figure | {head} | ours on its GGUF vs llama.cpp | our best vs llama.cpp |",
              "|---|---|" + "---|" * len(sides) + "---|---|"]
     for r in rows:
         better = "higher" if r["higher_is_better"] else "lower"
@@ -124,6 +126,13 @@ def format_llama_table(rows: Sequence[dict[str, Any]], labels: dict[str, str]) -
         four = f"{r['four_bit']:.2f}×" if r["four_bit"] is not None else "–"
         lines.append(f"| {r['label']} | {r['metric']} ({better} is better) | {cells} | {four} | {r['best']:.2f}× |")
     return "\n".join(lines) + "\n"
+
+
+def format_rss(phase: dict[str, Any], labels: dict[str, str]) -> str:
+    """One line: each side's peak RSS in a phase (and the GGUF's size, where it ran on one)."""
+    sides = ", ".join(f"{labels.get(e, e)} {mib / 1024:.2f} GiB" for e, mib in phase["peak_rss_mib"].items())
+    size = f" (the GGUF: {phase['gguf_mib'] / 1024:.2f} GiB)" if "gguf_mib" in phase else ""
+    return f"peak RSS: {sides}{size}\n"
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -208,3 +217,57 @@ def format_gemm_shares(gemm: dict[str, Any], labels: dict[str, str]) -> str:
             lines.append(f"| {name} | {labels.get(engine, engine)} | {f['gflop_s']:.0f} | {f['share']:.0%} |")
     return "\n".join([*lines, ""])
 
+
+
+# The sweep's bars on FoloVLLM vs vLLM's best (> 1: ahead), per kind of workload: (the median over its points
+# at least, every point at least). One stream is judged by ms per token: at most 0.8x vLLM's is 1.25x here.
+SWEEP_BARS: dict[str, tuple[float, float | None]] = {
+    "decode": (1.3, 1.0), "variable": (1.3, 1.0), "prefill": (1.0, 0.9), "one_stream": (1 / 0.8, None)}
+SWEEP_KINDS = {"decode": "batched decode", "variable": "variable lengths", "prefill": "prefill",
+               "one_stream": "one stream"}
+
+
+def sweep_rows(offline: dict[str, Any]) -> list[dict[str, Any]]:
+    """The sweep's lines: one per workload (a point), its kind beside the usual row."""
+    return [{**row(wl["shape"], wl["figure"], wl["median"], wl["higher_is_better"]), "name": wl["name"],
+             "kind": wl["kind"]} for wl in offline["workloads"]]
+
+
+def beside_sweep(rows: Sequence[dict[str, Any]], sweep: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The table's rows a sweep's own table does not show already (start-up, memory, the server's)."""
+    points = {f"offline {r['label']}" for r in sweep["rows"]} if sweep else set()
+    return [r for r in rows if r["label"] not in points]
+
+
+def sweep_summary(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per kind of workload: its points, the median and lowest advantage, the bar and whether it is met."""
+    summary = {}
+    for kind in SWEEP_KINDS:
+        found = [r["advantage"] for r in rows if r["kind"] == kind]
+        if not found:
+            continue
+        bar_median, bar_floor = SWEEP_BARS[kind]
+        mid, low = median(found), min(found)
+        summary[kind] = {"points": len(found), "median": mid, "lowest": low, "bar_median": bar_median,
+                         "bar_lowest": bar_floor, "met": mid >= bar_median and (bar_floor is None or low >= bar_floor)}
+    return summary
+
+
+def format_sweep(rows: Sequence[dict[str, Any]], summary: dict[str, dict[str, Any]],
+                 labels: dict[str, str]) -> str:
+    """The sweep's markdown tables: every point, then each kind's median and lowest against its bar."""
+    engines = list(rows[0]["by_engine"])
+    head = " | ".join(labels.get(e, e) for e in engines)
+    lines = [f"| kind | requests × prompt × new | figure | {head} | FoloVLLM vs vLLM's best |",
+             "|---|---|---|" + "---|" * len(engines) + "---|"]
+    for r in sorted(rows, key=lambda r: list(SWEEP_KINDS).index(r["kind"])):
+        better = "higher" if r["higher_is_better"] else "lower"
+        cells = " | ".join(fmt_value(r["by_engine"][e]) if e in r["by_engine"] else "–" for e in engines)
+        lines.append(f"| {SWEEP_KINDS[r['kind']]} | {r['label']} | {r['metric']} ({better} is better) | {cells} | "
+                     f"{r['advantage']:.2f}× |")
+    lines += ["", "| kind | points | median | lowest | bar: median / lowest | met |", "|---|---|---|---|---|---|"]
+    for kind, s in summary.items():
+        floor = "–" if s["bar_lowest"] is None else f"{s['bar_lowest']:.2f}×"
+        lines.append(f"| {SWEEP_KINDS[kind]} | {s['points']} | {s['median']:.2f}× | {s['lowest']:.2f}× | "
+                     f"{s['bar_median']:.2f}× / {floor} | {'yes' if s['met'] else 'no'} |")
+    return "\n".join(lines) + "\n"

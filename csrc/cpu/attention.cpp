@@ -13,10 +13,10 @@
 // Portable path: plain C++ that the compiler auto-vectorizes, compiled for each x86-64 level
 // (FOLO_PER_LEVEL) and run at the one the tier allows. Decode rows (one query row, head_dim 64 or 128)
 // take AVX-512 intrinsics at the AVX-512 tier, and the per-tier decode form (tiered/attention_decode.cpp,
-// head_dim a multiple of 8) below it (decode_fast_path=False forces the portable path); with bf16
-// caches at the AVX-512 BF16 tier they score keys with bf16 dot products (decode_bf16_dot=False widens to
-// fp32 instead), and prefetch the next tile's K/V rows while a tile computes (decode_prefetch=False: only
-// the current tile's).
+// head_dim a multiple of 8) below it (the fast_decode switch off forces the portable path); with bf16
+// caches at the AVX-512 BF16 tier they score keys with bf16 dot products (bf16_dot off widens to fp32
+// instead), and prefetch the next tile's K/V rows while a tile computes (prefetch off: only the current
+// tile's). These switches (AttentionSwitches) are set once for the process, not passed per call.
 
 #include "attention.h"
 #include "attention_decode.h"
@@ -25,6 +25,7 @@
 #include "tiered.h"
 
 #include <ATen/Parallel.h>
+#include <atomic>
 #include <ATen/core/Tensor.h>
 #include <c10/util/BFloat16.h>
 #include <omp.h>
@@ -288,14 +289,29 @@ void check_int64(const at::Tensor& t, const char* name) {
 
 }  // namespace
 
+namespace {
+// AttentionSwitches as bits, so that a call reads all four at once while a test may set them.
+constexpr unsigned kFastDecode = 1, kBf16Dot = 2, kPrefetch = 4, kChunkedClaims = 8;
+std::atomic<unsigned> g_attention_switches{kFastDecode | kBf16Dot | kPrefetch | kChunkedClaims};
+}  // namespace
+
+void set_attention_switches(const AttentionSwitches& s) {
+  g_attention_switches = (s.fast_decode ? kFastDecode : 0) | (s.bf16_dot ? kBf16Dot : 0) |
+                         (s.prefetch ? kPrefetch : 0) | (s.chunked_claims ? kChunkedClaims : 0);
+}
+
+AttentionSwitches attention_switches() {
+  const unsigned bits = g_attention_switches;
+  return {(bits & kFastDecode) != 0, (bits & kBf16Dot) != 0, (bits & kPrefetch) != 0, (bits & kChunkedClaims) != 0};
+}
+
 void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& k_cache,
                      const at::Tensor& v_cache, const at::Tensor& block_tables, const at::Tensor& seq_lens,
-                     const at::Tensor& query_start_loc, double scale, bool skip_fresh_prefills,
-                     int64_t sliding_window, bool decode_fast_path, int64_t skip_prefills_from,
-                     bool decode_bf16_dot, bool decode_prefetch, bool chunked_claims) {
+                     const at::Tensor& query_start_loc, const AttentionCall& call) {
   if (kv_format_of(k_cache.scalar_type()) != 0)
-    return paged_attention_quantized(out, query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
-                                     skip_fresh_prefills, sliding_window, skip_prefills_from);
+    return paged_attention_quantized(out, query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, call);
+  const int64_t sliding_window = call.sliding_window, skip_prefills_from = call.skip_prefills_from;
+  const AttentionSwitches switches = attention_switches();
   TORCH_CHECK(sliding_window >= 0, "sliding_window must be >= 0 (0: no window)");
   TORCH_CHECK(skip_prefills_from >= 0, "skip_prefills_from must be >= 0 (0: compute every chunk over context)");
   TORCH_CHECK(query.dim() == 3 && k_cache.dim() == 4, "query must be [T, Hq, D] and the caches "
@@ -330,12 +346,13 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
                         block_tables.const_data_ptr<int64_t>(), seq_lens.const_data_ptr<int64_t>(),
                         query_start_loc.const_data_ptr<int64_t>(), block_tables.size(1),
                         query.size(1), k_cache.size(2), query.size(2), k_cache.size(1),
-                        static_cast<float>(scale), sliding_window,
-                        decode_fast_path && tier_at_least(Tier::kAvx512),
-                        decode_bf16_dot && std::is_same_v<scalar_t, c10::BFloat16> && tier_at_least(Tier::kAvx512Bf16),
-                        decode_prefetch, chunked_claims,
-                        decode_fast_path && !tier_at_least(Tier::kAvx512) && tiered_decode_fits(query.size(2))};
-    run(p, num_seqs, skip_fresh_prefills, skip_prefills_from);
+                        static_cast<float>(call.scale), sliding_window,
+                        switches.fast_decode && tier_at_least(Tier::kAvx512),
+                        switches.bf16_dot && std::is_same_v<scalar_t, c10::BFloat16> &&
+                            tier_at_least(Tier::kAvx512Bf16),
+                        switches.prefetch, switches.chunked_claims,
+                        switches.fast_decode && !tier_at_least(Tier::kAvx512) && tiered_decode_fits(query.size(2))};
+    run(p, num_seqs, call.skip_fresh_prefills, skip_prefills_from);
   };
   if (dtype == at::kFloat) {
     fill(static_cast<float*>(nullptr));

@@ -36,8 +36,10 @@ int kv_format_of(at::ScalarType dtype) {
 
 void paged_attention_quantized(at::Tensor& out, const at::Tensor& query, const at::Tensor& k_cache,
                                const at::Tensor& v_cache, const at::Tensor& block_tables, const at::Tensor& seq_lens,
-                               const at::Tensor& query_start_loc, double scale, bool skip_fresh_prefills,
-                               int64_t sliding_window, int64_t skip_prefills_from) {
+                               const at::Tensor& query_start_loc, const AttentionCall& call) {
+  const double scale = call.scale;
+  const bool skip_fresh_prefills = call.skip_fresh_prefills;
+  const int64_t sliding_window = call.sliding_window, skip_prefills_from = call.skip_prefills_from;
   TORCH_CHECK(tier_at_least(Tier::kAvx2), "paged_attention needs the avx2 tier at least; this one is ",
               tier_name(tier()));
   TORCH_CHECK(sliding_window >= 0 && skip_prefills_from >= 0, "sliding_window and skip_prefills_from must be >= 0");

@@ -15,7 +15,8 @@ namespace {
 // about before it picks a kernel.
 Tier kernel_floor(const std::string& name) {
   if (name == "paged_attention" || name == "fused_ops" || name == "linear" || name == "linear_argmax" ||
-      name == "int4" || name == "int4_a8" || name == "int8" || name == "prefill_attention" || name == "lora")
+      name == "int4" || name == "int4_a8" || name == "int8" || name == "gguf" || name == "prefill_attention" ||
+      name == "lora")
     return Tier::kAvx2;
   if (name == "decode_avx512") return Tier::kAvx512;
   if (name == "team") return Tier::kAvx512Bf16;
@@ -31,6 +32,30 @@ std::string cap_tier(const std::string& name) {
   return tier_name(tier());
 }
 
+void paged_attention_op(at::Tensor& out, const at::Tensor& query, const at::Tensor& k_cache,
+                        const at::Tensor& v_cache, const at::Tensor& block_tables, const at::Tensor& seq_lens,
+                        const at::Tensor& query_start_loc, double scale, int64_t sliding_window,
+                        int64_t skip_prefills_from, bool skip_fresh_prefills) {
+  paged_attention(out, query, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
+                  {.scale = scale, .sliding_window = sliding_window, .skip_prefills_from = skip_prefills_from,
+                   .skip_fresh_prefills = skip_fresh_prefills});
+}
+
+void set_attention_switches_op(bool fast_decode, bool bf16_dot, bool prefetch, bool chunked_claims) {
+  set_attention_switches({.fast_decode = fast_decode, .bf16_dot = bf16_dot, .prefetch = prefetch,
+                          .chunked_claims = chunked_claims});
+}
+
+c10::Dict<std::string, bool> attention_switches_op() {
+  const AttentionSwitches s = attention_switches();
+  c10::Dict<std::string, bool> named;
+  named.insert("fast_decode", s.fast_decode);
+  named.insert("bf16_dot", s.bf16_dot);
+  named.insert("prefetch", s.prefetch);
+  named.insert("chunked_claims", s.chunked_claims);
+  return named;
+}
+
 }  // namespace
 }  // namespace folovllm::cpu
 
@@ -42,9 +67,11 @@ TORCH_LIBRARY(folovllm, m) {
   m.def("has_kernel(str name) -> bool", &has_kernel);
 
   m.def("paged_attention(Tensor(a!) out, Tensor query, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
-        "Tensor seq_lens, Tensor query_start_loc, float scale, bool skip_fresh_prefills, "
-        "int sliding_window=0, bool decode_fast_path=True, int skip_prefills_from=0, bool decode_bf16_dot=True, "
-        "bool decode_prefetch=True, bool chunked_claims=True) -> ()");
+        "Tensor seq_lens, Tensor query_start_loc, *, float scale, int sliding_window=0, int skip_prefills_from=0, "
+        "bool skip_fresh_prefills=True) -> ()");
+  m.def("set_attention_switches(*, bool fast_decode, bool bf16_dot, bool prefetch, bool chunked_claims) -> ()",
+        &set_attention_switches_op);
+  m.def("attention_switches() -> Dict(str, bool)", &attention_switches_op);
   m.def("prefill_attention(Tensor(a!) out, Tensor q, Tensor k, Tensor v, int[] starts, int[] lens, float scale) -> ()");
   m.def("prefill_attention_takes(bool bf16, int head_dim) -> bool", &prefill_attention_takes);
 
@@ -68,6 +95,10 @@ TORCH_LIBRARY(folovllm, m) {
   m.def("int8_rows(Tensor codes, Tensor scales, Tensor ids, ScalarType dtype) -> Tensor");
   m.def("int8_argmax(Tensor x, Tensor codes, Tensor scales, bool fused=True) -> Tensor");
 
+  m.def("gguf_gemm(Tensor x, Tensor weight, Tensor parts) -> Tensor");
+  m.def("gguf_argmax(Tensor x, Tensor weight, Tensor parts) -> Tensor");
+  m.def("gguf_rows(Tensor weight, Tensor parts, Tensor ids, ScalarType dtype) -> Tensor");
+
   m.def("lora_add(Tensor(a!) out, Tensor x, Tensor row_slot, Tensor a, Tensor a_start, Tensor b, Tensor pieces, "
         "Tensor p_start) -> ()");
 
@@ -76,7 +107,7 @@ TORCH_LIBRARY(folovllm, m) {
 
 TORCH_LIBRARY_IMPL(folovllm, CPU, m) {
   using namespace folovllm::cpu;
-  m.impl("paged_attention", &paged_attention);
+  m.impl("paged_attention", &paged_attention_op);
   m.impl("prefill_attention", &prefill_attention);
   m.impl("add_rms_norm", &add_rms_norm);
   m.impl("rms_norm", &rms_norm);
@@ -92,5 +123,8 @@ TORCH_LIBRARY_IMPL(folovllm, CPU, m) {
   m.impl("int8_gemm", &int8_gemm);
   m.impl("int8_rows", &dequantized_int8_rows);
   m.impl("int8_argmax", &int8_argmax);
+  m.impl("gguf_gemm", &gguf_gemm);
+  m.impl("gguf_argmax", &gguf_argmax);
+  m.impl("gguf_rows", &gguf_rows);
   m.impl("lora_add", &lora_add);
 }

@@ -8,11 +8,12 @@
 // the o_proj linear, add_rms_norm, the MLP. A linear or MLP is a chain of "x-first" calls: op(x, *args),
 // each taking the previous call's output (a linear of any kind; gate_up, silu_and_mul, down; a fused MLP).
 //
-// Where every linear is an int4 matmul with bf16 activations or our bf16 linear and the step is small (a few
-// rows, short attention: team_takes), run_team runs the step on one team of threads instead
+// Where every linear is an int4 matmul with bf16 activations, a gguf_gemm or our bf16 linear and the step is
+// small (a few rows, short attention: team_takes), run_team runs the step on one team of threads instead
 // (decoder_team.h): the same ops for everything but the matmuls, the matmuls' own kernel code split
 // by columns, the same bits.
 #include "decoder_team.h"
+#include "decoder_team_gguf.h"
 #include "ops.h"
 
 #include <ATen/ATen.h>
@@ -83,11 +84,13 @@ std::shared_ptr<const TeamLinear> int4_linear(const std::vector<IValue>& args, s
                                       args[first + 3].toInt(), std::move(perm));
 }
 
-// The linear a call makes where the team can split it: int4_gemm, int4_gemm_perm, or the bf16 linear
-// without a bias; else none.
+// The linear a call makes where the team can split it: int4_gemm, int4_gemm_perm, gguf_gemm, or the bf16
+// linear without a bias; else none.
 std::shared_ptr<const TeamLinear> team_linear(const XFirstCall& call) {
   if (call.is("folovllm::int4_gemm")) return int4_linear(call.args, 0);
   if (call.is("folovllm::int4_gemm_perm")) return int4_linear(call.args, 0, call.args[4].toTensor());
+  if (call.is("folovllm::gguf_gemm"))
+    return std::make_shared<GgufLinear>(call.args[0].toTensor(), call.args[1].toTensor());
   if (call.is("folovllm::linear") && call.args[1].isNone())
     return std::make_shared<Bf16Linear>(call.args[0].toTensor());
   return nullptr;
@@ -115,14 +118,11 @@ std::optional<TeamLayer> team_layer(const Layer& layer) {
 
 class DecoderChain : public torch::CustomClassHolder {
  public:
-  // The attention kernel's switches, as the CPU attention backend passes them; team_attention_cost: the
+  // skip_prefills_from: the CPU attention backend's (chunks it leaves to SDPA); team_attention_cost: the
   // team takes a step whose attention costs less than this (query rows x keys, summed over sequences and
   // kv heads; 0: never).
-  DecoderChain(int64_t skip_prefills_from, bool decode_prefetch, bool chunked_claims, int64_t team_attention_cost)
-      : skip_prefills_from_(skip_prefills_from),
-        decode_prefetch_(decode_prefetch),
-        chunked_claims_(chunked_claims),
-        team_attention_cost_(team_attention_cost) {}
+  DecoderChain(int64_t skip_prefills_from, int64_t team_attention_cost)
+      : skip_prefills_from_(skip_prefills_from), team_attention_cost_(team_attention_cost) {}
 
   void add_layer(at::Tensor norm1, double eps1, at::Tensor norm2, double eps2, int64_t num_heads,
                  int64_t num_kv_heads, std::optional<at::Tensor> q_norm, std::optional<at::Tensor> k_norm,
@@ -202,8 +202,9 @@ class DecoderChain : public torch::CustomClassHolder {
                                      layer.k_norm, layer.qk_eps, k_cache, v_cache, slot_mapping);
     at::Tensor query = std::get<0>(qkv).contiguous();  // q is a slice of the fused qkv projection
     at::Tensor out = at::empty_like(query);
-    paged_attention(out, query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, layer.scale, true,
-                    layer.sliding_window, true, skip_prefills_from_, true, decode_prefetch_, chunked_claims_);
+    paged_attention(out, query, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
+                    {.scale = layer.scale, .sliding_window = layer.sliding_window,
+                     .skip_prefills_from = skip_prefills_from_, .skip_fresh_prefills = true});
     return out.view({query.size(0), query.size(1) * query.size(2)});
   }
 
@@ -300,7 +301,6 @@ class DecoderChain : public torch::CustomClassHolder {
   }
 
   int64_t skip_prefills_from_;
-  bool decode_prefetch_, chunked_claims_;
   int64_t team_attention_cost_;
   std::vector<Layer> layers_;
   std::optional<std::vector<TeamLayer>> team_;  // team_layers(), built on first use
@@ -310,7 +310,7 @@ class DecoderChain : public torch::CustomClassHolder {
 
 void register_decoder_chain(torch::Library& m) {
   m.class_<DecoderChain>("DecoderChain")
-      .def(torch::init<int64_t, bool, bool, int64_t>())
+      .def(torch::init<int64_t, int64_t>())
       .def("team_takes", &DecoderChain::team_takes)
       .def("add_layer", &DecoderChain::add_layer)
       .def("add_call", &DecoderChain::add_call)

@@ -11,10 +11,26 @@
 namespace folovllm::cpu {
 
 // attention.cpp, attention_prefill.h
+// What one paged_attention call computes besides its tensors (the op's keyword arguments).
+struct AttentionCall {
+  double scale;
+  int64_t sliding_window = 0;  // keys a query sees, itself included; 0: the whole context
+  int64_t skip_prefills_from = 0;  // chunks of this many rows or more over cached context are the caller's; 0: none
+  bool skip_fresh_prefills = true;  // chunks without cached context are the caller's (their rows left unwritten)
+};
 void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v_cache,
                      const at::Tensor& block_tables, const at::Tensor& seq_lens, const at::Tensor& query_start_loc,
-                     double scale, bool skip_fresh_prefills, int64_t sliding_window, bool decode_fast_path,
-                     int64_t skip_prefills_from, bool decode_bf16_dot, bool decode_prefetch, bool chunked_claims);
+                     const AttentionCall& call);
+// The decode path's optimizations, each with an off-path for comparison: process-wide, set once from the
+// environment (folovllm/platforms/kernel_library.py), never a per-call argument.
+struct AttentionSwitches {
+  bool fast_decode = true;  // decode rows take the AVX-512 / per-tier decode forms (off: the portable path)
+  bool bf16_dot = true;  // bf16 keys scored with bf16 dot products at avx512_bf16 (off: widened to fp32)
+  bool prefetch = true;  // the next tile's K/V rows are prefetched while a tile computes (the same bits)
+  bool chunked_claims = true;  // threads claim runs of work items, not one at a time (the same bits)
+};
+void set_attention_switches(const AttentionSwitches& switches);
+AttentionSwitches attention_switches();
 void prefill_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                        at::IntArrayRef starts, at::IntArrayRef lens, double scale);
 // Whether prefill_attention takes q/k/v of this dtype (bf16, else fp32) and head_dim at the current tier.
@@ -25,8 +41,7 @@ bool prefill_attention_takes(bool bf16, int64_t head_dim);
 int kv_format_of(at::ScalarType dtype);
 void paged_attention_quantized(at::Tensor& out, const at::Tensor& query, const at::Tensor& k_cache,
                                const at::Tensor& v_cache, const at::Tensor& block_tables, const at::Tensor& seq_lens,
-                               const at::Tensor& query_start_loc, double scale, bool skip_fresh_prefills,
-                               int64_t sliding_window, int64_t skip_prefills_from);
+                               const at::Tensor& query_start_loc, const AttentionCall& call);
 
 // fused_ops.cpp
 at::Tensor add_rms_norm(at::Tensor& residual, const at::Tensor& x, const at::Tensor& weight, double eps);
@@ -56,6 +71,11 @@ at::Tensor int8_gemm(const at::Tensor& x, const at::Tensor& codes, const at::Ten
 at::Tensor int8_argmax(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, bool fused);
 at::Tensor dequantized_int8_rows(const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& ids,
                                  at::ScalarType dtype);
+
+// gguf_gemm.cpp
+at::Tensor gguf_gemm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& parts);
+at::Tensor gguf_argmax(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& parts);
+at::Tensor gguf_rows(const at::Tensor& weight, const at::Tensor& parts, const at::Tensor& ids, at::ScalarType dtype);
 
 // lora.cpp: out += each row's LoRA adapter delta (the tables as lora.cpp describes them)
 void lora_add(at::Tensor& out, const at::Tensor& x, const at::Tensor& row_slot, const at::Tensor& a,

@@ -80,29 +80,16 @@ void run_int8_argmax_fp32(const at::Tensor& x, const at::Tensor& codes, const at
   const at::Tensor xf = x.to(at::kFloat).contiguous();
   const int64_t M = xf.size(0), K = xf.size(1), blocks = codes.size(0);
   const int64_t tasks = (blocks + kInt8Cols - 1) / kInt8Cols;
-  std::vector<float> best(tasks * M, -std::numeric_limits<float>::infinity());
-  std::vector<int64_t> best_id(tasks * M, -1);  // -1: no work item started at this task
+  ItemArgmax items(tasks, M);
   const bool bf16_scales = scales.scalar_type() == at::kBFloat16, wide = tier_at_least(Tier::kAvx512);
   parallel_tasks(tasks, M, [&](int64_t p0, int64_t p1) {
-    float* b = best.data() + p0 * M;
-    int64_t* id = best_id.data() + p0 * M;
-    std::fill(id, id + M, 0);
+    const ArgmaxRows rows = items.rows(p0);
     const int64_t b0 = p0 * kInt8Cols, b1 = std::min(blocks, p1 * kInt8Cols);
     auto* run = wide ? &avx512::int8_argmax_blocks : &avx2::int8_argmax_blocks;
     run(xf.const_data_ptr<float>(), M, K, codes.const_data_ptr<int8_t>(), scales.const_data_ptr(), bf16_scales,
-        true, b, id, b0, b1);
+        true, rows.best, rows.id, b0, b1);
   });
-  int64_t* out = ids.mutable_data_ptr<int64_t>();
-  for (int64_t m = 0; m < M; ++m) {
-    float top = -std::numeric_limits<float>::infinity();
-    int64_t id = 0;
-    for (int64_t t = 0; t < tasks; ++t) {
-      const float v = best[t * M + m];
-      if (best_id[t * M + m] < 0 || top != top) continue;
-      if (v > top || v != v) top = v, id = best_id[t * M + m];
-    }
-    out[m] = id;
-  }
+  items.reduce(ids.mutable_data_ptr<int64_t>());
 }
 
 }  // namespace

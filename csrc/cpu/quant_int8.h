@@ -39,6 +39,32 @@ struct ArgmaxRows {
   int64_t* id;   // [rows], from 0
   int64_t col0;  // column of this view's first output
 };
+// Each work item's ArgmaxRows in the slots of its first task ([tasks, M]; ids -1 where no item starts),
+// reduced in column order to each row's first maximum (the first NaN, if any), as torch.argmax has it.
+struct ItemArgmax {
+  int64_t M;
+  std::vector<float> best;
+  std::vector<int64_t> id;
+  ItemArgmax(int64_t tasks, int64_t rows)
+      : M(rows), best(tasks * rows, -std::numeric_limits<float>::infinity()), id(tasks * rows, -1) {}
+  ArgmaxRows rows(int64_t p0) {  // the item starting at task p0
+    std::fill(id.begin() + p0 * M, id.begin() + (p0 + 1) * M, 0);
+    return {best.data() + p0 * M, id.data() + p0 * M, 0};
+  }
+  void reduce(int64_t* out) const {
+    const int64_t tasks = static_cast<int64_t>(id.size()) / std::max<int64_t>(M, 1);
+    for (int64_t m = 0; m < M; ++m) {
+      float top = -std::numeric_limits<float>::infinity();
+      int64_t at = 0;
+      for (int64_t t = 0; t < tasks; ++t) {
+        const float v = best[t * M + m];
+        if (id[t * M + m] < 0 || top != top) continue;
+        if (v > top || v != v) top = v, at = id[t * M + m];
+      }
+      out[m] = at;
+    }
+  }
+};
 FOLO_INLINE ArgmaxRows offset(ArgmaxRows y, int64_t m, int64_t, int64_t col) {
   return {y.best + m, y.id + m, y.col0 + col};
 }
@@ -189,32 +215,18 @@ void run_int8(const at::Tensor& xb, const at::Tensor& codes, const at::Tensor& s
 void run_int8_argmax(const at::Tensor& xb, const at::Tensor& codes, const at::Tensor& scales, at::Tensor& ids) {
   const int64_t M = xb.size(0), K = xb.size(1), N = codes.size(0) * kBlockCols, blocks = N / kBlockCols;
   const int64_t tasks = (blocks + kInt8Cols - 1) / kInt8Cols;
-  std::vector<float> best(tasks * M, -std::numeric_limits<float>::infinity());
-  std::vector<int64_t> best_id(tasks * M, -1);  // -1: no work item started at this task
+  ItemArgmax items(tasks, M);
   const auto* xp = xb.const_data_ptr<c10::BFloat16>();
   const int8_t* cp = codes.const_data_ptr<int8_t>();
   parallel_tasks(tasks, M, [&](int64_t p0, int64_t p1) {
-    float* b = best.data() + p0 * M;
-    int64_t* id = best_id.data() + p0 * M;
-    std::fill(id, id + M, 0);
     const int64_t b0 = p0 * kInt8Cols, b1 = std::min(blocks, p1 * kInt8Cols);
-    const ArgmaxRows rows{b, id, 0};
+    const ArgmaxRows rows = items.rows(p0);
     if (scales.scalar_type() == at::kBFloat16)
       int8_blocks(xp, M, K, cp, scales.const_data_ptr<c10::BFloat16>(), rows, N, b0, b1);
     else
       int8_blocks(xp, M, K, cp, scales.const_data_ptr<float>(), rows, N, b0, b1);
   });
-  int64_t* out = ids.mutable_data_ptr<int64_t>();
-  for (int64_t m = 0; m < M; ++m) {
-    float top = -std::numeric_limits<float>::infinity();
-    int64_t id = 0;
-    for (int64_t t = 0; t < tasks; ++t) {
-      const float v = best[t * M + m];
-      if (best_id[t * M + m] < 0 || top != top) continue;
-      if (v > top || v != v) top = v, id = best_id[t * M + m];
-    }
-    out[m] = id;
-  }
+  items.reduce(ids.mutable_data_ptr<int64_t>());
 }
 
 }  // namespace

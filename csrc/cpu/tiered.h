@@ -112,6 +112,12 @@ struct LoraTables {
   void int4_a8_blocks(const int8_t* a, int64_t M, int64_t K, const float* scale, const float* sum,             \
                       int64_t groups, const uint32_t* codes, const void* scales, const void* zeros,             \
                       bool bf16_scales, int64_t group_size, const LinearOut& out, int64_t b0, int64_t b1);    \
+  /* Column blocks [b0, b1) of one part of gguf_gemm (gguf_layout.h: its ggml type, packed blocks at data,  */ \
+  /* block_bytes apart, codes meta_area into each), x fp32 [M, K], xsum16 [M, K / 16] its sums per 16      */ \
+  /* inputs; outputs from column col0 of y.                                                                */ \
+  void gguf_blocks(int64_t type, const float* x, int64_t M, int64_t K, const float* xsum16,                    \
+                   const uint8_t* data, int64_t block_bytes, int64_t meta_area, const LinearOut& out,           \
+                   int64_t col0, int64_t b0, int64_t b1);                                                      \
   /* Rows [begin, end) of out += each row's adapter delta (tiered/lora.cpp); row_slot[n] -1: none. x, out  */ \
   /* fp32 or bf16 with row strides; ws: kLoraRowBlock (in + the largest slot's A rows + out width) floats. */ \
   void lora_rows(const float* x, int64_t x_stride, float* out, int64_t out_stride, const int64_t* row_slot,     \

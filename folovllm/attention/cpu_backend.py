@@ -19,8 +19,9 @@ first) while a tile computes, so a batch's scattered cache blocks stream from me
 each load (2.2-2.6x faster decode attention at batch 128 over contexts 40-256 on one thread); the kernel's
 threads take their work items in runs that shrink as items run out, not one at a time (at batch 128,
 claiming each sub-microsecond item moved the shared counter between the two cores about as often as it
-computed). Both change only when loads and claims happen: the outputs are the same bits either way, and
-the backend's ``decode_prefetch`` / ``chunked_claims`` arguments turn them off for the tests that say so.
+computed). Both change only when loads and claims happen: the outputs are the same bits either way. They
+and the decode forms are the kernel's switches, set for the process from ``FOLOVLLM_CPU_ATTENTION_*``
+(``kernel_library.attention_switches`` in tests), not arguments of a call.
 
 Batch-invariant mode (``batch_invariant=True``): every query row goes through the kernel as a decode row
 (its own sequence of one new token at its position), so a row's keys are reduced by one form, in tiles set
@@ -55,22 +56,18 @@ class CpuAttentionBackend:
     takes_quantized_kv = True
     has_batch_invariant_form = True
 
-    def __init__(self, sdpa_from: int = SDPA_MIN_ROWS, decode_prefetch: bool = True,
-                 chunked_claims: bool = True, batch_invariant: bool = False) -> None:
+    def __init__(self, sdpa_from: int = SDPA_MIN_ROWS, batch_invariant: bool = False) -> None:
         """``sdpa_from``: chunks of this many new tokens over cached context go to SDPA (0: the kernel takes
-        every one); ``decode_prefetch``, ``chunked_claims``: the kernel's (see the module doc);
-        ``batch_invariant``: every query row as a decode row (the module doc)."""
+        every one); ``batch_invariant``: every query row as a decode row (the module doc)."""
         if not kernel_library.has_kernel("paged_attention"):
             raise RuntimeError("attention_backend 'cpu' is unavailable: "
                                f"{kernel_library.load() or 'the CPU tier is below avx2'} "
                                "(or choose attention_backend 'torch')")
         self._op = torch.ops.folovllm.paged_attention
-        self._sdpa_from = sdpa_from
+        self.sdpa_from = sdpa_from
         self._prefill_kernel = (envs.value("FOLOVLLM_CPU_PREFILL_ATTENTION") == "kernel"
                                 and kernel_library.has_kernel("prefill_attention"))
         self._prefill_takes: dict[tuple[torch.dtype, int], bool] = {}  # (dtype, head_dim) -> the kernel's answer
-        self._decode_prefetch = decode_prefetch
-        self._chunked_claims = chunked_claims
         self._batch_invariant = batch_invariant
         self._last_rows: tuple[AttentionMetadata, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
         self._last_chunks: tuple[AttentionMetadata, list[tuple[int, int, int]]] | None = None
@@ -97,9 +94,8 @@ class CpuAttentionBackend:
         query = query.contiguous()  # q is often a slice of a fused qkv projection
         out = torch.empty_like(query)
         tables, seq_lens, starts = self.kernel_metadata(meta)
-        self._op(out, query, k_cache, v_cache, tables, seq_lens, starts, scale,
-                 True, sliding_window or 0, True, self._sdpa_from, True, self._decode_prefetch,
-                 self._chunked_claims)
+        self._op(out, query, k_cache, v_cache, tables, seq_lens, starts, scale=scale,
+                 sliding_window=sliding_window or 0, skip_prefills_from=self.sdpa_from)
         if self._batch_invariant:  # the kernel took every row
             return out.view(num_tokens, num_heads * head_dim)
         gqa = num_heads != key.shape[1]
@@ -127,11 +123,6 @@ class CpuAttentionBackend:
                 torch.ops.folovllm.prefill_attention_takes(dtype == torch.bfloat16, head_dim)))
         return self._prefill_takes[dtype, head_dim]
 
-    def kernel_switches(self) -> tuple[int, bool, bool]:
-        """(skip_prefills_from, decode_prefetch, chunked_claims): what ``forward`` passes the kernel besides
-        the step's tensors, for callers that call the kernel op themselves (``compilation/layer_chain.py``)."""
-        return self._sdpa_from, self._decode_prefetch, self._chunked_claims
-
     def kernel_takes_whole_step(self, meta: AttentionMetadata) -> bool:
         """Whether ``forward`` on this step (K/V stored already) is the kernel op alone: no prefill chunk
         goes to SDPA or the prefill kernel (true of every decode-only step, and of every step when batch-invariant)."""
@@ -152,7 +143,7 @@ class CpuAttentionBackend:
             chunks, start = [], 0
             for seq, (q_len, seq_len) in enumerate(zip(meta.query_lens, meta.seq_lens_list)):
                 context = seq_len - q_len
-                if q_len > 1 and (context == 0 or 0 < self._sdpa_from <= q_len):
+                if q_len > 1 and (context == 0 or 0 < self.sdpa_from <= q_len):
                     chunks.append((seq, start, start + q_len, context))
                 start += q_len
             self._last_chunks, self._masks, self._splits = (meta, chunks), {}, {}

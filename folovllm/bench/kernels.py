@@ -2,17 +2,21 @@
 
     folovllm bench kernel linear --rows 1,8,64,512 --dtype bfloat16
     folovllm bench kernel int4 --rows 1,64
+    folovllm bench kernel gguf --types Q4_K,Q6_K,Q5_K,Q8_0 --rows 1,16 --shapes 2048x2048,8192x2048,2048x8192,49152x2048
     folovllm bench kernel attention --rows 1,64 --context 256
     folovllm bench kernel attention --rows 128 --context 2048 --kv-cache-dtype auto,int8,fp8_e4m3
     folovllm bench kernel attention --rows 4,16 --prompt-len 512     # a prefill step of fresh prompts
     FOLOVLLM_CPU_ISA=avx2 folovllm bench kernel linear       # the avx2 forms on a higher host
 
-Each candidate is one way to run the op (``folovllm``: ours; ``onednn``, ``torch``: what ours replaces),
-each where it runs at this tier. A linear's weights are the model's shapes with random values, one copy
-per decoder layer called in turn, so a decode-sized call streams its weight from memory as a decode step
-does. Each round times every candidate, in an order that rotates per round; the medians, GB/s of weights
-and GFLOP/s are reported, and for calls of 64 rows or more the share of this tier's GEMM limit (a large
-torch matmul's GFLOP/s in the same dtype, measured first).
+Each candidate is one way to run the op (``folovllm``: ours; ``onednn``, ``torch``: what ours replaces;
+``gguf``: each GGUF type in our kernel, beside our bf16 linear), each where it runs at this tier. A linear's
+weights are the model's shapes (or ``--shapes``) with random values, enough copies called in turn
+(``--copies``; default: at least 256 MiB of them, at most one per decoder layer) that a decode-sized call
+streams its weight from memory as a decode step does. Each round times every candidate, in an order that
+rotates per round; the medians, GB/s of weights read and GFLOP/s are reported, with the GB/s as a share of
+the host's memory bandwidth (a STREAM-style triad, measured first in the same command: bench/bandwidth.py)
+and, for calls of 64 rows or more, the share of this tier's GEMM limit (a large torch matmul's GFLOP/s in
+the same dtype).
 """
 from __future__ import annotations
 
@@ -26,10 +30,13 @@ from typing import Any
 
 import torch
 
+from folovllm.bench.bandwidth import ARRAY_MIB, describe, memory_bandwidth
 from folovllm.model.loader import default_model_path, load_arch_config
 from folovllm.platforms import platform_for
 
-KERNELS = ("linear", "int4", "int8", "attention")
+KERNELS = ("linear", "int4", "int8", "gguf", "attention")
+GGUF_TYPES = "Q4_K,Q6_K,Q5_K,Q8_0"
+COPIES_MIB = 256  # weight copies of at least this many MiB per candidate: each call reads from memory
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
@@ -38,6 +45,11 @@ def add_kernel_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="whose shapes (a .gguf or HF folder; default: the default model)")
     parser.add_argument("--dtype", default="bfloat16", choices=list(DTYPES))
     parser.add_argument("--rows", default="1,8,64", help="comma-separated rows per call (batch or prompt tokens)")
+    parser.add_argument("--shapes", default=None,
+                        help="linears: comma-separated OUTxIN shapes instead of the model's (e.g. 2048x2048,49152x2048)")
+    parser.add_argument("--types", default=GGUF_TYPES, help="gguf: comma-separated GGUF types to time")
+    parser.add_argument("--copies", type=int, default=0,
+                        help="linears: weight copies per candidate (0: at least 256 MiB, at most one per layer)")
     parser.add_argument("--context", type=int, default=256, help="attention: cached tokens per sequence")
     parser.add_argument("--prompt-len", type=int, default=0,
                         help="attention: time a prefill step instead, --rows fresh prompts of this many tokens each")
@@ -47,6 +59,8 @@ def add_kernel_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scattered", action="store_true",
                         help="attention: each sequence's cache blocks at random places, as a long-running server's "
                              "are (default: in order, one after another)")
+    parser.add_argument("--bandwidth-mib", type=int, default=ARRAY_MIB,
+                        help="linears: MiB per array of the memory bandwidth measurement (far past the caches)")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", help="write the results here (JSON)")
@@ -93,33 +107,67 @@ def gemm_limit(dtype: torch.dtype, size: int = 1536, tries: int = 5) -> tuple[fl
     return best, which
 
 
-def linear_shapes(arch: Any) -> dict[str, tuple[int, int]]:
-    """(out, in) of each linear of a decoder layer, and the LM head."""
+def linear_shapes(arch: Any, shapes: str | None = None) -> dict[str, tuple[int, int]]:
+    """(out, in) of each linear of a decoder layer, and the LM head; or each OUTxIN of ``shapes``."""
+    if shapes:
+        found = {}
+        for shape in shapes.split(","):
+            out_f, _, in_f = shape.partition("x")
+            if not (out_f.isdigit() and in_f.isdigit()):
+                raise ValueError(f"--shapes takes OUTxIN, e.g. 2048x8192; got {shape!r}")
+            found[shape] = (int(out_f), int(in_f))
+        return found
     q, kv = arch.num_attention_heads * arch.head_dim, arch.num_key_value_heads * arch.head_dim
     return {"qkv": (q + 2 * kv, arch.hidden_size), "o_proj": (arch.hidden_size, q),
             "gate_up": (2 * arch.intermediate_size, arch.hidden_size), "down": (arch.hidden_size, arch.intermediate_size),
             "lm_head": (arch.vocab_size, arch.hidden_size)}
 
 
-def linear_candidates(out_f: int, in_f: int, dtype: torch.dtype, kind: str, copies: int) -> dict[str, list[Callable]]:
-    """Each way this platform runs such a linear: name -> one callable per weight copy (x -> y)."""
+def copies_for(bytes_per_copy: int, most: int, asked: int = 0) -> int:
+    """Weight copies of a candidate: ``asked``, or enough for COPIES_MIB (2 to ``most``)."""
+    return asked or max(2, min(most, -(-COPIES_MIB * 2**20 // max(bytes_per_copy, 1))))
+
+
+Candidate = tuple[list[Callable], int]  # one callable per weight copy (x -> y), bytes of weights each call reads
+
+
+def linear_candidates(out_f: int, in_f: int, dtype: torch.dtype, kind: str, most: int, asked: int = 0,
+                      types: str = GGUF_TYPES) -> dict[str, Candidate]:
+    """Each way this platform runs such a linear: name -> (callables, weight bytes per call)."""
     from folovllm.model.quantization.packed import pack_linear_weight, packed_linear
     from folovllm.platforms import LinearKernels
 
     kernels = platform_for("cpu").linear_kernels(dtype)
+    size = torch.empty((), dtype=dtype).element_size()
+    copies = copies_for(out_f * in_f * size, most, asked)
+    found: dict[str, Candidate] = {}
+    if kind in ("linear", "gguf") and kernels.dense == "folovllm":
+        weights = [torch.randn(out_f, in_f, dtype=dtype) * 0.02 for _ in range(copies)]
+        packed = [pack_linear_weight(w, ours=True) for w in weights]
+        found["folovllm" if kind == "linear" else "bf16"] = (
+            [lambda x, p=p: packed_linear(x, p, None) for p in packed], out_f * in_f * size)
+    if kind == "gguf":
+        from folovllm.bench.gguf_blocks import random_gguf_blocks, type_id
+        from folovllm.model.quantization.gguf_native import GGUFWeight, packed_bytes
+
+        for name in types.split(","):
+            nbytes = packed_bytes(type_id(name), out_f, in_f)
+            tables = []
+            for i in range(copies_for(nbytes, most, asked)):
+                table = GGUFWeight([(type_id(name), out_f)], in_f)
+                table.piece0.weight_loader(table.piece0, torch.from_numpy(random_gguf_blocks(name, out_f, in_f, i)))
+                tables.append(table)
+            found[name] = ([t.matmul for t in tables], nbytes)
+        return found
     weights = [torch.randn(out_f, in_f, dtype=dtype) * 0.02 for _ in range(copies)]
-    found: dict[str, list[Callable]] = {}
     if kind == "linear":
-        if kernels.dense == "folovllm":
-            packed = [pack_linear_weight(w, ours=True) for w in weights]
-            found["folovllm"] = [lambda x, p=p: packed_linear(x, p, None) for p in packed]
         if kernels.dense_fallback == "onednn" or kernels.dense == "onednn":
             packed = [pack_linear_weight(w, ours=False, onednn=True) for w in weights]
-            found["onednn"] = [lambda x, p=p: packed_linear(x, p, None) for p in packed]
-        found["torch"] = [lambda x, w=w: torch.nn.functional.linear(x, w) for w in weights]
+            found["onednn"] = ([lambda x, p=p: packed_linear(x, p, None) for p in packed], out_f * in_f * size)
+        found["torch"] = ([lambda x, w=w: torch.nn.functional.linear(x, w) for w in weights], out_f * in_f * size)
         if dtype != torch.float32:  # the same layer served in fp32, as --dtype float32 would run it
             packed = [pack_linear_weight(w.float(), ours=False, onednn=True) for w in weights]
-            found["fp32"] = [lambda x, p=p: packed_linear(x.float(), p, None) for p in packed]
+            found["fp32"] = ([lambda x, p=p: packed_linear(x.float(), p, None) for p in packed], out_f * in_f * 4)
         return found
     from folovllm.model.quantization.int8 import quantize_int8_per_channel
     from folovllm.model.quantization.kernels import Int8ChannelKernel, int4_group_kernel
@@ -135,42 +183,43 @@ def linear_candidates(out_f: int, in_f: int, dtype: torch.dtype, kind: str, copi
             scales = torch.rand(out_f, in_f // group) * 0.01
             mods = [int4_group_kernel(c, scales, torch.zeros_like(scales), group, dtype,
                                       LinearKernels(quant=backend)) for c in codes]
-        found[backend] = [m.forward for m in mods]
+        found[backend] = ([m.forward for m in mods], out_f * in_f * (1 if kind == "int8" else 0.5))
     return found
 
 
-def weight_bytes(out_f: int, in_f: int, kind: str, dtype: torch.dtype) -> float:
-    per = {"int4": 0.5, "int8": 1.0}.get(kind, torch.empty((), dtype=dtype).element_size())
-    return out_f * in_f * per
-
-
-def bench_linears(args: argparse.Namespace, arch: Any, dtype: torch.dtype) -> list[dict[str, Any]]:
+def bench_linears(args: argparse.Namespace, arch: Any, dtype: torch.dtype) -> tuple[list[dict[str, Any]], dict]:
+    bandwidth = memory_bandwidth(args.threads, args.bandwidth_mib)
+    print(describe(bandwidth))
     limit, which = gemm_limit(dtype)
     print(f"GEMM limit (the fastest 1536^2 GEMM of torch's here, best of 5): {limit:.1f} GFLOP/s ({which})")
     rows_list = [int(r) for r in args.rows.split(",")]
     rows_out = []
-    for name, (out_f, in_f) in linear_shapes(arch).items():
-        copies = 1 if name == "lm_head" else arch.num_hidden_layers
-        candidates = linear_candidates(out_f, in_f, dtype, args.kernel, copies)
+    for name, (out_f, in_f) in linear_shapes(arch, args.shapes).items():
+        most = 1 if name == "lm_head" else arch.num_hidden_layers
+        candidates = linear_candidates(out_f, in_f, dtype, args.kernel, most, args.copies, args.types)
         for rows in rows_list:
             x = torch.randn(rows, in_f, dtype=dtype)
             samples: dict[str, list[float]] = {c: [] for c in candidates}
             order = list(candidates)
             for r in range(args.rounds):
                 for cand in order[r % len(order):] + order[:r % len(order)]:
-                    fns = candidates[cand]
+                    fns = candidates[cand][0]
                     samples[cand].append(timed(lambda: [f(x) for f in fns]) / len(fns))
             for cand, times in samples.items():
                 seconds = statistics.median(times)
                 gflops = 2 * rows * out_f * in_f / seconds / 1e9
+                gb_s = candidates[cand][1] / seconds / 1e9
                 row = {"shape": name, "out": out_f, "in": in_f, "rows": rows, "candidate": cand, "us": seconds * 1e6,
-                       "gb_s": weight_bytes(out_f, in_f, args.kernel, dtype) / seconds / 1e9, "gflop_s": gflops,
-                       "gemm_limit_gflop_s": limit, "gemm_limit_by": which, "gemm_limit_share": gflops / limit if rows >= 64 else None}
+                       "weight_bytes": candidates[cand][1], "copies": len(candidates[cand][0]), "gb_s": gb_s,
+                       "triad_share": gb_s / bandwidth["triad_gb_s"], "gflop_s": gflops,
+                       "gemm_limit_gflop_s": limit, "gemm_limit_by": which,
+                       "gemm_limit_share": gflops / limit if rows >= 64 else None}
                 rows_out.append(row)
-                share = f"  {row['gemm_limit_share']:.0%} of the limit" if row["gemm_limit_share"] else ""
+                share = f"  {row['gemm_limit_share']:.0%} of the GEMM limit" if row["gemm_limit_share"] else ""
                 print(f"{name:8s} [{out_f}x{in_f}] rows {rows:4d} {cand:9s} {row['us']:9.1f} us "
-                      f"{row['gb_s']:6.1f} GB/s {gflops:7.1f} GFLOP/s{share}")
-    return rows_out
+                      f"{gb_s:6.1f} GB/s ({row['triad_share']:4.0%} of triad) {gflops:7.1f} GFLOP/s{share}")
+        del candidates
+    return rows_out, bandwidth
 
 
 def bench_attention(args: argparse.Namespace, arch: Any, dtype: torch.dtype) -> list[dict[str, Any]]:
@@ -249,12 +298,22 @@ def run_bench_kernel(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     dtype = DTYPES[args.dtype]
     platform = platform_for("cpu")
+    if args.kernel == "gguf":  # a bad type named before anything is measured
+        from folovllm.bench.gguf_blocks import type_id
+
+        for name in args.types.split(","):
+            type_id(name)
     arch = load_arch_config(args.model or default_model_path())
     print(f"platform: {platform.describe()}; model: {arch.name}; {args.threads} threads")
+    bandwidth = None
     with torch.inference_mode():
-        rows = bench_attention(args, arch, dtype) if args.kernel == "attention" else bench_linears(args, arch, dtype)
+        if args.kernel == "attention":
+            rows = bench_attention(args, arch, dtype)
+        else:
+            rows, bandwidth = bench_linears(args, arch, dtype)
     results = {"kernel": args.kernel, "dtype": args.dtype, "threads": args.threads, "rounds": args.rounds,
-               "model": arch.name, "platform": platform.describe(), "rows": rows}
+               "model": arch.name, "platform": platform.describe(), "memory_bandwidth": bandwidth, "rows": rows,
+               "args": {k: v for k, v in vars(args).items() if k != "func"}}
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
     return results

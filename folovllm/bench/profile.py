@@ -9,7 +9,9 @@ Requests of ``--prompt-len`` random tokens are added and stepped until their pro
 ``--steps`` engine steps run under the profiler. Reported: the step time (median), the ops that took the
 most time (self CPU time per step, calls per step), and the step time no op accounts for: the engine's and
 the model's Python, the host work around the kernels. On CUDA also the kernels with the most device time
-per step, and their sum against the step time.
+per step, and their sum against the step time. On the CPU also the weights a step reads (every linear's,
+the LM head's) over the step time, as GB/s and as a share of the host's memory bandwidth (a STREAM-style
+triad measured after the steps, bench/bandwidth.py): how near a decode step runs to the memory's limit.
 """
 from __future__ import annotations
 
@@ -25,8 +27,11 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
+from folovllm.bench.bandwidth import ARRAY_MIB, describe, memory_bandwidth
 from folovllm.bench.switch_ab import prompt_id_range
 from folovllm.engine.args import add_engine_args, add_model_positional, engine_config_from_args
+from folovllm.model.layers.linear import LinearBase
+from folovllm.model.quantization.gguf_native import GGUFPackedLinearMethod
 
 
 def add_profile_args(parser: argparse.ArgumentParser) -> None:
@@ -36,6 +41,8 @@ def add_profile_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prefill", action="store_true",
                         help="profile the prompts' steps instead of decodes (always, for a pooling engine)")
     parser.add_argument("--top", type=int, default=15, help="ops listed")
+    parser.add_argument("--bandwidth-mib", type=int, default=ARRAY_MIB,
+                        help="MiB per array of the memory bandwidth measurement (far past the caches)")
     parser.add_argument("--out", help="write the results here (JSON)")
     add_model_positional(parser)
     add_engine_args(parser)
@@ -68,6 +75,15 @@ def run_bench_profile(args: argparse.Namespace) -> dict[str, Any]:
     print(f"platform: {engine.platform_info}")
     print(f"{results['steps']} steps of {args.batch} requests ({'prefill' if prefill else 'decode'}): "
           f"{results['step_us_median']:.0f} us per step (median)")
+    model = getattr(engine.worker, "model", None)
+    if engine.device.type == "cpu" and model is not None:
+        bandwidth = memory_bandwidth(engine.config.num_threads, args.bandwidth_mib)
+        read = step_weight_bytes(model)
+        gb_s = read / results["step_us_median"] / 1e3
+        results["weights_read"] = {"bytes_per_step": read, "gb_s": gb_s, "memory_bandwidth": bandwidth,
+                                   "triad_share": gb_s / bandwidth["triad_gb_s"]}
+        print(f"weights read per step: {read / 2**20:.1f} MiB, {gb_s:.1f} GB/s at the median step "
+              f"({gb_s / bandwidth['triad_gb_s']:.0%} of triad); {describe(bandwidth)}")
     for row in results["ops"]:
         print(f"  {row['op']:45s} {row['us_per_step']:9.1f} us  {row['calls_per_step']:6.1f} calls")
     print(f"  {'(no op: Python, the engine, the host)':45s} {results['host_us_per_step']:9.1f} us")
@@ -78,6 +94,19 @@ def run_bench_profile(args: argparse.Namespace) -> dict[str, Any]:
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
     return results
+
+
+def step_weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of weights a decode step reads: every linear's, the LM head's included (a table the head shares
+    with the embedding counted there, once); not the embedding's own table, of which a step reads a few rows."""
+    tensors = {}
+    for module in model.modules():
+        if isinstance(module, LinearBase):
+            held = [module]
+            if isinstance(module.method, GGUFPackedLinearMethod):
+                held.append(module.method.table(module))
+            tensors.update({id(t): t for m in held for t in (*m.parameters(), *m.buffers())})
+    return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
 def profile_steps(engine: Any, steps: int, top: int = 15) -> dict[str, Any]:

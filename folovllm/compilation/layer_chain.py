@@ -7,13 +7,13 @@ decode step, paid by bf16 and quantized models alike. The ``folovllm.DecoderChai
 with the same arguments: the same bits as the direct layers.
 
 A chain is built only when every layer's linears are tagged single op calls (``quantization/op_call.py``:
-plain F.linear, our bf16, int4 and int8 kernels, the fused int4 MLP; not oneDNN's, whose empty scalar list
+plain F.linear, our bf16, int4, int8 and GGUF kernels, the fused int4 MLP; not oneDNN's, whose empty scalar list
 cannot cross into C++) and the layers share one CPU
 attention backend; it runs only steps whose attention is the kernel op alone (decode-only steps; a prefill
 chunk goes through the direct layers). ``FOLOVLLM_CPU_DECODER=direct`` never builds one.
 
-Where every linear is an int4 matmul with bf16 activations (act-order ones too) or our bf16 linear, a step
-of a few rows whose attention is short runs on one team of threads that stays together for the whole step
+Where every linear is an int4 matmul with bf16 activations (act-order ones too), a GGUF matmul or our bf16
+linear, a step of a few rows whose attention is short runs on one team of threads that stays together for the whole step
 (csrc/cpu/decoder_team.h): the matmuls split by columns, the ops between them on the first thread while the
 others prefetch their columns of the next matmul; the same bits. ``FOLOVLLM_CPU_DECODER=chain`` keeps those
 steps on the ops.
@@ -82,7 +82,7 @@ def layer_chain(layers: Sequence[DirectDecoderLayer], team: bool) -> LayerChain 
     calls = [_layer_calls(layer) for layer in layers]
     if any(c is None for c in calls):
         return None
-    chain = torch.classes.folovllm.DecoderChain(*backend.kernel_switches(), TEAM_ATTENTION_COST if team else 0)
+    chain = torch.classes.folovllm.DecoderChain(backend.sdpa_from, TEAM_ATTENTION_COST if team else 0)
     for layer, parts in zip(layers, calls):
         chain.add_layer(layer.norm1, layer.eps1, layer.norm2, layer.eps2, layer.num_heads, layer.num_kv_heads,
                         layer.q_norm, layer.k_norm, layer.qk_eps, layer.scale, layer.sliding_window or 0)

@@ -63,6 +63,12 @@ class TPGroup:
         self.process_group.allreduce([t], opts).wait()
         return int(t.item())
 
+    def close(self) -> None:
+        """Destroys the process group now, joining its threads. Each collective's tensors are released on
+        those threads, which need the interpreter for it: left to the interpreter's exit, that release
+        aborts the process (a thread that asks for the GIL while Python finalizes is ended mid-C++)."""
+        self.process_group = None
+
     def _count(self, start: float) -> None:
         self.collective_s += time.perf_counter() - start
         self.num_collectives += 1

@@ -20,7 +20,13 @@ from collections.abc import AsyncIterator, Callable
 from folovllm.engine.core_client import ProcessCore, ThreadCore
 from folovllm.engine.core_loop import AbortOp, AddOp, EngineInfo, EngineSnapshot, IterationMessage, LoRAOp, StopOp
 from folovllm.engine.dp_core import DataParallelCore
-from folovllm.engine.errors import EngineDeadError, EngineError, EngineShutdownError, RequestFailedError
+from folovllm.engine.errors import (
+    EngineDeadError,
+    EngineError,
+    EngineShutdownError,
+    RequestFailedError,
+    RequestRefusedError,
+)
 from folovllm.engine.llm_engine import PromptInput
 from folovllm.engine.output_delta import DeltaDecoder
 from folovllm.lora.request import LoRARequest
@@ -45,10 +51,13 @@ class RequestStream:
         self.request_id = request_id
         self.finished = False
         self.engine = 0  # the data-parallel replica serving it, known once it is accepted
+        self.num_output_tokens = 0  # over its choices, as of the latest output the engine handed over
         self._queue: asyncio.Queue[RequestOutput | Exception] = asyncio.Queue()
         self._engine = engine
 
     def put(self, item: RequestOutput | Exception) -> None:
+        if isinstance(item, RequestOutput):
+            self.num_output_tokens = sum(len(choice.token_ids) for choice in item.outputs)
         self._queue.put_nowait(item)
 
     async def __aiter__(self) -> AsyncIterator[RequestOutput]:
@@ -211,7 +220,8 @@ class AsyncLLMEngine:
             if stream is not None:
                 failed = [o for o in output.outputs if o.finish_reason == "error"] if output.finished else []
                 reason = failed[0].stop_reason if failed and isinstance(failed[0].stop_reason, str) else None
-                stream.put((RequestFailedError(reason) if reason else RequestFailedError()) if failed else output)
+                # a reason comes with a refusal of the request's own constraint alone (engine/step_results.py)
+                stream.put((RequestRefusedError(reason) if reason else RequestFailedError()) if failed else output)
                 if output.finished:
                     del self._streams[output.request_id]
         for request_id in message.failed:

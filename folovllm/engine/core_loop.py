@@ -82,12 +82,15 @@ class EngineInfo:
     weight_bytes: int = 0  # the model's weights as this engine holds them (quantized: packed)
     platform: dict[str, str] = field(default_factory=dict)  # LLMEngine.platform_info: device, CPU tier
     cross_encoder: bool = False  # a pooling model that scores text pairs through its head (LLMEngine.cross_encoder)
+    vocab_size: int = 0  # the model's: token ids a request names are below it
+    pooling: bool = False  # runner "pooling": it embeds and scores, it does not generate
 
 
 def engine_info(engine: LLMEngine) -> EngineInfo:
     return EngineInfo(engine.model_path, engine.max_model_len, engine.default_sampling, engine.cache_config_info(),
                       kv_role=engine.config.kv_role, weight_bytes=engine.model.weight_bytes(),
-                      platform=engine.platform_info, cross_encoder=engine.cross_encoder)
+                      platform=engine.platform_info, cross_encoder=engine.cross_encoder, vocab_size=engine.vocab_size,
+                      pooling=engine.pooler_config is not None)
 
 
 @dataclass

@@ -21,6 +21,15 @@ class RequestFailedError(EngineError):
         super().__init__(message)
 
 
+class RequestRefusedError(EngineError):
+    """The request's own settings left it nothing to generate (its structured-outputs constraint refused
+    the token its other settings allowed, e.g. a stop token banned by min_tokens): the client's to change."""
+
+    status_code = 400
+    error_type = "invalid_request_error"
+    code = "unsatisfiable_constraint"
+
+
 class EngineDeadError(EngineError):
     """The engine core is gone (its process died or its loop failed); the server exits soon."""
 

@@ -229,6 +229,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_host_args(host)
     host.set_defaults(func=lambda args: _run_bench(run_bench_host, args))
+    invariance = bench_sub.add_parser("invariance", help="batch-invariant mode: needles alone vs in batches per "
+                                                         "tier and dtype, and its throughput cost")
+    from folovllm.bench.invariance import add_invariance_args, run_bench_invariance
+
+    add_invariance_args(invariance)
+    invariance.set_defaults(func=lambda args: _run_bench(run_bench_invariance, args))
     perplexity = bench_sub.add_parser("perplexity", help="strided perplexity of a text (prompt logprobs)")
     from folovllm.bench.perplexity import add_perplexity_args, run_perplexity
 

@@ -164,3 +164,8 @@ class Platform(ABC):
     def holds_quantized_weights(self) -> bool:
         """Whether int4/int8 weights run on kernels here (else a quantized model dequantizes every call)."""
         return False
+
+    def runs_gguf_types(self) -> bool:
+        """Whether a GGUF file's quantized tensors run here in their own types at least as fast as dequantized
+        ones (``load_quantized`` auto for a GGUF file)."""
+        return False

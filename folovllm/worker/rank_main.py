@@ -65,6 +65,9 @@ def run_rank(conn: Connection, node: argparse.Namespace) -> None:
     except Exception:
         logger.exception("failed; the tensor-parallel group cannot go on")
         raise SystemExit(1) from None
+    finally:
+        worker.close()
+        group.close()  # before the interpreter's exit: see TPGroup.close
 
 
 def _serve(worker: Worker, conn: Connection) -> None:

@@ -175,5 +175,8 @@ class TensorParallelWorker:
         return self.resolve(self.launch(step))
 
     def close(self) -> None:
-        """Stops every rank and waits for them (terminating any that hang); also run when collected."""
+        """Stops every rank and waits for them (terminating any that hang; also run when collected), then
+        this rank's end of the group (see TPGroup.close)."""
         self._finalizer()
+        if hasattr(self, "group"):
+            self.group.close()

@@ -14,7 +14,7 @@ import folovllm.attention.cpu_backend as cpu_backend
 from folovllm.attention.backend import get_attention_backend
 from folovllm.platforms import kernel_library
 from tests.attention.paged_reference import reference_attention, run_case
-from tests.helpers import make_attn_metadata
+from tests.helpers import make_attn_metadata, switches
 from tests.tiers import library_missing
 
 torch.set_num_threads(2)
@@ -128,7 +128,7 @@ def test_kernel_computes_fresh_prefill_chunks_too(dtype: torch.dtype, tol: float
     meta = make_attn_metadata(query_lens, seq_lens, tables, block_size)
     out = torch.full_like(query, float("nan"))
     torch.ops.folovllm.paged_attention(out, query, k_cache, v_cache, meta.block_tables, meta.seq_lens,
-                                           meta.query_start_loc, 0.125, False)
+                                       meta.query_start_loc, scale=0.125, skip_fresh_prefills=False)
     start = 0
     for q_len, seq_len, table in zip(query_lens, seq_lens, tables):
         k = k_cache[table].flatten(0, 1)[:seq_len]
@@ -157,7 +157,7 @@ def test_chunks_over_context_on_either_path_match_reference(
 
 @needs_kernel
 @pytest.mark.parametrize("option, query_lens, seq_lens", [
-    ("decode_prefetch", [1, 1, 1, 4], [300, 129, 9, 40]),
+    ("prefetch", [1, 1, 1, 4], [300, 129, 9, 40]),
     # many small items on two threads: runs of items or one at a time, the same bits
     ("chunked_claims", [1] * 40 + [5], [3 + 7 * i for i in range(40)] + [30]),
 ])
@@ -165,8 +165,8 @@ def test_kernel_options_give_the_same_output(option: str, query_lens: list[int],
                                              kernel_tier: str) -> None:
     outputs = {}
     for on in (True, False):
-        backend = cpu_backend.CpuAttentionBackend(**{option: on})
-        outputs[on], ref = run_case(query_lens, seq_lens, 9, 3, 64, 16, torch.bfloat16, backend=backend)
+        with kernel_library.attention_switches(**{option: on}):
+            outputs[on], ref = run_case(query_lens, seq_lens, 9, 3, 64, 16, torch.bfloat16, backend=BACKEND)
     assert torch.equal(outputs[True], outputs[False])
     torch.testing.assert_close(outputs[True].double(), ref, atol=3e-2, rtol=3e-2)
 
@@ -178,8 +178,8 @@ def test_kernel_rejects_a_block_table_too_short() -> None:
     query = torch.zeros(1, 1, 8)
     with pytest.raises(RuntimeError, match="do not fit its block table"):
         torch.ops.folovllm.paged_attention(torch.empty_like(query), query, cache, cache,
-                                               meta.block_tables[:, :1], meta.seq_lens, meta.query_start_loc,
-                                               1.0, False)
+                                           meta.block_tables[:, :1], meta.seq_lens, meta.query_start_loc,
+                                           scale=1.0, skip_fresh_prefills=False)
 
 
 @needs_kernel
@@ -216,3 +216,17 @@ def test_a_library_that_does_not_load_is_reported(tmp_path: Path) -> None:
     broken.write_text("not a shared library")
     assert "does not load" in kernel_library.load(broken)
     assert "is not built" in kernel_library.load(tmp_path / "missing.so")
+
+
+@needs_kernel
+def test_the_platform_sets_the_attention_switches_from_the_environment() -> None:
+    from folovllm.platforms.cpu import CpuPlatform
+
+    with kernel_library.attention_switches():  # as they were, after the test
+        with switches(CPU_ATTENTION_PREFETCH="off", CPU_ATTENTION_BF16_DOT="off"):
+            CpuPlatform(torch.device("cpu"))
+        assert dict(torch.ops.folovllm.attention_switches()) == {
+            "fast_decode": True, "bf16_dot": False, "prefetch": False, "chunked_claims": True}
+    with pytest.raises(ValueError, match="unknown attention switches"):
+        with kernel_library.attention_switches(decode_prefetch=False):
+            pass

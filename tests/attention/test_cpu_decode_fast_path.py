@@ -1,12 +1,13 @@
 """The CPU kernel's decode forms (single-row items: AVX-512 intrinsics for head_dim 64/128 from the avx512
 tier, the per-tier form below it) against the fp64 reference and against the kernel's general path
-(``decode_fast_path=False``): GQA groups that fill, split and overflow a register block, contexts crossing
+(the ``fast_decode`` switch off): GQA groups that fill, split and overflow a register block, contexts crossing
 key-tile and block boundaries, windows."""
 from __future__ import annotations
 
 import pytest
 import torch
 
+from folovllm.platforms import kernel_library
 from tests.attention.paged_reference import reference_attention
 from tests.tiers import skip_unless_kernel
 
@@ -51,8 +52,10 @@ def run_kernel(query_lens: list[int], seq_lens: list[int], num_heads: int, num_k
     query = torch.cat(queries)
     out = torch.full_like(query, float("nan"))
     starts = torch.tensor([0, *query_lens]).cumsum(0)
-    torch.ops.folovllm.paged_attention(out, query, k_cache, v_cache, tables, torch.tensor(seq_lens), starts,
-                                           scale, False, sliding_window, fast, 0, bf16_dot, prefetch, chunked)
+    with kernel_library.attention_switches(fast_decode=fast, bf16_dot=bf16_dot, prefetch=prefetch,
+                                           chunked_claims=chunked):
+        torch.ops.folovllm.paged_attention(out, query, k_cache, v_cache, tables, torch.tensor(seq_lens), starts,
+                                           scale=scale, sliding_window=sliding_window, skip_fresh_prefills=False)
     return out.flatten(1), torch.cat(refs)
 
 
@@ -106,7 +109,7 @@ def test_decode_output_does_not_depend_on_the_thread_count(seq_lens: list[int]) 
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("heads", [(9, 3), (10, 2)])
 def test_decode_bf16_dot_products_match_the_widened_scores(head_dim: int, heads: tuple[int, int]) -> None:
-    # decode_bf16_dot=False widens K to fp32 before the dot products; both sum products in fp32
+    # the bf16_dot switch off widens K to fp32 before the dot products; both sum products in fp32
     query_lens, seq_lens = [1, 1, 1], [300, 131, 2]
     dot, ref = run_kernel(query_lens, seq_lens, *heads, head_dim, 16, torch.bfloat16, 0, fast=True)
     torch.testing.assert_close(dot.double(), ref, atol=3e-2, rtol=3e-2)
@@ -172,8 +175,8 @@ def test_each_kv_head_decodes_as_if_alone(dtype: torch.dtype, heads: tuple[int, 
 
     def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         out = torch.full_like(q, float("nan"))
-        torch.ops.folovllm.paged_attention(out, q, k, v, tables, torch.tensor(seq_lens), starts, head_dim ** -0.5,
-                                           False, 0, True, 0, True, True, True)
+        torch.ops.folovllm.paged_attention(out, q, k, v, tables, torch.tensor(seq_lens), starts,
+                                           scale=head_dim ** -0.5, skip_fresh_prefills=False)
         return out
 
     together = attend(query, k_cache, v_cache)

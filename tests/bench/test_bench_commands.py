@@ -44,6 +44,26 @@ def test_kernel_times_each_candidate_at_the_model_shapes(tiny_llama_dir, tmp_pat
         build_parser().parse_args(["bench", "kernel", "softmax"])
 
 
+def test_kernel_gguf_times_each_type_against_the_memory_bandwidth(tiny_llama_dir, tmp_path,  # noqa: F811
+                                                                   capsys) -> None:
+    from tests.tiers import kernel_missing
+
+    if kernel_missing("gguf"):
+        pytest.skip(kernel_missing("gguf"))
+    out = tmp_path / "gguf.json"
+    main(["bench", "kernel", "gguf", "--model", tiny_llama_dir, "--types", "Q4_K,Q8_0", "--shapes", "64x256,32x512",
+          "--rows", "1,3", "--rounds", "1", "--threads", "1", "--copies", "2", "--bandwidth-mib", "8",
+          "--out", str(out)])
+    results = json.loads(out.read_text())
+    assert results["memory_bandwidth"]["triad_gb_s"] > 0 and results["memory_bandwidth"]["array_mib"] == 8
+    rows = results["rows"]
+    assert {r["shape"] for r in rows} == {"64x256", "32x512"} and {"Q4_K", "Q8_0"} <= {r["candidate"] for r in rows}
+    q8 = next(r for r in rows if r["candidate"] == "Q8_0" and r["shape"] == "64x256")
+    assert q8["weight_bytes"] == 64 * 256 // 32 * 34 and q8["copies"] == 2 and q8["triad_share"] > 0
+    assert main(["bench", "kernel", "gguf", "--model", tiny_llama_dir, "--types", "Q3_K"]) == 2
+    assert "unknown GGUF type 'Q3_K'" in capsys.readouterr().err
+
+
 def test_kernel_attention_times_decode_and_fresh_prompt_steps(tiny_llama_dir, tmp_path) -> None:  # noqa: F811
     for extra, prompt_len in (([], 0), (["--scattered"], 0), (["--prompt-len", "20"], 20)):
         out = tmp_path / "attention.json"
@@ -98,7 +118,9 @@ def test_scattered_decode_inputs_put_the_blocks_in_random_places_and_attend_alik
 def test_profile_splits_steps_into_ops_and_host_time(tiny_llama_dir, tmp_path) -> None:  # noqa: F811
     out = tmp_path / "profile.json"
     main(["bench", "profile", tiny_llama_dir, "--batch", "2", "--steps", "3", "--dtype", "float32",
-          "--out", str(out)])
+          "--bandwidth-mib", "8", "--out", str(out)])
     results = json.loads(out.read_text())
     assert results["steps"] == 3 and results["step_us_median"] > 0 and results["ops"]
     assert results["host_us_per_step"] >= 0
+    read = results["weights_read"]  # every linear's weights, the head's included, against the host's bandwidth
+    assert read["bytes_per_step"] > 0 and read["gb_s"] > 0 and read["memory_bandwidth"]["triad_gb_s"] > 0

@@ -74,6 +74,31 @@ def test_a_bad_workload_is_refused():
         workloads.Workload("x", 1, 1, 8, seed=0, metric="output_tok_s", output_min=9)
 
 
+def test_the_sweep_covers_each_kind_off_the_tuned_shapes():
+    kinds = [wl.kind for wl in workloads.SWEEP]
+    assert {k: kinds.count(k) for k in set(kinds)} == {"decode": 5, "variable": 2, "prefill": 3, "one_stream": 1}
+    decode = [wl for wl in workloads.SWEEP if wl.kind == "decode"]
+    assert {wl.num_requests for wl in decode} >= {16, 128} and {wl.output_len for wl in decode} >= {64, 256}
+    prefill = [wl.input_len for wl in workloads.SWEEP if wl.kind == "prefill"]
+    assert min(prefill) == 256 and max(prefill) == 2048
+    tuned = {(wl.num_requests, wl.input_len, wl.output_len) for wl in workloads.WORKLOADS}
+    assert not tuned & {(wl.num_requests, wl.input_len, wl.output_len) for wl in workloads.SWEEP}
+    assert len({wl.name for wl in workloads.SWEEP}) == len({wl.seed for wl in workloads.SWEEP}) == len(workloads.SWEEP)
+    assert [wl.name for wl in workloads.select("prefill_256,decode_16x256", sweep=True)] == ["decode_16x256",
+                                                                                             "prefill_256"]
+    with pytest.raises(ValueError, match="decode_heavy"):
+        workloads.select("decode_heavy", sweep=True)
+
+
+def test_mixed_prompt_lengths_vary_within_their_range():
+    wl = workloads.Workload("mixed", 48, 512, 256, seed=7, metric="output_tok_s", output_min=16, input_min=32)
+    lengths = [len(r["prompt_token_ids"]) for r in workloads.build_requests(wl)]
+    assert min(lengths) >= 32 and max(lengths) <= 512 and len(set(lengths)) > 20
+    assert wl.shape == "48 × 32–512 × 16–256" and wl.kind == "variable" and wl.longest == 768
+    with pytest.raises(ValueError, match="input_min"):
+        workloads.Workload("x", 1, 8, 8, seed=0, metric="output_tok_s", input_min=9)
+
+
 def test_select_keeps_the_table_order_and_refuses_unknown_names():
     assert [w.name for w in workloads.select("one_stream,decode_heavy")] == ["decode_heavy", "one_stream"]
     assert workloads.select(None) == workloads.WORKLOADS
@@ -146,7 +171,7 @@ def test_llama_rows_put_our_4_bit_and_our_best_against_llama_cpp():
     assert rows[1]["four_bit"] == pytest.approx(0.7) and rows[1]["best"] == pytest.approx(0.7)
     assert rows[2]["four_bit"] == 1.0 and rows[2]["best"] == 1.5
     table = report.format_llama_table(rows, {"llama.cpp": "llama.cpp Q4_1", "folo": "FoloVLLM"}).splitlines()
-    assert table[0].startswith("| streams × prompt × new | figure | llama.cpp Q4_1 | FoloVLLM | folo-q4 |")
+    assert table[0].startswith("| streams × prompt × new | figure | llama.cpp Q4_1 | FoloVLLM | folo-q4 | ours on its GGUF")
     assert table[4] == "| 16 streams, 16 × 16 × 128 | output tok/s (higher is better) | 270 | 405 | 270 | 1.00× | 1.50× |"
 
 
@@ -195,6 +220,60 @@ def test_table_rows_from_both_phases():
     ]
     assert rows[3]["advantage"] == 10.0
     assert [r["label"] for r in report.table_rows(None, serve)][0] == "server 64 × 10 × 128, rate inf"
+
+
+def sweep_offline() -> dict:
+    def point(name, kind, shape, figure, higher, vllm, folo):
+        return {"name": name, "kind": kind, "shape": shape, "figure": figure, "higher_is_better": higher,
+                "median": {"vllm-fp32": vllm, "folo": folo}}
+
+    return {"workloads": [point("d1", "decode", "16 × 10 × 256", "output tok/s", True, 100.0, 150.0),
+                          point("d2", "decode", "32 × 10 × 64", "output tok/s", True, 100.0, 120.0),
+                          point("d3", "decode", "96 × 10 × 128", "output tok/s", True, 100.0, 140.0),
+                          point("p1", "prefill", "8 × 2048 × 16", "input tok/s", True, 100.0, 95.0),
+                          point("o1", "one_stream", "1 × 512 × 128", "ms per output token", False, 20.0, 10.0)]}
+
+
+def test_sweep_summary_judges_each_kind_by_its_median_and_lowest_point():
+    rows = report.sweep_rows(sweep_offline())
+    assert [r["kind"] for r in rows] == ["decode"] * 3 + ["prefill", "one_stream"]
+    summary = report.sweep_summary(rows)
+    assert set(summary) == {"decode", "prefill", "one_stream"}  # no variable-length point here
+    assert summary["decode"]["median"] == pytest.approx(1.4) and summary["decode"]["lowest"] == pytest.approx(1.2)
+    assert summary["decode"]["met"]
+    assert summary["prefill"]["median"] == pytest.approx(0.95) and not summary["prefill"]["met"]  # median < 1.0
+    assert summary["one_stream"]["median"] == 2.0 and summary["one_stream"]["met"]  # half vLLM's ms/token
+    lowered = report.sweep_summary([{**r, "advantage": 0.99} if r["name"] == "d2" else r for r in rows])
+    assert lowered["decode"]["median"] == pytest.approx(1.4) and not lowered["decode"]["met"]  # one point < 1.0
+    table = report.format_sweep(rows, summary, {"vllm-fp32": "vLLM fp32", "folo": "FoloVLLM"}).splitlines()
+    assert table[0] == "| kind | requests × prompt × new | figure | vLLM fp32 | FoloVLLM | FoloVLLM vs vLLM's best |"
+    assert table[2] == "| batched decode | 16 × 10 × 256 | output tok/s (higher is better) | 100 | 150 | 1.50× |"
+    assert "| prefill | 1 | 0.95× | 0.95× | 1.00× / 0.90× | no |" in table
+    assert "| one stream | 1 | 2.00× | 2.00× | 1.25× / – | yes |" in table
+
+
+def test_a_sweep_result_renders_as_its_own_table(tmp_path, monkeypatch):
+    spec = importlib.util.spec_from_file_location("bench_report", FOLDER.parents[1] / "scripts" / "bench_report.py")
+    bench_report = importlib.util.module_from_spec(spec)
+    monkeypatch.chdir(FOLDER.parents[1])
+    spec.loader.exec_module(bench_report)
+    offline = {**phase((60.0, 6.0), (4700.0, 3200.0)), **sweep_offline(), "greedy_match": None}
+    offline["startup"] = {"vllm-fp32": offline["startup"]["vllm"], "folo": offline["startup"]["folo"]}
+    offline["peak_rss_mib"] = {"vllm-fp32": 4700.0, "folo": 3200.0}
+    rows = report.sweep_rows(offline)
+    noise = report.noise([{"others_share": 0.0, "attempt_shares": [0.0], "waited_s": 0.0}], 0.1)
+    result = {"name": "vs-vllm-cpu", "date": "2026-01-01T00:00:00", "duration_s": 60.0, "noise": noise,
+              "versions": {"vllm": "0.32.0", "torch_vllm": "2.9", "folovllm_commit": "abc", "torch_folo": "2.9"},
+              "machine": {"cpu": "x", "tier": {"host": "avx512_bf16", "folovllm": "avx2", "vllm": "avx2"}},
+              "engines": {"vllm-fp32": {"label": "vLLM fp32"}, "folo": {"label": "FoloVLLM"}}, "offline": offline,
+              "rows": report.table_rows(offline, None),
+              "sweep": {"rows": rows, "summary": report.sweep_summary(rows)}}
+    path = tmp_path / "sweep.json"
+    path.write_text(__import__("json").dumps([result]))
+    page = bench_report.render([path])
+    assert "| batched decode | 16 × 10 × 256 |" in page and "| prefill | 1 | 0.95× |" in page
+    assert "offline 16 × 10 × 256" not in page  # each point once, in the sweep's table
+    assert "| offline start-up |" in page and "tier avx512_bf16 (ours at avx2)" in page
 
 
 def test_agreement_counts_identical_outputs_and_the_shared_prefix():
@@ -289,3 +368,59 @@ def test_a_tier_cap_caps_vllms_torch_kernels_as_it_caps_ours(tmp_path):
     host = setup(None).env("vllm")
     for name in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA"):
         assert host.get(name) == os.environ.get(name)
+
+
+def _with_siblings(name: str) -> ModuleType:
+    sys.path.insert(0, str(FOLDER))  # the module imports its siblings as the scripts folder does
+    try:
+        return load(name)
+    finally:
+        sys.path.remove(str(FOLDER))
+
+
+def test_one_at_a_time_sessions_keep_alternating():
+    phases = _with_siblings("phases")
+    assert phases.sessions(("a", "b"), 3, False) == [(("a", "b"), range(3))]
+    alone = phases.sessions(("a", "b"), 3, True)
+    assert [group for group, _ in alone] == [("a",), ("b",), ("b",), ("a",), ("a",), ("b",)]
+    assert [list(r) for _, r in alone] == [[0], [0], [1], [1], [2], [2]]
+
+
+def test_shapes_are_the_published_configs_and_refuse_others(tmp_path):
+    shapes = _with_siblings("shapes")
+    qwen = shapes.shape_config("qwen3-1.7b")
+    assert (qwen["hidden_size"], qwen["intermediate_size"], qwen["num_hidden_layers"], qwen["vocab_size"]) == \
+        (2048, 6144, 28, 151936)
+    eight = shapes.shape_config("llama-3.1-8b")
+    assert (eight["hidden_size"], eight["intermediate_size"], eight["tie_word_embeddings"]) == (4096, 14336, False)
+    with pytest.raises(ValueError, match="unknown shape"):
+        shapes.shape_config("llama-70b")
+    where = shapes.paths("tiny", tmp_path)
+    assert where["Q4_K_M"] == tmp_path / "tiny" / "tiny-Q4_K_M.gguf" and where["hf"] == tmp_path / "tiny" / "hf"
+
+
+def test_a_tiny_shapes_folder_loads_in_transformers_and_in_folovllm(tmp_path):
+    """The HF folder of a shape (no llama.cpp needed for it): transformers' class reads it back, and our
+    engine loads it into the same logits."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from folovllm.model.loader import load_model
+    from tests.model.test_loader import prefill_logits
+
+    shapes = _with_siblings("shapes")
+    folder = tmp_path / "hf"
+    shapes.make_hf_folder("tiny", folder)
+    assert (folder / "model.safetensors.index.json").exists() and (folder / "tokenizer.json").exists()
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    ids = [17, 300, 4000, 25]
+    with torch.no_grad():
+        expected = hf(torch.tensor([ids])).logits[0]
+    ours = prefill_logits(load_model(str(folder), dtype=torch.float32, device="cpu"), ids)
+    torch.testing.assert_close(ours, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_rss_line_names_each_side_and_the_file():
+    line = report.format_rss({"peak_rss_mib": {"llama.cpp": 1024.0, "folo-gguf": 1536.0}, "gguf_mib": 1000.0},
+                             {"folo-gguf": "FoloVLLM GGUF"})
+    assert line == "peak RSS: llama.cpp 1.00 GiB, FoloVLLM GGUF 1.50 GiB (the GGUF: 0.98 GiB)\n"

@@ -1,9 +1,12 @@
 """The collectives tensor parallelism uses, between two spawned gloo ranks on loopback."""
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 import torch
 
-from folovllm.distributed.group import TPGroup
+from folovllm.distributed.group import TPGroup, init_tp_group
 from folovllm.distributed.launch import describe_exit, rendezvous_store
 from tests.helpers import run_ranks
 
@@ -25,6 +28,24 @@ def _check_collectives(rank: int, group: TPGroup) -> None:
 
 def test_collectives_between_two_ranks() -> None:
     run_ranks(_check_collectives, 2)
+
+
+def _gloo_threads() -> int:
+    tasks = Path("/proc/self/task")
+    return sum((task / "comm").read_text().startswith("pt_gloo") for task in tasks.iterdir())
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts threads through /proc")
+def test_close_joins_the_groups_threads() -> None:
+    """A rank's threads end before it returns to the interpreter's exit, where releasing a collective's
+    tensors on one of them would abort the process."""
+    before = _gloo_threads()
+    group = init_tp_group(rendezvous_store(1), 0, 1, "gloo")
+    x = torch.ones(4)
+    assert torch.equal(group.all_reduce(x), torch.ones(4))
+    assert _gloo_threads() > before
+    group.close()
+    assert _gloo_threads() == before
 
 
 def test_each_rendezvous_gets_its_own_free_port() -> None:

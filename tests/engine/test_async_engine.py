@@ -148,6 +148,7 @@ def test_a_failing_engine_thread_is_reported_as_dead(caplog):
 
     stub = SimpleNamespace(model_path="stub", max_model_len=8, default_sampling={}, device=torch.device("meta"),
                            has_unfinished_requests=broken, cache_config_info=dict, platform_info={}, cross_encoder=False,
+                           vocab_size=64, pooler_config=None,
                            platform=SimpleNamespace(set_threads=lambda n: None),
                            config=SimpleNamespace(kv_role=None, threads_per_rank=1),
                            model=SimpleNamespace(weight_bytes=lambda: 0))

@@ -79,9 +79,11 @@ def test_each_row_is_computed_alone_whatever_the_batch(linear_tier: str) -> None
     weight = torch.randn(192, 160, dtype=torch.bfloat16)
     packed = pack_linear_weight(weight, ours=True)
     x = torch.randn(263, 160, dtype=torch.bfloat16)  # two 128-row chunks and a tail; 6-row groups and tails
-    # (12 rows or more split each weight block into panels, fewer run whole blocks: slices of either side)
+    # (12 rows or more split each weight block into panels, fewer run whole blocks: slices of either side,
+    # with tails of one and two rows after the 6-row groups: 13 and 32 rows)
     together = packed_linear(x, packed, None)
-    for rows in (slice(0, 1), slice(5, 9), slice(100, 111), slice(40, 52), slice(256, 263)):
+    for rows in (slice(0, 1), slice(5, 9), slice(100, 111), slice(40, 52), slice(256, 263), slice(60, 73),
+                 slice(7, 39)):
         assert torch.equal(together[rows], packed_linear(x[rows], packed, None))
 
 
@@ -218,8 +220,9 @@ def test_default_model_greedy_tokens_with_and_without_the_kernel() -> None:
     runs = {}
     for on in (True, False):
         with switches(CPU_LINEAR="folovllm" if on else "torch"):
+            # the dense linears: by default the GGUF file's own types run, which no dense kernel touches
             llm = LLM(dtype="bfloat16", device="cpu", max_model_len=256, kv_cache_memory="64MiB",
-                      max_num_batched_tokens=64)
+                      max_num_batched_tokens=64, load_quantized="off")
         runs[on] = []
         for out in llm.generate(prompts, params, use_tqdm=False):
             top2 = [sorted((lp.logprob for lp in step.values()), reverse=True) for step in out.outputs[0].logprobs]

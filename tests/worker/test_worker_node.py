@@ -93,8 +93,9 @@ def test_two_nodes_give_the_greedy_tokens_of_one(model_dir: str) -> None:
         finally:
             llm.llm_engine.shutdown()
         assert got == expected
-        assert node.proc.wait(120) == 0  # rank 1 read EOF when the engine stopped; node 1 followed
-        assert "rank 1 (pid" in node.output() and "exit code 0" in node.output()
+        # rank 1 read EOF when the engine stopped; node 1 followed
+        assert node.proc.wait(120) == 0, f"node 1's output:\n{node.output()}"
+        assert "rank 1 (pid" in node.output() and "exit code 0" in node.output(), node.output()
     finally:
         node.kill()
 

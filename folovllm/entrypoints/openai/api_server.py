@@ -28,15 +28,17 @@ import folovllm
 from folovllm.config import EngineConfig
 from folovllm.engine.async_engine import AsyncLLMEngine, EngineDeadError
 from folovllm.engine.core_client import ProcessCore, ThreadCore
+from folovllm.engine.core_loop import EngineInfo
 from folovllm.engine.dp_core import DataParallelCore
 from folovllm.engine.llm_engine import LLMEngine
 from folovllm.entrypoints.openai.body_limit import BodySizeLimit
 from folovllm.entrypoints.openai.draining import DrainGate, DrainingServer, ServerState
-from folovllm.entrypoints.openai.errors import APIError, bad_request, install_error_handlers
+from folovllm.entrypoints.openai.errors import ERROR_RESPONSES, APIError, bad_request, install_error_handlers
 from folovllm.entrypoints.openai.http_stack import check_http_stack, describe_http_stack
 from folovllm.entrypoints.openai.lora_serving import LoRAServing
 from folovllm.entrypoints.openai.metrics import RejectionCounter, ServerMetrics
 from folovllm.entrypoints.openai.middleware import InFlight, RequestIdHeader, ServerLoad
+from folovllm.entrypoints.openai.openapi import EMPTY_OK, STREAMED, TEXT_OK, ServerLimits, server_openapi
 from folovllm.entrypoints.openai.protocol import CompletionRequest
 from folovllm.entrypoints.openai.protocol_chat import (
     ChatCompletionRequest,
@@ -47,7 +49,12 @@ from folovllm.entrypoints.openai.responses_store import ResponseStore, check_sto
 from folovllm.entrypoints.openai.serving import ClientDisconnected, ServingContext, now_s
 from folovllm.entrypoints.openai.serving_chat import ChatServing
 from folovllm.entrypoints.openai.serving_completion import CompletionServing
-from folovllm.entrypoints.openai.serving_messages import AnthropicErrorShape, MessagesServing, add_messages_routes
+from folovllm.entrypoints.openai.serving_messages import (
+    AnthropicErrorShape,
+    MessagesServing,
+    add_messages_routes,
+    anthropic_shaped,
+)
 from folovllm.entrypoints.openai.serving_pooling import PoolingServing, add_pooling_routes
 from folovllm.entrypoints.openai.serving_responses import ResponsesServing, add_responses_routes
 from folovllm.entrypoints.openai.server_args import ServerConfig, chat_settings, server_config
@@ -55,6 +62,9 @@ from folovllm.entrypoints.openai.validation import RequestLimits
 
 logger = logging.getLogger(__name__)
 
+# /invocations reads its body itself: a chat completion's or a completion's
+INVOCATIONS_BODY = {"requestBody": {"required": True, "content": {"application/json": {"schema": {"anyOf": [
+    {"$ref": "#/components/schemas/ChatCompletionRequest"}, {"$ref": "#/components/schemas/CompletionRequest"}]}}}}}
 _ABORT_GRACE_S = 5.0  # after the drain timeout aborted the rest, time for their streams to end
 ENGINE_DEAD_EXIT_CODE = 1
 
@@ -108,7 +118,8 @@ def build_app(core: ProcessCore | ThreadCore | DataParallelCore, tokenizer, conf
                                 "'x-api-key: <key>'", type="authentication_error", code="invalid_api_key")
 
     # redirect_slashes off: "/v1/completions/" is a 404 with an error body, not a 307 a client may not follow
-    app = FastAPI(title="FoloVLLM", lifespan=lifespan, redirect_slashes=False, root_path=config.root_path)
+    app = FastAPI(title="FoloVLLM", lifespan=lifespan, redirect_slashes=False, root_path=config.root_path,
+                  responses=ERROR_RESPONSES)
     app.add_middleware(BodySizeLimit, max_bytes=config.limits.max_request_body_bytes)
     app.add_middleware(DrainGate, state=state)
     app.add_middleware(RejectionCounter, metrics=metrics)  # sees the gate's 503s too
@@ -119,14 +130,16 @@ def build_app(core: ProcessCore | ThreadCore | DataParallelCore, tokenizer, conf
     app.add_middleware(CORSMiddleware, allow_origins=cors.allowed_origins,  # outermost: answers preflights
                        allow_methods=cors.allowed_methods, allow_headers=cors.allowed_headers,
                        allow_credentials=cors.allow_credentials)
-    install_error_handlers(app)
+    install_error_handlers(app, anthropic_shaped)
+    app.openapi = server_openapi(app, server_limits(core.info, ctx, config))
+    generates = not core.info.pooling  # the generation routes are in /openapi.json on a generating engine
     v1 = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)])
 
-    @v1.post("/completions")
+    @v1.post("/completions", responses=STREAMED, include_in_schema=generates)
     async def create_completion(body: CompletionRequest, raw: Request):
         return await _handle(completions.create(body, raw))
 
-    @v1.post("/chat/completions")
+    @v1.post("/chat/completions", responses=STREAMED, include_in_schema=generates)
     async def create_chat_completion(body: ChatCompletionRequest, raw: Request):
         return await _handle(chat.create(body, raw))
 
@@ -145,7 +158,7 @@ def build_app(core: ProcessCore | ThreadCore | DataParallelCore, tokenizer, conf
     add_pooling_routes(app, v1, PoolingServing(ctx), guarded)
     app.include_router(v1)
 
-    @app.get("/health")
+    @app.get("/health", response_class=Response, responses=EMPTY_OK)
     async def health():
         if not engine.is_running:
             dead = engine.dead_error
@@ -154,7 +167,8 @@ def build_app(core: ProcessCore | ThreadCore | DataParallelCore, tokenizer, conf
         return Response(status_code=200)
 
     for method in ("GET", "POST"):  # SageMaker's health check; one route per method keeps operation ids unique
-        app.add_api_route("/ping", health, methods=[method], name=f"ping_{method.lower()}")
+        app.add_api_route("/ping", health, methods=[method], name=f"ping_{method.lower()}",
+                          response_class=Response, responses=EMPTY_OK)
 
     @app.get("/version")
     async def version():
@@ -164,7 +178,8 @@ def build_app(core: ProcessCore | ThreadCore | DataParallelCore, tokenizer, conf
     async def server_load():
         return {"server_load": load.count}
 
-    @app.post("/invocations", dependencies=[Depends(require_api_key)])
+    @app.post("/invocations", dependencies=[Depends(require_api_key)], responses=STREAMED,
+              openapi_extra=INVOCATIONS_BODY, include_in_schema=generates)
     async def invocations(raw: Request):
         """SageMaker's single endpoint: a body with "messages" is a chat completion, one with
         "prompt" a completion."""
@@ -183,7 +198,7 @@ def build_app(core: ProcessCore | ThreadCore | DataParallelCore, tokenizer, conf
         except ValidationError as err:
             raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in err.errors()]) from err
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=Response, responses=TEXT_OK)
     async def prometheus_metrics():
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
@@ -211,6 +226,18 @@ def build_app(core: ProcessCore | ThreadCore | DataParallelCore, tokenizer, conf
     app.state.engine = engine
     app.state.metrics = metrics
     return app
+
+
+def server_limits(info: EngineInfo, ctx: ServingContext, config: ServerConfig) -> ServerLimits:
+    """What /openapi.json states of this server: its vocabulary, context and request limits, its features."""
+    validator, limits = ctx.validator, config.limits
+    vocab = min(info.vocab_size or len(ctx.tokenizer), len(ctx.tokenizer))
+    return ServerLimits(max_token_id=vocab - 1, max_model_len=ctx.max_model_len,
+                        max_prompt_chars=validator.max_prompt_chars, max_n=limits.max_n,
+                        max_prompts=limits.max_prompts_per_request, max_stop_strings=limits.max_stop_strings,
+                        max_stop_string_chars=limits.max_stop_string_chars,
+                        kv_transfer_params=info.kv_role is not None,
+                        request_chat_template=config.chat.trust_request_chat_template)
 
 
 async def _handle(coro):

@@ -4,10 +4,16 @@ from __future__ import annotations
 import logging
 import re
 
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import fastapi.routing
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException
+from starlette.routing import Match
 
 logger = logging.getLogger(__name__)
 
@@ -66,8 +72,37 @@ def request_too_large(limit: int) -> APIError:
 _HTTP_ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error"}
 
 
-def install_error_handlers(app: FastAPI) -> None:
-    """Every error leaves the server as an OpenAI error body, whatever raised it."""
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(BaseModel):
+    """The body of every error response (OpenAI's and vLLM's shape)."""
+
+    error: ErrorDetail
+
+
+def error_responses(body: type[BaseModel]) -> dict[int | str, dict[str, Any]]:
+    """What a route documents besides its success: a body the server refuses is a 400 (never FastAPI's
+    422); any other error status (401, 404, 413, 503, 500, ...) carries the same ``body``."""
+    return {400: {"model": body, "description": "the request is invalid (malformed JSON, a field out of its range "
+                                                "or a value this server refuses)"},
+            "default": {"model": body, "description": "any other error: 401 (API key), 404 (no such model or "
+                                                      "path), 413 (body too large), 503 (busy or shutting down), "
+                                                      "500 (engine failure)"}}
+
+
+ERROR_RESPONSES = error_responses(ErrorResponse)  # every route's, but the Messages API's (Anthropic's shape)
+
+
+def install_error_handlers(app: FastAPI,
+                           reshape: Callable[[Request, JSONResponse], JSONResponse] | None = None) -> None:
+    """Every error leaves the server as an OpenAI error body, whatever raised it. ``reshape``: for the
+    unexpected errors, answered outside every middleware, the error body a path gives instead (the
+    Messages API's middleware reshapes the others)."""
     @app.exception_handler(APIError)
     async def _api_error(_: Request, err: APIError) -> JSONResponse:
         return err.response()
@@ -77,8 +112,10 @@ def install_error_handlers(app: FastAPI) -> None:
         # Unknown paths and wrong methods: the router's 404 / 405, in the same shape as ours.
         message = f"{request.method} {request.url.path}: {err.detail}"
         error_type = _HTTP_ERROR_TYPES.get(err.status_code, "invalid_request_error")
-        return APIError(err.status_code, message, type=error_type,
-                        headers=getattr(err, "headers", None)).response()
+        headers = getattr(err, "headers", None)
+        if err.status_code == 405:  # the router names only the first route of the path
+            headers = {**(headers or {}), "Allow": ", ".join(_allowed_methods(request))}
+        return APIError(err.status_code, message, type=error_type, headers=headers).response()
 
     @app.exception_handler(RequestValidationError)
     async def _schema_error(_: Request, err: RequestValidationError) -> JSONResponse:
@@ -97,10 +134,29 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, err: Exception) -> JSONResponse:
         if isinstance(err, RecursionError):  # JSON nested deeper than the parser goes
-            return APIError(400, "the request body is nested too deeply").response()
-        logger.exception("unexpected error on %s %s", request.method, request.url.path)
-        return APIError(500, f"internal server error: {type(err).__name__}", type="internal_error",
-                        code="internal_error").response()
+            error = APIError(400, "the request body is nested too deeply")
+        else:
+            logger.exception("unexpected error on %s %s", request.method, request.url.path)
+            error = APIError(500, f"internal server error: {type(err).__name__}", type="internal_error",
+                             code="internal_error")
+        return reshape(request, error.response()) if reshape is not None else error.response()
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    """Every method some route of the request's path takes (a path may have one route per method)."""
+    methods: set[str] = set()
+    for route in app_routes(request.app):
+        match, _ = route.matches(request.scope)
+        if match != Match.NONE:
+            methods |= set(getattr(route, "methods", None) or ())
+    return sorted(methods)
+
+
+def app_routes(app: FastAPI) -> Iterable[Any]:
+    """The app's routes, those of included routers one by one (FastAPI from 0.16x includes a router as one
+    lazy route that ``iter_route_contexts`` opens)."""
+    iterate = getattr(fastapi.routing, "iter_route_contexts", None)
+    return app.routes if iterate is None else iterate(app.routes)
 
 
 def _field_path(loc: list[str]) -> str:

@@ -11,11 +11,12 @@ import json
 import os
 
 from fastapi import APIRouter
-from fastapi.responses import PlainTextResponse
-from pydantic import BaseModel
+from fastapi.responses import PlainTextResponse, Response
+from pydantic import BaseModel, Field
 
 from folovllm.engine.async_engine import AsyncLLMEngine, EngineError
 from folovllm.entrypoints.openai.errors import APIError, bad_request
+from folovllm.entrypoints.openai.openapi import TEXT_OK
 from folovllm.entrypoints.openai.serving import ServingContext, engine_error, now_s
 from folovllm.lora.request import LoRARequest
 
@@ -25,12 +26,12 @@ _TRUE = ("1", "true", "yes", "on")
 
 
 class LoadLoRAAdapterRequest(BaseModel):
-    lora_name: str
-    lora_path: str
+    lora_name: str = Field(min_length=1)
+    lora_path: str = Field(min_length=1)
 
 
 class UnloadLoRAAdapterRequest(BaseModel):
-    lora_name: str
+    lora_name: str = Field(min_length=1)
     lora_int_id: int | None = None
 
 
@@ -126,7 +127,10 @@ class LoRAServing:
         return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed successfully.")
 
     def router(self) -> APIRouter:
-        router = APIRouter()
-        router.add_api_route("/load_lora_adapter", self.load, methods=["POST"])
-        router.add_api_route("/unload_lora_adapter", self.unload, methods=["POST"])
+        """The load and unload routes; in /openapi.json only where they can succeed (else each is a 400)."""
+        router = APIRouter(include_in_schema=self.enabled and self.allow_updating)
+        router.add_api_route("/load_lora_adapter", self.load, methods=["POST"], response_class=Response,
+                             responses=TEXT_OK)
+        router.add_api_route("/unload_lora_adapter", self.unload, methods=["POST"], response_class=Response,
+                             responses=TEXT_OK)
         return router

@@ -1,35 +1,62 @@
 """Request bodies of the OpenAI API (plus vLLM's sampling extras), as pydantic models.
 
 Types are checked strictly here ("3" is not a number, NaN is not a temperature, text must be valid
-Unicode); ranges are checked once, by SamplingParams, so the messages match the offline API's.
+Unicode); ranges are checked once, by SamplingParams, so the messages match the offline API's. The schema
+states those ranges too (``stated``), and the limits of the server it describes (``LIMIT``, filled in by
+openapi.py), so that a body the schema allows is one the server takes.
 Responses are built as plain dicts in the serving modules (cheaper per streamed chunk).
 """
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
+    GetJsonSchemaHandler,
+    Strict,
     StrictBool,
-    StrictInt,
     ValidatorFunctionWrapHandler,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
 
 logger = logging.getLogger(__name__)
 
-# Numbers must be finite; ints are not bools; a JSON int is a fine float.
+
+def _integral(value: Any) -> Any:
+    """A float with no fraction as the int it equals: JSON Schema's integers include 3.0."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+# Numbers must be finite; ints are not bools (nor text), but 3.0 is the integer 3; a JSON int is a fine float.
 Float = Annotated[float, Field(allow_inf_nan=False, strict=True)]
-Int = StrictInt
+Int = Annotated[int, BeforeValidator(_integral), Strict()]
 Bool = StrictBool
-TokenIds = list[StrictInt]
+# A schema keyword whose value is a limit of the server the schema describes: {keyword: limit name}
+# (openapi.py's ServerLimits), filled in when the server builds its /openapi.json.
+LIMIT = "x-server-limit"
+TOKEN_ID_SCHEMA = {"type": "integer", "minimum": 0, LIMIT: {"maximum": "max_token_id"}}
+TokenIds = Annotated[list[Int], WithJsonSchema({"type": "array", "items": TOKEN_ID_SCHEMA})]
+NonEmptyTokenIds = Annotated[list[Int], WithJsonSchema({"type": "array", "items": TOKEN_ID_SCHEMA, "minItems": 1})]
+
+
+def stated(default: Any = None, **schema: Any) -> Any:
+    """A field's default, with a rule checked elsewhere (SamplingParams' ranges, the server's limits)
+    stated in its schema."""
+    return Field(default, json_schema_extra=schema)
+
+
+STOP_STRING = {"type": "string", "minLength": 1, LIMIT: {"maxLength": "max_stop_string_chars"}}
+StopStrings = Annotated[str | list[str] | None, WithJsonSchema({"anyOf": [
+    STOP_STRING, {"type": "array", "items": STOP_STRING, LIMIT: {"maxItems": "max_stop_strings"}},
+    {"type": "null"}]})]
 
 
 def _absent(value: Any) -> None:
@@ -39,37 +66,44 @@ def _absent(value: Any) -> None:
 
 
 # A setting only a hosted model has (Anthropic's effort, OpenAI's verbosity): accepted only when absent.
-HostedSetting = Annotated[str | None, AfterValidator(_absent)]
+HostedSetting = Annotated[str | None, AfterValidator(_absent), WithJsonSchema({"type": "null"})]
+
+
+def noop_values(*values: Any) -> dict[str, Any]:
+    """The JSON schema of an unimplemented field's no-op values (what ``_NOOP`` maps a field to)."""
+    return {"enum": list(values)}
+
 
 # Fields of the OpenAI API (or vLLM's extensions) that this server does not implement, each with the
-# test for its no-op value: anything else is a 400 that names the field, never a silently different
-# result. Unknown keys beyond these are ignored with a log line, as vLLM does.
-_NOOP: dict[str, Callable[[Any], bool]] = {
-    "best_of": lambda v: v in (None, 1),
-    "suffix": lambda v: v in (None, ""),
-    "use_beam_search": lambda v: v in (None, False),
-    "length_penalty": lambda v: v in (None, 1, 1.0),
-    "guided_whitespace_pattern": lambda v: v is None,
-    "logits_processors": lambda v: v is None,
-    "spaces_between_special_tokens": lambda v: v in (None, True),
-    "prompt_embeds": lambda v: v is None,
-    "mm_processor_kwargs": lambda v: v in (None, {}),
-    "tools": lambda v: v in (None, []),  # chat implements these: on completions they are no-ops
-    "tool_choice": lambda v: v in (None, "none"),
-    "functions": lambda v: v in (None, []),
-    "function_call": lambda v: v in (None, "none"),
-    "audio": lambda v: v is None,
-    "modalities": lambda v: v in (None, ["text"]),
-    "prediction": lambda v: v is None,
-    "reasoning_effort": lambda v: v is None,
-    "verbosity": lambda v: v is None,
-    "web_search_options": lambda v: v is None,
-    "continue_final_message": lambda v: v in (None, False),
-    "documents": lambda v: v is None,
-    "chat_template": lambda v: v is None,
-    "chat_template_kwargs": lambda v: v in (None, {}),
-    "store": lambda v: v in (None, False),
-    "echo": lambda v: v in (None, False),  # chat only: completions implement it
+# schema of its no-op values: anything else is a 400 that names the field, never a silently different
+# result. Unknown keys beyond these are ignored with a log line, as vLLM does. A body's /openapi.json
+# schema states each of them (``_Body.states_unimplemented``).
+_NOOP: dict[str, dict[str, Any]] = {
+    "best_of": noop_values(None, 1),  # or n itself
+    "suffix": noop_values(None, ""),
+    "use_beam_search": noop_values(None, False),
+    "length_penalty": noop_values(None, 1),
+    "guided_whitespace_pattern": noop_values(None),
+    "logits_processors": noop_values(None),
+    "spaces_between_special_tokens": noop_values(None, True),
+    "prompt_embeds": noop_values(None),
+    "mm_processor_kwargs": noop_values(None, {}),
+    "tools": noop_values(None, []),  # chat implements these: on completions they are no-ops
+    "tool_choice": noop_values(None, "none"),
+    "functions": noop_values(None, []),
+    "function_call": noop_values(None, "none"),
+    "audio": noop_values(None),
+    "modalities": noop_values(None, ["text"]),
+    "prediction": noop_values(None),
+    "reasoning_effort": noop_values(None),
+    "verbosity": noop_values(None),
+    "web_search_options": noop_values(None),
+    "continue_final_message": noop_values(None, False),
+    "documents": noop_values(None),
+    "chat_template": noop_values(None),
+    "chat_template_kwargs": noop_values(None, {}),
+    "store": noop_values(None, False),
+    "echo": noop_values(None, False),  # chat only: completions implement it
 }
 # Fields that only describe the request (no effect on what is generated): accepted as they are.
 _METADATA = {"metadata", "service_tier", "prompt_cache_key", "safety_identifier", "request_id",
@@ -113,11 +147,24 @@ class UnsupportedField(ValueError):
 
 
 class _Body(BaseModel):
-    """The checks every request body gets: valid Unicode, and no unimplemented field in use."""
+    """The checks every request body gets: valid Unicode, and (where its endpoint calls
+    ``check_supported``) no unimplemented field in use."""
 
     model_config = ConfigDict(extra="allow")
-    _extra_noop: ClassVar[dict[str, Callable[[Any], bool]]] = {}  # an endpoint's own, beyond _NOOP
+    _extra_noop: ClassVar[dict[str, dict[str, Any]]] = {}  # an endpoint's own, beyond _NOOP
     _extra_metadata: ClassVar[frozenset[str]] = frozenset()  # an endpoint's own, beyond _METADATA
+    states_unimplemented: ClassVar[bool] = False  # its endpoint calls check_supported: the schema says so
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, core_schema: Any, handler: GetJsonSchemaHandler) -> dict[str, Any]:
+        schema = handler(core_schema)
+        if cls.states_unimplemented:
+            target = handler.resolve_ref_schema(schema)
+            properties = target.setdefault("properties", {})
+            for name, noop in {**_NOOP, **cls._extra_noop}.items():
+                if name not in cls.model_fields:
+                    properties[name] = {**noop, "description": "not implemented here: only its no-op value"}
+        return schema
 
     @model_validator(mode="before")
     @classmethod
@@ -138,12 +185,23 @@ class _Body(BaseModel):
         for name, value in (self.model_extra or {}).items():
             noop = _NOOP.get(name) or self._extra_noop.get(name)
             if noop is not None:
-                if not noop(value) and not (name == "best_of" and value == getattr(self, "n", None)):
+                best_of_n = name == "best_of" and type(value) is int and value == getattr(self, "n", None)
+                if not _matches(noop, value) and not best_of_n:
                     raise UnsupportedField(name, value)
             elif name not in _METADATA and name not in self._extra_metadata:
                 ignored.append(name)
         if ignored:
             logger.warning("ignoring unknown request fields: %s", ", ".join(sorted(ignored)))
+
+
+def _matches(schema: dict[str, Any], value: Any) -> bool:
+    """``value`` against the subset of JSON Schema the no-op table uses: enum, anyOf, and an object whose
+    values all match ``additionalProperties``. JSON's equality: 1 is 1.0, but true is not 1."""
+    if "anyOf" in schema:
+        return any(_matches(option, value) for option in schema["anyOf"])
+    if "enum" in schema:
+        return any(value == v and isinstance(value, bool) == isinstance(v, bool) for v in schema["enum"])
+    return isinstance(value, dict) and all(_matches(schema["additionalProperties"], v) for v in value.values())
 
 
 class StreamOptions(BaseModel):
@@ -193,33 +251,42 @@ class StructuredOutputsRequest(BaseModel):
 class SamplingRequest(_Body):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
+    states_unimplemented = True
+
     model: str | None = None
-    n: Int = 1
-    temperature: Float = 1.0
-    top_p: Float = 1.0
-    stop: str | list[str] | None = None
-    seed: Int | None = None
+    n: Int = stated(1, minimum=1, **{LIMIT: {"maximum": "max_n"}})
+    temperature: Float = stated(1.0, minimum=0)
+    top_p: Float = stated(1.0, exclusiveMinimum=0, maximum=1)
+    stop: StopStrings = None
+    seed: Int | None = stated(minimum=-(2**63), exclusiveMaximum=2**63)  # bounds exact as JSON numbers
     priority: Int = 0  # lower is served first under --scheduling-policy priority (vLLM's field)
     user: str | None = Field(default=None, max_length=256)  # the tenant, for --scheduling-policy fair
     stream: Bool = False
     stream_options: StreamOptions | None = None
-    presence_penalty: Float = 0.0
-    frequency_penalty: Float = 0.0
+    presence_penalty: Float = stated(0.0, minimum=-2, maximum=2)
+    frequency_penalty: Float = stated(0.0, minimum=-2, maximum=2)
     # vLLM extras
-    top_k: Int | None = None  # 0 or -1: disabled
-    min_p: Float = 0.0
+    top_k: Int | None = stated(minimum=-1)  # 0 or -1: disabled
+    min_p: Float = stated(0.0, minimum=0, maximum=1)
     ignore_eos: Bool = False
-    min_tokens: Int = 0
-    repetition_penalty: Float = 1.0
-    stop_token_ids: TokenIds | None = None
+    min_tokens: Int = stated(0, minimum=0)  # at most max_tokens
+    repetition_penalty: Float = stated(1.0, exclusiveMinimum=0, maximum=2)
+    stop_token_ids: TokenIds | None = stated(**{LIMIT: {"maxItems": "max_stop_strings"}})
     include_stop_str_in_output: Bool = False
     skip_special_tokens: Bool = True
     cache_salt: str | None = Field(default=None, min_length=1, max_length=256)  # keeps prefixes apart
-    prompt_logprobs: Int | None = None  # each prompt token's logprob and top-k, in "prompt_logprobs"
-    logit_bias: dict[str, Float] | None = None  # OpenAI's: {token id as a string: bias in [-100, 100]}
-    allowed_token_ids: TokenIds | None = None
-    bad_words: list[str] | None = None
-    truncate_prompt_tokens: Int | None = None  # keep the prompt's last k tokens (-1: max_model_len)
+    # each prompt token's logprob and top-k, in "prompt_logprobs" (not with stream)
+    prompt_logprobs: Int | None = stated(minimum=0, maximum=20)
+    # OpenAI's: {token id as a string: bias}
+    logit_bias: dict[str, Float] | None = stated(propertyNames={"pattern": "^[0-9]+$"},
+                                                 additionalProperties={"type": "number", "minimum": -100,
+                                                                       "maximum": 100})
+    allowed_token_ids: NonEmptyTokenIds | None = None
+    bad_words: list[str] | None = stated(items=STOP_STRING, **{LIMIT: {"maxItems": "max_stop_strings"}})
+    # keep the prompt's last k tokens (-1: max_model_len)
+    truncate_prompt_tokens: Int | None = stated(
+        anyOf=[{"type": "integer", "const": -1}, {"type": "integer", "minimum": 1, LIMIT: {"maximum": "max_model_len"}},
+               {"type": "null"}])
     return_tokens_as_token_ids: Bool = False  # logprobs name tokens "token_id:123", not by their text
     return_token_ids: Bool = False  # the prompt's and each choice's token ids in the response
     # Structured outputs, in OpenAI's and vLLM's spellings (entrypoints/openai/structured.py)
@@ -227,12 +294,13 @@ class SamplingRequest(_Body):
     structured_outputs: StructuredOutputsRequest | None = None
     guided_json: dict[str, Any] | str | None = None
     guided_regex: str | None = None
-    guided_choice: list[str] | None = None
+    guided_choice: list[str] | None = stated(minItems=1)
     guided_grammar: str | None = None
-    guided_decoding_backend: str | None = None
+    # structured.BACKEND_NAMES (else a 400 naming them)
+    guided_decoding_backend: str | None = stated(anyOf=[{"enum": ["auto", "xgrammar"]}, {"type": "null"}])
     # PD disaggregation (a server with --kv-role): {"do_remote_decode": true} asks a producer to hold
     # the prompt's KV; a producer's returned params make a consumer pull it
-    kv_transfer_params: dict[str, Any] | None = None
+    kv_transfer_params: dict[str, Any] | None = stated(**{LIMIT: {"type": "kv_transfer_params"}})
 
     @property
     def include_usage(self) -> bool:
@@ -260,10 +328,18 @@ class SamplingRequest(_Body):
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
 
 
+_PROMPT_TEXT = {"type": "string", "minLength": 1, LIMIT: {"maxLength": "max_prompt_chars"}}
+_PROMPT_IDS = {"type": "array", "items": TOKEN_ID_SCHEMA, "minItems": 1}
+_PROMPT_SCHEMA = {"anyOf": [
+    _PROMPT_TEXT, {"type": "array", "items": _PROMPT_TEXT, "minItems": 1, LIMIT: {"maxItems": "max_prompts"}},
+    _PROMPT_IDS, {"type": "array", "items": _PROMPT_IDS, "minItems": 1, LIMIT: {"maxItems": "max_prompts"}}]}
+
+
 class CompletionRequest(SamplingRequest):
-    prompt: str | list[str] | TokenIds | list[TokenIds]
-    max_tokens: Int | None = 16
-    logprobs: Int | None = None
+    prompt: Annotated[str | list[str] | TokenIds | list[TokenIds], WithJsonSchema(_PROMPT_SCHEMA)]
+    # 0: score the prompt (with echo); prompt tokens + max_tokens must fit max_model_len
+    max_tokens: Int | None = stated(16, minimum=0, **{LIMIT: {"maximum": "max_model_len"}})
+    logprobs: Int | None = stated(minimum=0, maximum=20)
     echo: Bool = False
     add_special_tokens: Bool = True
 
@@ -273,23 +349,33 @@ class CompletionRequest(SamplingRequest):
         # Checked by hand, stopping at the first bad element: the schema's union would try each form
         # in turn and, for a long list, collect one error per element per wrong form.
         if isinstance(value, str):
+            if not value:
+                raise ValueError("prompt must not be empty")
             return value
         if not isinstance(value, list):
             raise ValueError(_PROMPT_FORMS)
-        if value and type(value[0]) is list:
-            for i, ids in enumerate(value):
-                if type(ids) is not list or not _all_ints(ids):
+        if not value or any(type(item) in (str, list) and not item for item in value):
+            raise ValueError("prompt must not be empty, nor hold an empty prompt")
+        if type(value[0]) is list:
+            lists = [_token_ids(ids) if type(ids) is list else None for ids in value]
+            for i, ids in enumerate(lists):
+                if ids is None:
                     raise ValueError(f"prompt[{i}] must be a list of token ids; {_PROMPT_FORMS}")
-        elif value and type(value[0]) is str:
+            return lists
+        if type(value[0]) is str:
             if not all(type(text) is str for text in value):
                 raise ValueError(f"prompt must not mix strings with other values; {_PROMPT_FORMS}")
-        elif not _all_ints(value):
+            return value
+        ids = _token_ids(value)
+        if ids is None:
             raise ValueError(_PROMPT_FORMS)
-        return value
+        return ids
 
 
 _PROMPT_FORMS = "prompt must be a string, a list of strings, a list of token ids, or a list of such lists"
 
 
-def _all_ints(values: list) -> bool:
-    return all(type(v) is int for v in values)
+def _token_ids(values: list) -> list[int] | None:
+    """``values`` as token ids (3.0 is 3), or None when one is not an integer."""
+    ids = [_integral(v) for v in values]
+    return ids if all(type(v) is int for v in ids) else None

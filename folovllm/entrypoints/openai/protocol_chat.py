@@ -5,16 +5,27 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from folovllm.entrypoints.openai.protocol import Bool, Int, SamplingRequest, TokenIds, _Body
+from folovllm.entrypoints.openai.chat_template import RESERVED_TEMPLATE_KWARGS
+from folovllm.entrypoints.openai.protocol import LIMIT, Bool, Int, SamplingRequest, TokenIds, _Body, stated
 
 
 class ContentPart(BaseModel):
+    """A part of a message's content: text (this server serves text-only models)."""
+
     model_config = ConfigDict(extra="allow")
 
-    type: str
-    text: str | None = None
+    type: str = stated(..., const="text")
+    text: str = stated(...)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text_only(cls, data: Any) -> Any:
+        if isinstance(data, dict) and (data.get("type") != "text" or not isinstance(data.get("text"), str)):
+            raise ValueError(f"content parts must be {{'type': 'text', 'text': ...}}; got type {data.get('type')!r}: "
+                             "this server serves a text-only model")
+        return data
 
 
 Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
@@ -27,7 +38,9 @@ class FunctionCall(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     name: str
-    arguments: str | dict[str, Any]
+    arguments: str | dict[str, Any] = stated(..., anyOf=[
+        {"type": "string", "contentMediaType": "application/json", "contentSchema": {"type": "object"}},
+        {"type": "object"}])
 
     @field_validator("arguments")
     @classmethod
@@ -56,12 +69,23 @@ class MessageToolCall(BaseModel):
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")  # name, reasoning_content, ... go to the template as given
+    # name, reasoning_content, ... go to the template as given; content may be left out (or null) by an
+    # assistant message alone (one that only called tools)
+    model_config = ConfigDict(extra="allow", json_schema_extra={"anyOf": [
+        {"properties": {"role": {"const": "assistant"}}},
+        {"required": ["content"], "properties": {"content": {"type": ["string", "array"]}}}]})
 
     role: Role
     content: str | list[ContentPart] | None = None
     tool_calls: list[MessageToolCall] | None = None
     tool_call_id: str | None = None
+
+    @model_validator(mode="after")
+    def _content_given(self) -> ChatMessage:
+        if self.content is None and self.role != "assistant":
+            raise ValueError(f"content must not be null for role {self.role!r} (only an assistant message may "
+                             "leave it out)")
+        return self
 
     def to_template_dict(self) -> dict:
         """The message as chat templates read it: text content, and each call's arguments as an
@@ -114,19 +138,25 @@ class NamedToolChoice(BaseModel):
 ToolMode = Literal["none", "auto", "required", "named"]
 
 
+# a template's variables are not the request's own fields (chat_template.RESERVED_TEMPLATE_KWARGS)
+_TEMPLATE_KWARGS = {"propertyNames": {"not": {"enum": sorted(RESERVED_TEMPLATE_KWARGS)}}}
+_MAX_TOKENS = {"minimum": 1, LIMIT: {"maximum": "max_model_len"}}  # with the prompt, within max_model_len
+
+
 class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: Int | None = None
-    max_completion_tokens: Int | None = None
+    max_tokens: Int | None = stated(**_MAX_TOKENS)
+    max_completion_tokens: Int | None = stated(**_MAX_TOKENS)
     logprobs: Bool = False
-    top_logprobs: Int | None = None
+    top_logprobs: Int | None = stated(minimum=0, maximum=20)  # with logprobs true
     add_generation_prompt: Bool = True
     add_special_tokens: Bool = False
     tools: list[ChatTool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: Bool | None = None  # False: at most one call per reply
-    chat_template: str | None = None  # needs --trust-request-chat-template
-    chat_template_kwargs: dict[str, Any] | None = None  # template variables, e.g. enable_thinking
+    chat_template: str | None = stated(**{LIMIT: {"type": "request_chat_template"}})  # --trust-request-chat-template
+    # template variables, e.g. enable_thinking; not the request's own fields
+    chat_template_kwargs: dict[str, Any] | None = stated(**_TEMPLATE_KWARGS)
     continue_final_message: Bool = False  # the reply continues the last (assistant) message
     documents: list[dict[str, str]] | None = None  # for retrieval-augmented templates
 
@@ -143,30 +173,31 @@ class ChatCompletionRequest(SamplingRequest):
             return "none", None
         return choice, None
 
-    def check_supported(self) -> None:
-        super().check_supported()
-        for i, message in enumerate(self.messages):
-            if message.content is None and message.role != "assistant":
-                raise ValueError(f"messages[{i}].content must not be null for role {message.role!r} "
-                                 "(only an assistant message may leave it out)")
-            for part in message.content if isinstance(message.content, list) else ():
-                if part.type != "text" or part.text is None:
-                    raise ValueError(
-                        f"messages[{i}].content parts must be {{'type': 'text', 'text': ...}}; "
-                        f"got type {part.type!r}: this server serves a text-only model")
 
 
 class TokenizeRequest(_Body):
+    """A prompt's tokens: exactly one of ``prompt`` and ``messages`` (rendered as a chat completion's)."""
+
+    model_config = ConfigDict(json_schema_extra={"oneOf": [
+        {"required": ["prompt"], "properties": {"prompt": {"type": "string"}}},
+        {"required": ["messages"], "properties": {"messages": {"type": "array"}}}]})
+
     model: str | None = None
-    prompt: str | None = None
-    messages: list[ChatMessage] | None = None
+    prompt: str | None = stated(**{LIMIT: {"maxLength": "max_prompt_chars"}})
+    messages: list[ChatMessage] | None = stated(minItems=1)
     add_special_tokens: Bool = True
     add_generation_prompt: Bool = True
     # rendered as chat completions render them, to see the prompt a chat request makes
     tools: list[ChatTool] | None = None
-    chat_template_kwargs: dict[str, Any] | None = None
+    chat_template_kwargs: dict[str, Any] | None = stated(**_TEMPLATE_KWARGS)
     continue_final_message: Bool = False
     documents: list[dict[str, str]] | None = None
+
+    @model_validator(mode="after")
+    def _one_input(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of prompt or messages")
+        return self
 
 
 class DetokenizeRequest(_Body):

@@ -8,12 +8,22 @@ the start of the reply (prefill): the reply continues it.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from folovllm.entrypoints.openai.protocol import Bool, Float, HostedSetting, Int, ResponseFormat, _Body
+from folovllm.entrypoints.openai.protocol import (
+    LIMIT,
+    STOP_STRING,
+    Bool,
+    Float,
+    HostedSetting,
+    Int,
+    ResponseFormat,
+    _Body,
+    noop_values,
+    stated,
+)
 from folovllm.entrypoints.openai.protocol_chat import (
     ChatCompletionRequest,
     ChatMessage,
@@ -80,15 +90,25 @@ def _known_blocks(value: Any, allowed: tuple[str, ...], where: str) -> Any:
     return value
 
 
+def _role_schema(role: str) -> dict:
+    blocks = {"type": "array", "items": {"properties": {"type": {"enum": list(_ROLE_BLOCKS[role])}}}}
+    return {"properties": {"role": {"const": role}, "content": {"anyOf": [{"type": "string"}, blocks]}}}
+
+
 class AnthropicMessage(_Strict):
+    """A message whose blocks are of the kinds its role gives (``_ROLE_BLOCKS``)."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"anyOf": [_role_schema(r) for r in _ROLE_BLOCKS]})
+
     role: Literal["user", "assistant", "system"]
     content: str | list[ContentBlock]
 
     @model_validator(mode="before")
     @classmethod
     def _blocks_of_the_role(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("role") in _ROLE_BLOCKS:
-            _known_blocks(data.get("content"), _ROLE_BLOCKS[data["role"]], "content")
+        role = data.get("role") if isinstance(data, dict) else None
+        if isinstance(role, str) and role in _ROLE_BLOCKS:  # any other role: the schema's 400
+            _known_blocks(data.get("content"), _ROLE_BLOCKS[role], "content")
             for i, block in enumerate(data["content"] if isinstance(data.get("content"), list) else ()):
                 if isinstance(block, dict) and block.get("type") == "tool_result":
                     _known_blocks(block.get("content"), ("text",), f"content[{i}].content")
@@ -120,6 +140,10 @@ class AnthropicTool(_Strict):
 class AnthropicToolChoice(_Strict):
     """auto: the model decides; any: it calls some tool; tool: it calls the one named; none: no call."""
 
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"anyOf": [
+        {"properties": {"type": {"const": "tool"}}, "required": ["name"]},
+        {"properties": {"type": {"enum": ["auto", "any", "none"]}, "name": {"type": "null"}}}]})
+
     type: Literal["auto", "any", "tool", "none"]
     name: str | None = Field(default=None, min_length=1)
     disable_parallel_tool_use: Bool = False
@@ -148,14 +172,16 @@ class OutputConfig(_Strict):
 class _Conversation(_Body):
     """What a Messages body and a count_tokens body share: the conversation and its tools."""
 
-    _extra_noop: ClassVar[dict[str, Callable[[Any], bool]]] = {
-        "thinking": lambda v: v is None,
-        "container": lambda v: v is None,
-        "mcp_servers": lambda v: v in (None, []),
-        "context_management": lambda v: v is None,
-        "inference_geo": lambda v: v is None,
-        "speed": lambda v: v in (None, "standard"),
-        "diagnostics": lambda v: v is None,
+    states_unimplemented = True
+
+    _extra_noop: ClassVar[dict[str, dict[str, Any]]] = {
+        "thinking": noop_values(None),
+        "container": noop_values(None),
+        "mcp_servers": noop_values(None, []),
+        "context_management": noop_values(None),
+        "inference_geo": noop_values(None),
+        "speed": noop_values(None, "standard"),
+        "diagnostics": noop_values(None),
     }
     _extra_metadata: ClassVar[frozenset[str]] = frozenset(
         {"service_tier", "cache_control", "user_profile_id", "workspace_id"})
@@ -225,12 +251,13 @@ class _Conversation(_Body):
 class MessagesRequest(_Conversation):
     """POST /v1/messages."""
 
-    max_tokens: Int  # required, as Anthropic's API has it
-    stop_sequences: list[str] | None = None
+    # required, as Anthropic's API has it; with the prompt, within max_model_len
+    max_tokens: Int = stated(..., minimum=1, **{LIMIT: {"maximum": "max_model_len"}})
+    stop_sequences: list[str] | None = stated(items=STOP_STRING, **{LIMIT: {"maxItems": "max_stop_strings"}})
     stream: Bool = False
-    temperature: Float | None = None
-    top_p: Float | None = None
-    top_k: Int | None = None
+    temperature: Float | None = stated(minimum=0)
+    top_p: Float | None = stated(exclusiveMinimum=0, maximum=1)
+    top_k: Int | None = stated(minimum=-1)  # 0 or -1: disabled
     metadata: AnthropicMetadata | None = None
 
     def sampling(self) -> dict[str, Any]:

@@ -9,12 +9,31 @@ comes before the input; its ``instructions`` do not carry over.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    TypeAdapter,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
-from folovllm.entrypoints.openai.protocol import Bool, Float, HostedSetting, Int, ResponseFormat, _Body
+from folovllm.entrypoints.openai.protocol import (
+    LIMIT,
+    Bool,
+    Float,
+    HostedSetting,
+    Int,
+    ResponseFormat,
+    _Body,
+    noop_values,
+    stated,
+)
 from folovllm.entrypoints.openai.protocol_chat import (
     ChatCompletionRequest,
     ChatMessage,
@@ -23,25 +42,38 @@ from folovllm.entrypoints.openai.protocol_chat import (
     NamedToolChoice,
 )
 
-_TEXT_PARTS = ("input_text", "output_text", "text", "refusal", "reasoning_text", "summary_text")
+_TEXT_PARTS = ("input_text", "output_text", "text", "reasoning_text", "summary_text")  # each with its text
 _ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning")
 
 
 class ResponseContentPart(BaseModel):
-    model_config = ConfigDict(extra="allow")  # annotations, logprobs: an earlier answer's, describing it
+    """A text part (or an earlier answer's refusal, with its ``refusal`` text): this server serves text-only
+    models."""
+
+    # annotations, logprobs: an earlier answer's, describing it
+    model_config = ConfigDict(extra="allow", json_schema_extra={"anyOf": [
+        {"properties": {"type": {"enum": list(_TEXT_PARTS)}, "text": {"type": "string"}}, "required": ["text"]},
+        {"properties": {"type": {"const": "refusal"}, "refusal": {"type": "string"}}, "required": ["refusal"]}]})
 
     type: str
     text: str | None = None
     refusal: str | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _text_only(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            kind = data.get("type")
+            if kind not in (*_TEXT_PARTS, "refusal") or not isinstance(data.get(
+                    "refusal" if kind == "refusal" else "text"), str):
+                raise ValueError(f"a content part must be a text part (input_text, output_text, ... with its text); "
+                                 f"got type {kind!r}: this server serves a text-only model")
+        return data
 
-def _parts_text(parts: str | list[ResponseContentPart], where: str) -> str:
+
+def _parts_text(parts: str | list[ResponseContentPart]) -> str:
     if isinstance(parts, str):
         return parts
-    for i, part in enumerate(parts):
-        if part.type not in _TEXT_PARTS or (part.text if part.type != "refusal" else part.refusal) is None:
-            raise ValueError(f"{where}[{i}] must be a text part (input_text, output_text); got type "
-                             f"{part.type!r}: this server serves a text-only model")
     return "".join((p.refusal if p.type == "refusal" else p.text) or "" for p in parts)
 
 
@@ -78,7 +110,7 @@ class ReasoningItem(BaseModel):
     type: Literal["reasoning"]
     summary: list[ResponseContentPart] = Field(default_factory=list)
     content: list[ResponseContentPart] | None = None
-    encrypted_content: str | None = None
+    encrypted_content: Annotated[str | None, WithJsonSchema({"type": "null"})] = None  # refused when given
 
     @field_validator("encrypted_content")
     @classmethod
@@ -88,8 +120,8 @@ class ReasoningItem(BaseModel):
                              "as content (reasoning_text parts) or leave the item out")
         return value
 
-    def text(self, where: str) -> str:
-        return _parts_text(self.content if self.content else self.summary, f"{where}.content")
+    def text(self) -> str:
+        return _parts_text(self.content if self.content else self.summary)
 
 
 def _item_type(value: Any) -> str | None:
@@ -140,27 +172,32 @@ class TextConfig(BaseModel):
 class ResponsesRequest(_Body):
     """POST /v1/responses."""
 
-    _extra_noop: ClassVar[dict[str, Callable[[Any], bool]]] = {
-        "conversation": lambda v: v is None,
-        "reasoning": lambda v: v is None or (isinstance(v, dict) and not any(v.values())),
-        "background": lambda v: v in (None, False),
-        "include": lambda v: v in (None, []),
-        "truncation": lambda v: v in (None, "disabled"),
-        "top_logprobs": lambda v: v in (None, 0),
-        "max_tool_calls": lambda v: v is None,
-        "prompt": lambda v: v is None,
-        "context_management": lambda v: v is None,
+    states_unimplemented = True
+
+    _extra_noop: ClassVar[dict[str, dict[str, Any]]] = {
+        "conversation": noop_values(None),
+        # null, or settings all left empty
+        "reasoning": {"anyOf": [noop_values(None), {"type": "object", "additionalProperties": noop_values(
+            None, False, 0, "", [], {})}]},
+        "background": noop_values(None, False),
+        "include": noop_values(None, []),
+        "truncation": noop_values(None, "disabled"),
+        "top_logprobs": noop_values(None, 0),
+        "max_tool_calls": noop_values(None),
+        "prompt": noop_values(None),
+        "context_management": noop_values(None),
     }
     # how a stream is padded (it is not), how long a hosted cache keeps a prefix: no effect on the answer
     _extra_metadata: ClassVar[frozenset[str]] = frozenset(
         {"stream_options", "prompt_cache_retention", "prompt_cache_options"})
 
     model: str | None = None
-    input: str | list[InputItem]
+    input: str | list[InputItem] = stated(..., minLength=1, minItems=1)
     instructions: str | None = None
-    max_output_tokens: Int | None = None
-    temperature: Float | None = None
-    top_p: Float | None = None
+    # with the input, within max_model_len
+    max_output_tokens: Int | None = stated(minimum=1, **{LIMIT: {"maximum": "max_model_len"}})
+    temperature: Float | None = stated(minimum=0)
+    top_p: Float | None = stated(exclusiveMinimum=0, maximum=1)
     stream: Bool = False
     user: str | None = Field(default=None, max_length=256)
     store: Bool | None = None  # None: kept when the server keeps responses (--max-stored-responses)
@@ -230,7 +267,7 @@ def _chat_messages(history: list, items: list) -> list[ChatMessage]:
     for i, item in enumerate(history + items):
         where = f"input[{i - len(history)}]" if i >= len(history) else "previous_response_id's conversation"
         if item.type == "reasoning":
-            reasoning.append(item.text(where))
+            reasoning.append(item.text())
         elif item.type == "function_call":
             calls.add(item.call_id)
             call = MessageToolCall.of(item.call_id, item.name, item.arguments)
@@ -244,12 +281,12 @@ def _chat_messages(history: list, items: list) -> list[ChatMessage]:
                 raise ValueError(f"{where}: function_call_output for call_id {item.call_id!r} follows no "
                                  "function_call with that call_id")
             chat.append(ChatMessage(role="tool", tool_call_id=item.call_id,
-                                    content=_parts_text(item.output, f"{where}.output")))
+                                    content=_parts_text(item.output)))
         elif item.role == "assistant":
-            chat.append(_assistant(_parts_text(item.content, f"{where}.content"), None, reasoning))
+            chat.append(_assistant(_parts_text(item.content), None, reasoning))
             reasoning = []
         else:
-            chat.append(ChatMessage(role=item.role, content=_parts_text(item.content, f"{where}.content")))
+            chat.append(ChatMessage(role=item.role, content=_parts_text(item.content)))
     if reasoning:
         raise ValueError("a reasoning item must come before the assistant message or function call it led to")
     return chat

@@ -120,6 +120,10 @@ class ServingContext:
                            type="not_found_error", param="model", code="model_not_found")
         return None
 
+    def reported_model(self, lora: LoRARequest | None) -> str:
+        """The ``model`` a response names: the adapter that served it, else the served model."""
+        return lora.lora_name if lora is not None else self.model_name
+
     async def start(self, prompts: list[dict], params: SamplingParams | PoolingParams, request_id: str,
                     arrival_time: float, param_renames: dict[str, str] | None = None,
                     prompt_param: str = "prompt", priority: int = 0,
@@ -161,9 +165,13 @@ class ServingContext:
         return block
 
     def abort_unfinished(self, streams: list[RequestStream]) -> None:
-        for stream in streams:
-            if not stream.finished:
-                self.engine.abort(stream.request_id)
+        """Aborts the streams still running (their client left, or a sibling failed): one INFO line."""
+        unfinished = [stream for stream in streams if not stream.finished]
+        for stream in unfinished:
+            self.engine.abort(stream.request_id)
+        if unfinished:
+            logger.info("request %s abandoned after %d output token(s): aborted %d unfinished",
+                        streams[0].request_id, sum(s.num_output_tokens for s in streams), len(unfinished))
 
     async def collect(self, streams: list[RequestStream], raw: Request) -> list[RequestOutput]:
         """The final output of every stream; aborts them all if the client disconnects first."""
@@ -182,6 +190,7 @@ class ServingContext:
             watcher.cancel()
         if not work.done():
             work.cancel()  # each stream's iterator aborts its request on the way out
+            work.add_done_callback(_consume_cancellation)
             self.abort_unfinished(streams)
             raise ClientDisconnected()
         try:
@@ -199,6 +208,12 @@ class ServingContext:
         """How logprobs name a token: its text, or ``"token_id:123"`` (vLLM's
         ``return_tokens_as_token_ids``, for tokens whose text is not valid UTF-8 on its own)."""
         return f"token_id:{token_id}" if as_token_id else self.token_text(token_id)
+
+
+def _consume_cancellation(work: asyncio.Future) -> None:
+    """Retrieves a cancelled gather's outcome: its CancelledError is expected, not an unseen error."""
+    if not work.cancelled():
+        work.exception()
 
 
 async def _wait_for_disconnect(raw: Request) -> None:

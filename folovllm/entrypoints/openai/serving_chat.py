@@ -33,6 +33,7 @@ class ChatRun:
     reader: ReplyReader
     prompt_token_ids: list[int]
     stop: list[str]  # the stop strings: a stream holds back text that could become one
+    model: str  # the name a response reports: the adapter that serves it, else the served model
 
 
 class ChatServing:
@@ -44,10 +45,11 @@ class ChatServing:
         run = await self.start(body, request_id, arrival)
         ctx = self.ctx
         if body.stream:
-            chunks = self._stream(body, run.stream, request_id, run.stop, run.prompt_token_ids, run.reader)
+            chunks = self._stream(body, run.stream, request_id, run.stop, run.prompt_token_ids, run.reader,
+                                  run.model)
             return StreamingResponse(event_stream(chunks, ctx, [run.stream]), media_type="text/event-stream")
         final = (await ctx.collect([run.stream], raw))[0]
-        return JSONResponse(self.response(body, final, request_id, run.reader))
+        return JSONResponse(self.response(body, final, request_id, run.reader, run.model))
 
     async def start(self, body: ChatCompletionRequest, request_id: str, arrival: float,
                     names: dict[str, str] | None = None) -> ChatRun:
@@ -65,7 +67,7 @@ class ChatServing:
                                       lora_request=lora)
         except APIError as err:
             raise _renamed(err, names) from err
-        return ChatRun(streams[0], reader, prompt["prompt_token_ids"], params.stop)
+        return ChatRun(streams[0], reader, prompt["prompt_token_ids"], params.stop, ctx.reported_model(lora))
 
     async def prompt_ids(self, body: ChatCompletionRequest, names: dict[str, str] | None = None) -> list[int]:
         """The token ids of the prompt ``body`` renders to (what a token count reports), without
@@ -81,8 +83,9 @@ class ChatServing:
             raise _renamed(err, names or {}) from err
 
     def response(self, body: ChatCompletionRequest, final: RequestOutput, request_id: str,
-                 reader: ReplyReader) -> dict:
-        """The non-streaming response body for the request's final output."""
+                 reader: ReplyReader, model: str) -> dict:
+        """The non-streaming response body for the request's final output; ``model``: the name it reports
+        (``ChatRun.model``)."""
         ctx = self.ctx
         choices = []
         for out in final.outputs:
@@ -95,7 +98,7 @@ class ChatServing:
             choices.append(choice)
         completion_tokens = sum(len(o.token_ids) for o in final.outputs)
         response = {"id": request_id, "object": "chat.completion", "created": now_s(),
-                    "model": ctx.model_name, "choices": choices,
+                    "model": model, "choices": choices,
                     "usage": ctx.usage([final], completion_tokens)}
         if body.return_token_ids:
             response["prompt_token_ids"] = final.prompt_token_ids
@@ -122,8 +125,9 @@ class ChatServing:
         return {"content": content}
 
     async def _stream(self, body: ChatCompletionRequest, stream: AsyncIterator[RequestOutput], request_id: str,
-                      stop: list[str], prompt_token_ids: list[int], reader: ReplyReader) -> AsyncIterator[str]:
-        created, model = now_s(), self.ctx.model_name
+                      stop: list[str], prompt_token_ids: list[int], reader: ReplyReader,
+                      model: str) -> AsyncIterator[str]:
+        created = now_s()
         cursors = [TextDeltas(stop) for _ in range(body.n)]
         replies = [ReplyDeltas(reader) for _ in range(body.n)] if reader.reads else None
 

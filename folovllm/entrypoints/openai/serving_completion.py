@@ -37,7 +37,7 @@ class CompletionServing:
         streams = await ctx.start(prompts, params, request_id, arrival, priority=body.priority,
                                   user=body.user, lora_request=lora)
         if body.stream:
-            chunks = self._stream(body, prompts, streams, request_id, params.stop)
+            chunks = self._stream(body, prompts, streams, request_id, params.stop, ctx.reported_model(lora))
             return StreamingResponse(event_stream(chunks, ctx, streams), media_type="text/event-stream")
         finals = await ctx.collect(streams, raw)
         choices, completion_tokens = [], 0
@@ -61,7 +61,7 @@ class CompletionServing:
                     choice["prompt_logprobs"] = prompt_logprobs_json(final.prompt_logprobs, ctx.token_text)
                 choices.append(choice)
         return JSONResponse(with_kv_transfer_params(
-            {"id": request_id, "object": "text_completion", "created": now_s(), "model": ctx.model_name,
+            {"id": request_id, "object": "text_completion", "created": now_s(), "model": ctx.reported_model(lora),
              "choices": choices, "usage": ctx.usage(finals, completion_tokens)}, finals))
 
     def _prompt_text(self, prompt: dict) -> str:
@@ -102,9 +102,9 @@ class CompletionServing:
         return result
 
     async def _stream(self, body: CompletionRequest, prompts: list[dict], streams: list[RequestStream],
-                      request_id: str, stop: list[str]) -> AsyncIterator[str]:
+                      request_id: str, stop: list[str], model: str) -> AsyncIterator[str]:
         n = body.n
-        created, model = now_s(), self.ctx.model_name
+        created = now_s()
         cursors = [[TextDeltas(stop) for _ in range(n)] for _ in streams]
         offsets = [[0] * n for _ in streams]
         finals: list[RequestOutput | None] = [None] * len(streams)

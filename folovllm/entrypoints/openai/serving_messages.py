@@ -20,8 +20,9 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from folovllm.engine.async_engine import EngineError
 from folovllm.entrypoints.openai.chat_reply import ReplyDeltas
-from folovllm.entrypoints.openai.errors import bad_request
+from folovllm.entrypoints.openai.errors import bad_request, error_responses
 from folovllm.entrypoints.openai.middleware import route_path
+from folovllm.entrypoints.openai.openapi import STREAMED
 from folovllm.entrypoints.openai.protocol import UnsupportedField
 from folovllm.entrypoints.openai.protocol_chat import ChatCompletionRequest
 from folovllm.entrypoints.openai.protocol_messages import CountTokensRequest, MessagesRequest, _Conversation
@@ -57,7 +58,8 @@ class MessagesServing:
         message, _ = run.reader.message(out.text, out.finish_reason)
         blocks = reply_blocks(message)
         stop_reason, stop_sequence = _stop_reason(blocks, final)
-        return JSONResponse({**self._message(request_id, [_content(b) for b in blocks], stop_reason, stop_sequence),
+        return JSONResponse({**_message(request_id, run.model, [_content(b) for b in blocks], stop_reason,
+                                        stop_sequence),
                              "usage": _usage(final)})
 
     async def count_tokens(self, body: CountTokensRequest) -> dict:
@@ -81,18 +83,13 @@ class MessagesServing:
         except ValueError as err:
             raise bad_request(err, "messages") from err
 
-    def _message(self, request_id: str, content: list[dict], stop_reason: str | None,
-                 stop_sequence: str | None) -> dict:
-        return {"id": request_id, "type": "message", "role": "assistant", "model": self.ctx.model_name,
-                "content": content, "stop_reason": stop_reason, "stop_sequence": stop_sequence}
-
     async def _events(self, run: ChatRun, request_id: str) -> AsyncIterator[str]:
         cursor, replies, blocks = TextDeltas(run.stop), ReplyDeltas(run.reader), BlockStream()
         final: RequestOutput | None = None
         try:
             async for output in run.stream:
                 if final is None:  # the first output knows the prompt tokens served from the prefix cache
-                    yield _event("message_start", message={**self._message(request_id, [], None, None),
+                    yield _event("message_start", message={**_message(request_id, run.model, [], None, None),
                                                            "usage": _usage(output, generated=0)})
                     yield _event("ping")
                 final = output
@@ -117,7 +114,7 @@ class MessagesServing:
 def add_messages_routes(v1: APIRouter, serving: MessagesServing,
                         handle: Callable[[Awaitable], Awaitable]) -> None:
     """``/messages`` and ``/messages/count_tokens`` on the /v1 router (its API key check included)."""
-    errors = {status: {"model": AnthropicErrorBody} for status in (400, 401, 404, 503)}
+    errors = error_responses(AnthropicErrorBody)
 
     async def create_message(body: MessagesRequest, raw: Request):
         return await handle(serving.create(body, raw))
@@ -125,11 +122,24 @@ def add_messages_routes(v1: APIRouter, serving: MessagesServing,
     async def count_message_tokens(body: CountTokensRequest) -> dict:
         return await serving.count_tokens(body)
 
+    shown = not serving.ctx.engine.info.pooling  # a pooling engine answers each with an error
     v1.add_api_route("/messages", create_message, methods=["POST"], response_model=AnthropicMessageOut,
-                     responses={200: {"content": {"text/event-stream": {}}}, **errors},
-                     summary="Anthropic's Messages API")
+                     responses={**STREAMED, **errors}, summary="Anthropic's Messages API", include_in_schema=shown)
     v1.add_api_route("/messages/count_tokens", count_message_tokens, methods=["POST"],
-                     response_model=CountTokensOut, responses=errors, summary="Anthropic's token count")
+                     response_model=CountTokensOut, responses=errors, summary="Anthropic's token count",
+                     include_in_schema=shown)
+
+
+def anthropic_shaped(request: Request, response: JSONResponse) -> JSONResponse:
+    """An error response as the Messages API's paths give it (``install_error_handlers``' reshape)."""
+    if not _messages_path(route_path(request.scope)):
+        return response
+    return JSONResponse(json.loads(_reshaped(response.status_code, response.body)), response.status_code,
+                        headers={k: v for k, v in response.headers.items() if k.lower() != "content-length"})
+
+
+def _messages_path(path: str) -> bool:
+    return path == MESSAGES_PATH or path.startswith(MESSAGES_PATH + "/")
 
 
 class AnthropicErrorShape:
@@ -140,8 +150,7 @@ class AnthropicErrorShape:
         self.app = app
 
     async def __call__(self, scope, receive, send) -> None:
-        path = route_path(scope) if scope["type"] == "http" else ""
-        if path != MESSAGES_PATH and not path.startswith(MESSAGES_PATH + "/"):
+        if scope["type"] != "http" or not _messages_path(route_path(scope)):
             await self.app(scope, receive, send)
             return
         held: dict | None = None  # an error's response start, sent once its body is reshaped
@@ -207,6 +216,13 @@ def _content(block: ReplyBlock) -> dict:
     if not isinstance(arguments, dict):  # not a call's input object: what the model wrote stays text
         return {"type": "text", "text": block.text}
     return {"type": "tool_use", "id": block.call_id, "name": block.name, "input": arguments}
+
+
+def _message(request_id: str, model: str, content: list[dict], stop_reason: str | None,
+             stop_sequence: str | None) -> dict:
+    """A message's fields but its usage; ``model``: the name it reports (``ChatRun.model``)."""
+    return {"id": request_id, "type": "message", "role": "assistant", "model": model, "content": content,
+            "stop_reason": stop_reason, "stop_sequence": stop_sequence}
 
 
 def _stop_reason(blocks: list[ReplyBlock], final: RequestOutput) -> tuple[str, str | None]:

@@ -128,13 +128,16 @@ class PoolingServing:
 
 def add_pooling_routes(app: FastAPI, v1: APIRouter, serving: PoolingServing, guarded: list[Depends]) -> None:
     """The routes as vLLM serves them: /v1/embeddings; /pooling; /score and /rerank at the root and under
-    /v1; /v2/rerank (Cohere's v2 path, the same body)."""
-    v1.add_api_route("/embeddings", serving.embeddings, methods=["POST"])
-    app.add_api_route("/pooling", serving.pooling, methods=["POST"], dependencies=guarded)
+    /v1; /v2/rerank (Cohere's v2 path, the same body). In /openapi.json on a pooling engine alone (a
+    generating one answers each with a 400)."""
+    shown = serving.ctx.engine.info.pooling
+    v1.add_api_route("/embeddings", serving.embeddings, methods=["POST"], include_in_schema=shown)
+    app.add_api_route("/pooling", serving.pooling, methods=["POST"], dependencies=guarded, include_in_schema=shown)
     for path, handler in (("/score", serving.score), ("/rerank", serving.rerank)):
-        app.add_api_route(path, handler, methods=["POST"], dependencies=guarded)
-        v1.add_api_route(path, handler, methods=["POST"], name=f"v1_{path[1:]}")
-    app.add_api_route("/v2/rerank", serving.rerank, methods=["POST"], dependencies=guarded, name="v2_rerank")
+        app.add_api_route(path, handler, methods=["POST"], dependencies=guarded, include_in_schema=shown)
+        v1.add_api_route(path, handler, methods=["POST"], name=f"v1_{path[1:]}", include_in_schema=shown)
+    app.add_api_route("/v2/rerank", serving.rerank, methods=["POST"], dependencies=guarded, name="v2_rerank",
+                      include_in_schema=shown)
 
 
 def _pair_ids(tokenizer, first: str, second: str) -> list[int]:

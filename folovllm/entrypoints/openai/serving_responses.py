@@ -21,12 +21,13 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from folovllm.engine.async_engine import EngineError
 from folovllm.entrypoints.openai.chat_reply import ReplyDeltas
-from folovllm.entrypoints.openai.errors import APIError, bad_request
+from folovllm.entrypoints.openai.errors import APIError, ErrorResponse, bad_request
+from folovllm.entrypoints.openai.openapi import STREAMED
 from folovllm.entrypoints.openai.protocol import UnsupportedField
 from folovllm.entrypoints.openai.protocol_responses import INPUT_ITEMS, ResponsesRequest
 from folovllm.entrypoints.openai.protocol_responses_out import DeletedResponseOut, ResponseOut
@@ -64,7 +65,7 @@ class ResponsesServing:
         except ValueError as err:
             raise bad_request(err, "input") from err
         run = await self.chat.start(chat_body, response_id, arrival, _NAMES)
-        draft = _Draft(body, response_id, self.ctx.model_name, self.store.enabled if body.store is None else body.store)
+        draft = _Draft(body, response_id, run.model, self.store.enabled if body.store is None else body.store)
         conversation = history + items
         if body.stream:
             return StreamingResponse(self._events(draft, run, conversation), media_type="text/event-stream")
@@ -153,18 +154,24 @@ class ResponsesServing:
 
 def add_responses_routes(v1: APIRouter, serving: ResponsesServing,
                          handle: Callable[[Awaitable], Awaitable]) -> None:
-    """``/responses`` (create), ``/responses/{id}`` (GET, DELETE) on the /v1 router."""
-    not_found = {404: {"description": "no stored response has this id"}}
+    """``/responses`` (create), ``/responses/{id}`` (GET, DELETE) on the /v1 router; in /openapi.json on a
+    generating engine alone (a pooling one answers each with an error)."""
+    shown = not serving.ctx.engine.info.pooling
+    not_found = {404: {"model": ErrorResponse, "description": "no stored response has this id"}}
 
     async def create_response(body: ResponsesRequest, raw: Request):
         return await handle(serving.create(body, raw))
 
+    async def retrieve_response(response_id: str, stream: bool = Query(False, json_schema_extra={"const": False})):
+        return await serving.retrieve(response_id, stream)  # stream=true is a 400 that says why
+
     v1.add_api_route("/responses", create_response, methods=["POST"], response_model=ResponseOut,
-                     responses={200: {"content": {"text/event-stream": {}}}}, summary="Create a response")
-    v1.add_api_route("/responses/{response_id}", serving.retrieve, methods=["GET"], response_model=ResponseOut,
-                     responses=not_found, summary="A stored response")
+                     responses=STREAMED, summary="Create a response", include_in_schema=shown)
+    v1.add_api_route("/responses/{response_id}", retrieve_response, methods=["GET"], response_model=ResponseOut,
+                     responses=not_found, summary="A stored response", include_in_schema=shown)
     v1.add_api_route("/responses/{response_id}", serving.delete, methods=["DELETE"],
-                     response_model=DeletedResponseOut, responses=not_found, summary="Delete a stored response")
+                     response_model=DeletedResponseOut, responses=not_found, summary="Delete a stored response",
+                     include_in_schema=shown)
 
 
 def _new_id(block: ReplyBlock) -> str:

@@ -1,10 +1,11 @@
 """The vocabulary's two ends: the embedding lookup and the LM head (the output projection).
 
 Both are split by vocabulary rows under tensor parallelism (``vocab_shard``). The head is a linear like
-any other: its ``LinearMethod`` holds the weight (plain, packed for a kernel, or int8 rows) and may offer
-a greedy argmax straight from the hidden states. A head tied to the embedding takes the embedding's
-table as its weight (``LMHead.tie``); where its method then holds int8 rows, the lookup reads those rows
-and the float table is dropped.
+any other: its ``LinearMethod`` holds the weight (plain, packed for a kernel, int8 rows, or a GGUF file's
+blocks) and may offer a greedy argmax straight from the hidden states. A head tied to the embedding takes
+the embedding's table as its weight (``LMHead.tie``); where its method then holds int8 rows, the lookup
+reads those rows and the float table is dropped. A GGUF table kept in its file's type is read the same
+way (``read_rows_from``), tied or not.
 """
 from __future__ import annotations
 
@@ -17,7 +18,6 @@ from torch import nn
 from folovllm.model.arch import ArchConfig
 from folovllm.model.layers.linear import LinearBase, WeightConfig, all_reduce
 from folovllm.model.quantization.kernels import Int8ChannelKernel
-from folovllm.model.quantization.lm_head import int8_rows
 
 
 def vocab_shard(vocab_size: int, tp_rank: int, tp_size: int) -> tuple[int, int]:
@@ -52,20 +52,22 @@ class VocabEmbedding(nn.Module):
             torch.empty(self.rows, hidden_size, dtype=weights.dtype, device=weights.device), requires_grad=False
         )
         self.weight.weight_loader = self.weight_loader
-        self.int8_table: Int8ChannelKernel | None = None  # a tied int8 head's rows, read instead of the table
+        # a packed table whose rows are read instead (``rows_of``): a tied int8 head's, or a GGUF file's
+        self.row_table: nn.Module | None = None
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
         """This rank's rows of the checkpoint's [vocab, hidden] table."""
         load_vocab_rows(param, loaded, self.first, self.vocab_size)
 
-    def read_rows_from(self, table: Int8ChannelKernel) -> None:
-        """Look rows up in a tied head's int8 table (dequantized per lookup) and drop the float one."""
-        self.int8_table = table
+    def read_rows_from(self, table: nn.Module) -> None:
+        """Look rows up in a packed table (a tied int8 head's, or a GGUF table; its ``rows_of(ids, dtype)``
+        dequantizes them per lookup) and drop the float one."""
+        self.row_table = table
         del self.weight
 
     def _lookup(self, ids: torch.Tensor) -> torch.Tensor:
-        if self.int8_table is not None:
-            return int8_rows(self.int8_table, ids, self.dtype)
+        if self.row_table is not None:
+            return self.row_table.rows_of(ids, self.dtype)
         return F.embedding(ids, self.weight)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:

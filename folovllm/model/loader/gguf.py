@@ -1,10 +1,12 @@
-"""Read a llama.cpp GGUF file: ArchConfig from its metadata, weights under HF names (dequantized, or
-4-bit types kept as int4 parts for the layers ``gguf_int4_layers`` picks)."""
+"""Read a llama.cpp GGUF file: ArchConfig from its metadata, weights under HF names: dequantized, or (with
+load_quantized) kept in their file's types, packed for our kernel (``use_gguf_packed``: the linears, the LM
+head and the embedding table), or as int4 parts for torch's int4 kernel (``use_gguf_int4``)."""
 from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterator
+import warnings
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import gguf
@@ -12,8 +14,10 @@ import numpy as np
 import torch
 
 from folovllm.model.arch import FULL, SLIDING, ArchConfig
-from folovllm.model.layers.linear import LinearBase
+from folovllm.model.layers.embedding import VocabEmbedding
+from folovllm.model.layers.linear import LinearBase, MergedColumnParallelLinear
 from folovllm.model.layers.weights import checkpoint_target
+from folovllm.model.quantization.gguf_native import GGUFPackedLinearMethod, GGUFWeight, packable
 from folovllm.model.quantization.gguf_int4 import (
     GGUF_INT4_TENSORS,
     GGUF_INT4_TYPES,
@@ -118,20 +122,30 @@ def gguf_arch_config(reader: gguf.GGUFReader, name: str = "") -> ArchConfig:
 
 
 def iter_gguf_weights(
-    reader: gguf.GGUFReader, arch: ArchConfig, model_class: type[CausalLM], packed: frozenset[str] = frozenset()
+    reader: gguf.GGUFReader, arch: ArchConfig, model_class: type[CausalLM], int4: frozenset[str] = frozenset(),
+    packed: Mapping[str, str] | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (HF parameter name, tensor) one at a time, so only one is dequantized at once.
 
-    The GGUF tensors named in ``packed`` come as their int4 parts instead: ``<name>.qcodes``,
-    ``.qscales``, ``.qzeros`` (``gguf_int4_parts``), the rows permuted as the dequantized weight's are.
+    The GGUF tensors named in ``int4`` come as their int4 parts instead: ``<name>.qcodes``, ``.qscales``,
+    ``.qzeros`` (``gguf_int4_parts``); those ``packed`` maps come as their file blocks (uint8 [rows, bytes
+    per row]) under the parameter name it gives (``use_gguf_packed``); both with the rows permuted as the
+    dequantized weight's are.
     The model class states llama.cpp's conventions for its architecture: q/k rows permuted for its
     rope layout (``gguf_qk_permuted``), norms stored with an offset (``gguf_norm_offset``), block
     tensor names that mean something else there (``gguf_block_tensors``); all undone here.
     """
     block_tensors = {**_BLOCK_TENSORS, **model_class.gguf_block_tensors}
+    packed = packed or {}
     for tensor in reader.tensors:
         name = _hf_name(tensor.name, block_tensors)
         if tensor.name in packed:
+            with warnings.catch_warnings():  # the file's mapped bytes, read (packed) and never written
+                warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+                blocks = torch.from_numpy(tensor.data.reshape(int(tensor.shape[1]), -1))
+            yield packed[tensor.name], _undo_qk_permutation(name, blocks, arch, model_class)
+            continue
+        if tensor.name in int4:
             rows, cols = int(tensor.shape[1]), int(tensor.shape[0])  # GGUF lists the fastest dimension first
             parts = gguf_int4_parts(tensor.data, tensor.tensor_type, rows, cols)
             base = name.removesuffix(".weight")
@@ -174,6 +188,67 @@ def use_gguf_int4(reader: gguf.GGUFReader, model: CausalLM, kernels: LinearKerne
     logger.info("load_quantized: %d of %d linear layers keep their GGUF 4-bit weights (the rest dequantized)",
                 len(layers), total)
     return frozenset(t for tensors in layers.values() for t in tensors)
+
+
+def use_gguf_packed(reader: gguf.GGUFReader, model: CausalLM, quantize_lm_head: str) -> dict[str, str]:
+    """Switch every linear whose GGUF pieces are all packable (``gguf_native.packable``) to the packed GGUF
+    method, and hold the embedding table (and, under ``quantize_lm_head`` auto, the LM head) in its file
+    type where packable; the map of GGUF tensor name -> the parameter that loads its blocks. A merged linear
+    with a piece in another type, and every layer split over tensor-parallel ranks, stays dequantized."""
+    block_tensors = {**_BLOCK_TENSORS, **model.gguf_block_tensors}
+    pieces: dict[str, list[tuple[object, gguf.ReaderTensor]]] = {}
+    for tensor in reader.tensors:
+        if tensor.name.startswith("blk.") and tensor.name.endswith(".weight"):
+            target, shard = checkpoint_target(model, _hf_name(tensor.name, block_tensors))
+            pieces.setdefault(target.removesuffix(".weight"), []).append((shard, tensor))
+    names: dict[str, str] = {}
+    for module_name, tensors in pieces.items():
+        layer = model.get_submodule(module_name)
+        if not isinstance(layer, LinearBase) or layer.tp_size != 1:
+            continue
+        order = list(layer.shard_ids()) if isinstance(layer, MergedColumnParallelLinear) else [None]
+        if sorted(order, key=str) != sorted((shard for shard, _ in tensors), key=str):
+            continue
+        tensors.sort(key=lambda piece: order.index(piece[0]))
+        types = [(int(t.tensor_type), int(t.shape[1])) for _, t in tensors]
+        if not all(packable(qtype, rows, layer.input_size) for qtype, rows in types):
+            continue
+        layer.use_method(GGUFPackedLinearMethod(types))
+        names.update({t.name: f"{module_name}.gguf.piece{i}" for i, (_, t) in enumerate(tensors)})
+    packed_linears = len(names)
+    names.update(_use_packed_vocabulary(reader, model, quantize_lm_head))
+    total = sum(1 for m in model.modules() if isinstance(m, LinearBase))
+    packed_layers = sum(isinstance(m.method, GGUFPackedLinearMethod) for m in model.modules() if isinstance(m, LinearBase))
+    logger.info("load_quantized: %d of %d linear layers keep their GGUF types (%d tensors; the rest dequantized)%s",
+                packed_layers, total, packed_linears,
+                ", the embedding table too" if "token_embd.weight" in names else "")
+    return names
+
+
+def _use_packed_vocabulary(reader: gguf.GGUFReader, model: CausalLM, quantize_lm_head: str) -> dict[str, str]:
+    """The embedding table packed where its type is (its lookup reads rows from it); the LM head packed where
+    its tensor is (output.weight, or the table it is tied to) and ``quantize_lm_head`` is auto (on: int8,
+    off: the model dtype, as for any checkpoint)."""
+    tensors = {t.name: t for t in reader.tensors}
+    embedding, head = model.get_submodule(_GLOBAL_TENSORS["token_embd"]), model.lm_head
+    if not isinstance(embedding, VocabEmbedding) or embedding.tp_size != 1 or head.tp_size != 1:
+        return {}
+    table = tensors.get("token_embd.weight")
+    output = tensors.get("output.weight")
+    head_packs = quantize_lm_head == "auto"
+    names = {}
+    if table is not None and packable(int(table.tensor_type), embedding.vocab_size, int(table.shape[0])) and (
+            head.tied is None or head_packs):
+        rows = GGUFWeight([(int(table.tensor_type), embedding.vocab_size)], int(table.shape[0]))
+        embedding.read_rows_from(rows)  # the embedding holds the table (a submodule)
+        names[table.name] = f"{_GLOBAL_TENSORS['token_embd']}.row_table.piece0"
+        if head.tied is not None:  # the head multiplies by the same table
+            head.use_method(GGUFPackedLinearMethod(rows.pieces, shared=rows))
+    if head.tied is None and head_packs and output is not None and packable(
+            int(output.tensor_type), head.output_size, head.input_size):
+        head.use_method(GGUFPackedLinearMethod([(int(output.tensor_type), head.output_size)]))
+        names[output.name] = "lm_head.gguf.piece0"
+    return names
 
 
 def _undo_qk_permutation(name: str, rows: torch.Tensor, arch: ArchConfig, model_class: type[CausalLM]) -> torch.Tensor:

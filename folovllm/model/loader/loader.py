@@ -139,8 +139,10 @@ def load_model(
     quantized ones dequantized per call (tools that read weights back, references in tests).
     hf_overrides: merged into config.json.
     tp_group: this process's tensor-parallel rank: it builds and loads only its slice of every weight.
-    load_quantized: a GGUF file's decoder linears stored in a 4-bit type (Q4_0, Q4_1, Q4_K) stay 4-bit,
-    held for an int4 kernel (ours, or torch's); the other types are dequantized as without it.
+    load_quantized: a GGUF file's weights stay in their file types: with our kernel (``kernels.quant``
+    folovllm) every linear whose pieces are Q4_0, Q4_1, Q8_0, Q4_K, Q5_K or Q6_K, the embedding table and
+    (``quantize_lm_head`` auto) the LM head, packed as the file has them; with torch's int4 kernel the
+    linears in a 4-bit type (Q4_0, Q4_1, Q4_K); the rest dequantized as without it.
     quantize_lm_head: "on" holds the LM head (a tied one: the embedding too) as int8 rows; "auto" does
     so when the linears are quantized on a platform that runs int8 kernels; "off" keeps it in ``dtype``.
     pooling: the model only pools its hidden states (``runner="pooling"``): its LM head takes the
@@ -173,15 +175,19 @@ def load_model(
     # (not with an int8 head: tied, the embedding lookup would read its rounded rows)
     if pooling and module.lm_head.tied is None and not kernels.int8_lm_head:
         module.lm_head.tie(module.model.embed_tokens)
-    packed: frozenset[str] = frozenset()
+    int4: frozenset[str] = frozenset()
+    packed: dict[str, str] = {}
     if load_quantized and reader is not None:
-        packed = gguf.use_gguf_int4(reader, module, kernels)
+        if kernels.quant == "folovllm":  # our kernel takes the file's types as they are
+            packed = gguf.use_gguf_packed(reader, module, quantize_lm_head)
+        else:
+            int4 = gguf.use_gguf_int4(reader, module, kernels)
 
     with torch.no_grad():
         if load_format == "dummy":
             _init_dummy(module, seed)
         elif reader is not None:
-            module.load_weights(gguf.iter_gguf_weights(reader, arch, cls, packed))
+            module.load_weights(gguf.iter_gguf_weights(reader, arch, cls, int4, packed))
         else:
             module.load_weights(_iter_safetensors(model))
         module.process_weights_after_loading()

@@ -27,7 +27,7 @@ from folovllm.model.quantization.kernels import (
     bind_quant_kernel,
     int4_group_kernel,
 )
-from folovllm.model.quantization.linear_method import LinearMethod, set_weight_attrs
+from folovllm.model.quantization.linear_method import LinearMethod, register_bias, set_weight_attrs
 from folovllm.platforms.interface import LinearKernels
 
 Q = gguf.GGMLQuantizationType
@@ -117,12 +117,7 @@ class GGUFInt4LinearMethod(LinearMethod):
             param = nn.Parameter(torch.empty(shape, dtype=tensor_dtype, device=device), requires_grad=False)
             set_weight_attrs(param, output_dim=0, input_dim=1)
             layer.register_parameter(name, param)
-        if bias:
-            bias_param = nn.Parameter(torch.empty(output_size, dtype=dtype, device=device), requires_grad=False)
-            set_weight_attrs(bias_param, output_dim=0, input_dim=None)
-            layer.register_parameter("bias", bias_param)
-        else:
-            layer.register_parameter("bias", None)
+        register_bias(layer, bias, output_size, dtype, device)
         layer.activation_dtype = dtype
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:

@@ -93,6 +93,14 @@ class Int8ChannelKernel(nn.Module):
         """The int8 codes of output channels ``rows``: [*rows.shape, in]."""
         return packed_int8_rows(self.codes, rows) if self.ours else self.codes[rows]
 
+    def rows_of(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Rows ``ids`` of the weight, dequantized (q * scale): the embedding lookup of a tied int8 head. Our
+        packed codes go through one op (``int8_rows``: the same values as the torch ops here, which are about
+        ten small calls a step)."""
+        if self.ours:
+            return torch.ops.folovllm.int8_rows(self.codes, self.scales, ids, dtype)
+        return (self.code_rows(ids).float() * self.scales[ids].float().unsqueeze(-1)).to(dtype)
+
     def direct(self) -> Callable[[torch.Tensor], torch.Tensor]:
         """``forward`` as one call of our int8 op where that is all it does."""
         if not self.ours or self.offsets is not None:

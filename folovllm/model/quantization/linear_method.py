@@ -49,6 +49,16 @@ def set_weight_attrs(param: nn.Parameter, **attrs: Any) -> None:
         setattr(param, key, value)
 
 
+def register_bias(layer: nn.Module, bias: bool, output_size: int, dtype: torch.dtype, device: torch.device) -> None:
+    """The layer's ``bias`` parameter [output_size], sharded with its outputs (None without a bias)."""
+    if not bias:
+        layer.register_parameter("bias", None)
+        return
+    param = nn.Parameter(torch.empty(output_size, dtype=dtype, device=device), requires_grad=False)
+    set_weight_attrs(param, output_dim=0, input_dim=None)
+    layer.register_parameter("bias", param)
+
+
 class LinearMethod(ABC):
     """Creates a linear layer's weight tensors, finishes them after loading, and applies them.
 
@@ -114,12 +124,7 @@ class UnquantizedLinearMethod(LinearMethod):
         weight = nn.Parameter(torch.empty(output_size, input_size, dtype=dtype, device=device), requires_grad=False)
         set_weight_attrs(weight, output_dim=0, input_dim=1)
         layer.register_parameter("weight", weight)
-        if bias:
-            bias_param = nn.Parameter(torch.empty(output_size, dtype=dtype, device=device), requires_grad=False)
-            set_weight_attrs(bias_param, output_dim=0, input_dim=None)
-            layer.register_parameter("bias", bias_param)
-        else:
-            layer.register_parameter("bias", None)
+        register_bias(layer, bias, output_size, dtype, device)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return F.linear(x, layer.weight, bias)

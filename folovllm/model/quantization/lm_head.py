@@ -27,15 +27,6 @@ def int8_head_kernel(weight: torch.Tensor, dtype: torch.dtype, kernel: str) -> I
     return Int8ChannelKernel(codes, scales, None, kernel)
 
 
-def int8_rows(kernel: Int8ChannelKernel, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Rows ``ids`` of the head's int8 copy, dequantized: the embedding lookup of a tied head. Our packed
-    codes go through one op (``int8_rows``: the same values as the torch ops here, which are about ten
-    small calls a step)."""
-    if kernel.ours:
-        return torch.ops.folovllm.int8_rows(kernel.codes, kernel.scales, ids, dtype)
-    return (kernel.code_rows(ids).float() * kernel.scales[ids].float().unsqueeze(-1)).to(dtype)
-
-
 class Int8HeadMethod(UnquantizedLinearMethod):
     """An LM head: loads plain (by vocabulary rows), then held as ``int8_head_kernel``."""
 

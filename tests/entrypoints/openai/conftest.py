@@ -7,7 +7,8 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
@@ -106,6 +107,22 @@ def start_server():
 def scrape(http):
     """Reads /metrics of the shared server."""
     return lambda: parse_metrics(http.get("/metrics"))
+
+
+def load(metrics: dict[str, float]) -> tuple[float, float, float]:
+    """(requests running, requests waiting, KV cache usage): (0, 0, 0) when the server is idle."""
+    return (metrics["vllm:num_requests_running"], metrics["vllm:num_requests_waiting"],
+            metrics["vllm:kv_cache_usage_perc"])
+
+
+def wait_idle(scrape: Callable[[], dict[str, float]], timeout_s: float = 30.0) -> dict[str, float]:
+    """/metrics once the server is idle (``load``); past ``timeout_s``, the last scrape as it stands."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        now = scrape()
+        if load(now) == (0, 0, 0) or time.monotonic() > deadline:
+            return now
+        time.sleep(0.2)
 
 
 def parse_metrics(response: httpx.Response) -> dict[str, float]:

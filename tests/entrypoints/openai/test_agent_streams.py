@@ -59,7 +59,7 @@ def _ctx() -> SimpleNamespace:
 def _run() -> ChatRun:
     body = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "Paris and Lyon?"}],
                                                  "tools": [WEATHER_TOOL]})
-    return ChatRun(_Stream(), ReplyReader.for_request(body, SETTINGS), [1, 2, 3], [])
+    return ChatRun(_Stream(), ReplyReader.for_request(body, SETTINGS), [1, 2, 3], [], "smol")
 
 
 def _whole() -> dict:

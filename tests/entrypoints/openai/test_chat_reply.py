@@ -115,7 +115,7 @@ def _output(text: str, finish_reason: str | None, num_tokens: int) -> RequestOut
 def test_response_body_carries_the_calls():
     body = ChatCompletionRequest.model_validate({"messages": MESSAGES, "tools": [WEATHER_TOOL]})
     response = _serving(HERMES).response(body, _output(CALL, "stop", 9), "chatcmpl-1",
-                                         ReplyReader.for_request(body, HERMES))
+                                         ReplyReader.for_request(body, HERMES), "smol")
     [choice] = response["choices"]
     assert choice["finish_reason"] == "tool_calls" and choice["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
 
@@ -133,7 +133,7 @@ def test_stream_chunks_carry_indexed_call_deltas():
     async def collect():
         serving = _serving(HERMES)
         return [chunk async for chunk in serving._stream(body, outputs(), "chatcmpl-1", [], [1, 2],
-                                                         ReplyReader.for_request(body, HERMES))]
+                                                         ReplyReader.for_request(body, HERMES), "smol")]
 
     chunks = [json.loads(c.removeprefix("data: ")) for c in asyncio.run(collect())]
     deltas = [c["choices"][0]["delta"] for c in chunks]

@@ -6,7 +6,7 @@ import time
 import httpx
 import pytest
 
-from tests.entrypoints.openai.conftest import parse_metrics
+from tests.entrypoints.openai.conftest import load, parse_metrics, wait_idle
 from tests.entrypoints.openai.vllm_metrics import (
     EMITTED,
     GRAFANA_SERIES,
@@ -163,15 +163,8 @@ def test_disconnect_storm_leaves_no_blocks_or_requests(server, scrape):
             await asyncio.gather(*(hang_up(client, i) for i in range(num_clients)))
 
     asyncio.run(storm())
-    deadline = time.monotonic() + 30.0
-    while True:
-        now = scrape()
-        idle = (now["vllm:num_requests_running"], now["vllm:num_requests_waiting"],
-                now["vllm:kv_cache_usage_perc"])
-        if idle == (0, 0, 0) or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
-    assert idle == (0, 0, 0)
+    now = wait_idle(scrape)
+    assert load(now) == (0, 0, 0)
     aborted = "vllm:request_success_total{finished_reason=abort}"
     assert now.get(aborted, 0) - before.get(aborted, 0) >= num_clients // 2
     with httpx.Client(base_url=server.base_url, headers={"Authorization": "Bearer test-key"},

@@ -4,7 +4,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import gguf
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -13,17 +12,20 @@ from folovllm import LLM, SamplingParams
 from folovllm.config import EngineConfig
 from folovllm.model.layers.linear import (
     ColumnParallelLinear,
+    LinearBase,
     RowParallelLinear,
     WeightConfig,
 )
 from folovllm.model.loader import default_model_path, load_model
 from folovllm.model.quantization.cpu_int4 import CpuInt4Kernel
+from folovllm.model.quantization.gguf_native import GGUFPackedLinearMethod
 from folovllm.model.quantization.gguf_int4 import (
     GGUFInt4LinearMethod,
     dequantize_int4_parts,
     gguf_int4_parts,
 )
-from folovllm.platforms import platform_for
+from folovllm.platforms import kernel_library, platform_for
+from tests.model.quant.gguf_files import Q, random_blocks, write_tiny_llama_gguf
 from tests.model.test_loader import prefill_logits
 from tests.tiers import kernel_missing
 from tests.tolerance import (
@@ -33,21 +35,7 @@ from tests.tolerance import (
     top2_gaps,
 )
 
-Q = gguf.GGMLQuantizationType
 INT4_TYPES = [Q.Q4_0, Q.Q4_1, Q.Q4_K]
-
-
-def random_blocks(qtype: gguf.GGMLQuantizationType, rows: int, cols: int, seed: int = 0) -> np.ndarray:
-    """[rows, bytes per row] of ``qtype`` blocks: numpy-quantized random weights (Q4_0, Q4_1, Q8_0), or
-    random Q4_K super-blocks (fp16 d and dmin, random six-bit scales and mins, random codes)."""
-    rng = np.random.default_rng(seed)
-    if qtype != Q.Q4_K:
-        return gguf.quants.quantize(rng.normal(0, 0.05, (rows, cols)).astype(np.float32), qtype)
-    block_size, type_size = gguf.GGML_QUANT_SIZES[qtype]
-    blocks = rng.integers(0, 256, (rows * cols // block_size, type_size), dtype=np.uint8)
-    blocks[:, 0:2] = rng.uniform(1e-4, 2e-3, (len(blocks), 1)).astype(np.float16).view(np.uint8)
-    blocks[:, 2:4] = rng.uniform(1e-4, 2e-3, (len(blocks), 1)).astype(np.float16).view(np.uint8)
-    return blocks.reshape(rows, -1)
 
 
 @pytest.mark.parametrize("qtype", INT4_TYPES, ids=lambda t: t.name)
@@ -80,39 +68,6 @@ def test_packed_linear_matches_dequantized_linear(qtype, dtype: torch.dtype, lay
         torch.testing.assert_close(got, expected, atol=0.05 * float(expected.abs().max()), rtol=0.02)
 
 
-def write_tiny_llama_gguf(path: Path, layer_types: list[dict[str, gguf.GGMLQuantizationType]]) -> None:
-    """A 2-layer Llama GGUF whose linears are stored in the given types (random blocks, llama.cpp names)."""
-    hidden, inter, heads, kv_heads, vocab = 256, 512, 4, 2, 320
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_context_length(256)
-    writer.add_embedding_length(hidden)
-    writer.add_block_count(len(layer_types))
-    writer.add_feed_forward_length(inter)
-    writer.add_head_count(heads)
-    writer.add_head_count_kv(kv_heads)
-    writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_rope_freq_base(10000.0)
-    writer.add_vocab_size(vocab)
-    rng = np.random.default_rng(3)
-    writer.add_tensor("token_embd.weight", rng.normal(0, 0.5, (vocab, hidden)).astype(np.float32))
-    writer.add_tensor("output_norm.weight", np.ones(hidden, dtype=np.float32))
-    head_dim = hidden // heads
-    shapes = {"attn_q": (hidden, hidden), "attn_k": (kv_heads * head_dim, hidden),
-              "attn_v": (kv_heads * head_dim, hidden), "attn_output": (hidden, hidden),
-              "ffn_gate": (inter, hidden), "ffn_up": (inter, hidden), "ffn_down": (hidden, inter)}
-    for i, types in enumerate(layer_types):
-        writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(hidden, dtype=np.float32))
-        writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(hidden, dtype=np.float32))
-        for j, (piece, (rows, cols)) in enumerate(shapes.items()):
-            qtype = types.get(piece, Q.Q4_1)
-            writer.add_tensor(f"blk.{i}.{piece}.weight", random_blocks(qtype, rows, cols, seed=10 * i + j),
-                              raw_dtype=qtype)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-
-
 @pytest.fixture(scope="module")
 def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> str:
     path = tmp_path_factory.mktemp("gguf") / "tiny-llama.gguf"
@@ -143,14 +98,16 @@ def test_tiny_gguf_packed_matches_dequantized(tiny_gguf: str) -> None:
 @pytest.mark.skipif(kernel_missing("int4") is not None, reason=f"{kernel_missing('int4')}")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_tiny_gguf_packed_our_kernel_matches_torchs(tiny_gguf: str, dtype: torch.dtype, monkeypatch) -> None:
-    """FOLOVLLM_QUANT_KERNEL switches the packed layers between our int4 kernel and torch's: same logits."""
+    """FOLOVLLM_QUANT_KERNEL switches the packed layers between our GGUF kernel (every type in its own
+    layout: test_gguf_packed_model.py) and torch's int4 kernel (the 4-bit types repacked): same logits."""
     models = {}
     for kernel in ("folovllm", "torch"):
         monkeypatch.setenv("FOLOVLLM_QUANT_KERNEL", kernel)
         models[kernel] = load_model(tiny_gguf, dtype=dtype, device="cpu", load_quantized=True,
                                     platform=platform_for("cpu"))
     o_proj = "model.layers.0.self_attn.o_proj"
-    assert isinstance(models["folovllm"].get_submodule(o_proj).quant_kernel, CpuInt4Kernel)
+    assert isinstance(models["folovllm"].get_submodule(o_proj).method, GGUFPackedLinearMethod)
+    assert isinstance(models["torch"].get_submodule(o_proj).method, GGUFInt4LinearMethod)
     assert not isinstance(models["torch"].get_submodule(o_proj).quant_kernel, CpuInt4Kernel)
     ids = [5, 17, 3, 99, 42, 7]
     ours, torchs = (prefill_logits(models[k], ids, dtype) for k in ("folovllm", "torch"))
@@ -182,9 +139,43 @@ def test_load_quantized_errors(tiny_gguf: str, tmp_path: Path) -> None:
         gguf_int4_parts(random_blocks(Q.Q8_0, 16, 64), Q.Q8_0, 16, 64)
 
 
-def test_load_quantized_auto_resolves_off() -> None:
-    assert EngineConfig(device="cpu").resolve().load_quantized == "off"
-    assert EngineConfig(device="cpu", load_quantized="on").resolve().load_quantized == "on"
+@pytest.mark.skipif(kernel_missing("gguf") is not None, reason=f"{kernel_missing('gguf')}")
+def test_load_quantized_auto_keeps_a_gguf_file_in_its_types(tiny_gguf: str, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """auto: on for a GGUF file's own weights (the default model is one) where our GGUF kernel runs, else off."""
+    def resolved(**kwargs) -> str:
+        return EngineConfig(device="cpu", **kwargs).resolve().load_quantized
+
+    assert resolved() == "on" and resolved(model=tiny_gguf) == "on"
+    assert resolved(model=str(tmp_path)) == "off"  # an HF folder
+    assert resolved(model=tiny_gguf, load_format="dummy") == "off"
+    assert resolved(model=tiny_gguf, quantization="int8") == "off"  # int8 asked for: quantized from bf16
+    assert resolved(model=tiny_gguf, load_quantized="off") == "off"
+    assert resolved(model=tiny_gguf, batch_invariant=True) == "off"  # that mode takes dense weights only
+    assert not platform_for("cuda").runs_gguf_types()
+    with kernel_library.running_at(kernel_library.tier()):  # the library's tier back after the capped platform
+        monkeypatch.setenv("FOLOVLLM_CPU_ISA", "none")  # no kernel of ours: torch's take the 4-bit types alone
+        assert resolved(model=tiny_gguf) == "off"
+        monkeypatch.delenv("FOLOVLLM_CPU_ISA")
+    monkeypatch.setenv("FOLOVLLM_QUANT_KERNEL", "torch")
+    assert resolved(model=tiny_gguf) == "off"
+    assert resolved(model=tiny_gguf, load_quantized="on") == "on"
+
+
+@pytest.mark.skipif(kernel_missing("gguf") is not None, reason=f"{kernel_missing('gguf')}")
+def test_default_flags_run_a_gguf_file_in_its_types(tiny_gguf: str) -> None:
+    """LLM(a GGUF file) with no flag: its linears packed for our GGUF kernel (off: none), and it generates."""
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    packed = {}
+    for mode in ("auto", "off"):
+        llm = LLM(tiny_gguf, tokenizer=default_model_path(), load_quantized=mode, max_model_len=128,
+                  num_gpu_blocks_override=16)
+        assert llm.llm_engine.config.load_quantized == ("on" if mode == "auto" else "off")
+        packed[mode] = sum(isinstance(m.method, GGUFPackedLinearMethod)
+                           for m in llm.llm_engine.worker.model.modules() if isinstance(m, LinearBase))
+        outputs = llm.generate([{"prompt_token_ids": [5, 17, 3, 99]}], params, use_tqdm=False)
+        assert len(outputs[0].outputs[0].token_ids) == 8
+    assert packed["auto"] > 0 and packed["off"] == 0
 
 
 def _default_model_greedy(prompts: list[list[int]], dtype: str, load_quantized: str) -> list[list[int]]:

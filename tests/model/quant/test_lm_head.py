@@ -12,7 +12,7 @@ from folovllm.model.layers import CausalLM
 from folovllm.model.loader import load_model
 from folovllm.model.quantization.int8 import quantize_int8_per_channel
 from folovllm.model.quantization.kernels import Int8ChannelKernel
-from folovllm.model.quantization.lm_head import Int8HeadMethod, int8_rows
+from folovllm.model.quantization.lm_head import Int8HeadMethod
 from folovllm.platforms import platform_for
 from folovllm.platforms.cuda import CudaPlatform
 from tests.model.test_loader import prefill_logits
@@ -55,9 +55,9 @@ def test_int8_head_equals_the_model_with_dequantized_head(tmp_path: Path, tied: 
     assert isinstance(quantized.lm_head.method, Int8HeadMethod) and not hasattr(quantized.lm_head, "weight")
     if tied:
         embed = quantized.model.embed_tokens
-        assert embed.int8_table is quantized.lm_head.quant_kernel and not hasattr(embed, "weight")
+        assert embed.row_table is quantized.lm_head.quant_kernel and not hasattr(embed, "weight")
         ids = torch.tensor(IDS)
-        assert torch.equal(embed(ids), int8_rows(embed.int8_table, ids, torch.float32))
+        assert torch.equal(embed(ids), embed.row_table.rows_of(ids, torch.float32))
     torch.testing.assert_close(prefill_logits(quantized, IDS), prefill_logits(dense, IDS), rtol=1e-4, atol=1e-4)
     assert quantized.weight_bytes() < _tiny(tmp_path, tied, torch.float32, "off").weight_bytes()
 
@@ -87,9 +87,9 @@ def test_auto_is_on_with_quantized_linears_on_the_cpu(tmp_path: Path) -> None:
     assert not int8_head(cuda, "auto", True)
     assert int8_head(cpu, "on", False) and not int8_head(cpu, "off", True)
     int8 = _tiny(tmp_path, True, torch.float32, "auto", quantization="int8", platform=cpu)
-    assert int8.model.embed_tokens.int8_table is not None
+    assert int8.model.embed_tokens.row_table is not None
     plain = _tiny(tmp_path, True, torch.float32, "auto", platform=cpu)
-    assert plain.model.embed_tokens.int8_table is None and plain.model.embed_tokens.weight.dtype == torch.float32
+    assert plain.model.embed_tokens.row_table is None and plain.model.embed_tokens.weight.dtype == torch.float32
 
 
 def test_bad_choice_is_named(tmp_path: Path) -> None:
@@ -108,7 +108,7 @@ def test_int8_rows_op_equals_the_torch_ops(dtype: torch.dtype) -> None:
     kernel = Int8ChannelKernel(*quantize_int8_per_channel(weight, torch.bfloat16), None, "folovllm")
     assert kernel.ours
     ids = torch.tensor([[5, 17, 95], [0, 16, 31]])
-    by_op = int8_rows(kernel, ids, dtype)
+    by_op = kernel.rows_of(ids, dtype)
     by_torch = (kernel.code_rows(ids).float() * kernel.scales[ids].float().unsqueeze(-1)).to(dtype)
     assert by_op.dtype == dtype and by_op.shape == (2, 3, 64)
     assert torch.equal(by_op, by_torch)
