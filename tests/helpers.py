@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
-from collections.abc import Iterator
 
 import torch
 
