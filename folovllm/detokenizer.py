@@ -33,7 +33,6 @@ class IncrementalDetokenizer:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
         self.text = ""
-        self.output_token_ids: list[int] = []
         self._backend = tokenizer.backend_tokenizer
         context = list(prompt_token_ids[-_PROMPT_CONTEXT_TOKENS:])
         if context and self._decode(context).endswith(_REPLACEMENT_CHAR):
@@ -44,12 +43,12 @@ class IncrementalDetokenizer:
 
     def append(self, token_id: int) -> str:
         """Add one output token; return the text it finalizes (possibly ``""``)."""
-        self.output_token_ids.append(token_id)
-        self._held.append(token_id)
         delta = self._stream.step(self._backend, token_id)
         if delta is None:
+            self._held.append(token_id)
             return ""  # an incomplete character (or nothing to show yet): wait for the next token
-        self._held.clear()
+        if self._held:
+            self._held.clear()
         self.text += delta
         return delta
 

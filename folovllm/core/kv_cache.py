@@ -125,6 +125,10 @@ class KVCacheManager:
         self.total_slots_used = 0
         self.peak_blocks_used = 0
         self.peak_used_slots = 0  # most tokens stored while the peak number of blocks was in use
+        self._at_peak = False  # the blocks in use are the peak's: more stored tokens raise peak_used_slots
+        # blocks each request got since the scheduler last took them (``take_new_blocks``): a worker that
+        # keeps the requests' tables is sent these instead of whole tables
+        self.new_blocks: dict[str, tuple[int, list[int]]] = {}
         self.prefix_cache_queries = 0  # tokens looked up at admission
         self.prefix_cache_hits = 0  # of those, tokens found cached
 
@@ -201,6 +205,16 @@ class KVCacheManager:
             self.pool.cache(table[i], hashes[i])
         self._num_cached_blocks[request.request_id] = num_full
 
+    def cache_full_blocks(self, requests: list[Request]) -> None:
+        """``cache_computed_blocks`` for each request; one whose full computed blocks are all named costs a
+        comparison (the engine calls it for every request of every step)."""
+        if not self.enable_prefix_caching:
+            return
+        size, named = self.block_size, self._num_cached_blocks
+        for request in requests:
+            if min(request.num_computed_tokens, len(request.token_ids)) // size > named.get(request.request_id, 0):
+                self.cache_computed_blocks(request)
+
     def reset_prefix_cache(self) -> int:
         return self.pool.reset_cache()
 
@@ -212,8 +226,15 @@ class KVCacheManager:
 
         Returns False, with nothing changed, if the blocks run out.
         """
+        request_id = request.request_id
+        table = self.block_tables.get(request_id)
+        if not cached_blocks and table is not None:  # a running request: most steps need no block
+            total_tokens = request.num_computed_tokens + num_new_tokens
+            if max(total_tokens, self.reserve_tokens_per_request) <= len(table) * self.block_size:
+                self._record_slots(request_id, total_tokens)
+                return True
         cached_blocks = cached_blocks or []
-        table = self.block_tables.get(request.request_id, [])
+        table = table or []
         num_computed = request.num_computed_tokens + len(cached_blocks) * self.block_size
         total_tokens = num_computed + num_new_tokens
         held_tokens = max(total_tokens, self.reserve_tokens_per_request)
@@ -227,15 +248,33 @@ class KVCacheManager:
             self.pool.touch(cached_blocks)
             table.extend(cached_blocks)
             self._num_cached_blocks[request.request_id] = len(cached_blocks)
-        table.extend(self.pool.allocate(needed))
-        self.total_slots_used += total_tokens - self._num_slots_used.get(request.request_id, 0)
-        self._num_slots_used[request.request_id] = total_tokens
-        if self.num_used_blocks > self.peak_blocks_used:
-            self.peak_blocks_used = self.num_used_blocks
+        if needed:
+            first = len(table)
+            table.extend(self.pool.allocate(needed))
+            known = self.new_blocks.get(request_id)
+            self.new_blocks[request_id] = (known[0], table[known[0]:]) if known else (first, table[first:])
+        self._record_slots(request_id, total_tokens)
+        used = self.num_used_blocks
+        if used > self.peak_blocks_used:
+            self.peak_blocks_used = used
             self.peak_used_slots = self.total_slots_used
-        elif self.num_used_blocks == self.peak_blocks_used:  # the fullest the peak blocks got
+        elif used == self.peak_blocks_used:  # the fullest the peak blocks got
             self.peak_used_slots = max(self.peak_used_slots, self.total_slots_used)
+        self._at_peak = used == self.peak_blocks_used
         return True
+
+    def _record_slots(self, request_id: str, total_tokens: int) -> None:
+        """The request now has slots for ``total_tokens`` tokens; the fullest the peak blocks got is kept."""
+        self.total_slots_used += total_tokens - self._num_slots_used.get(request_id, 0)
+        self._num_slots_used[request_id] = total_tokens
+        if self._at_peak and self.total_slots_used > self.peak_used_slots:
+            self.peak_used_slots = self.total_slots_used
+
+    def take_new_blocks(self) -> dict[str, tuple[int, list[int]]]:
+        """The blocks each request got since the last call: request id -> (index of its first new block in
+        its table, those blocks)."""
+        new, self.new_blocks = self.new_blocks, {}
+        return new
 
     def free(self, request: Request) -> None:
         """Releases every block of the request (finish, abort or preemption); cached ones stay named."""
@@ -244,6 +283,8 @@ class KVCacheManager:
             self.pool.release(table)
         self.total_slots_used -= self._num_slots_used.pop(request.request_id, 0)
         self._num_cached_blocks.pop(request.request_id, None)
+        self.new_blocks.pop(request.request_id, None)
+        self._at_peak = self.num_used_blocks == self.peak_blocks_used
 
     def hold(self, request: Request, transfer_id: str) -> None:
         """Keeps a finished request's blocks, under ``transfer_id``, until ``release_held``: another
@@ -251,6 +292,7 @@ class KVCacheManager:
         table = self.block_tables.pop(request.request_id, [])
         self.total_slots_used -= self._num_slots_used.pop(request.request_id, 0)
         self._num_cached_blocks.pop(request.request_id, None)
+        self.new_blocks.pop(request.request_id, None)
         self.held[transfer_id] = table
 
     def release_held(self, transfer_id: str) -> None:
@@ -258,6 +300,7 @@ class KVCacheManager:
         table = self.held.pop(transfer_id, None)
         if table:
             self.pool.release(table)
+        self._at_peak = self.num_used_blocks == self.peak_blocks_used
 
     def stats(self) -> dict:
         return {"num_blocks": self.num_blocks, "block_size": self.block_size,

@@ -29,6 +29,7 @@ class SchedulingPolicy:
 
     name = "fcfs"
     preempts_for_priority = False
+    running_order_changes = False  # a running request's running_key changes as it runs (re-sort every step)
 
     def __init__(self, max_queue_delay: float | None = None) -> None:
         self.max_queue_delay = max_queue_delay

@@ -32,6 +32,8 @@ class SchedulerOutput:
     preempted: list[Request] = field(default_factory=list)
     # speculative decoding: request id -> the proposals its step verifies (after its last token)
     draft_token_ids: dict[str, list[int]] = field(default_factory=dict)
+    # request id -> (index in its block table, the blocks it got this step from there on)
+    new_block_ids: dict[str, tuple[int, list[int]]] = field(default_factory=dict)
 
     def add(self, request: Request, num_new_tokens: int, block_table: list[int]) -> None:
         if request.spec_token_ids:
@@ -87,6 +89,7 @@ class Scheduler:
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.num_preemptions = 0
+        self._running_order_stale = False  # `running` changed since it was last sorted
         self._arrivals = itertools.count()
         self._admissions = itertools.count()
 
@@ -137,7 +140,9 @@ class Scheduler:
         out = SchedulerOutput()
         now = self.clock()
         self.waiting.sort(key=lambda r: self.policy.waiting_key(r, now))
-        self.running.sort(key=self._running_key)
+        if self._running_order_stale or self.policy.running_order_changes or self.admission.victim_order_changes:
+            self.running.sort(key=self._running_key)  # keys that never change: only after it changed
+            self._running_order_stale = False
         plan = self.admission.plan_step(self.running, self.waiting)
         if self.policy.preempts_for_priority and plan.admit:
             self._preempt_for_better_arrivals(out)
@@ -145,18 +150,21 @@ class Scheduler:
         shortage = False
 
         index = 0
-        while plan.run_running and index < len(self.running) and budget > 0:
-            request = self.running[index]
+        running, tables = self.running, self.kv_cache.block_tables  # every running request, every step: locals
+        allocate, on_scheduled = self.kv_cache.allocate_slots, self.policy.on_scheduled
+        while plan.run_running and index < len(running) and budget > 0:
+            request = running[index]
             num_new = self._num_new_tokens(request, budget)
             if num_new == 0:
                 index += 1
                 continue
-            ok, shortage_here = self._allocate_or_preempt(request, num_new, out)
-            shortage = shortage or shortage_here
-            if not ok:
-                break  # the request preempted itself: nothing later in `running` is left
-            out.add(request, num_new, self.kv_cache.block_table(request.request_id))
-            self.policy.on_scheduled(request, num_new)
+            if not allocate(request, num_new):
+                ok, shortage_here = self._allocate_or_preempt(request, num_new, out)
+                shortage = shortage or shortage_here
+                if not ok:
+                    break  # the request preempted itself: nothing later in `running` is left
+            out.add(request, num_new, tables[request.request_id])
+            on_scheduled(request, num_new)
             budget -= num_new
             index += 1
 
@@ -194,6 +202,7 @@ class Scheduler:
             budget -= num_new
             if prefill_left is not None:
                 prefill_left -= num_new
+        out.new_block_ids = self.kv_cache.take_new_blocks()
         return out
 
     def _lora_fits(self, request: Request) -> bool:
@@ -220,6 +229,7 @@ class Scheduler:
         request.status = RequestStatus.RUNNING
         request.admission_seq = next(self._admissions)
         self.running.append(request)
+        self._running_order_stale = True
         if request.metrics.first_scheduled_time is None:
             request.metrics.first_scheduled_time = self.clock()
 
@@ -266,9 +276,13 @@ class Scheduler:
 
     def _num_new_tokens(self, request: Request, budget: int, num_cached: int = 0,
                         chunked: bool = True) -> int:
-        if request.num_output_tokens >= request.max_tokens or request.num_tokens >= self.limits.max_model_len:
+        pending = request.num_pending_tokens  # num_tokens and num_output_tokens without the properties
+        num_tokens = len(request.token_ids) + pending
+        if len(request.output_token_ids) + pending >= request.max_tokens or num_tokens >= self.limits.max_model_len:
             return 0  # overlap: its last token is still pending and will end it by length
-        num_new = request.num_tokens - request.num_computed_tokens - num_cached
+        num_new = num_tokens - request.num_computed_tokens - num_cached
+        if num_new == 1 and not request.spec_token_ids:  # a decode
+            return 1
         if num_new == 1 and request.spec_token_ids:  # its proposals, as far as budget and limits allow
             room = min(budget, self.limits.max_model_len - request.num_tokens,
                        request.max_tokens - request.num_output_tokens) - 1

@@ -19,7 +19,7 @@ Launched = TypeVar("Launched")
 
 def subset(sched: SchedulerOutput, rows: list[int]) -> SchedulerOutput:
     """The scheduled requests at ``rows``, as a step of their own (preemptions stay with the whole)."""
-    part = SchedulerOutput()
+    part = SchedulerOutput(new_block_ids=sched.new_block_ids)
     for row in rows:
         part.add(sched.requests[row], sched.num_new_tokens[row], sched.block_tables[row])
     return part

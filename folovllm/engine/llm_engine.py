@@ -16,6 +16,7 @@ import time
 
 import torch
 
+from folovllm import envs
 from folovllm.config import EngineConfig
 from folovllm.core.admission import make_admission
 from folovllm.attention.kv_quant import kv_cache_format
@@ -28,8 +29,9 @@ from folovllm.engine.output_processor import OutputProcessor, RequestGroup
 from folovllm.engine.pooling import RequestParams, model_pooling
 from folovllm.engine.request_intake import ModelLimits, PromptInput, RequestIntake
 from folovllm.engine.stats import EngineStats, StepStats, step_cost_terms
+from folovllm.engine.step_phases import PhaseClock
 from folovllm.engine.step_results import StepResults
-from folovllm.engine.worker_input import build_step_input
+from folovllm.engine.worker_input import StepInputBuilder
 from folovllm.kv_transfer.base import ConnectorSide, KVConnectorBase
 from folovllm.kv_transfer.setup import kv_transfer_settings, make_connector
 from folovllm.lora.request import LoRARequest
@@ -125,14 +127,17 @@ class LLMEngine:
         self.structured = StructuredOutputManager(GrammarCache(
             config.structured_outputs_backend, self.tokenizer, self.vocab_size, self.eos_token_ids))
         self.overlap = config.overlap_scheduling
+        self.inputs = StepInputBuilder(self.structured, envs.switch("FOLOVLLM_DECODE_ROWS"))
         self._in_flight: InFlight | None = None
         self._ids = itertools.count()
         self._step_started = 0.0
         self.stats = EngineStats()
+        self.phases = PhaseClock()  # host seconds per phase of the steps (folovllm bench host)
         # proposals each step (overlap is off with them: config.resolve)
         self.speculator = make_speculator(config, self.structured, self.stats, self.vocab_size, self.max_model_len)
         self.results = StepResults(self.scheduler, self.kv_cache, self.structured, self.output_processor,
-                                   self.stats, self.speculator)
+                                   self.stats, self.speculator, self.phases,
+                                   batched=envs.switch("FOLOVLLM_BATCHED_OUTPUTS"))
         # Line-buffered so a trace is complete up to the last step even if the process is killed.
         self._trace = open(config.trace_path, "w", buffering=1) if config.trace_path else None
 
@@ -255,6 +260,7 @@ class LLMEngine:
         A request the step fails on ends with finish_reason "error"; the others go on unchanged.
         """
         started = self._step_started = time.perf_counter()
+        self.phases.start()
         touched: dict[str, RequestGroup] = {}
         wait_s = 0.0
         previous = self._in_flight
@@ -266,10 +272,13 @@ class LLMEngine:
         if self.speculator is not None:
             self.speculator.propose(self.scheduler.running)
         sched = self.scheduler.schedule()
+        self.phases.lap("schedule")
         if sched.is_empty and previous is None and self.structured.has_compiling:
             self.structured.wait(0.02)  # only grammars are pending: do not spin
+            self.phases.start()
         elif sched.is_empty and previous is None and self.kv_connector is not None:
             time.sleep(KV_TRANSFER_POLL_S)  # only KV transfers are under way: do not spin
+            self.phases.start()
         if not sched.is_empty:
             try:
                 self._in_flight = self._launch(sched)
@@ -287,7 +296,9 @@ class LLMEngine:
             self._in_flight = None
         if self.kv_connector is not None:  # after the finishes: a producer's KV is out before its output
             self._transfer_kv()
+            self.phases.lap("launch")
         outputs = self._collect_outputs(touched)
+        self.phases.lap("output processing")
         self.stats.host_time_s += time.perf_counter() - started - wait_s
         return outputs
 
@@ -342,13 +353,17 @@ class LLMEngine:
         """Hands a scheduled batch to the worker; its tokens count as pending until ``_resolve``.
         Nothing changes if the worker raises, so a failed batch can be launched again in parts."""
         num_decode, context, pairs = step_cost_terms(sched)  # before num_computed_tokens moves
-        step_input, sampled = build_step_input(sched, self.results.finished_ids, self.structured)
+        step_input, sampled = self.inputs.build(sched, self.results.finished_ids)
+        self.phases.lap("input build")
         launched = self.worker.launch(step_input)
+        self.phases.lap_launch(launched.input_build_s, launched.sampling_s)
+        self.inputs.launched(step_input)
         self.results.finished_ids = []
         for request, num_new in zip(sched.requests, sched.num_new_tokens):
             request.num_computed_tokens += num_new
         for request in sampled:
             request.num_pending_tokens += 1
+        self.phases.lap("launch")
         return InFlight(sched, sampled, launched, num_decode, context, pairs, self._step_started)
 
     def _resolve(self, step: InFlight, touched: dict[str, RequestGroup]) -> float:
@@ -357,6 +372,7 @@ class LLMEngine:
         wait_s = self._take_tokens(step, touched)
         self._record_step(time.perf_counter(), step.sched, step.num_decode, step.context_tokens, step.pairs,
                           step.started)
+        self.phases.lap("output processing")
         return wait_s
 
     def _take_tokens(self, step: InFlight, touched: dict[str, RequestGroup]) -> float:
@@ -371,6 +387,7 @@ class LLMEngine:
             for request in step.sched.requests:
                 self.results.fail_group(request.parent_id, touched)
             return 0.0
+        self.phases.lap("output processing", out.wait_s)
         self.results.apply(step.sched, step.sampled, out, touched)
         return out.wait_s
 

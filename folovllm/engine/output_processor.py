@@ -1,7 +1,10 @@
 """After each step: append sampled tokens, detokenize, apply stop rules, build RequestOutputs."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
+
+import numpy as np
 
 from folovllm.detokenizer import IncrementalDetokenizer, find_stop
 from folovllm.outputs import CompletionOutput, Logprob, RequestOutput
@@ -32,11 +35,49 @@ class OutputProcessor:
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self._token_text: dict[int, str] = {}  # token id -> its text, for Logprob.decoded_token
+        # every stop token of the requests started so far (a superset of the live ones' is enough to screen a
+        # step's tokens), as a sorted array for numpy
+        self._stop_ids: set[int] = set()
+        self._stop_array = np.zeros(0, dtype=np.int64)
 
     def start(self, request: Request) -> None:
+        request.output_limit = min(request.max_tokens, self.max_model_len - request.num_prompt_tokens)
+        if not self._stop_ids.issuperset(request.stop_token_ids):
+            self._stop_ids.update(request.stop_token_ids)
+            self._stop_array = np.array(sorted(self._stop_ids), dtype=np.int64)
         if request.params.detokenize:  # detokenize=False: ids only, the tokenizer is never asked
             request.detokenizer = IncrementalDetokenizer(
                 self.tokenizer, request.prompt_token_ids, request.params.skip_special_tokens)
+
+    def stop_token_rows(self, requests: Sequence[Request], token_ids: list[int]) -> list[int]:
+        """The rows whose token is one of its request's stop tokens (the whole step screened at once)."""
+        screened = np.flatnonzero(np.isin(np.array(token_ids, dtype=np.int64), self._stop_array))
+        return [row for row in screened.tolist() if token_ids[row] in requests[row].stop_token_ids]
+
+    @staticmethod
+    def detokenize(requests: Sequence[Request], token_ids: list[int],
+                   stopped: list[int]) -> list[tuple[int, Exception]]:
+        """Each row's token through its request's incremental detokenizer; a stop token's text is left out
+        unless the request keeps special tokens (as ``append_token``). Returns the rows whose detokenizer
+        raised, with the error (the caller ends those requests alone)."""
+        skipped = set(stopped)
+        failed: list[tuple[int, Exception]] = []
+        for row, request in enumerate(requests):
+            detokenizer = request.detokenizer
+            if detokenizer is None or (row in skipped and request.params.skip_special_tokens is not False):
+                continue
+            try:
+                detokenizer.append(token_ids[row])
+            except Exception as error:
+                failed.append((row, error))
+                continue
+            request.text = detokenizer.text
+        return failed
+
+    def stopped_by_token(self, request: Request, token_id: int) -> None:
+        """The request ends on a stop token: its stop reason, and the text it still holds back."""
+        request.stop_reason = token_id if token_id in request.params.stop_token_ids else None
+        self.flush_text(request)
 
     def append_token(self, request: Request, token_id: int, logprobs=None) -> RequestStatus | None:
         """Records one sampled token; returns the finish status if the request is now done."""
@@ -54,8 +95,7 @@ class OutputProcessor:
         num_outputs = len(request.output_token_ids)  # known tokens: a pending one is not judged yet
         if num_outputs >= params.min_tokens:
             if stopped_by_token:
-                request.stop_reason = token_id if token_id in params.stop_token_ids else None
-                self._flush_text(request)
+                self.stopped_by_token(request, token_id)
                 return RequestStatus.FINISHED_STOPPED
             if params.stop and delta:
                 cut = find_stop(request.text, len(delta), params.stop)
@@ -65,12 +105,13 @@ class OutputProcessor:
                     request.text = request.text[:keep]
                     return RequestStatus.FINISHED_STOPPED
         if num_outputs >= request.max_tokens or len(request.token_ids) >= self.max_model_len:
-            self._flush_text(request)  # a character cut off by the length limit
+            self.flush_text(request)  # a character cut off by the length limit
             return RequestStatus.FINISHED_LENGTH
         return None
 
     @staticmethod
-    def _flush_text(request: Request) -> None:
+    def flush_text(request: Request) -> None:
+        """The text the request's detokenizer holds back (an incomplete character), now that it ends."""
         if request.detokenizer is not None:
             request.detokenizer.finish()
             request.text = request.detokenizer.text

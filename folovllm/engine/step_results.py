@@ -18,7 +18,8 @@ from folovllm.core.kv_cache import KVCacheManager
 from folovllm.core.scheduler import Scheduler, SchedulerOutput
 from folovllm.engine.output_processor import OutputProcessor, RequestGroup
 from folovllm.engine.stats import EngineStats
-from folovllm.request import Request, RequestStatus
+from folovllm.engine.step_phases import PhaseClock
+from folovllm.request import FINISHED_STATUSES, Request, RequestStatus
 from folovllm.sample.prompt_logprobs import PromptLogprobsChunk
 from folovllm.spec_decode.speculator import Speculator
 from folovllm.structured_output import StructuredOutputManager
@@ -33,9 +34,13 @@ class StepResults:
     """The engine's requests and what happens to them after a step (see the module doc)."""
 
     def __init__(self, scheduler: Scheduler, kv_cache: KVCacheManager, structured: StructuredOutputManager,
-                 output_processor: OutputProcessor, stats: EngineStats, speculator: Speculator | None) -> None:
+                 output_processor: OutputProcessor, stats: EngineStats, speculator: Speculator | None,
+                 phases: PhaseClock, batched: bool = True) -> None:
+        """``batched``: a step's plain rows in bulk (``FOLOVLLM_BATCHED_OUTPUTS``), else every token one by one."""
         self.scheduler, self.kv_cache, self.structured = scheduler, kv_cache, structured
         self.output_processor, self.stats, self.speculator = output_processor, stats, speculator
+        self.phases = phases
+        self.batched = batched
         self.groups: dict[str, RequestGroup] = {}
         self.finished_ids: list[str] = []  # ended since the last launch
 
@@ -44,12 +49,15 @@ class StepResults:
         now = time.perf_counter()
         if self.speculator is not None:  # first: the prefix cache must not name a rejected proposal
             self.speculator.settle(sched, sampled, out)
-        for request in sched.requests:
-            self.kv_cache.cache_computed_blocks(request)
+        self.kv_cache.cache_full_blocks(sched.requests)
         if out.prompt_logprobs:
             self._take_prompt_logprobs(sched, out.prompt_logprobs, touched)
         if out.pooled:
             self._take_pooled(sched, out.pooled, now, touched)
+        self.phases.lap("output processing")
+        if self.batched and not out.spec_token_ids:
+            self._take_tokens(sampled, out, now, touched)
+            return
         for row, request in enumerate(sampled):
             request.num_pending_tokens -= 1
             if request.status.finished:  # ended meanwhile (stopped one step earlier, or aborted)
@@ -57,6 +65,70 @@ class StepResults:
             for token_id, token_logprobs in zip(*out.row_tokens(row)):  # several: it verified proposals
                 if not self._take_token(request, token_id, token_logprobs, now, touched):
                     break
+        self.phases.lap("output processing")
+
+    def _take_tokens(self, sampled: list[Request], out: StepOutput, now: float, touched: Touched) -> None:
+        """One token per row. Rows whose token needs nothing but the stop and length checks and the text (no
+        grammar, logprobs or stop strings) are appended in one pass, stop-checked as one array and detokenized
+        in one pass; the others go through ``_take_token`` one by one, in row order."""
+        tokens, logprobs = out.sampled_token_ids, out.logprobs
+        plain: list[Request] = []
+        plain_tokens: list[int] = []
+        at_length: list[int] = []  # plain rows at their length limit
+        groups = self.groups
+        for row, request in enumerate(sampled):
+            request.num_pending_tokens -= 1
+            if request.status in FINISHED_STATUSES:  # ended meanwhile (stopped one step earlier, or aborted)
+                continue
+            token = tokens[row]
+            if not request.plain_outputs or request.grammar is not None:
+                self._take_token(request, token, logprobs[row] if logprobs else None, now, touched)
+                continue
+            request.token_ids.append(token)
+            output = request.output_token_ids
+            output.append(token)
+            if len(output) >= request.output_limit:
+                at_length.append(len(plain))
+            plain.append(request)
+            plain_tokens.append(token)
+            metrics = request.metrics
+            if metrics.first_token_time is None:
+                metrics.first_token_time = now
+            metrics.last_token_time = now
+            if not request.final_only:
+                touched[request.parent_id] = groups[request.parent_id]
+        if not plain:
+            return
+        self.stats.generation_tokens += len(plain)
+        self.phases.lap("output processing")
+        processor = self.output_processor
+        stopped = processor.stop_token_rows(plain, plain_tokens)
+        self.phases.lap("stop checks")
+        for row, error in processor.detokenize(plain, plain_tokens, stopped):
+            logger.error("output processing failed for request %s; ending it", plain[row].request_id, exc_info=error)
+            self.fail_group(plain[row].parent_id, touched)
+        self.phases.lap("detokenize")
+        # a stop token ends its request once min_tokens is met (known tokens: a pending one is not judged yet)
+        ends = [(row, RequestStatus.FINISHED_STOPPED) for row in stopped
+                if len(plain[row].output_token_ids) >= plain[row].params.min_tokens]
+        if at_length:
+            ending = {row for row, _ in ends}
+            ends = sorted(ends + [(row, RequestStatus.FINISHED_LENGTH) for row in at_length if row not in ending])
+        for row, status in ends:  # in row order, as one by one: blocks go back to the pool in that order
+            request = plain[row]
+            if request.status in FINISHED_STATUSES:  # its text failed: ended already
+                continue
+            if status == RequestStatus.FINISHED_STOPPED:
+                processor.stopped_by_token(request, plain_tokens[row])
+            else:
+                processor.flush_text(request)  # a character cut off by the length limit
+            self._finish_plain(request, status, now, touched)
+        self.phases.lap("stop checks")
+
+    def _finish_plain(self, request: Request, status: RequestStatus, now: float, touched: Touched) -> None:
+        request.metrics.finished_time = now
+        self.finish(request, status)
+        touched[request.parent_id] = self.groups[request.parent_id]
 
     def _take_token(self, request: Request, token_id: int, logprobs, now: float, touched: Touched) -> bool:
         """One sampled token through the grammar, output and stop checks; False once the request ended."""

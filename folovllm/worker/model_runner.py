@@ -13,18 +13,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
+from folovllm import envs
 from folovllm.lora.manager import LoRAManager
 from folovllm.platforms import Platform, to_device
 from folovllm.pooling.pooler import Pooler
-from folovllm.sample.metadata import is_plain_greedy_row
+from folovllm.sample.metadata import is_plain_greedy_row, with_noise_keys
 from folovllm.sample.prompt_logprobs import DEFAULT_SLICE_ROWS, PromptLogprobsTensors, compute_prompt_logprobs
 from folovllm.sample.rejection_sampler import accept_greedy, verify
-from folovllm.sample.sampler import Sampler, TokenLogprobs, build_sampling_batch
+from folovllm.sample.sampler import Sampler, SamplingBatch, TokenLogprobs, build_sampling_batch
 from folovllm.worker.cuda_graphs import CudaGraphRunner
-from folovllm.worker.decode_inputs import DecodeInputBuffers, is_decode_only
-from folovllm.worker.step_batch import StepBatch, prepare_step_batch
+from folovllm.worker.decode_inputs import DecodeBatchWriter, is_decode_only
+from folovllm.worker.request_states import RequestStates
+from folovllm.worker.step_batch import DecodeColumns, DecodePart, StepBatch, prepare_step_batch
 from folovllm.worker.step_input import StepInput, StepOutput
 
 KVCaches = list[tuple[torch.Tensor, torch.Tensor]]
@@ -46,6 +49,10 @@ class LaunchedStep:
     # a step that verified proposals: each row's emitted tokens and their logprobs, already on the host
     spec_token_ids: list[list[int]] | None = None
     spec_logprobs: list[list[TokenLogprobs | None]] | None = None
+    # host seconds the launch spent building the batch's tensors, and from the forward's end on (the head's
+    # tokens, or the logits and the sampler; prompt logprobs, pooling): the engine's step phases read them
+    input_build_s: float = 0.0
+    sampling_s: float = 0.0
 
     def row_of(self) -> dict[str, int]:
         return {rid: i for i, rid in enumerate(self.request_ids)}
@@ -62,7 +69,7 @@ class ModelRunner:
         forward and the logits gather. ``greedy_head``: takes the tokens of an all plain-greedy step
         straight from the hidden states (``CausalLM.greedy_head``); None: through the logits and sampler.
         ``decode_input_buffers``: decode-only steps write their inputs into reused host buffers
-        (``worker/decode_inputs.py``; a synchronous platform only), else every step is built anew.
+        (``worker/decode_inputs.py``; a synchronous platform only), else into a fresh block each step.
         ``lora``: the model's adapters (``enable_lora``), told each step's rows by adapter before its forward."""
         self.model = model
         self.samples = samples
@@ -71,39 +78,61 @@ class ModelRunner:
         self.kv_caches = kv_caches
         self.block_size = block_size
         self.platform, self.device = platform, platform.device
-        self.sampler = Sampler(platform.sampling_race())
+        race = platform.sampling_race()
+        self.sampler = Sampler(race, top_k_candidates=envs.switch("FOLOVLLM_TOP_K_CANDIDATES"))
         # each step's seed for its unseeded rows' noise keys, where the sampler draws by counter
-        self._noise_seeds = random.Random(torch.initial_seed()) if self.sampler.race is not None else None
+        self._noise_seeds = random.Random(torch.initial_seed()) if race is not None else None
         self.vocab_size = model.arch.vocab_size
-        self.decode_inputs = DecodeInputBuffers(block_size) if decode_input_buffers else None
+        self.decode_writer = DecodeBatchWriter(block_size, self.device, reuse_buffers=decode_input_buffers)
+        self.states = RequestStates(self.device)  # per-request RNGs, and what is kept of decoding requests
+        # the last sampling batch of decode rows alone and their request ids: the next such step with the same
+        # requests in the same order samples with it (kept rows' settings do not change)
+        self._sampling_cache: tuple[list[str], SamplingBatch] | None = None
         # pooling requests' results from the final hidden states (a cross-encoder's: through its score head)
         self.pooler = Pooler(getattr(model, "classify", None))
         self.lora = lora
 
-    def launch(self, step: StepInput, generators: list[torch.Generator | None],
-               previous: LaunchedStep | None = None) -> LaunchedStep:
-        """Queues the step's forward and sampling, in inference mode. ``generators``: one per sampling row
-        (None: the default RNG); ``previous`` holds the tokens its inputs still await."""
+    def launch(self, step: StepInput, previous: LaunchedStep | None = None) -> LaunchedStep:
+        """Queues the step's forward and sampling, in inference mode; ``previous`` holds the tokens its inputs
+        still await. The step's ``finished_request_ids`` must have been passed to ``forget`` first."""
         if torch.is_inference_mode_enabled():  # entered once by a loop over steps (run_until_finished, core loop)
-            return self._launch(step, generators, previous)
+            return self._launch(step, previous)
         with torch.inference_mode():
-            return self._launch(step, generators, previous)
+            return self._launch(step, previous)
 
-    def _launch(self, step: StepInput, generators: list[torch.Generator | None],
-                previous: LaunchedStep | None) -> LaunchedStep:
+    def forget(self, request_id: str) -> None:
+        """The request ended: its RNG, what was kept of it and its pooling state go (its id may be reused)."""
+        self.states.forget(request_id)
+        self.pooler.forget(request_id)
+        self._sampling_cache = None
+
+    def _launch(self, step: StepInput, previous: LaunchedStep | None) -> LaunchedStep:
+        started = time.perf_counter()
+        self.states.update(step)
         noise_seed = self._noise_seeds.getrandbits(62) if self._noise_seeds is not None else None
-        previous_rows = previous.row_of() if previous is not None else {}
-        if self.cuda_graphs is not None and self.samples and self.cuda_graphs.takes(step, previous_rows):
-            token_ids, logprobs, needs_sync, host, ready = self.cuda_graphs.launch(
-                step, generators, previous_rows, None if previous is None else previous.token_ids, noise_seed)
-            return LaunchedStep([r.request_id for r in step.requests], token_ids, logprobs, needs_sync,
-                                host_token_ids=host, ready=ready)
+        if self.cuda_graphs is not None and self.samples:
+            if step.decodes is not None and len(step.decodes):
+                step = self.states.in_full(step)  # a graph stages every request from its full row
+            previous_rows = previous.row_of() if previous is not None else {}
+            if self.cuda_graphs.takes(step, previous_rows):
+                generators = [self.states.generator(r.request_id, r.sampling.seed) for r in step.requests]
+                token_ids, logprobs, needs_sync, host, ready = self.cuda_graphs.launch(
+                    step, generators, previous_rows, None if previous is None else previous.token_ids, noise_seed)
+                return LaunchedStep([r.request_id for r in step.requests], token_ids, logprobs, needs_sync,
+                                    host_token_ids=host, ready=ready)
         batch = self._prepare(step)
-        if self.lora is not None:
-            self.lora.set_batch([(r.lora, r.num_new_tokens) for r in step.requests])
         if batch.pending_inputs:
             self._fill_pending_inputs(batch, previous)
+        built = time.perf_counter()
         hidden = self._forward(batch)
+        forwarded = time.perf_counter()
+        launched = self._after_forward(batch, hidden, noise_seed)
+        launched.input_build_s, launched.sampling_s = built - started, time.perf_counter() - forwarded
+        return launched
+
+    def _after_forward(self, batch: StepBatch, hidden: torch.Tensor, noise_seed: int | None) -> LaunchedStep:
+        """The step's results from its hidden states: sampled tokens, prompt logprobs, pooled vectors.
+        ``noise_seed``: the step's seed for its unseeded rows' noise keys (None: the sampler draws no keyed noise)."""
         if not self.samples:
             self._join_logits_gathers(batch, hidden)
             return LaunchedStep([], None, None)
@@ -115,15 +144,17 @@ class ModelRunner:
             return LaunchedStep([], None, None, prompt_logprobs=prompt_logprobs, pooled=pooled)
         sampled_hidden = _sampled_rows(hidden, batch)
         if batch.draft_token_ids:
-            return self._verify(batch, sampled_hidden, generators, prompt_logprobs, pooled)
-        if self.greedy_head is not None and all(is_plain_greedy_row(row) for row in batch.sampling_rows):
+            return self._verify(batch, sampled_hidden, prompt_logprobs, pooled)
+        plain_greedy = batch.plain_greedy
+        if plain_greedy is None:
+            plain_greedy = all(is_plain_greedy_row(row) for row in batch.sampling_rows)
+        if self.greedy_head is not None and plain_greedy:
             # the head's tokens are the sampler's argmax; the sampling batch would go unread
             token_ids = self.greedy_head(sampled_hidden)
             logprobs: list[TokenLogprobs | None] = [None] * len(batch.sampling_rows)
             needs_sync = False
         else:
-            sampling_batch = build_sampling_batch(batch.sampling_rows, generators, self.vocab_size, self.device,
-                                                  noise_seed)
+            sampling_batch = self._sampling_batch(batch, noise_seed)
             logits = self.model.compute_logits(sampled_hidden)
             token_ids, logprobs = self.sampler.sample(logits, sampling_batch)
             needs_sync = sampling_batch.needs_sync
@@ -133,17 +164,46 @@ class ModelRunner:
             launched.host_token_ids, launched.ready = self.platform.copy_home(token_ids)
         return launched
 
-    def _verify(self, batch: StepBatch, sampled_hidden: torch.Tensor, generators: list[torch.Generator | None],
+    def _sampling_batch(self, batch: StepBatch, noise_seed: int | None) -> SamplingBatch:
+        """The step's sampling tensors: the last ones again for a step of the same decode rows alone, with this
+        step's noise keys where it has any (the output counts move on every step)."""
+        request_ids = batch.sampling_request_ids
+        cached = self._sampling_cache
+        if batch.kept_rows_only and cached is not None and cached[0] == request_ids:
+            sampling_batch = cached[1]
+            if sampling_batch.all_greedy or (noise_seed is None and sampling_batch.noise_counters is None):
+                return sampling_batch
+            return with_noise_keys(sampling_batch, batch.sampling_rows, noise_seed, self._output_counts(batch))
+        states = self.states
+        generators = [states.generator(rid, row.seed) for rid, row in zip(request_ids, batch.sampling_rows)]
+        sampling_batch = build_sampling_batch(batch.sampling_rows, generators, self.vocab_size, self.device,
+                                              noise_seed, self._output_counts(batch))
+        self._sampling_cache = (request_ids, sampling_batch) if batch.kept_rows_only else None
+        return sampling_batch
+
+    @staticmethod
+    def _output_counts(batch: StepBatch) -> np.ndarray | None:
+        """Each sampling row's output count, where its kept decode rows' own rows are out of date (None: none)."""
+        counts = batch.decode_output_counts
+        if counts is None or batch.kept_rows_only:
+            return counts
+        rows = batch.sampling_rows
+        head = np.fromiter((row.num_output_tokens for row in rows[:len(rows) - len(counts)]), np.int64)
+        return np.concatenate([head, counts])
+
+    def _verify(self, batch: StepBatch, sampled_hidden: torch.Tensor,
                 prompt_logprobs: PromptLogprobsTensors | None, pooled: list | None) -> LaunchedStep:
         """A step with proposals: every proposal's row scored, the kept tokens read back at once (the
         engine turns overlap off while speculating, so nothing waits on this step's tokens)."""
         drafts = batch.draft_token_ids
+        starts = list(itertools.accumulate((len(d) + 1 for d in drafts), initial=0))  # each request's first row
         if self.greedy_head is not None and all(is_plain_greedy_row(row) for row in batch.sampling_rows):
             target = self.greedy_head(sampled_hidden).tolist()
-            starts = itertools.accumulate((len(d) + 1 for d in drafts), initial=0)
             emitted = [accept_greedy(target[start:start + len(d) + 1], d) for start, d in zip(starts, drafts)]
             logprobs = [[None] * len(tokens) for tokens in emitted]
         else:
+            generators = [self.states.generator(rid, batch.sampling_rows[start].seed)
+                          for rid, start in zip(batch.sampling_request_ids, starts)]
             logits = self.model.compute_logits(sampled_hidden)
             emitted, logprobs = verify(logits, batch.sampling_rows, drafts, generators, self.sampler)
         first = torch.tensor([tokens[0] for tokens in emitted], device=self.device)
@@ -185,6 +245,10 @@ class ModelRunner:
         """Copies the previous step's sampled tokens into this step's inputs, device to device."""
         if previous is None or previous.token_ids is None:
             raise RuntimeError("a step needs tokens from a step that is not in flight")
+        pending = batch.pending_inputs
+        if len(pending) == batch.input_ids.shape[0] and [rid for _, rid in pending] == previous.request_ids:
+            batch.input_ids.copy_(previous.token_ids)  # every row, the same requests in the same order: one copy
+            return
         rows = previous.row_of()
         device = batch.input_ids.device
         dst = to_device([row for row, _ in batch.pending_inputs], torch.int64, device)
@@ -192,9 +256,40 @@ class ModelRunner:
         batch.input_ids[dst] = previous.token_ids[src].to(batch.input_ids.dtype)
 
     def _prepare(self, step: StepInput) -> StepBatch:
-        if self.decode_inputs is not None and is_decode_only(step):
-            return self.decode_inputs.prepare(step)
-        return prepare_step_batch(step, self.block_size, self.device)
+        """The step's batch, its adapters told to the LoRA manager: decode rows from the kept state in bulk."""
+        adapters = [(r.lora, r.num_new_tokens) for r in step.requests] if self.lora is not None else []
+        decodes = step.decodes
+        if decodes is not None and len(decodes):
+            states = self.states
+            rows = states.rows(decodes.request_ids)
+            width = int(states.num_blocks[rows].max())
+            columns = DecodeColumns(np.asarray(decodes.token_ids, dtype=np.int64),
+                                    np.asarray(decodes.positions, dtype=np.int64), states.tables[rows, :width])
+            rows_list = rows.tolist()
+            sampling = [states.sampling[row] for row in rows_list]
+            if step.requests:
+                batch = prepare_step_batch(step, self.block_size, self.device,
+                                           DecodePart(columns, sampling, decodes.request_ids, decodes.pending_rows))
+            else:
+                batch = self.decode_writer.batch(columns, sampling, decodes.request_ids)
+                batch.pending_inputs = [(row, decodes.request_ids[row]) for row in decodes.pending_rows]
+                batch.kept_rows_only = True
+            batch.decode_output_counts = states.output_counts(rows, columns.positions)
+            if bool(states.plain_greedy[rows].all()) and all(
+                    is_plain_greedy_row(r.sampling) for r in step.requests if r.sampling is not None):
+                batch.plain_greedy = True  # else left to the sampling rows (proposals' rows among them)
+            if self.lora is not None:
+                adapters += ([(states.lora[row], 1) for row in rows_list] if states.any_lora
+                             else [(None, len(rows_list))])
+        elif step.requests and is_decode_only(step):
+            batch = self.decode_writer.batch(DecodeColumns.from_requests(step.requests),
+                                             [r.sampling for r in step.requests],
+                                             [r.request_id for r in step.requests])
+        else:
+            batch = prepare_step_batch(step, self.block_size, self.device)
+        if self.lora is not None:
+            self.lora.set_batch(adapters)
+        return batch
 
     def _forward(self, batch: StepBatch) -> torch.Tensor:
         """Hidden states of the step, run eagerly (a step a decode graph takes never gets here)."""

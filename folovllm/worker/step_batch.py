@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from folovllm.attention.metadata import AttentionMetadata
@@ -10,7 +11,7 @@ from folovllm.platforms import to_device
 from folovllm.pooling.pooler import PoolingChunk
 from folovllm.sample.prompt_logprobs import PromptLogprobsBatch
 from folovllm.sample.sampler import SamplingRow
-from folovllm.worker.step_input import StepInput
+from folovllm.worker.step_input import ScheduledRequest, StepInput
 
 
 @dataclass
@@ -30,9 +31,54 @@ class StepBatch:
     # speculative decoding: each sampling request's proposals (its rows: one more than those); empty
     # when no request proposes
     draft_token_ids: list[list[int]] = field(default_factory=list)
+    plain_greedy: bool | None = None  # every sampling row is plain greedy (None: read the rows)
+    kept_rows_only: bool = False  # every row is a kept request's decode row (their sampling settings never change)
+    # the output counts of the kept decode rows that end the sampling rows (their kept rows' counts are stale)
+    decode_output_counts: np.ndarray | None = None
 
 
-def prepare_step_batch(step: StepInput, block_size: int, device: torch.device) -> StepBatch:
+@dataclass
+class DecodeColumns:
+    """Decode rows' inputs as arrays: row ``i`` computes ``token_ids[i]`` at ``positions[i]`` with block table
+    ``tables[i]`` (zero past its length)."""
+
+    token_ids: np.ndarray  # [n] int64
+    positions: np.ndarray  # [n] int64
+    tables: np.ndarray  # [n, width] int64
+
+    @classmethod
+    def from_requests(cls, requests: list[ScheduledRequest]) -> DecodeColumns:
+        """General rows that each compute one known token."""
+        width = max(len(r.block_table) for r in requests)
+        tables = np.zeros((len(requests), width), dtype=np.int64)
+        for row, request in enumerate(requests):
+            tables[row, :len(request.block_table)] = request.block_table
+        return cls(np.fromiter((r.new_token_ids[0] for r in requests), np.int64, len(requests)),
+                   np.fromiter((r.num_computed_tokens for r in requests), np.int64, len(requests)), tables)
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+    def slot_mapping(self, block_size: int) -> np.ndarray:
+        """Each row's cache slot: its table's block at its position, times the block size, plus the offset."""
+        positions = self.positions
+        blocks = self.tables[np.arange(len(positions)), positions // block_size]
+        return blocks * block_size + positions % block_size
+
+
+@dataclass
+class DecodePart:
+    """Decode rows that follow a step's general rows in its batch: their columns and sampling settings."""
+
+    columns: DecodeColumns
+    sampling_rows: list[SamplingRow]
+    request_ids: list[str]
+    pending_rows: list[int]  # rows whose token is still pending on the device
+
+
+def prepare_step_batch(step: StepInput, block_size: int, device: torch.device,
+                       decode: DecodePart | None = None) -> StepBatch:
+    """The step's general rows (``step.requests``) and then, if given, its decode rows, as the model's tensors."""
     input_ids: list[int] = []
     positions: list[int] = []
     slot_mapping: list[int] = []
@@ -83,6 +129,20 @@ def prepare_step_batch(step: StepInput, block_size: int, device: torch.device) -
             sampling_rows.extend(request.draft_rows)
             sampling_request_ids.append(request.request_id)
             draft_token_ids.append(request.draft_token_ids)
+    if decode is not None:
+        columns, first, base, n = decode.columns, len(input_ids), query_start_loc[-1], len(decode.columns)
+        input_ids.extend(columns.token_ids.tolist())
+        pending_inputs.extend((first + row, decode.request_ids[row]) for row in decode.pending_rows)
+        positions.extend(columns.positions.tolist())
+        slot_mapping.extend(columns.slot_mapping(block_size).tolist())
+        query_start_loc.extend(range(base + 1, base + n + 1))
+        query_lens.extend([1] * n)
+        seq_lens.extend((columns.positions + 1).tolist())
+        block_tables.extend(columns.tables.tolist())
+        logits_indices.extend(range(base, base + n))
+        sampling_rows.extend(decode.sampling_rows)
+        sampling_request_ids.extend(decode.request_ids)
+        draft_token_ids.extend([] for _ in range(n))
 
     max_blocks = max(len(t) for t in block_tables)
     tables = [t + [0] * (max_blocks - len(t)) for t in block_tables]

@@ -34,10 +34,29 @@ class ScheduledRequest:
     # sampling settings of the row after each of them (``sampling`` is the row before the first)
     draft_token_ids: list[int] = field(default_factory=list)
     draft_rows: list[SamplingRow] = field(default_factory=list)
+    # The worker keeps this request's block table, sampling row and adapter (worker/request_states.py): its
+    # later steps of one token may come as decode rows. Set on rows whose sampling settings stay the same.
+    keep: bool = False
 
     @property
     def num_new_tokens(self) -> int:
         return len(self.new_token_ids) + self.num_pending_tokens
+
+
+@dataclass
+class DecodeRows:
+    """Requests the worker keeps (``ScheduledRequest.keep``) that each compute one token and sample the next, as
+    columns: row ``i`` is request ``request_ids[i]`` at position ``positions[i]``."""
+
+    request_ids: list[str]
+    token_ids: list[int]  # each row's input token (0 where it is pending)
+    positions: list[int]  # each row's position: its num_computed_tokens
+    pending_rows: list[int] = field(default_factory=list)  # rows whose token the step in flight samples (overlap)
+    # request id -> (index in its block table, the blocks from there on) for the tables that grew
+    new_blocks: dict[str, tuple[int, list[int]]] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.request_ids)
 
 
 @dataclass
@@ -47,6 +66,7 @@ class StepInput:
     requests: list[ScheduledRequest]
     # Applied first: the worker drops their per-request state (RNGs), so an id may be reused.
     finished_request_ids: list[str] = field(default_factory=list)
+    decodes: DecodeRows | None = None  # rows after ``requests`` in the batch, from state the worker keeps
 
 
 @dataclass

@@ -53,8 +53,8 @@ def follower_step(step: StepInput) -> StepInput:
     return StepInput([ScheduledRequest(r.request_id, r.new_token_ids, r.num_pending_tokens, r.num_computed_tokens,
                                        r.block_table, None if r.sampling is None else _SAMPLES, r.prompt_logprobs,
                                        draft_token_ids=r.draft_token_ids,  # verify rows attend as decode rows
-                                       draft_rows=[_SAMPLES] * len(r.draft_rows))
-                      for r in step.requests], step.finished_request_ids)
+                                       draft_rows=[_SAMPLES] * len(r.draft_rows), keep=r.keep)
+                      for r in step.requests], step.finished_request_ids, step.decodes)
 
 
 def _stop_ranks(ranks: list[RankProcess | RemoteRank]) -> None:

@@ -84,8 +84,7 @@ class Worker:
                                 self.platform.small_matmul_dtype(self.model.dtype),
                                 kernel=self.platform.lora_op()) if config.enable_lora else None
         compile_model(self.model, self.platform)
-        self.runner: ModelRunner | None = None  # built by initialize_cache
-        self._generators: dict[str, torch.Generator] = {}  # request id -> its RNG (seeded requests)
+        self.runner: ModelRunner | None = None  # built by initialize_cache (it keeps the per-request RNGs)
         self._previous: LaunchedStep | None = None  # the last step launched: pending inputs come from it
         self.kv_connector: KVConnectorBase | None = None  # worker side of PD disaggregation's connector
 
@@ -139,11 +138,8 @@ class Worker:
         if self.runner is None:
             raise RuntimeError("Worker.initialize_cache must run before the first step")
         for request_id in step.finished_request_ids:
-            self._generators.pop(request_id, None)
-            self.runner.pooler.forget(request_id)
-        generators = [self._generator(r.request_id, r.sampling.seed)
-                      for r in step.requests if r.sampling is not None]
-        self._previous = self.runner.launch(step, generators, self._previous)
+            self.runner.forget(request_id)
+        self._previous = self.runner.launch(step, self._previous)
         return self._previous
 
     def resolve(self, launched: LaunchedStep) -> StepOutput:
@@ -191,13 +187,3 @@ class Worker:
         self.kv_connector.start_load_kv(meta)
         self.kv_connector.save_kv(meta)
         return self.kv_connector.get_finished()
-
-    def _generator(self, request_id: str, seed: int | None) -> torch.Generator | None:
-        """The request's own RNG, created from its seed on first sight and kept until it finishes."""
-        if seed is None:
-            return None
-        generator = self._generators.get(request_id)
-        if generator is None:
-            generator = torch.Generator(device=self.device).manual_seed(seed)
-            self._generators[request_id] = generator
-        return generator

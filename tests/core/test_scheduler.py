@@ -164,3 +164,27 @@ def test_a_request_waits_for_its_grammar_while_later_ones_run():
     assert scheduler.waiting == [compiling] and compiling.status == RequestStatus.WAITING
     compiling.grammar.ready = True
     assert [r.request_id for r in scheduler.schedule().requests] == ["plain", "compiling"]
+
+
+def test_running_requests_are_sorted_only_when_their_order_can_have_changed():
+    from folovllm.core.admission import AdaptiveAdmission
+
+    limits = SchedulerLimits(max_num_batched_tokens=64, max_num_seqs=8, max_model_len=128)
+    for admission, keys_stand in ((None, True), (AdaptiveAdmission(4, 64), False)):
+        scheduler = Scheduler(limits, KVCacheManager(64, 4), admission=admission)
+        keys = []
+        running_key = scheduler._running_key
+        scheduler._running_key = lambda request: keys.append(request) or running_key(request)
+        for i in range(3):
+            scheduler.add_request(make_request(str(i), 5, 20))
+        run_step(scheduler, limits)  # all three admitted
+        run_step(scheduler, limits)  # sorted once: they joined
+        keys.clear()
+        run_step(scheduler, limits)
+        run_step(scheduler, limits)  # nobody joined: fcfs keys stand, adaptive's victim keys count outputs
+        assert (not keys) == keys_stand and len(scheduler.running) == 3
+        scheduler.add_request(make_request("late", 5, 20))
+        run_step(scheduler, limits)
+        keys.clear()
+        run_step(scheduler, limits)  # sorted again after the newcomer joined
+        assert len(keys) == 4

@@ -2,6 +2,8 @@
 to the same tokens as a run without the fault, and the engine keeps serving. The fault is injected
 into the worker's launch of any step that samples for one chosen request, the way an out-of-range
 stop token once broke sampling."""
+from collections import Counter
+
 import pytest
 
 from folovllm import SamplingParams
@@ -39,14 +41,18 @@ def run_all(engine, prompts, params=PARAMS) -> dict[str, object]:
 
 def inject_fault(monkeypatch, when=lambda request_id: request_id == FAULTY) -> None:
     """Launching raises for any batch that samples for a request ``when`` picks, once it has 3
-    output tokens."""
+    output tokens (three launches that sampled for it went through: a decode row says no more)."""
     original = ModelRunner.launch
+    sampled: Counter[str] = Counter()
 
     def launch(self, step, *args, **kwargs):
-        if any(r.sampling is not None and r.sampling.num_output_tokens >= 3 and when(r.request_id)
-               for r in step.requests):
+        ids = [r.request_id for r in step.requests if r.sampling is not None]
+        ids += step.decodes.request_ids if step.decodes is not None else []
+        if any(sampled[rid] >= 3 and when(rid) for rid in ids):
             raise IndexError("injected sampling fault")
-        return original(self, step, *args, **kwargs)
+        launched = original(self, step, *args, **kwargs)
+        sampled.update(ids)
+        return launched
 
     monkeypatch.setattr(ModelRunner, "launch", launch)
 
@@ -92,6 +98,27 @@ def test_a_fault_in_output_processing_ends_that_request(tiny_llama_dir, prompts,
     assert finished.pop(FAULTY).finish_reason == "error"
     for request_id, completion in finished.items():
         assert_same([completion], [reference[request_id]])
+
+
+def test_a_fault_in_a_plain_rows_text_ends_that_request(tiny_llama_dir, prompts, monkeypatch):
+    """Tokens taken in bulk (no logprobs) keep the isolation: a detokenizer that raises ends its request alone."""
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    reference = run_all(make_llm(tiny_llama_dir).llm_engine, prompts, params)
+    engine = make_llm(tiny_llama_dir).llm_engine
+    engine.add_request({"prompt_token_ids": prompts[0]}, params, request_id="bad")
+    bad = engine.groups["bad"].samples[0]
+    original = bad.detokenizer.append
+
+    def append(token_id):
+        if len(bad.output_token_ids) >= 5:
+            raise UnicodeDecodeError("utf-8", b"", 0, 1, "injected")
+        return original(token_id)
+
+    bad.detokenizer.append = append
+    finished = run_all(engine, prompts, params)
+    assert finished.pop("bad").finish_reason == "error"
+    for request_id, completion in finished.items():
+        assert completion.finish_reason == "length" and completion.token_ids == reference[request_id].token_ids
 
 
 def test_llm_generate_returns_the_failed_request(tiny_llama_dir, prompts, reference, monkeypatch):

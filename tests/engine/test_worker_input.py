@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from folovllm.core.scheduler import SchedulerOutput
-from folovllm.engine.worker_input import build_step_input, sampling_row
+from folovllm.engine.worker_input import StepInputBuilder, build_step_input, sampling_row
 from folovllm.request import Request, bad_words_token_ids
 from folovllm.sampling_params import SamplingParams
 
@@ -94,3 +94,51 @@ def test_prompt_logprob_rows_name_the_next_prompt_tokens() -> None:
     sched = SchedulerOutput()
     sched.add(sample, 6, [0, 1])
     assert build_step_input(sched, [])[0].requests[0].prompt_logprobs is None  # sample 0 scores the prompt
+
+
+def test_kept_requests_come_back_as_decode_rows() -> None:
+    """A request whose row may be kept is sent in full once (``keep``); then its one-token steps are decode rows
+    (a pending token among them), after the full rows; a preempted or finished request is sent in full again."""
+    builder = StepInputBuilder(None, decode_rows=True)
+    kept = request("kept", SamplingParams(temperature=0.0))
+    penalized = request("pen", SamplingParams(temperature=0.0, presence_penalty=0.5))  # reads its outputs
+    first = SchedulerOutput()
+    first.add(kept, 6, [0, 1])
+    first.add(penalized, 6, [2, 3])
+    step, sampled = builder.build(first, [])
+    assert [r.keep for r in step.requests] == [True, False] and step.decodes is None
+    builder.launched(step)
+    for r in (kept, penalized):
+        r.num_computed_tokens = 6
+        r.append_output_token(42)
+
+    second = SchedulerOutput(new_block_ids={"kept": (2, [9]), "pen": (2, [8])})
+    second.add(kept, 1, [0, 1, 9])
+    second.add(penalized, 1, [2, 3, 8])
+    step, sampled = builder.build(second, [])
+    assert [r.request_id for r in step.requests] == ["pen"] and sampled == [penalized, kept]
+    decodes = step.decodes
+    assert (decodes.request_ids, decodes.token_ids, decodes.positions) == (["kept"], [42], [6])
+    assert decodes.new_blocks == {"kept": (2, [9])} and decodes.pending_rows == []
+    builder.launched(step)
+
+    kept.num_computed_tokens, kept.num_pending_tokens = 7, 1  # overlap: its token is on the device
+    third = SchedulerOutput()
+    third.add(kept, 1, [0, 1, 9])
+    step, _ = builder.build(third, [])
+    assert step.decodes.pending_rows == [0] and step.decodes.token_ids == [0]
+
+    preempted = SchedulerOutput(preempted=[kept])
+    step, _ = builder.build(preempted, [])
+    assert builder.kept == set()
+    builder.kept.add("kept")
+    step, _ = builder.build(third, ["kept"])  # it ended: the worker forgets it first
+    assert step.decodes is None and step.requests[0].request_id == "kept" and step.requests[0].keep
+
+
+def test_without_decode_rows_every_request_is_sent_in_full() -> None:
+    a = request("a", SamplingParams(temperature=0.0))
+    sched = SchedulerOutput()
+    sched.add(a, 6, [0, 1])
+    step, _ = build_step_input(sched, [])
+    assert not step.requests[0].keep and step.decodes is None

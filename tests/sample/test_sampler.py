@@ -28,15 +28,18 @@ def make_batch(
     outputs: list[list[int]] | None = None,
     generators: list[torch.Generator | None] | None = None,
     banned: list[list[int]] | None = None,
+    output_count: int = 0,
 ) -> SamplingBatch:
-    """``banned[i]``: row i's stop ids, with min_tokens still ahead (so the sampler must avoid them)."""
+    """``banned[i]``: row i's stop ids, with min_tokens still ahead (so the sampler must avoid them);
+    ``output_count``: every row's tokens so far."""
     n = len(params)
     rows = []
     for i, p in enumerate(params):
         stop = tuple(banned[i]) if banned else ()
         if stop:
             p = dataclasses.replace(p, min_tokens=1)
-        rows.append(SamplingRow(p, p.seed, 0, stop, prompts[i] if prompts else (), outputs[i] if outputs else ()))
+        rows.append(SamplingRow(p, p.seed, output_count, stop, prompts[i] if prompts else (),
+                                outputs[i] if outputs else ()))
     return build_sampling_batch(rows, generators or [None] * n, vocab_size, "cpu")
 
 
@@ -59,8 +62,11 @@ def full_sort_sample(logits: torch.Tensor, batch: SamplingBatch) -> list[int]:
     return sampled.tolist()
 
 
-def sample(logits: torch.Tensor, params: list[SamplingParams], **kwargs) -> list[int]:
-    return Sampler()(logits, make_batch(params, logits.shape[1], **kwargs)).sampled_token_ids
+def sample(logits: torch.Tensor, params: list[SamplingParams], candidates: bool = False, output_count: int = 0,
+           **kwargs) -> list[int]:
+    """``output_count``: every row's (seeded rows' candidate noise is hashed from it)."""
+    batch = make_batch(params, logits.shape[1], output_count=output_count, **kwargs)
+    return Sampler(top_k_candidates=candidates)(logits, batch).sampled_token_ids
 
 
 def seeded(seed: int) -> torch.Generator:
@@ -116,7 +122,8 @@ def test_temperature_changes_distribution() -> None:
         assert torch.allclose(freq, expected, atol=0.03), (temperature, freq, expected)
 
 
-def test_seeded_row_ignores_rest_of_batch() -> None:
+@pytest.mark.parametrize("candidates", [False, True])
+def test_seeded_row_ignores_rest_of_batch(candidates: bool) -> None:
     vocab, steps = 300, 12
     step_logits = [torch.randn(4, vocab, generator=seeded(s)) for s in range(steps)]
     mine = SamplingParams(temperature=0.9, top_k=40, seed=7)  # top-k only: topk path when alone
@@ -127,14 +134,15 @@ def test_seeded_row_ignores_rest_of_batch() -> None:
     ]
 
     gen = seeded(7)
-    alone = [sample(logits[:1], [mine], generators=[gen])[0] for logits in step_logits]
+    alone = [sample(logits[:1], [mine], candidates, step, generators=[gen])[0]
+             for step, logits in enumerate(step_logits)]
 
     for position in range(4):
         torch.manual_seed(position)  # the unseeded neighbours draw differently each run
         gen = seeded(7)
         other_gen = seeded(99)
         got = []
-        for logits in step_logits:
+        for step, logits in enumerate(step_logits):
             rows = [logits[1], logits[2], logits[3]]
             rows.insert(position, logits[0])
             params = list(others)
@@ -142,7 +150,8 @@ def test_seeded_row_ignores_rest_of_batch() -> None:
             gens: list[torch.Generator | None] = [None, None, other_gen]
             gens.insert(position, gen)
             outputs = [[5, 6]] * 4
-            got.append(sample(torch.stack(rows), params, generators=gens, outputs=outputs)[position])
+            got.append(sample(torch.stack(rows), params, candidates, step, generators=gens,
+                              outputs=outputs)[position])
         assert got == alone, position
 
 
@@ -264,10 +273,113 @@ row_params = st.builds(
     vocab=st.integers(2, 32),
     logits_seed=st.integers(0, 2**31),
     scale=st.floats(0.1, 8.0),
+    candidates=st.booleans(),
 )
-def test_sampled_token_in_allowed_set(params: list[SamplingParams], vocab: int, logits_seed: int, scale: float) -> None:
+def test_sampled_token_in_allowed_set(params: list[SamplingParams], vocab: int, logits_seed: int, scale: float,
+                                      candidates: bool) -> None:
     logits = torch.randn(len(params), vocab, generator=seeded(logits_seed)) * scale
     torch.manual_seed(logits_seed)
-    tokens = sample(logits, params)
+    tokens = sample(logits, params, candidates)
     for row, (token, p) in enumerate(zip(tokens, params)):
         assert token in allowed_tokens(logits[row], p), (row, token, p)
+
+
+def test_top_k_candidates_are_the_random_rows_with_a_top_k() -> None:
+    assert make_batch([SamplingParams(top_k=5), SamplingParams(top_k=20), SamplingParams(temperature=0.0)],
+                      100).candidate_k == 20  # a greedy row takes its argmax whatever its top_k
+    batch = make_batch([SamplingParams(top_k=5), SamplingParams(top_p=0.9)], 100)
+    assert batch.candidate_rows == [0] and batch.candidate_k == 5  # the other row takes the full path
+    assert make_batch([SamplingParams(top_k=100)], 100).candidate_k is None  # the whole vocabulary
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=0.7, top_k=6),
+    SamplingParams(temperature=1.3, top_k=8, top_p=0.8),
+    SamplingParams(temperature=1.0, top_k=10, min_p=0.1),
+])
+def test_top_k_candidates_sample_the_full_paths_distribution(params: SamplingParams) -> None:
+    """Both paths' token frequencies over many draws match the distribution the filters leave (float64)."""
+    n, vocab = 6000, 40
+    logits = torch.randn(1, vocab, generator=seeded(12)).expand(n, vocab) * 2
+    scaled = logits[0].double() / params.temperature
+    allowed = sorted(allowed_tokens(logits[0], params, tol=0.0))
+    expected = torch.zeros(vocab, dtype=torch.float64)
+    expected[allowed] = torch.softmax(scaled[allowed], dim=-1)
+    for candidates in (False, True):
+        torch.manual_seed(3)
+        tokens = torch.tensor(sample(logits, [params] * n, candidates))
+        freq = torch.bincount(tokens, minlength=vocab).double() / n
+        assert set(tokens.tolist()) <= set(allowed)
+        assert torch.allclose(freq, expected, atol=0.025), (candidates, freq, expected)
+
+
+def test_top_k_candidates_keep_greedy_rows_and_logprobs() -> None:
+    logits = torch.randn(4, 200, generator=seeded(13))
+    params = [SamplingParams(temperature=0.0, logprobs=2), SamplingParams(temperature=0.9, top_k=4, seed=1),
+              SamplingParams(temperature=0.0), SamplingParams(temperature=0.5, top_k=1)]
+    batch = make_batch(params, 200, generators=[None, seeded(1), None, None])
+    out = Sampler(top_k_candidates=True)(logits, batch)
+    argmax = logits.argmax(dim=-1).tolist()
+    assert out.sampled_token_ids[0] == argmax[0] and out.sampled_token_ids[2] == argmax[2]
+    assert out.sampled_token_ids[3] == argmax[3]  # top_k=1
+    assert out.sampled_token_ids[1] in logits[1].topk(4).indices.tolist()
+    assert out.logprobs[0].token_id == argmax[0] and out.logprobs[1] is None
+
+
+def test_top_k_candidates_seeded_row_ignores_a_wider_neighbour() -> None:
+    """A neighbour with a larger top k widens every row's candidates: the seeded row's tokens stay the same."""
+    mine, wide = SamplingParams(temperature=0.8, top_k=10, top_p=0.9, seed=4), SamplingParams(top_k=50)
+    alone, beside = [], []
+    gens = (seeded(4), seeded(4))
+    for step in range(10):
+        logits = torch.randn(2, 300, generator=seeded(100 + step))
+        alone.append(sample(logits[:1], [mine], True, step, generators=[gens[0]])[0])
+        beside.append(sample(logits, [mine, wide], True, step, generators=[gens[1], None])[0])
+    assert alone == beside
+
+
+def test_top_k_candidates_seeded_noise_needs_output_counts() -> None:
+    batch = make_batch([SamplingParams(temperature=1.0, top_k=3, seed=1)], 10, output_count=4)
+    assert batch.noise_counters.tolist() == [4] and batch.noise_seeds is None  # no step seed: no race keys
+    with pytest.raises(ValueError, match="output counts"):
+        Sampler(top_k_candidates=True)(torch.zeros(1, 10), dataclasses.replace(batch, noise_counters=None))
+
+
+def test_seeded_candidates_noise_is_keyed_by_the_output_count() -> None:
+    """The race's key: a seeded row's n-th token depends on its seed and n, not on which step samples it."""
+    params = [SamplingParams(temperature=1.5, top_k=40, seed=8)]
+    logits = torch.randn(1, 300, generator=seeded(21))
+    draws = {n: [sample(logits, params, True, n)[0] for _ in range(2)] for n in range(12)}
+    assert all(a == b for a, b in draws.values())
+    assert len({a for a, _ in draws.values()}) > 3  # the count moves the noise
+
+
+def test_a_counter_keyed_race_takes_every_random_row() -> None:
+    """Where the platform draws by counter, the top-k candidates path is off and the race gets the rows' keys."""
+    calls = []
+
+    def race(probs: torch.Tensor, seeds: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
+        calls.append((seeds.tolist(), counters.tolist()))
+        return probs.argmax(dim=-1)
+
+    sampler = Sampler(race, top_k_candidates=True)
+    assert not sampler.top_k_candidates
+    rows = [SamplingRow(SamplingParams(temperature=0.9, top_k=5, seed=7), 7, 3),
+            SamplingRow(SamplingParams(temperature=0.9, top_k=5), None, 6)]
+    batch = build_sampling_batch(rows, [None, None], 50, "cpu", noise_step_seed=100)
+    sampler(torch.randn(2, 50, generator=seeded(2)), batch)
+    assert calls == [([7, 101], [3, 6])]
+
+
+def test_seeded_noise_is_exponential_and_keyed_by_seed_count_and_token() -> None:
+    from folovllm.sample.seeded_noise import fold_seed, seeded_exponential
+
+    keys = torch.tensor([fold_seed(s) for s in range(400)])
+    ids = torch.arange(500).expand(400, 500)
+    noise = seeded_exponential(keys, torch.full((400,), 7), ids)
+    assert (noise > 0).all() and abs(noise.mean().item() - 1.0) < 0.01 and abs(noise.var().item() - 1.0) < 0.03
+    again = seeded_exponential(keys[:3], torch.full((3,), 7), ids[:3, [4, 2]])  # any candidates, any order
+    assert torch.equal(again, noise[:3][:, [4, 2]])
+    moved = seeded_exponential(keys[:3], torch.full((3,), 8), ids[:3])
+    assert not torch.isclose(moved, noise[:3]).any()
+    assert fold_seed(2**70 + 5) == fold_seed(5) and fold_seed(-1) == 0

@@ -1,5 +1,5 @@
-"""Decode-only steps' inputs in reused buffers equal ``prepare_step_batch``'s, step after step, and the
-engine's tokens are the same with the buffers on and off."""
+"""Decode-only steps' inputs written in bulk (in reused buffers or a fresh block) equal ``prepare_step_batch``'s,
+step after step, and the engine's tokens are the same with the buffers on and off."""
 from __future__ import annotations
 
 import random
@@ -9,8 +9,8 @@ import torch
 
 from folovllm import SamplingParams
 from folovllm.sample.rows import SamplingRow
-from folovllm.worker.decode_inputs import DecodeInputBuffers, is_decode_only
-from folovllm.worker.step_batch import StepBatch, prepare_step_batch
+from folovllm.worker.decode_inputs import DecodeBatchWriter, is_decode_only
+from folovllm.worker.step_batch import DecodeColumns, StepBatch, prepare_step_batch
 from folovllm.worker.step_input import ScheduledRequest, StepInput
 from tests.engine.conftest import make_llm, random_prompts, tiny_llama_dir  # noqa: F401
 
@@ -41,16 +41,19 @@ def assert_same_batch(got: StepBatch, want: StepBatch) -> None:
     assert got.pending_inputs == want.pending_inputs == [] and got.prompt_logprobs is want.prompt_logprobs is None
 
 
-def test_buffers_equal_prepare_step_batch_across_shapes() -> None:
+@pytest.mark.parametrize("reuse", [True, False])
+def test_buffers_equal_prepare_step_batch_across_shapes(reuse: bool) -> None:
     rng = random.Random(0)
-    buffers = DecodeInputBuffers(BLOCK)
+    writer = DecodeBatchWriter(BLOCK, torch.device("cpu"), reuse_buffers=reuse)
     # one stream whose table grows, then batches that grow, shrink and repeat a shape
     stream = [StepInput([ScheduledRequest("s", [7 + p], 0, p, list(range(50, 50 + p // BLOCK + 1)), ROW)])
               for p in range(10, 30)]
     steps = stream + [decode_step(rng, n) for n in (3, 3, 5, 1, 5, 5, 2)]
     for step in steps:
         assert is_decode_only(step)
-        assert_same_batch(buffers.prepare(step), prepare_step_batch(step, BLOCK, torch.device("cpu")))
+        got = writer.batch(DecodeColumns.from_requests(step.requests), [r.sampling for r in step.requests],
+                           [r.request_id for r in step.requests])
+        assert_same_batch(got, prepare_step_batch(step, BLOCK, torch.device("cpu")))
 
 
 def test_only_decode_steps_take_the_buffers() -> None:
@@ -68,9 +71,9 @@ def test_engine_tokens_equal_with_buffers_off(tiny_llama_dir, greedy: bool) -> N
     prompts = [{"prompt_token_ids": p} for p in random_prompts(3, seed=2)]
     llm = make_llm(tiny_llama_dir)
     runner = llm.llm_engine.worker.runner
-    assert runner.decode_inputs is not None  # the CPU platform is synchronous: the buffers are on
+    assert runner.decode_writer.reuse_buffers  # the CPU platform is synchronous: the buffers are on
     tokens = {}
     for on in (True, False):
-        runner.decode_inputs = DecodeInputBuffers(runner.block_size) if on else None
+        runner.decode_writer = DecodeBatchWriter(runner.block_size, runner.device, reuse_buffers=on)
         tokens[on] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     assert tokens[True] == tokens[False]

@@ -56,7 +56,9 @@ def test_step_inputs_pickle_and_hold_no_device_state(tiny_llama_dir) -> None:  #
         assert not any(isinstance(o, (torch.Generator, torch.Tensor, Request)) for o in objects)
     loaded = [pickle.loads(blob) for _, blob in sent]
     rows = [r for step in loaded for r in step.requests]
-    assert any(r.num_pending_tokens for r in rows)  # overlap: tokens still on the device
+    decodes = [step.decodes for step in loaded if step.decodes is not None]
+    assert decodes and any(r.keep for r in rows)  # kept requests' later steps come as decode rows
+    assert any(d.pending_rows for d in decodes)  # overlap: tokens still on the device
     assert any(step.finished_request_ids for step in loaded)
     sampling = [r.sampling for r in rows if r.sampling is not None]
     assert {s.seed for s in sampling} == {None, 3, 4}  # n=2: seed + sample index

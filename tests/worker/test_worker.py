@@ -58,4 +58,4 @@ def test_reused_request_id_restarts_its_rng(tiny_llama_dir) -> None:  # noqa: F8
     assert runs[0] == runs[1]
     engine.add_request({"prompt_token_ids": prompt}, SamplingParams(max_tokens=1), request_id="next")
     engine.step()
-    assert "same" not in engine.worker._generators
+    assert "same" not in engine.worker.runner.states.generators
