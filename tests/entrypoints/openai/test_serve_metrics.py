@@ -74,8 +74,9 @@ def test_metric_names_and_types_match_vllms(http):
             wanted = {"engine"} if name == "vllm:cache_config_info" else {"model_name", "engine"}
             assert all(wanted <= set(s.labels) for s in family.samples), name
     weights = families["vllm:model_weight_bytes"].samples[0]
-    # the GGUF's packed 4-bit codes and their scales: above half a byte a weight, 135M of them, below fp32's 4
-    assert weights.labels["model_name"] == "smol" and 0.5 * 134e6 < weights.value < 4 * 134e6
+    # 135M weights: the GGUF's packed codes and scales (half a byte a weight and more) where our kernel runs
+    # them, dequantized to fp32 on a tier without it (4 bytes a weight, the LM head's copy of the embedding too)
+    assert weights.labels["model_name"] == "smol" and 0.5 * 134e6 < weights.value < 5 * 134e6
     info = families["vllm:cache_config_info"].samples[0].labels
     assert info["block_size"] == "16" and info["enable_prefix_caching"] == "True"
     platform = next(f for f in text_string_to_metric_families(http.get("/metrics").text)
