@@ -11,9 +11,9 @@
 // sliding_window > 0 a query at position p sees only keys (p - sliding_window, p]; 0 means no window.
 //
 // Portable path: plain C++ that the compiler auto-vectorizes, compiled for each x86-64 level
-// (FOLO_PER_LEVEL) and run at the one the tier allows. Decode rows (one query row, head_dim 64 or 128)
+// (FOLO_PER_LEVEL) and run at the one the tier allows. Decode rows (one query row, head_dim 32, 64 or 128)
 // take AVX-512 intrinsics at the AVX-512 tier, and the per-tier decode form (tiered/attention_decode.cpp,
-// head_dim a multiple of 8) below it (the fast_decode switch off forces the portable path); with bf16
+// head_dim a multiple of 8) below it or for other head_dims (the fast_decode switch off forces the portable path); with bf16
 // caches at the AVX-512 BF16 tier they score keys with bf16 dot products (bf16_dot off widens to fp32
 // instead), and prefetch the next tile's K/V rows while a tile computes (prefetch off: only the current
 // tile's). These switches (AttentionSwitches) are set once for the process, not passed per call.
@@ -66,7 +66,7 @@ FOLO_INLINE void fetch_rows(const scalar_t* cache, const int64_t* table, const P
 // path below).
 template <typename scalar_t>
 FOLO_INLINE bool takes_decode_fast_path(const Problem<scalar_t>& p) {
-  return (p.decode_fast_path && (p.head_dim == 64 || p.head_dim == 128)) || p.tiered_decode;
+  return (p.decode_fast_path && avx512_decode_fits(p.head_dim)) || p.tiered_decode;
 }
 
 // A single-row item through the per-tier decode form (tiered/attention_decode.cpp): all group heads of its
@@ -94,6 +94,7 @@ FOLO_INLINE void attend_decode_tiered(const Item& item, const Problem<scalar_t>&
 template <typename scalar_t>
 FOLO_INLINE void attend_item(const Item& item, const Problem<scalar_t>& p, Workspace& ws, const Item* next_item) {
   if (p.decode_fast_path && item.q_end - item.q_begin == 1) {
+    if (p.head_dim == 32) return attend_decode_item<2>(item, p, ws, next_item);
     if (p.head_dim == 64) return attend_decode_item<4>(item, p, ws, next_item);
     if (p.head_dim == 128) return attend_decode_item<8>(item, p, ws, next_item);
   }
@@ -351,7 +352,8 @@ void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor&
                         switches.bf16_dot && std::is_same_v<scalar_t, c10::BFloat16> &&
                             tier_at_least(Tier::kAvx512Bf16),
                         switches.prefetch, switches.chunked_claims,
-                        switches.fast_decode && !tier_at_least(Tier::kAvx512) && tiered_decode_fits(query.size(2))};
+                        switches.fast_decode && tiered_decode_fits(query.size(2)) &&
+                            !(tier_at_least(Tier::kAvx512) && avx512_decode_fits(query.size(2)))};
     run(p, num_seqs, call.skip_fresh_prefills, skip_prefills_from);
   };
   if (dtype == at::kFloat) {

@@ -41,7 +41,7 @@ struct Problem {
   int64_t num_heads, num_kv_heads, head_dim, block_size;
   float scale;
   int64_t sliding_window;  // keys a query sees, itself included; 0 = the whole context
-  bool decode_fast_path;  // single-row items take attend_decode_item (AVX-512, head_dim 64 or 128)
+  bool decode_fast_path;  // single-row items take attend_decode_item (AVX-512, avx512_decode_fits)
   bool bf16_dot;  // the decode fast path scores bf16 keys with vdpbf16ps (AVX-512 BF16)
   bool prefetch_next;  // the decode fast path prefetches the next tile's K/V rows while a tile computes
   bool chunked_claims;  // threads claim runs of items (claim_items), not one at a time
@@ -54,6 +54,9 @@ struct NextKeys {
   const int64_t* table;
   int64_t kv_head, first_key, num_keys;
 };
+
+// Whether the AVX-512 decode fast path (attend_decode_item) takes rows of this head_dim.
+FOLO_INLINE bool avx512_decode_fits(int64_t head_dim) { return head_dim == 32 || head_dim == 64 || head_dim == 128; }
 
 // First key position a query at ``pos`` sees.
 FOLO_INLINE int64_t first_visible_key(int64_t pos, int64_t sliding_window) {

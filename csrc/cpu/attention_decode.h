@@ -1,4 +1,4 @@
-// The CPU attention kernel's decode fast path (AVX-512): items of one query row with head_dim 64 or 128
+// The CPU attention kernel's decode fast path (AVX-512): items of one query row with head_dim 32, 64 or 128
 // keep q and the accumulators of a block of group heads in registers and widen K/V rows as they load
 // them. attention.cpp takes it at the AVX-512 tier.
 //

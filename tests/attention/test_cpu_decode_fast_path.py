@@ -1,5 +1,5 @@
-"""The CPU kernel's decode forms (single-row items: AVX-512 intrinsics for head_dim 64/128 from the avx512
-tier, the per-tier form below it) against the fp64 reference and against the kernel's general path
+"""The CPU kernel's decode forms (single-row items: AVX-512 intrinsics for head_dim 32/64/128 from the avx512
+tier, the per-tier form below it and for other head dims) against the fp64 reference and against the kernel's general path
 (the ``fast_decode`` switch off): GQA groups that fill, split and overflow a register block, contexts crossing
 key-tile and block boundaries, windows."""
 from __future__ import annotations
@@ -60,7 +60,7 @@ def run_kernel(query_lens: list[int], seq_lens: list[int], num_heads: int, num_k
 
 
 @pytest.mark.parametrize("query_lens,seq_lens", DECODE_BATCHES)
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [32, 64, 128])
 @pytest.mark.parametrize("heads", [(3, 3), (4, 2), (9, 3), (8, 2), (5, 1), (10, 2)])  # group 1, 2, 3, 4, 5
 @pytest.mark.parametrize("block_size", [16, 5])
 def test_decode_fast_path_fp32_matches_reference(query_lens: list[int], seq_lens: list[int], head_dim: int,
@@ -71,7 +71,7 @@ def test_decode_fast_path_fp32_matches_reference(query_lens: list[int], seq_lens
     torch.testing.assert_close(ours, general, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [32, 64, 128])
 @pytest.mark.parametrize("heads", [(9, 3), (16, 8), (10, 2)])
 @pytest.mark.parametrize("sliding_window", [0, 1, 7, 130])
 def test_decode_fast_path_bf16_matches_reference_and_general_path(head_dim: int, heads: tuple[int, int],
@@ -87,7 +87,7 @@ def test_decode_fast_path_bf16_matches_reference_and_general_path(head_dim: int,
 @pytest.mark.parametrize("head_dim", [8, 40, 96, 256])
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
 def test_decode_other_head_dims_match_the_reference(head_dim: int, dtype: torch.dtype, tol: float) -> None:
-    # head dims the AVX-512 form does not take: the per-tier form below avx512, the general path above
+    # head dims the AVX-512 form does not take: the per-tier form at whole AVX2 vectors, else the general path
     query_lens, seq_lens = [1, 1, 1, 1], [300, 65, 64, 1]
     ours, ref = run_kernel(query_lens, seq_lens, 12, 4, head_dim, 16, dtype, 0, fast=True)
     torch.testing.assert_close(ours.double(), ref, atol=tol, rtol=tol)
@@ -118,7 +118,7 @@ def test_decode_bf16_dot_products_match_the_widened_scores(head_dim: int, heads:
 
 
 @pytest.mark.parametrize("dtype,bf16_dot", [(torch.bfloat16, True), (torch.bfloat16, False), (torch.float32, True)])
-@pytest.mark.parametrize("head_dim,heads", [(64, (9, 3)), (128, (10, 2)), (64, (5, 1))])  # 1, 2 or 3 register blocks
+@pytest.mark.parametrize("head_dim,heads", [(64, (9, 3)), (128, (10, 2)), (64, (5, 1)), (32, (8, 2))])  # 1, 2 or 3 register blocks
 @pytest.mark.parametrize("sliding_window", [0, 7, 130])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_decode_prefetch_leaves_the_output_unchanged(dtype: torch.dtype, bf16_dot: bool, head_dim: int,
