@@ -57,8 +57,8 @@ VARIABLES: dict[str, EnvVar] = {v.name: v for v in (
            "fresh prompt chunks: our causal prefill kernel where the tier has it (kernel) or torch's SDPA (sdpa)",
            ("kernel", "sdpa")),
     EnvVar("FOLOVLLM_CPU_ATTENTION_FAST_DECODE", "on",
-           "decode rows of the CPU attention kernel take its AVX-512 form (head_dim 64 or 128) or its per-tier "
-           "form below avx512 (off: the kernel's portable path)", ON_OFF),
+           "decode rows of the CPU attention kernel take its AVX-512 form (head_dim 32, 64 or 128) or its per-tier "
+           "form (below avx512, or other head_dims of whole AVX2 vectors) (off: the kernel's portable path)", ON_OFF),
     EnvVar("FOLOVLLM_CPU_ATTENTION_BF16_DOT", "on",
            "the CPU attention kernel scores bf16 keys with bf16 dot products at the avx512_bf16 tier (off: keys "
            "widened to fp32 first)", ON_OFF),
@@ -68,6 +68,9 @@ VARIABLES: dict[str, EnvVar] = {v.name: v for v in (
     EnvVar("FOLOVLLM_CPU_ATTENTION_CHUNKED_CLAIMS", "on",
            "the CPU attention kernel's threads claim runs of work items rather than one at a time (the same bits "
            "either way)", ON_OFF),
+    EnvVar("FOLOVLLM_CPU_TOP_K_KERNEL", "on",
+           "rows sampled among their top k logits find them with our kernel: one pass per row, the lower token id "
+           "first among equal logits (off: torch.topk, whose order among equal logits is its own)", ON_OFF),
     EnvVar("FOLOVLLM_CPU_LORA_KERNEL", "on",
            "LoRA adapters' deltas through our kernel, one call per linear for every adapter in the step, in "
            "fp32 (off: torch matmuls per adapter and piece, in the platform's small-matmul dtype)", ON_OFF),

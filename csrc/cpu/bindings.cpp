@@ -18,6 +18,7 @@ Tier kernel_floor(const std::string& name) {
       name == "int4" || name == "int4_a8" || name == "int8" || name == "gguf" || name == "prefill_attention" ||
       name == "lora")
     return Tier::kAvx2;
+  if (name == "top_k") return Tier::kNone;  // portable C++
   if (name == "decode_avx512") return Tier::kAvx512;
   if (name == "team") return Tier::kAvx512Bf16;
   TORCH_CHECK(false, "unknown kernel '", name, "'");
@@ -99,6 +100,9 @@ TORCH_LIBRARY(folovllm, m) {
   m.def("gguf_argmax(Tensor x, Tensor weight, Tensor parts) -> Tensor");
   m.def("gguf_rows(Tensor weight, Tensor parts, Tensor ids, ScalarType dtype) -> Tensor");
 
+  m.def("top_k_rows(Tensor logits, int k) -> (Tensor, Tensor)");
+  m.def("sample_top_k(Tensor logits, int k, Tensor temperature, Tensor top_k, Tensor? top_p, Tensor? min_p, "
+        "Tensor? seed_keys, Tensor? counters, Tensor? seeded, Tensor? noise) -> Tensor");
   m.def("lora_add(Tensor(a!) out, Tensor x, Tensor row_slot, Tensor a, Tensor a_start, Tensor b, Tensor pieces, "
         "Tensor p_start) -> ()");
 
@@ -126,5 +130,7 @@ TORCH_LIBRARY_IMPL(folovllm, CPU, m) {
   m.impl("gguf_gemm", &gguf_gemm);
   m.impl("gguf_argmax", &gguf_argmax);
   m.impl("gguf_rows", &gguf_rows);
+  m.impl("top_k_rows", &top_k_rows);
+  m.impl("sample_top_k", &sample_top_k);
   m.impl("lora_add", &lora_add);
 }

@@ -77,6 +77,14 @@ at::Tensor gguf_gemm(const at::Tensor& x, const at::Tensor& weight, const at::Te
 at::Tensor gguf_argmax(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& parts);
 at::Tensor gguf_rows(const at::Tensor& weight, const at::Tensor& parts, const at::Tensor& ids, at::ScalarType dtype);
 
+// sampling.cpp: each row's k largest values (highest first, lower id first among equals) and their ids; each
+// row's token sampled among them (the sampler's candidate path)
+std::tuple<at::Tensor, at::Tensor> top_k_rows(const at::Tensor& logits, int64_t k);
+at::Tensor sample_top_k(const at::Tensor& logits, int64_t k, const at::Tensor& temperature, const at::Tensor& top_k,
+                        const c10::optional<at::Tensor>& top_p, const c10::optional<at::Tensor>& min_p,
+                        const c10::optional<at::Tensor>& seed_keys, const c10::optional<at::Tensor>& counters,
+                        const c10::optional<at::Tensor>& seeded, const c10::optional<at::Tensor>& noise);
+
 // lora.cpp: out += each row's LoRA adapter delta (the tables as lora.cpp describes them)
 void lora_add(at::Tensor& out, const at::Tensor& x, const at::Tensor& row_slot, const at::Tensor& a,
               const at::Tensor& a_start, const at::Tensor& b, const at::Tensor& pieces, const at::Tensor& p_start);

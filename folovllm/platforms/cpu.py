@@ -57,6 +57,7 @@ class CpuPlatform(Platform):
         self.decoder_form = envs.value("FOLOVLLM_CPU_DECODER")
         self.greedy_head = envs.switch("FOLOVLLM_CPU_GREEDY_HEAD")
         self.lora_kernel = envs.switch("FOLOVLLM_CPU_LORA_KERNEL") and kernel_library.has_kernel("lora")
+        self.top_k_kernel = envs.switch("FOLOVLLM_CPU_TOP_K_KERNEL") and kernel_library.has_kernel("top_k")
 
     def kernel_ops(self) -> KernelOps | None:
         if not self.fused_ops:
@@ -67,6 +68,9 @@ class CpuPlatform(Platform):
 
     def lora_op(self) -> Callable[..., None] | None:
         return torch.ops.folovllm.lora_add.default if self.lora_kernel else None
+
+    def candidate_sampler(self) -> Callable[..., torch.Tensor] | None:
+        return torch.ops.folovllm.sample_top_k.default if self.top_k_kernel else None
 
     def runs_triton(self) -> bool:
         # only under Triton's own interpreter switch (tests): it runs the kernels on CPU tensors, in numpy

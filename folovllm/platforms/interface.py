@@ -117,6 +117,12 @@ class Platform(ABC):
         """Whether Triton kernels (the triton attention backend) run on this device's tensors."""
         return False
 
+    def candidate_sampler(self) -> Callable[..., torch.Tensor] | None:
+        """``sample_top_k(logits, k, temperature, top_k, top_p, min_p, seed_keys, counters, seeded, noise) ->
+        tokens``: rows sampled among their top k logits in one kernel, by the rules of the sampler's torch form
+        (``sample/sampler.py``, ``_sample_candidates``); None: that torch form."""
+        return None
+
     def sampling_race(self) -> Callable[..., torch.Tensor] | None:
         """``race(probs, seeds, counters) -> tokens``: each row's sample drawn with noise that is a function of its
         (seed, counter) alone, in one kernel, so a step replayed in a graph draws what an eager one would; None:

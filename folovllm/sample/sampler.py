@@ -30,6 +30,9 @@ __all__ = [
 # race(probs [N, V], seeds [N], counters [N]) -> tokens [N]: each row's argmax of probs / Exp(1) noise keyed by
 # its (seed, counter)
 Race = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+# sample_top_k(logits, k, temperature, top_k, top_p, min_p, seed_keys, counters, seeded, noise) -> tokens: the
+# candidate path below in one kernel (Platform.candidate_sampler)
+CandidateKernel = Callable[..., torch.Tensor]
 
 
 @dataclass
@@ -60,12 +63,15 @@ class Sampler:
     k-th logit keeps k tokens where the full path keeps every tied one. A seeded row's noise for token t at its
     n-th output token is a function of (seed, n, t) on both keyed draws (``race``: Philox; the candidates: a
     hash, sample/seeded_noise.py), so its tokens are the same whatever its batch; the full path on the CPU
-    draws it from the request's generator instead.
+    draws it from the request's generator instead. ``candidate_kernel``: the platform's form of the candidate
+    path (None: its torch form).
     """
 
-    def __init__(self, race: Race | None = None, top_k_candidates: bool = False) -> None:
+    def __init__(self, race: Race | None = None, top_k_candidates: bool = False,
+                 candidate_kernel: CandidateKernel | None = None) -> None:
         self.race = race
         self.top_k_candidates = top_k_candidates and race is None
+        self.candidate_kernel = candidate_kernel
 
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
         return self.forward(logits, batch)
@@ -131,7 +137,7 @@ class Sampler:
             raise ValueError("seeded rows sampled among their top k need their output counts (noise_counters)")
         if rows and len(rows) == batch.num_rows - batch.num_greedy_rows:  # every random row has a top k
             sampled = _sample_candidates(logits, batch.temperature, batch.top_k, batch.top_p, batch.min_p,
-                                         _Seeds.of(batch), batch.candidate_k)
+                                         _Seeds.of(batch), batch.candidate_k, self.candidate_kernel)
         elif rows:
             sampled = self._sample_some_candidates(logits, batch, rows)
         else:
@@ -154,7 +160,8 @@ class Sampler:
 
         seeds = _Seeds.of(batch)
         chosen = _sample_candidates(logits[index], pick(batch.temperature), pick(batch.top_k), pick(batch.top_p),
-                                    pick(batch.min_p), seeds.rows(index) if seeds else None, batch.candidate_k)
+                                    pick(batch.min_p), seeds.rows(index) if seeds else None, batch.candidate_k,
+                                    self.candidate_kernel)
         candidates = set(rows)
         others = {row: g for row, g in batch.generators.items() if row not in candidates}
         sampled = _exponential_race(self.probabilities(logits, batch), others)
@@ -182,9 +189,18 @@ class _Seeds:
 
 def _sample_candidates(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
                        top_p: torch.Tensor | None, min_p: torch.Tensor | None, seeds: _Seeds | None,
-                       candidate_k: int) -> torch.Tensor:
+                       candidate_k: int, kernel: CandidateKernel | None = None) -> torch.Tensor:
     """Rows that each sample among their top k logits: temperature, top-k, top-p and min-p on those alone (the
-    full path's rules), then the race over them, a seeded row's noise hashed from its seed and output count."""
+    full path's rules), then the race over them, a seeded row's noise hashed from its seed and output count.
+    ``kernel``: the same in one call, given the noise this form would draw from the global generator."""
+    if kernel is not None:
+        # the noise this form draws for unseeded rows, from the global generator as it would
+        noise = None if seeds is not None and seeds.every else \
+            torch.empty(logits.shape[0], candidate_k, dtype=torch.float32, device=logits.device).exponential_()
+        if seeds is None:
+            return kernel(logits, candidate_k, temperature, top_k, top_p, min_p, None, None, None, noise)
+        return kernel(logits, candidate_k, temperature, top_k, top_p, min_p, seeds.keys, seeds.counters,
+                      None if seeds.every else seeds.mask, noise)
     values, token_ids = logits.topk(candidate_k, dim=-1)  # highest first
     values.div_(temperature.unsqueeze(1))
     columns = torch.arange(candidate_k, device=values.device)

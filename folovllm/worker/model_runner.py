@@ -79,7 +79,8 @@ class ModelRunner:
         self.block_size = block_size
         self.platform, self.device = platform, platform.device
         race = platform.sampling_race()
-        self.sampler = Sampler(race, top_k_candidates=envs.switch("FOLOVLLM_TOP_K_CANDIDATES"))
+        self.sampler = Sampler(race, top_k_candidates=envs.switch("FOLOVLLM_TOP_K_CANDIDATES"),
+                               candidate_kernel=platform.candidate_sampler())
         # each step's seed for its unseeded rows' noise keys, where the sampler draws by counter
         self._noise_seeds = random.Random(torch.initial_seed()) if race is not None else None
         self.vocab_size = model.arch.vocab_size
