@@ -6,10 +6,12 @@
     folovllm bench kernel attention --rows 1,64 --context 256
     folovllm bench kernel attention --rows 128 --context 2048 --kv-cache-dtype auto,int8,fp8_e4m3
     folovllm bench kernel attention --rows 4,16 --prompt-len 512     # a prefill step of fresh prompts
+    folovllm bench kernel sampling --rows 1,64,256 --vocab 512,151936  # seeded top-k/top-p rows of logits
     FOLOVLLM_CPU_ISA=avx2 folovllm bench kernel linear       # the avx2 forms on a higher host
 
 Each candidate is one way to run the op (``folovllm``: ours; ``onednn``, ``torch``: what ours replaces;
-``gguf``: each GGUF type in our kernel, beside our bf16 linear), each where it runs at this tier. A linear's
+``gguf``: each GGUF type in our kernel, beside our bf16 linear; for ``sampling``, the sampler with the
+platform's candidate kernel and with its torch form), each where it runs at this tier. A linear's
 weights are the model's shapes (or ``--shapes``) with random values, enough copies called in turn
 (``--copies``; default: at least 256 MiB of them, at most one per decoder layer) that a decode-sized call
 streams its weight from memory as a decode step does. Each round times every candidate, in an order that
@@ -34,7 +36,7 @@ from folovllm.bench.bandwidth import ARRAY_MIB, describe, memory_bandwidth
 from folovllm.model.loader import default_model_path, load_arch_config
 from folovllm.platforms import platform_for
 
-KERNELS = ("linear", "int4", "int8", "gguf", "attention")
+KERNELS = ("linear", "int4", "int8", "gguf", "attention", "sampling")
 GGUF_TYPES = "Q4_K,Q6_K,Q5_K,Q8_0"
 COPIES_MIB = 256  # weight copies of at least this many MiB per candidate: each call reads from memory
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -59,6 +61,8 @@ def add_kernel_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scattered", action="store_true",
                         help="attention: each sequence's cache blocks at random places, as a long-running server's "
                              "are (default: in order, one after another)")
+    parser.add_argument("--vocab", default=None,
+                        help="sampling: comma-separated vocabulary sizes (default: the model's)")
     parser.add_argument("--bandwidth-mib", type=int, default=ARRAY_MIB,
                         help="linears: MiB per array of the memory bandwidth measurement (far past the caches)")
     parser.add_argument("--rounds", type=int, default=7)
@@ -270,6 +274,36 @@ def bench_attention(args: argparse.Namespace, arch: Any, dtype: torch.dtype) -> 
     return rows_out
 
 
+def bench_sampling(args: argparse.Namespace, arch: Any) -> list[dict[str, Any]]:
+    """A step's sampling from float32 logits, every row seeded with temperature 0.8, top-k 50 and top-p 0.9 (the
+    sampler's candidate path): the platform's kernel against the torch form."""
+    from folovllm.sample.metadata import SamplingRow, build_sampling_batch
+    from folovllm.sample.sampler import Sampler
+    from folovllm.sampling_params import SamplingParams
+
+    kernel = platform_for("cpu").candidate_sampler()
+    candidates = {"torch": Sampler(top_k_candidates=True)}
+    if kernel is not None:
+        candidates["folovllm"] = Sampler(top_k_candidates=True, candidate_kernel=kernel)
+    vocabs = [int(v) for v in args.vocab.split(",")] if args.vocab else [arch.vocab_size]
+    rows_out = []
+    for vocab in vocabs:
+        for batch in (int(r) for r in args.rows.split(",")):
+            params = [SamplingParams(temperature=0.8, top_k=50, top_p=0.9, seed=i) for i in range(batch)]
+            sampling = build_sampling_batch([SamplingRow(p, p.seed, 1) for p in params], [None] * batch, vocab, "cpu")
+            logits = torch.randn(batch, vocab, generator=torch.Generator().manual_seed(vocab)) * 3
+            samples: dict[str, list[float]] = {c: [] for c in candidates}
+            order = list(candidates)
+            for r in range(args.rounds):
+                for cand in order[r % len(order):] + order[:r % len(order)]:
+                    samples[cand].append(timed(lambda: candidates[cand].sample(logits, sampling)))  # noqa: B023
+            for cand, times in samples.items():
+                row = {"batch": batch, "vocab": vocab, "candidate": cand, "us_per_step": statistics.median(times) * 1e6}
+                rows_out.append(row)
+                print(f"sampling batch {batch:4d} vocab {vocab:7d} {cand:10s} {row['us_per_step']:10.1f} us per step")
+    return rows_out
+
+
 def step_inputs(batch: int, context: int, prompt_len: int, block: int, shape: tuple[int, int, int],
                 dtype: torch.dtype, scattered: bool = False) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
     """A step's metadata and new q, k, v: ``batch`` decode rows over ``context`` cached tokens each, or
@@ -309,6 +343,8 @@ def run_bench_kernel(args: argparse.Namespace) -> dict[str, Any]:
     with torch.inference_mode():
         if args.kernel == "attention":
             rows = bench_attention(args, arch, dtype)
+        elif args.kernel == "sampling":
+            rows = bench_sampling(args, arch)
         else:
             rows, bandwidth = bench_linears(args, arch, dtype)
     results = {"kernel": args.kernel, "dtype": args.dtype, "threads": args.threads, "rounds": args.rounds,

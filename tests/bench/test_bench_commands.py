@@ -74,6 +74,18 @@ def test_kernel_attention_times_decode_and_fresh_prompt_steps(tiny_llama_dir, tm
         assert all(r["us_per_step"] > 0 and r["gflop_s"] > 0 and r["prompt_len"] == prompt_len for r in rows)
 
 
+def test_kernel_sampling_times_the_platforms_kernel_beside_the_torch_form(tiny_llama_dir, tmp_path) -> None:  # noqa: F811
+    from folovllm.platforms import platform_for
+
+    out = tmp_path / "sampling.json"
+    main(["bench", "kernel", "sampling", "--model", tiny_llama_dir, "--rows", "1,5", "--vocab", "100,6000",
+          "--rounds", "1", "--threads", "1", "--out", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    expected = {"torch"} | ({"folovllm"} if platform_for("cpu").candidate_sampler() else set())
+    assert {r["candidate"] for r in rows} == expected and {r["vocab"] for r in rows} == {100, 6000}
+    assert all(r["us_per_step"] > 0 for r in rows) and {r["batch"] for r in rows} == {1, 5}
+
+
 def test_a_prefill_steps_inputs_give_each_backend_the_same_attention() -> None:
     import torch
 
