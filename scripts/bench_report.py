@@ -205,6 +205,8 @@ def render(paths: list[Path]) -> str:
     loaded = [json.loads(p.read_text()) for p in paths]
     if all(isinstance(r, dict) and r.get("name") == "pd-burst" for r in loaded):
         return "\n".join(pd_burst_table(p) for p in paths)
+    if all(isinstance(r, dict) and r.get("name") == "bench-host" for r in loaded):
+        return "\n".join(host_table(p) for p in paths)
     if all(isinstance(r, dict) and r.get("name") == "gpu-bench" for r in loaded):
         return "\n".join(summary.gpu_table(p) for p in paths)
     if all(isinstance(r, dict) and "variants" in r for r in loaded):
@@ -221,6 +223,22 @@ def render(paths: list[Path]) -> str:
     if serve_paths:
         parts.append(serve_rows(serve_paths))
     return "\n".join(parts)
+
+
+def host_table(path: Path) -> str:
+    """``folovllm bench host``'s ms per step: ours, the engine before (another checkout), its host switches off
+    and vLLM-CPU, where the run had them."""
+    result = json.loads(path.read_text())
+    columns = [(key, title) for key, title in (("before", "before"), ("folovllm_off", "switches off"),
+                                               ("vllm", "vLLM-CPU")) if f"{key}_ms_per_step" in result["rows"][0]]
+    lines = ["| running requests, sampling, detokenize | FoloVLLM ms/step | "
+             + " | ".join(f"{title} ms/step | ours / {title}" for _, title in columns) + " |",
+             "|---|---:|" + "---:|---:|" * len(columns)]
+    for row in result["rows"]:
+        ours = row["folovllm_ms_per_step"]
+        lines.append(f"| {row['name']} | {ours:.2f} | " + " | ".join(
+            f"{row[f'{key}_ms_per_step']:.2f} | {ours / row[f'{key}_ms_per_step']:.2f}×" for key, _ in columns) + " |")
+    return "\n".join(lines) + f"\n\n`{path}`: `{result['command']}`\n"
 
 
 def gpu_bar(section: str) -> float:
