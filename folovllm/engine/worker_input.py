@@ -34,10 +34,12 @@ class StepInputBuilder:
         kept = self.kept
         kept.difference_update(finished_request_ids)  # the worker forgets them first; an id may come back
         kept.difference_update(r.request_id for r in sched.preempted)
-        requests, decodes, start = sched.requests, [], 0
+        requests, decodes, start, bulk_ids = sched.requests, [], 0, None
         bulk = sched.num_bulk_decodes  # the scheduler's bulk decodes come first, one token each
-        if bulk and kept.issuperset(map(_request_id, requests[:bulk])):
-            decodes, start = requests[:bulk], bulk  # all kept (the usual step): decode rows, without a look at each
+        if bulk and kept:
+            ids = list(map(_request_id, requests[:bulk]))
+            if kept.issuperset(ids):  # all kept (the usual step): decode rows, without a look at each
+                decodes, start, bulk_ids = requests[:bulk], bulk, ids
         entries: list[Entry] = list(zip(requests[start:], sched.num_new_tokens[start:], sched.block_tables[start:]))
         if kept:
             general: list[Entry] = []
@@ -51,9 +53,13 @@ class StepInputBuilder:
             # one adapter's rows side by side: each adapted linear then works on slices of the batch
             entries.sort(key=lambda e: _lora_order(e[0]))
             decodes.sort(key=_lora_order)
+            bulk_ids = None  # reordered
         scheduled, sampled = general_rows(entries, sched, self.structured, self.decode_rows)
+        # the bulk decodes alone, in their order: their ids are known
+        decode_ids = bulk_ids if bulk_ids is not None and len(decodes) == start else list(map(_request_id, decodes))
         step = StepInput(scheduled, finished_request_ids,
-                         _decode_rows(decodes, {r: b for r, b in sched.new_block_ids.items() if r in kept})
+                         _decode_rows(decodes, decode_ids,
+                                      {r: b for r, b in sched.new_block_ids.items() if r in kept})
                          if decodes else None)
         return step, sampled + decodes
 
@@ -105,13 +111,14 @@ def general_rows(entries: list[Entry], sched: SchedulerOutput, structured: Struc
     return scheduled, sampled
 
 
-def _decode_rows(requests: list[Request], new_blocks: dict[str, tuple[int, list[int]]]) -> DecodeRows:
-    """Kept requests that each compute their next token, as columns (a token still on the device: pending)."""
+def _decode_rows(requests: list[Request], request_ids: list[str],
+                 new_blocks: dict[str, tuple[int, list[int]]]) -> DecodeRows:
+    """Kept requests (with their ids) that each compute their next token, as columns (a token still on the
+    device: pending)."""
     pending = [row for row, count in enumerate(map(_pending_tokens, requests)) if count]
     tokens = [0 if r.num_pending_tokens else r.token_ids[-1] for r in requests] if pending \
         else [r.token_ids[-1] for r in requests]
-    return DecodeRows(list(map(_request_id, requests)), tokens, list(map(_computed_tokens, requests)), pending,
-                      new_blocks)
+    return DecodeRows(request_ids, tokens, list(map(_computed_tokens, requests)), pending, new_blocks)
 
 
 _request_id = operator.attrgetter("request_id")
