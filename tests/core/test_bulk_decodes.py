@@ -9,8 +9,9 @@ from folovllm.core.kv_cache import KVCacheManager
 from folovllm.core.policy import make_policy
 from folovllm.core.scheduler import Scheduler, SchedulerLimits, SchedulerOutput
 from folovllm.engine.stats import step_cost_terms
-from folovllm.request import Request, RequestStatus
+from folovllm.request import Request
 from folovllm.sampling_params import SamplingParams
+from tests.helpers import fake_model_step
 
 
 def make_requests(jobs: list[tuple[int, int, int, int]]) -> list[Request]:
@@ -41,12 +42,7 @@ def kv_state(scheduler: Scheduler) -> tuple:
 
 def step(scheduler: Scheduler, out: SchedulerOutput, abort: int | None) -> None:
     """A fake model step: each caught-up request emits token 7; one request may be aborted after it."""
-    for request, num_new in zip(out.requests, out.num_new_tokens):
-        request.num_computed_tokens += num_new
-        if request.num_computed_tokens == request.num_tokens:
-            request.append_output_token(7)
-            if request.num_output_tokens >= request.max_tokens:
-                scheduler.finish_request(request, RequestStatus.FINISHED_LENGTH)
+    fake_model_step(scheduler, out, 7)
     scheduler.kv_cache.cache_full_blocks(out.requests)
     if abort is not None and scheduler.running:
         scheduler.abort(scheduler.running[abort % len(scheduler.running)])
