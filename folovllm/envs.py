@@ -87,6 +87,11 @@ VARIABLES: dict[str, EnvVar] = {v.name: v for v in (
            "the worker keeps each decoding request's block table and sampling settings, so a decode step sends "
            "only its id, token, position and new blocks, and the batch and its sampling tensors are built in "
            "bulk from what it keeps (off: every request in full every step, the batch built row by row)", ON_OFF),
+    EnvVar("FOLOVLLM_BULK_DECODES", "on",
+           "the scheduler takes the running requests that each compute just their next token in one pass (no "
+           "allocation call for one whose blocks hold it) and counts the step's decode rows as it goes; the step's "
+           "input takes them as decode rows without a look at each (off: each request through the general path, "
+           "the step's cost terms from every request)", ON_OFF),
     EnvVar("FOLOVLLM_BATCHED_OUTPUTS", "on",
            "a step's sampled tokens that need no logprobs, grammar or stop strings are appended in one pass, "
            "screened for stop tokens as one array and detokenized in one pass (off: each token through the "

@@ -33,7 +33,7 @@ class CompletionOutput:
         return self.finish_reason is not None
 
 
-@dataclass
+@dataclass(slots=True)  # one small object per request, written every step
 class RequestMetrics:
     """Wall-clock times (time.perf_counter) of a request's milestones."""
 

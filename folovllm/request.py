@@ -62,6 +62,15 @@ class Request:
     uncomputed tokens; when it catches up to the end, the model samples the next token.
     """
 
+    # slots: every step reads and writes a few fields of each running request; the ones each step touches first
+    __slots__ = ("request_id", "num_computed_tokens", "num_pending_tokens", "token_ids", "output_token_ids",
+                 "spec_token_ids", "max_tokens", "status", "plain_outputs", "grammar", "output_limit", "metrics",
+                 "final_only", "parent_id", "detokenizer", "text", "stop_token_ids", "params", "lora_request",
+                 "prompt_token_ids", "sample_index", "bad_words_token_ids", "seed", "num_cached_tokens", "priority",
+                 "user", "arrival_seq", "admission_seq", "cache_salt", "block_hashes", "num_preemptions", "logprobs",
+                 "cumulative_logprob", "prompt_logprobs", "num_prompt_logprobs", "stop_reason", "kv_transfer_params",
+                 "kv_transfer_params_out", "num_external_computed_tokens", "pooling", "pooled")
+
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                  arrival_time: float, max_tokens: int, eos_token_ids: list[int], sample_index: int = 0,
                  parent_id: str | None = None, cache_salt: str | None = None,

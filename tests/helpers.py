@@ -8,6 +8,7 @@ import torch
 
 from folovllm import envs
 from folovllm.attention.metadata import AttentionMetadata
+from folovllm.request import RequestStatus
 
 
 def make_attn_metadata(
@@ -123,3 +124,17 @@ def cpu_model(path: str, dtype: torch.dtype, switch_values: dict[str, str] | Non
         platform.place_weights(model)
         compile_model(model, platform)
     return model
+
+
+def fake_model_step(scheduler, out, token: int) -> list:
+    """A model step on the scheduler alone: each scheduled request computes its new tokens, one caught up emits
+    ``token``, one at its max_tokens finishes by length. Returns those that finished, in batch order."""
+    finished = []
+    for request, num_new in zip(out.requests, out.num_new_tokens):
+        request.num_computed_tokens += num_new
+        if request.num_computed_tokens == request.num_tokens:
+            request.append_output_token(token)
+            if request.num_output_tokens >= request.max_tokens:
+                scheduler.finish_request(request, RequestStatus.FINISHED_LENGTH)
+                finished.append(request)
+    return finished

@@ -42,7 +42,8 @@ TINY_LLAMA = dict(architectures=["LlamaForCausalLM"], vocab_size=512, hidden_siz
                   bos_token_id=1, eos_token_id=2, tie_word_embeddings=False, initializer_range=0.2)
 SAMPLED = {"temperature": 0.8, "top_p": 0.9, "top_k": 50}  # seeded: request i draws with seed i
 # the host fast paths' switches (envs.py): all off is the engine before them
-HOST_SWITCHES = ("FOLOVLLM_DECODE_ROWS", "FOLOVLLM_BATCHED_OUTPUTS", "FOLOVLLM_TOP_K_CANDIDATES", "FOLOVLLM_CPU_TOP_K_KERNEL")
+HOST_SWITCHES = ("FOLOVLLM_DECODE_ROWS", "FOLOVLLM_BULK_DECODES", "FOLOVLLM_BATCHED_OUTPUTS",
+                 "FOLOVLLM_TOP_K_CANDIDATES", "FOLOVLLM_CPU_TOP_K_KERNEL")
 REPO = Path(__file__).resolve().parents[2]
 
 

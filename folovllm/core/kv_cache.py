@@ -210,9 +210,10 @@ class KVCacheManager:
         comparison (the engine calls it for every request of every step)."""
         if not self.enable_prefix_caching:
             return
-        size, named = self.block_size, self._num_cached_blocks
+        size, named = self.block_size, self._num_cached_blocks.get
         for request in requests:
-            if min(request.num_computed_tokens, len(request.token_ids)) // size > named.get(request.request_id, 0):
+            computed, known = request.num_computed_tokens, len(request.token_ids)
+            if (computed if computed < known else known) // size > named(request.request_id, 0):  # min() costs a call
                 self.cache_computed_blocks(request)
 
     def reset_prefix_cache(self) -> int:
@@ -262,6 +263,35 @@ class KVCacheManager:
             self.peak_used_slots = max(self.peak_used_slots, self.total_slots_used)
         self._at_peak = used == self.peak_blocks_used
         return True
+
+    def decode_tables(self, requests: list[Request]) -> list[list[int]]:
+        """``allocate_slots(request, 1)`` for each of ``requests`` (running, each computing one token) in turn,
+        up to the first that finds no block; returns their block tables. One whose blocks have a slot for its
+        token costs a comparison and its slot count: no call."""
+        tables, used, size, reserve = self.block_tables, self._num_slots_used, self.block_size, \
+            self.reserve_tokens_per_request
+        total_used, peak, at_peak = self.total_slots_used, self.peak_used_slots, self._at_peak
+        found: list[list[int]] = []
+        for request in requests:
+            request_id = request.request_id
+            total = request.num_computed_tokens + 1
+            table = tables.get(request_id)
+            if table is None:
+                break
+            capacity = len(table) * size
+            if total > capacity or reserve > capacity:  # a new block: the general path, on the counts as they are
+                self.total_slots_used, self.peak_used_slots = total_used, peak
+                if not self.allocate_slots(request, 1):
+                    return found
+                total_used, peak, at_peak = self.total_slots_used, self.peak_used_slots, self._at_peak
+            else:
+                total_used += total - used[request_id]  # a request with a table has its slots recorded
+                used[request_id] = total
+                if at_peak and total_used > peak:
+                    peak = total_used
+            found.append(table)
+        self.total_slots_used, self.peak_used_slots = total_used, peak
+        return found
 
     def _record_slots(self, request_id: str, total_tokens: int) -> None:
         """The request now has slots for ``total_tokens`` tokens; the fullest the peak blocks got is kept."""

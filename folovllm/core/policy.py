@@ -58,6 +58,12 @@ class SchedulingPolicy:
     def on_scheduled(self, request: Request, num_tokens: int) -> None:
         """Called for every request a step runs, with the tokens it computes."""
 
+    def on_decodes(self, requests: list[Request]) -> None:
+        """``on_scheduled(request, 1)`` for each of ``requests``, in order (decodes scheduled in bulk)."""
+        if type(self).on_scheduled is not SchedulingPolicy.on_scheduled:  # one that ignores them skips the loop
+            for request in requests:
+                self.on_scheduled(request, 1)
+
     def on_finished(self, request: Request) -> None:
         """Called once when a request finishes or is aborted."""
 

@@ -11,6 +11,7 @@ freed and it recomputes later. The policy (core/policy.py) orders; the admission
 from __future__ import annotations
 
 import itertools
+import operator
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,6 +35,10 @@ class SchedulerOutput:
     draft_token_ids: dict[str, list[int]] = field(default_factory=dict)
     # request id -> (index in its block table, the blocks it got this step from there on)
     new_block_ids: dict[str, tuple[int, list[int]]] = field(default_factory=dict)
+    # the first ``num_bulk_decodes`` requests are decode rows of one token each, scheduled in one pass, and the
+    # tokens their attention reads, summed (the step's cost terms count them without looking at each)
+    num_bulk_decodes: int = 0
+    bulk_context_tokens: int = 0
 
     def add(self, request: Request, num_new_tokens: int, block_table: list[int]) -> None:
         if request.spec_token_ids:
@@ -51,7 +56,8 @@ class SchedulerOutput:
         return not self.requests
 
     def num_decode_tokens(self) -> int:
-        return sum(n for r, n in zip(self.requests, self.num_new_tokens) if is_decode_row(r, n))
+        bulk = self.num_bulk_decodes
+        return bulk + sum(n for r, n in zip(self.requests[bulk:], self.num_new_tokens[bulk:]) if is_decode_row(r, n))
 
 
 def is_decode_row(request: Request, num_new_tokens: int) -> bool:
@@ -59,6 +65,9 @@ def is_decode_row(request: Request, num_new_tokens: int) -> bool:
     last token, plus the proposals it verifies when it speculates."""
     return (num_new_tokens == 1 + len(request.spec_token_ids) and request.num_output_tokens > 0
             and request.num_computed_tokens == request.num_tokens - 1)
+
+
+_computed_tokens = operator.attrgetter("num_computed_tokens")
 
 
 @dataclass
@@ -77,8 +86,11 @@ class Scheduler:
     def __init__(self, limits: SchedulerLimits, kv_cache: KVCacheManager,
                  policy: SchedulingPolicy | None = None, admission: OnDemandAdmission | None = None,
                  clock: Callable[[], float] = time.perf_counter,
-                 connector: KVConnectorBase | None = None) -> None:
+                 connector: KVConnectorBase | None = None, bulk_decodes: bool = True) -> None:
+        """``bulk_decodes``: the running requests that each compute just their next token are scheduled in one
+        pass (``FOLOVLLM_BULK_DECODES``); else each through the general path."""
         self.limits = limits
+        self.bulk_decodes = bulk_decodes
         self.connector = connector
         # blocks allocated, prompt KV on the way from another instance; out of `waiting` so others go on
         self.waiting_for_kv: dict[str, Request] = {}
@@ -150,6 +162,9 @@ class Scheduler:
         shortage = False
 
         index = 0
+        if self.bulk_decodes and plan.run_running:
+            index = self._schedule_decodes(out, budget)
+            budget -= index
         running, tables = self.running, self.kv_cache.block_tables  # every running request, every step: locals
         allocate, on_scheduled = self.kv_cache.allocate_slots, self.policy.on_scheduled
         while plan.run_running and index < len(running) and budget > 0:
@@ -204,6 +219,32 @@ class Scheduler:
                 prefill_left -= num_new
         out.new_block_ids = self.kv_cache.take_new_blocks()
         return out
+
+    def _schedule_decodes(self, out: SchedulerOutput, budget: int) -> int:
+        """Schedules the running requests, from the first on, that each compute just their next known token (no
+        proposals, under their limits), as the general path would, in one pass: one whose blocks hold the token
+        makes no allocation call. Stops at the first that is not such a decode or finds no block (the general
+        path takes it, preempting if need be, and the rest of ``running``). Returns how many it scheduled."""
+        max_len = self.limits.max_model_len
+        decodes: list[Request] = []
+        for request in itertools.islice(self.running, budget):
+            pending = request.num_pending_tokens
+            num_tokens = len(request.token_ids) + pending
+            if num_tokens - request.num_computed_tokens != 1 or request.spec_token_ids or num_tokens >= max_len \
+                    or not 0 < len(request.output_token_ids) + pending < request.max_tokens:
+                break
+            decodes.append(request)
+        tables = self.kv_cache.decode_tables(decodes)
+        count = len(tables)
+        if count < len(decodes):
+            del decodes[count:]
+        out.requests += decodes
+        out.num_new_tokens += [1] * count
+        out.block_tables += tables
+        out.num_bulk_decodes = count
+        out.bulk_context_tokens = sum(map(_computed_tokens, decodes)) + count
+        self.policy.on_decodes(decodes)
+        return count
 
     def _lora_fits(self, request: Request) -> bool:
         """Whether the request's adapter is running already or a slot is left for it."""

@@ -119,7 +119,8 @@ class LLMEngine:
                             config.max_loras if config.enable_lora else 0),
             self.kv_cache,
             make_policy(config.scheduling_policy, config.max_queue_delay, config.tenant_weights),
-            make_admission(config, num_blocks, max_batched), connector=self.kv_connector)
+            make_admission(config, num_blocks, max_batched), connector=self.kv_connector,
+            bulk_decodes=envs.switch("FOLOVLLM_BULK_DECODES"))
         self.output_processor = OutputProcessor(self.tokenizer, self.max_model_len)
         self.intake = RequestIntake(self.tokenizer, ModelLimits(
             self.max_model_len, self.vocab_size, tuple(self.eos_token_ids), self.hidden_size, config.max_logprobs,

@@ -51,6 +51,8 @@ class OutputProcessor:
 
     def stop_token_rows(self, requests: Sequence[Request], token_ids: list[int]) -> list[int]:
         """The rows whose token is one of its request's stop tokens (the whole step screened at once)."""
+        if self._stop_ids.isdisjoint(token_ids):  # the common step: no stop token of anyone's among them
+            return []
         screened = np.flatnonzero(np.isin(np.array(token_ids, dtype=np.int64), self._stop_array))
         return [row for row in screened.tolist() if token_ids[row] in requests[row].stop_token_ids]
 

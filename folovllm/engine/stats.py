@@ -107,9 +107,11 @@ def prefill_new_pairs(sched: SchedulerOutput) -> int:
 
 def step_cost_terms(sched: SchedulerOutput) -> tuple[int, int, tuple[int, int]]:
     """(decode tokens, ``context_tokens``, (``prefill_cached_pairs``, ``prefill_new_pairs``)) of the step,
-    before it runs, in one pass over its requests (the engine records them every step)."""
-    num_decode = context = cached_pairs = new_pairs = 0
-    for request, n in zip(sched.requests, sched.num_new_tokens):
+    before it runs, in one pass over its requests (the engine records them every step); the decodes the scheduler
+    took in bulk come counted."""
+    bulk = sched.num_bulk_decodes
+    num_decode, context, cached_pairs, new_pairs = bulk, sched.bulk_context_tokens, 0, 0
+    for request, n in zip(sched.requests[bulk:], sched.num_new_tokens[bulk:]):
         computed = request.num_computed_tokens
         context += computed + n
         if is_decode_row(request, n):

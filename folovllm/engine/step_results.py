@@ -26,6 +26,7 @@ from folovllm.structured_output import StructuredOutputManager
 from folovllm.worker.step_input import StepOutput
 
 logger = logging.getLogger(__name__)
+RUNNING = RequestStatus.RUNNING
 
 Touched = dict[str, RequestGroup]  # the groups a step changed, by request id: each gets an output
 
@@ -76,11 +77,11 @@ class StepResults:
         plain_tokens: list[int] = []
         at_length: list[int] = []  # plain rows at their length limit
         groups = self.groups
-        for row, request in enumerate(sampled):
+        for row, (request, token) in enumerate(zip(sampled, tokens)):
             request.num_pending_tokens -= 1
-            if request.status in FINISHED_STATUSES:  # ended meanwhile (stopped one step earlier, or aborted)
-                continue
-            token = tokens[row]
+            status = request.status  # identity first: hashing an enum member is a Python call
+            if status is not RUNNING and status in FINISHED_STATUSES:  # ended meanwhile (stopped one step
+                continue  # earlier, or aborted)
             if not request.plain_outputs or request.grammar is not None:
                 self._take_token(request, token, logprobs[row] if logprobs else None, now, touched)
                 continue

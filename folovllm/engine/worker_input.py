@@ -8,6 +8,8 @@ worker keeps; a finished or preempted request is forgotten and sent in full agai
 """
 from __future__ import annotations
 
+import operator
+
 from folovllm.core.scheduler import SchedulerOutput
 from folovllm.request import Request
 from folovllm.sample.prompt_logprobs import PromptLogprobsRequest
@@ -32,8 +34,13 @@ class StepInputBuilder:
         kept = self.kept
         kept.difference_update(finished_request_ids)  # the worker forgets them first; an id may come back
         kept.difference_update(r.request_id for r in sched.preempted)
-        entries: list[Entry] = list(zip(sched.requests, sched.num_new_tokens, sched.block_tables))
-        decodes: list[Request] = []
+        requests, decodes, start, bulk_ids = sched.requests, [], 0, None
+        bulk = sched.num_bulk_decodes  # the scheduler's bulk decodes come first, one token each
+        if bulk and kept:
+            ids = list(map(_request_id, requests[:bulk]))
+            if kept.issuperset(ids):  # all kept (the usual step): decode rows, without a look at each
+                decodes, start, bulk_ids = requests[:bulk], bulk, ids
+        entries: list[Entry] = list(zip(requests[start:], sched.num_new_tokens[start:], sched.block_tables[start:]))
         if kept:
             general: list[Entry] = []
             for entry in entries:
@@ -42,13 +49,17 @@ class StepInputBuilder:
                 else:
                     general.append(entry)
             entries = general
-        if any(request.lora_request is not None for request in sched.requests):
+        if any(map(_lora_request, requests)):  # an adapter is never falsy
             # one adapter's rows side by side: each adapted linear then works on slices of the batch
             entries.sort(key=lambda e: _lora_order(e[0]))
             decodes.sort(key=_lora_order)
+            bulk_ids = None  # reordered
         scheduled, sampled = general_rows(entries, sched, self.structured, self.decode_rows)
+        # the bulk decodes alone, in their order: their ids are known
+        decode_ids = bulk_ids if bulk_ids is not None and len(decodes) == start else list(map(_request_id, decodes))
         step = StepInput(scheduled, finished_request_ids,
-                         _decode_rows(decodes, {r: b for r, b in sched.new_block_ids.items() if r in kept})
+                         _decode_rows(decodes, decode_ids,
+                                      {r: b for r, b in sched.new_block_ids.items() if r in kept})
                          if decodes else None)
         return step, sampled + decodes
 
@@ -100,18 +111,20 @@ def general_rows(entries: list[Entry], sched: SchedulerOutput, structured: Struc
     return scheduled, sampled
 
 
-def _decode_rows(requests: list[Request], new_blocks: dict[str, tuple[int, list[int]]]) -> DecodeRows:
-    """Kept requests that each compute their next token, as columns (a token still on the device: pending)."""
-    tokens: list[int] = []
-    pending: list[int] = []
-    for row, request in enumerate(requests):
-        if request.num_pending_tokens:
-            pending.append(row)
-            tokens.append(0)
-        else:
-            tokens.append(request.token_ids[-1])
-    return DecodeRows([r.request_id for r in requests], tokens, [r.num_computed_tokens for r in requests],
-                      pending, new_blocks)
+def _decode_rows(requests: list[Request], request_ids: list[str],
+                 new_blocks: dict[str, tuple[int, list[int]]]) -> DecodeRows:
+    """Kept requests (with their ids) that each compute their next token, as columns (a token still on the
+    device: pending)."""
+    pending = [row for row, count in enumerate(map(_pending_tokens, requests)) if count]
+    tokens = [0 if r.num_pending_tokens else r.token_ids[-1] for r in requests] if pending \
+        else [r.token_ids[-1] for r in requests]
+    return DecodeRows(request_ids, tokens, list(map(_computed_tokens, requests)), pending, new_blocks)
+
+
+_request_id = operator.attrgetter("request_id")
+_lora_request = operator.attrgetter("lora_request")
+_pending_tokens = operator.attrgetter("num_pending_tokens")
+_computed_tokens = operator.attrgetter("num_computed_tokens")
 
 
 def _lora_order(request: Request) -> int:

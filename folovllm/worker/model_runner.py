@@ -267,7 +267,7 @@ class ModelRunner:
             columns = DecodeColumns(np.asarray(decodes.token_ids, dtype=np.int64),
                                     np.asarray(decodes.positions, dtype=np.int64), states.tables[rows, :width])
             rows_list = rows.tolist()
-            sampling = [states.sampling[row] for row in rows_list]
+            sampling = list(map(states.sampling.__getitem__, rows_list))
             if step.requests:
                 batch = prepare_step_batch(step, self.block_size, self.device,
                                            DecodePart(columns, sampling, decodes.request_ids, decodes.pending_rows))

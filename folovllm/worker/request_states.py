@@ -68,8 +68,7 @@ class RequestStates:
 
     def rows(self, request_ids: list[str]) -> np.ndarray:
         """The kept rows of these requests, in order."""
-        row_of = self.row_of
-        return np.fromiter((row_of[r] for r in request_ids), dtype=np.int64, count=len(request_ids))
+        return np.fromiter(map(self.row_of.__getitem__, request_ids), dtype=np.int64, count=len(request_ids))
 
     def output_counts(self, rows: np.ndarray, positions: np.ndarray) -> np.ndarray:
         """The output counts of kept rows at these positions (one more token per position since kept)."""

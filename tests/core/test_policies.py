@@ -8,6 +8,7 @@ from folovllm.core.policy import make_policy
 from folovllm.core.scheduler import Scheduler, SchedulerLimits
 from folovllm.request import Request, RequestStatus
 from folovllm.sampling_params import SamplingParams
+from tests.helpers import fake_model_step
 
 
 class StepClock:
@@ -35,13 +36,7 @@ def simulate(scheduler, clock, arrivals, max_steps=4000, on_step=None):
         out = scheduler.schedule()
         if on_step:
             on_step(out)
-        for request, num_new in zip(out.requests, out.num_new_tokens):
-            request.num_computed_tokens += num_new
-            if request.num_computed_tokens == request.num_tokens:
-                request.append_output_token(5)
-                if request.num_output_tokens >= request.max_tokens:
-                    scheduler.finish_request(request, RequestStatus.FINISHED_LENGTH)
-                    done.append(request)
+        done += fake_model_step(scheduler, out, 5)
         clock.now += 1
     raise AssertionError("the workload did not finish")
 

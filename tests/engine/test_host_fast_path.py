@@ -1,5 +1,6 @@
-"""The host's fast paths change no output: decode rows from what the worker keeps (FOLOVLLM_DECODE_ROWS) and
-a step's plain tokens taken in bulk (FOLOVLLM_BATCHED_OUTPUTS), each on and off, over a batch that mixes
+"""The host's fast paths change no output: decode rows from what the worker keeps (FOLOVLLM_DECODE_ROWS), running
+decodes scheduled in one pass (FOLOVLLM_BULK_DECODES) and a step's plain tokens taken in bulk
+(FOLOVLLM_BATCHED_OUTPUTS), each on and off, over a batch that mixes
 every per-request setting, with overlap, preemption and chunked prefill."""
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 from folovllm import SamplingParams
 from tests.engine.conftest import make_llm, random_prompts, tiny_llama_dir  # noqa: F401
 
-SWITCHES = ("FOLOVLLM_DECODE_ROWS", "FOLOVLLM_BATCHED_OUTPUTS")
+SWITCHES = ("FOLOVLLM_DECODE_ROWS", "FOLOVLLM_BULK_DECODES", "FOLOVLLM_BATCHED_OUTPUTS")
 
 
 def mixed_params(stop_token: int) -> list[SamplingParams]:
@@ -72,6 +73,9 @@ def test_the_fast_paths_run(tiny_llama_dir, monkeypatch) -> None:  # noqa: F811
     steps = []
     launch = engine.worker.launch
     engine.worker.launch = lambda step: steps.append(step) or launch(step)
+    plans = []
+    schedule = engine.scheduler.schedule
+    engine.scheduler.schedule = lambda: plans.append(schedule()) or plans[-1]
     took = []
     take_token = engine.results._take_token
     engine.results._take_token = lambda *args: took.append(args) or take_token(*args)
@@ -84,6 +88,7 @@ def test_the_fast_paths_run(tiny_llama_dir, monkeypatch) -> None:  # noqa: F811
     assert all(s.decodes is not None and not s.requests for s in steps[1:])
     assert sum(len(s.decodes) for s in steps[1:]) == 3 * 7  # every token after the first
     assert not took and engine.stats.generation_tokens == 24
+    assert [p.num_bulk_decodes for p in plans if p.requests] == [0] + [3] * 7  # every decode scheduled in one pass
     engine.add_request({"prompt_token_ids": [5, 6, 7]}, SamplingParams(max_tokens=1), request_id="next")
     engine.step()  # the next launch carries the ended requests: both sides forget them
     assert engine.inputs.kept == {"next"} and set(engine.worker.runner.states.row_of) == {"next"}
