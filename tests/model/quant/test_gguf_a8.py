@@ -9,14 +9,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from folovllm.compilation.layer_chain import layer_chain
 from folovllm.model.quantization.gguf_native import GGUFPackedLinearMethod
 from folovllm.platforms import platform_for
 from tests.helpers import switches
 from tests.model.quant.gguf_files import Q, random_blocks, write_tiny_llama_gguf
 from tests.model.quant.test_gguf_native import _dequantized, _loaded
-from tests.model.quant.test_gguf_packed_model import _greedy, _load
-from tests.model.test_direct import prefill_then_decode
+from tests.model.quant.test_gguf_packed_model import _greedy, _load, assert_team_gives_the_ops_bits
 from tests.model.test_layer_chain import chain_model
 from tests.tiers import kernel_missing
 from tests.tolerance import BF16_TOP2_TOLERANCE, assert_greedy_match, top2_gaps
@@ -137,21 +135,6 @@ NO_TEAM = kernel_missing("team")
 @pytest.mark.parametrize("threads", [1, 2])
 def test_team_gives_the_ops_bits(q4_k_m_gguf: str, threads: int) -> None:
     """The switch on: a decode step on the layer chain's team (gguf_gemm_a8's loops, split by columns) gives
-    the op calls' bits and the modules'."""
-    model = chain_model(q4_k_m_gguf, torch.bfloat16, {"CPU_GGUF_A8": "on"}, load_quantized=True,
-                        quantize_lm_head="auto")
-    direct = model.model.layers.compiled.direct
-    team, ops = layer_chain(direct, True), layer_chain(direct, False)
-    assert team is not None and ops is not None
-    logits, compiled = {}, model.model.layers.compiled
-    torch.set_num_threads(threads)
-    try:
-        for name, chain in {"team": team, "ops": ops}.items():
-            compiled.chain = chain
-            logits[name] = prefill_then_decode(model)
-        model.model.layers.compiled = None
-        logits["modules"] = prefill_then_decode(model)
-    finally:
-        torch.set_num_threads(2)
-    for name in ("ops", "modules"):
-        assert torch.equal(logits["team"], logits[name]), name
+    the op calls', the direct calls' and the modules' bits."""
+    assert_team_gives_the_ops_bits(chain_model(q4_k_m_gguf, torch.bfloat16, {"CPU_GGUF_A8": "on"},
+                                               load_quantized=True, quantize_lm_head="auto"), threads)
