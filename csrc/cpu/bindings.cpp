@@ -97,6 +97,7 @@ TORCH_LIBRARY(folovllm, m) {
   m.def("int8_argmax(Tensor x, Tensor codes, Tensor scales, bool fused=True) -> Tensor");
 
   m.def("gguf_gemm(Tensor x, Tensor weight, Tensor parts) -> Tensor");
+  m.def("gguf_gemm_a8(Tensor x, Tensor weight, Tensor parts) -> Tensor");
   m.def("gguf_argmax(Tensor x, Tensor weight, Tensor parts) -> Tensor");
   m.def("gguf_rows(Tensor weight, Tensor parts, Tensor ids, ScalarType dtype) -> Tensor");
 
@@ -128,6 +129,7 @@ TORCH_LIBRARY_IMPL(folovllm, CPU, m) {
   m.impl("int8_rows", &dequantized_int8_rows);
   m.impl("int8_argmax", &int8_argmax);
   m.impl("gguf_gemm", &gguf_gemm);
+  m.impl("gguf_gemm_a8", &gguf_gemm_a8);
   m.impl("gguf_argmax", &gguf_argmax);
   m.impl("gguf_rows", &gguf_rows);
   m.impl("top_k_rows", &top_k_rows);

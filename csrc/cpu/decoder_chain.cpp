@@ -84,13 +84,14 @@ std::shared_ptr<const TeamLinear> int4_linear(const std::vector<IValue>& args, s
                                       args[first + 3].toInt(), std::move(perm));
 }
 
-// The linear a call makes where the team can split it: int4_gemm, int4_gemm_perm, gguf_gemm, or the bf16
+// The linear a call makes where the team can split it: int4_gemm, int4_gemm_perm, gguf_gemm(_a8), or the bf16
 // linear without a bias; else none.
 std::shared_ptr<const TeamLinear> team_linear(const XFirstCall& call) {
   if (call.is("folovllm::int4_gemm")) return int4_linear(call.args, 0);
   if (call.is("folovllm::int4_gemm_perm")) return int4_linear(call.args, 0, call.args[4].toTensor());
-  if (call.is("folovllm::gguf_gemm"))
-    return std::make_shared<GgufLinear>(call.args[0].toTensor(), call.args[1].toTensor());
+  if (call.is("folovllm::gguf_gemm") || call.is("folovllm::gguf_gemm_a8"))
+    return std::make_shared<GgufLinear>(call.args[0].toTensor(), call.args[1].toTensor(),
+                                        call.is("folovllm::gguf_gemm_a8"));
   if (call.is("folovllm::linear") && call.args[1].isNone())
     return std::make_shared<Bf16Linear>(call.args[0].toTensor());
   return nullptr;

@@ -74,10 +74,11 @@ struct SlicePrefetch {
   }
 };
 
-// What one thread needs for its share of a matmul besides the weight: the int4 kernel's group sums of x
-// and act-order's gathered x.
+// What one thread needs for its share of a matmul besides the weight: the int4 kernel's group sums of x,
+// act-order's gathered x and gguf_gemm_a8's rounded x.
 struct TeamScratch {
   std::vector<float> xsum;
+  A8Buffers a8;  // gguf_gemm_a8's x rounded to int8
   std::vector<c10::BFloat16> gathered;
 };
 

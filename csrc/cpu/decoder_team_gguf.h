@@ -1,10 +1,10 @@
 // gguf_gemm's weights (quant_gguf.h) on the layer chain's team (decoder_team.h): thread t of n takes its
 // share of the weight's tasks (pairs of column blocks, across the parts in order) and computes them with
-// the op's own loops, so the outputs are gguf_gemm's bits however the tasks are split.
+// the op's own loops, so the outputs are gguf_gemm's (or gguf_gemm_a8's) bits however the tasks are split.
 #pragma once
 
 #include "decoder_team.h"
-#include "quant_gguf.h"
+#include "quant_gguf_a8.h"
 
 namespace folovllm::cpu {
 namespace {
@@ -12,9 +12,10 @@ namespace {
 struct GgufLinear final : TeamLinear {
   at::Tensor weight, parts;
   GgufWeight w;
+  bool a8;  // gguf_gemm_a8's weight: its Q4_K parts with int8 activations where gguf_a8_takes the rows
 
-  GgufLinear(at::Tensor weight, at::Tensor parts)
-      : weight(std::move(weight)), parts(std::move(parts)), w(gguf_weight(this->weight, this->parts)) {}
+  GgufLinear(at::Tensor weight, at::Tensor parts, bool a8)
+      : weight(std::move(weight)), parts(std::move(parts)), w(gguf_weight(this->weight, this->parts)), a8(a8) {}
 
   int64_t N() const override { return w.N; }
 
@@ -34,9 +35,11 @@ struct GgufLinear final : TeamLinear {
            TeamScratch& scratch) const override {
     scratch.xsum.resize(M * (w.K / 16));
     group_sums(x, M, w.K, 16, scratch.xsum.data());
+    GgufA8Rows xa{};
+    if (a8 && gguf_a8_takes(w, M)) xa = gguf_a8_quantize(x, M, w.K, scratch.a8);  // each thread its own: a few us
     const auto [t0, t1] = share_of(w.tasks(), 1, t, threads);
     gguf_ranges(w, t0, t1, [&](const GgufPartView& part, int64_t b0, int64_t b1) {
-      gguf_blocks_bf16(part, b0, b1, x, M, w.K, scratch.xsum.data(), y, w.N);
+      gguf_blocks_a8(part, b0, b1, x, xa.a != nullptr ? &xa : nullptr, M, w.K, scratch.xsum.data(), y, w.N);
     });
   }
 };

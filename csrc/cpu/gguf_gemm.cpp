@@ -1,6 +1,8 @@
 // GGUF-typed weights in their own packed layout (gguf_layout.h), registered as torch.ops.folovllm.*:
 //   gguf_gemm  y = x W^T, W's outputs in parts (a merged q/k/v or gate/up linear), each part in one of
 //              Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K with the file's own scales: one call for the layer
+//   gguf_gemm_a8 gguf_gemm with a Q4_K part's few rows (bf16, below the panel's 8) rounded to int8 for
+//              AVX512_VNNI byte dot products (quant_gguf_a8.h); elsewhere gguf_gemm's bits
 //   gguf_argmax each row's first largest output of gguf_gemm (the LM head's greedy token, the logits never
 //              written for bf16 rows)
 //   gguf_rows  rows of a one-part weight dequantized, each value the gguf package's to the last bit: the
@@ -11,7 +13,7 @@
 // at avx2 and avx512 the fp32 form of tiered/gguf.cpp. Threads split the column blocks of every part in
 // pairs, so a small part (a v projection) and a large one share the same call.
 #include "ops.h"
-#include "quant_gguf.h"
+#include "quant_gguf_a8.h"
 #include "tiered.h"
 
 #include <ATen/Dispatch.h>
@@ -38,17 +40,21 @@ float* sums_buffer(int64_t size) {
   return sums.data();
 }
 
-void run_gguf_bf16(const GgufWeight& w, const at::Tensor& xb, at::Tensor& y) {
+// a8: Q4_K parts from the rows rounded to int8 (gguf_gemm_a8, where gguf_a8_takes them).
+void run_gguf_bf16(const GgufWeight& w, const at::Tensor& xb, at::Tensor& y, bool a8 = false) {
   const int64_t M = xb.size(0), K = w.K, N = w.N;
   const auto* x = xb.const_data_ptr<c10::BFloat16>();
   float* sums = sums_buffer(M * (K / 16));
   group_sums(x, M, K, 16, sums);
+  thread_local A8Buffers buffers;
+  const GgufA8Rows xa = a8 ? gguf_a8_quantize(x, M, K, buffers) : GgufA8Rows{};
+  const GgufA8Rows* rows = a8 ? &xa : nullptr;
   parallel_tasks(w.tasks(), M, [&](int64_t t0, int64_t t1) {
     gguf_ranges(w, t0, t1, [&](const GgufPartView& part, int64_t b0, int64_t b1) {
       if (y.scalar_type() == at::kFloat)
-        gguf_blocks_bf16(part, b0, b1, x, M, K, sums, y.mutable_data_ptr<float>(), N);
+        gguf_blocks_a8(part, b0, b1, x, rows, M, K, sums, y.mutable_data_ptr<float>(), N);
       else
-        gguf_blocks_bf16(part, b0, b1, x, M, K, sums, y.mutable_data_ptr<c10::BFloat16>(), N);
+        gguf_blocks_a8(part, b0, b1, x, rows, M, K, sums, y.mutable_data_ptr<c10::BFloat16>(), N);
     });
   });
 }
@@ -146,17 +152,31 @@ void dequantize_row(const GgufPartView& part, int64_t K, int64_t block, int lane
   }
 }
 
+// x [..., K] (checked against w) -> [..., N]; a8: as gguf_gemm_a8.
+at::Tensor run_gguf_gemm(const at::Tensor& x, const GgufWeight& w, bool a8) {
+  TORCH_CHECK(x.size(-1) == w.K, "x's last dim (", x.size(-1), ") does not match the weight's inputs (", w.K, ")");
+  const int64_t M = x.dim() == 0 ? 0 : x.numel() / std::max<int64_t>(w.K, 1);
+  if (a8 && x.scalar_type() == at::kBFloat16 && gguf_a8_takes(w, M))
+    return rows_gemm(x, w.N, [&](const at::Tensor& xb, at::Tensor& y) { run_gguf_bf16(w, xb, y, true); });
+  if (!cpu_supported()) {
+    return rows_gemm(x, w.N, [&](const at::Tensor& rows, at::Tensor& y) { run_gguf_fp32(w, rows, y); });
+  }
+  return bf16_rows_gemm(x, w.N, [&](const at::Tensor& xb, at::Tensor& y) { run_gguf_bf16(w, xb, y); });
+}
+
 }  // namespace
 
 // x [..., K] -> [..., N]
 at::Tensor gguf_gemm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& parts) {
   check_activations(x, weight, "gguf_gemm", Tier::kAvx2);
-  const GgufWeight w = gguf_weight(weight, parts);
-  TORCH_CHECK(x.size(-1) == w.K, "x's last dim (", x.size(-1), ") does not match the weight's inputs (", w.K, ")");
-  if (!cpu_supported()) {
-    return rows_gemm(x, w.N, [&](const at::Tensor& rows, at::Tensor& y) { run_gguf_fp32(w, rows, y); });
-  }
-  return bf16_rows_gemm(x, w.N, [&](const at::Tensor& xb, at::Tensor& y) { run_gguf_bf16(w, xb, y); });
+  return run_gguf_gemm(x, gguf_weight(weight, parts), false);
+}
+
+// x [..., K] -> [..., N]: gguf_gemm, its Q4_K parts multiplied with int8 activations where gguf_a8_takes the
+// rows (bf16 x; fp32 x and other hosts: gguf_gemm's path).
+at::Tensor gguf_gemm_a8(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& parts) {
+  check_activations(x, weight, "gguf_gemm_a8", Tier::kAvx2);
+  return run_gguf_gemm(x, gguf_weight(weight, parts), true);
 }
 
 // x [M, K] -> [M] int64: each row's argmax of gguf_gemm(x) (torch's argmax: the first of equal values), the

@@ -74,6 +74,7 @@ at::Tensor dequantized_int8_rows(const at::Tensor& codes, const at::Tensor& scal
 
 // gguf_gemm.cpp
 at::Tensor gguf_gemm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& parts);
+at::Tensor gguf_gemm_a8(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& parts);
 at::Tensor gguf_argmax(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& parts);
 at::Tensor gguf_rows(const at::Tensor& weight, const at::Tensor& parts, const at::Tensor& ids, at::ScalarType dtype);
 

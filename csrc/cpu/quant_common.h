@@ -25,6 +25,14 @@ constexpr int64_t kBlockCols = 16;  // output columns per vector
 // the int4 matmul has an fp32 form below it (tiered/int4.cpp).
 bool cpu_supported() { return tier_at_least(Tier::kAvx512Bf16); }
 
+// Rows rounded to int8 for byte dot products (quant_gguf_a8.h): the codes, and per row each block's scale and
+// sum; buffers a thread keeps, grown once.
+struct A8Buffers {
+  std::vector<int8_t> a;
+  std::vector<float> scale;
+  std::vector<int32_t> sum;
+};
+
 // Weights stream from memory a few columns at a time, too few streams for the hardware prefetcher to
 // keep enough reads in flight: each read asks for the line kPrefetchBytes further on as well, and for
 // the one kPrefetchFarBytes on into L2, so that a DRAM read's latency is covered while the unpacking

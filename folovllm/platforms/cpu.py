@@ -124,6 +124,7 @@ class CpuPlatform(Platform):
         return LinearKernels(dense=self._dense_kernel(dtype, onednn), dense_fallback="onednn" if onednn else "torch",
                              quant=self._quant_kernel(),
                              int4_activations=self._int4_activations(),
+                             gguf_a8=envs.switch("FOLOVLLM_CPU_GGUF_A8"),
                              int8_lm_head=quantized_linears if quantize_lm_head == "auto" else quantize_lm_head == "on")
 
     def _invariant_linear_kernels(self, dtype: torch.dtype, quantize_lm_head: str,

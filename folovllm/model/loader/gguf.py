@@ -190,7 +190,8 @@ def use_gguf_int4(reader: gguf.GGUFReader, model: CausalLM, kernels: LinearKerne
     return frozenset(t for tensors in layers.values() for t in tensors)
 
 
-def use_gguf_packed(reader: gguf.GGUFReader, model: CausalLM, quantize_lm_head: str) -> dict[str, str]:
+def use_gguf_packed(reader: gguf.GGUFReader, model: CausalLM, quantize_lm_head: str,
+                    a8: bool = False) -> dict[str, str]:
     """Switch every linear whose GGUF pieces are all packable (``gguf_native.packable``) to the packed GGUF
     method, and hold the embedding table (and, under ``quantize_lm_head`` auto, the LM head) in its file
     type where packable; the map of GGUF tensor name -> the parameter that loads its blocks. A merged linear
@@ -213,7 +214,7 @@ def use_gguf_packed(reader: gguf.GGUFReader, model: CausalLM, quantize_lm_head: 
         types = [(int(t.tensor_type), int(t.shape[1])) for _, t in tensors]
         if not all(packable(qtype, rows, layer.input_size) for qtype, rows in types):
             continue
-        layer.use_method(GGUFPackedLinearMethod(types))
+        layer.use_method(GGUFPackedLinearMethod(types, a8=a8))
         names.update({t.name: f"{module_name}.gguf.piece{i}" for i, (_, t) in enumerate(tensors)})
     packed_linears = len(names)
     names.update(_use_packed_vocabulary(reader, model, quantize_lm_head))

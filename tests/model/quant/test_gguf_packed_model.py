@@ -123,7 +123,13 @@ def test_team_gives_the_ops_bits(tmp_path: Path, threads: int) -> None:
     path = tmp_path / "all-packed.gguf"
     write_tiny_llama_gguf(path, [LAYERS[0], {"attn_v": Q.Q6_K, "ffn_down": Q.Q6_K}], embedding=Q.Q8_0,
                           default=Q.Q4_K, vocab=512)  # prefill_then_decode's ids go up to 500
-    model = chain_model(str(path), torch.bfloat16, load_quantized=True, quantize_lm_head="auto")
+    assert_team_gives_the_ops_bits(chain_model(str(path), torch.bfloat16, load_quantized=True,
+                                               quantize_lm_head="auto"), threads)
+
+
+def assert_team_gives_the_ops_bits(model: torch.nn.Module, threads: int) -> None:
+    """prefill_then_decode's logits on ``threads`` threads: the team's, the op calls', the direct calls' and the
+    modules' all the same bits."""
     direct = model.model.layers.compiled.direct
     team, ops = layer_chain(direct, True), layer_chain(direct, False)
     assert team is not None and ops is not None

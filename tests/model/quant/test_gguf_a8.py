@@ -1,0 +1,140 @@
+"""GGUF Q4_K linears with int8 activations (``gguf_gemm_a8``: csrc/cpu/quant_gguf_a8.h, AVX512_VNNI): the
+product against its own rounding of the activations on the gguf package's dequantized weights, close to the
+bf16-activation product, gguf_gemm's bits wherever it does not round (other types, many rows, fp32 rows),
+and the ``FOLOVLLM_CPU_GGUF_A8`` switch: greedy tokens of a tiny packed model agree with it off by the
+top-2 rule, the layer chain's team gives the op's bits, off is gguf_gemm's path."""
+from __future__ import annotations
+
+
+import pytest
+import torch
+
+from folovllm.model.quantization.gguf_native import GGUFPackedLinearMethod
+from folovllm.platforms import platform_for
+from tests.helpers import switches
+from tests.model.quant.gguf_files import Q, random_blocks, write_tiny_llama_gguf
+from tests.model.quant.test_gguf_native import _dequantized, _loaded
+from tests.model.quant.test_gguf_packed_model import _greedy, _load, assert_team_gives_the_ops_bits
+from tests.model.test_layer_chain import chain_model
+from tests.tiers import kernel_missing
+from tests.tolerance import BF16_TOP2_TOLERANCE, assert_greedy_match, top2_gaps
+
+NOT_BUILT = kernel_missing("gguf")
+pytestmark = pytest.mark.skipif(NOT_BUILT is not None, reason=f"{NOT_BUILT}")
+VNNI = torch.ops.folovllm.host_tier() in ("avx512_bf16", "amx") and torch.cpu._is_vnni_supported()
+needs_vnni = pytest.mark.skipif(not VNNI, reason="this CPU lacks AVX512_VNNI: gguf_gemm_a8 is gguf_gemm here")
+PANEL_ROWS = 8  # from here on gguf_gemm_a8 is gguf_gemm (the bf16 panel)
+
+
+def _a8_reference(x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """The kernel's arithmetic in fp64: per row and 256 inputs d = max |x| / 127 and a = round(x / d) (half to
+    even, as the kernel: x times fp32 1 / d), then (d a) W^T."""
+    m, k = x.shape
+    blocks = x.float().view(m, k // 256, 256)
+    d = blocks.abs().amax(-1) / 127
+    inv = torch.where(d > 0, 1 / d, torch.zeros_like(d))
+    a = (blocks * inv[..., None]).round().double()
+    return (a * d.double()[..., None]).view(m, k) @ weights.double().t()
+
+
+@needs_vnni
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 7])
+def test_matches_its_rounding(m: int) -> None:
+    data = random_blocks(Q.Q4_K, 48, 1024, seed=m)  # a pair of column blocks and one alone, 4 super-blocks
+    weight = _loaded([(Q.Q4_K, data)], 1024)
+    x = torch.randn(m, 1024, generator=torch.Generator().manual_seed(m)).bfloat16()
+    got = weight.matmul(x, a8=True)
+    assert got.dtype == torch.bfloat16 and got.shape == (m, 48)
+    expected = _a8_reference(x, _dequantized(data, Q.Q4_K))
+    err = (got.double() - expected).abs().max().item()
+    assert err <= 8e-3 * expected.abs().max().item(), err  # the bf16 output's own rounding dominates
+    assert not torch.equal(got, weight.matmul(x))  # it did round: not the bf16 path's bits
+
+
+@needs_vnni
+def test_close_to_bf16_activations() -> None:
+    """The extra rounding is small: int8 activations land within ~1 % of the bf16-activation product."""
+    data = random_blocks(Q.Q4_K, 64, 2048, seed=3)
+    weight = _loaded([(Q.Q4_K, data)], 2048)
+    x = torch.randn(4, 2048, generator=torch.Generator().manual_seed(0)).bfloat16()
+    exact = x.double() @ _dequantized(data, Q.Q4_K).double().t()
+    assert (weight.matmul(x, a8=True).double() - exact).norm() <= 0.02 * exact.norm()
+
+
+@pytest.mark.parametrize("m", [1, 4, PANEL_ROWS, 16])
+def test_gguf_gemms_bits_where_it_does_not_round(m: int) -> None:
+    """A Q4_K_M layer's mix: its Q6_K and Q8_0 parts are gguf_gemm's bits at any rows; the whole output is from
+    8 rows on, for fp32 rows, and on CPUs without VNNI."""
+    pieces = [(Q.Q6_K, random_blocks(Q.Q6_K, 16, 512, 1)), (Q.Q4_K, random_blocks(Q.Q4_K, 32, 512, 2)),
+              (Q.Q8_0, random_blocks(Q.Q8_0, 16, 512, 3))]
+    weight = _loaded(pieces, 512)
+    x = torch.randn(m, 512, generator=torch.Generator().manual_seed(m)).bfloat16()
+    got, base = weight.matmul(x, a8=True), weight.matmul(x)
+    others = torch.cat([torch.arange(16), torch.arange(48, 64)])
+    assert torch.equal(got[:, others], base[:, others])
+    assert torch.equal(got, base) == (m >= PANEL_ROWS or not VNNI)
+    assert torch.equal(weight.matmul(x.float(), a8=True), weight.matmul(x.float()))
+
+
+@needs_vnni
+def test_zero_rows_and_leading_dims() -> None:
+    weight = _loaded([(Q.Q4_K, random_blocks(Q.Q4_K, 32, 512))], 512)
+    x = torch.randn(2, 3, 512).bfloat16()
+    x[0, 1, :256] = 0  # a zero scale: its products are zero, not NaN
+    x[1, 0] = 0
+    y = weight.matmul(x, a8=True)
+    assert torch.equal(y, weight.matmul(x.view(6, 512), a8=True).view(2, 3, 32))
+    assert torch.equal(y[1, 0], torch.zeros(32, dtype=torch.bfloat16)) and not y.isnan().any()
+    assert weight.matmul(torch.empty(0, 512, dtype=torch.bfloat16), a8=True).shape == (0, 32)
+
+
+# every linear Q4_K but v and down (Q6_K), as a Q4_K_M file has them; hidden 512: two super-blocks
+LAYERS = [{"attn_v": Q.Q6_K, "ffn_down": Q.Q6_K}, {"attn_v": Q.Q6_K}]
+
+
+@pytest.fixture(scope="module")
+def q4_k_m_gguf(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp("gguf") / "q4_k_m.gguf"
+    write_tiny_llama_gguf(path, LAYERS, embedding=Q.Q4_K, output=Q.Q6_K, default=Q.Q4_K, hidden=512, inter=1024,
+                          vocab=512)
+    return str(path)
+
+
+def test_switch(q4_k_m_gguf: str) -> None:
+    assert not platform_for("cpu").linear_kernels(torch.bfloat16).gguf_a8  # the default: off
+    off = _load(q4_k_m_gguf, quantize_lm_head="auto")
+    with switches(CPU_GGUF_A8="on"):
+        on = _load(q4_k_m_gguf, quantize_lm_head="auto")
+    layer_methods = [(m_off.method, m_on.method) for m_off, m_on in zip(off.model.layers.modules(),
+                                                                       on.model.layers.modules())
+                     if isinstance(getattr(m_off, "method", None), GGUFPackedLinearMethod)]
+    assert layer_methods and all(not a.a8 and b.a8 for a, b in layer_methods)
+    x = torch.randn(2, 512, generator=torch.Generator().manual_seed(0)).bfloat16()
+    qkv_off, qkv_on = off.model.layers[0].self_attn.qkv_proj, on.model.layers[0].self_attn.qkv_proj
+    assert torch.equal(qkv_off(x), qkv_off.gguf.matmul(x))  # off: gguf_gemm's path, bit for bit
+    assert torch.equal(qkv_on(x), qkv_on.gguf.matmul(x, a8=True))
+
+
+def test_greedy_tokens_agree_with_the_switch_off(q4_k_m_gguf: str) -> None:
+    """Up to 7 rows a call (a 2-token prompt, 5 steps: every step's linears take int8 activations): the same
+    greedy tokens as bf16 activations, but where those's top two were within the bf16 tolerance."""
+    prompt = [5, 17]
+    reference, gaps_from = _greedy(_load(q4_k_m_gguf, quantize_lm_head="auto"), prompt, 5, torch.bfloat16)
+    with switches(CPU_GGUF_A8="on"):
+        a8_model = _load(q4_k_m_gguf, quantize_lm_head="auto")
+    tokens, logits = _greedy(a8_model, prompt, 5, torch.bfloat16)
+    assert_greedy_match(tokens, reference, top2_gaps(gaps_from), BF16_TOP2_TOLERANCE)
+    if VNNI:
+        assert not torch.equal(logits[0], gaps_from[0])  # the switch took the int8 path
+
+
+NO_TEAM = kernel_missing("team")
+
+
+@pytest.mark.skipif(NO_TEAM is not None, reason=f"{NO_TEAM}")
+@pytest.mark.parametrize("threads", [1, 2])
+def test_team_gives_the_ops_bits(q4_k_m_gguf: str, threads: int) -> None:
+    """The switch on: a decode step on the layer chain's team (gguf_gemm_a8's loops, split by columns) gives
+    the op calls', the direct calls' and the modules' bits."""
+    assert_team_gives_the_ops_bits(chain_model(q4_k_m_gguf, torch.bfloat16, {"CPU_GGUF_A8": "on"},
+                                               load_quantized=True, quantize_lm_head="auto"), threads)
