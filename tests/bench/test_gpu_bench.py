@@ -65,7 +65,8 @@ def test_smoke_run_writes_every_section(tmp_path: Path) -> None:
     assert profiled["num_requests"] == 4 and profiled["prompt_len"] == 64 and profiled["steps"] >= 1
     assert _positive(profiled["step_us_median"]) and profiled["ops"][0]["us_per_step"] > 0
     assert "kernels" not in profiled  # device kernels only on CUDA
-    assert profiled["ops"][0]["op"] in ("aten::mm", "aten::addmm", "aten::linear")  # whole prompts, not cache hits
+    # whole prompts, not cache hits: a matmul among the costliest ops (their order moves on a busy machine)
+    assert {"aten::mm", "aten::addmm", "aten::linear"} & {op["op"] for op in profiled["ops"][:3]}
 
     assert [row["figure"] for row in report["bars"]][:3] == [
         "nano-vllm offline, output tok/s", "decode-heavy, output tok/s", "prefill-heavy, input tok/s"]
