@@ -21,8 +21,20 @@ from tests.tolerance import BF16_TOP2_TOLERANCE, assert_greedy_match, top2_gaps
 
 NOT_BUILT = kernel_missing("gguf")
 pytestmark = pytest.mark.skipif(NOT_BUILT is not None, reason=f"{NOT_BUILT}")
-VNNI = torch.ops.folovllm.host_tier() in ("avx512_bf16", "amx") and torch.cpu._is_vnni_supported()
-needs_vnni = pytest.mark.skipif(not VNNI, reason="this CPU lacks AVX512_VNNI: gguf_gemm_a8 is gguf_gemm here")
+
+
+def vnni_here() -> bool:
+    """Whether gguf_gemm_a8 rounds at the library's current tier (avx512_bf16 and up, on a CPU with VNNI)."""
+    return torch.ops.folovllm.tier() in ("avx512_bf16", "amx") and torch.cpu._is_vnni_supported()
+
+
+@pytest.fixture
+def vnni() -> None:
+    if not vnni_here():
+        pytest.skip("no AVX512_VNNI at this tier: gguf_gemm_a8 is gguf_gemm here")
+
+
+needs_vnni = pytest.mark.usefixtures("vnni")
 PANEL_ROWS = 8  # from here on gguf_gemm_a8 is gguf_gemm (the bf16 panel)
 
 
@@ -72,7 +84,7 @@ def test_gguf_gemms_bits_where_it_does_not_round(m: int) -> None:
     got, base = weight.matmul(x, a8=True), weight.matmul(x)
     others = torch.cat([torch.arange(16), torch.arange(48, 64)])
     assert torch.equal(got[:, others], base[:, others])
-    assert torch.equal(got, base) == (m >= PANEL_ROWS or not VNNI)
+    assert torch.equal(got, base) == (m >= PANEL_ROWS or not vnni_here())
     assert torch.equal(weight.matmul(x.float(), a8=True), weight.matmul(x.float()))
 
 
@@ -124,7 +136,7 @@ def test_greedy_tokens_agree_with_the_switch_off(q4_k_m_gguf: str) -> None:
         a8_model = _load(q4_k_m_gguf, quantize_lm_head="auto")
     tokens, logits = _greedy(a8_model, prompt, 5, torch.bfloat16)
     assert_greedy_match(tokens, reference, top2_gaps(gaps_from), BF16_TOP2_TOLERANCE)
-    if VNNI:
+    if vnni_here():
         assert not torch.equal(logits[0], gaps_from[0])  # the switch took the int8 path
 
 
