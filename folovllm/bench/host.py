@@ -166,7 +166,8 @@ class HarnessEngine:
         if not (harness / "engines.py").exists():
             raise ValueError(f"--vs-vllm and --vs-checkout run through {harness}, which this installation lacks: run "
                              "it from a source checkout")
-        sys.path.insert(0, str(harness))
+        if str(harness) not in sys.path:  # once, though --vs-vllm and --vs-checkout both come through here
+            sys.path.insert(0, str(harness))
         import engines  # the harness's variants, environment and worker processes
 
         setup = engines.Setup(root=root, model=model, gguf=model, vllm_venv=venv, logs=logs, threads=threads,
