@@ -125,10 +125,11 @@ VARIABLES: dict[str, EnvVar] = {v.name: v for v in (
            "our int4 matmul multiplies bf16 activations as they come (bf16) or rounds them to int8 per row "
            "and group for byte dot products (int8: AVX512_VNNI's, else AVX2's); auto: int8 from 16 rows on",
            ("bf16", "int8", "auto")),
-    EnvVar("FOLOVLLM_CPU_GGUF_A8", "off",
-           "GGUF linears held packed round a few rows' (decode's) activations to int8 per 256 inputs for their "
-           "Q4_K parts, multiplied in AVX512_VNNI byte dot products (bf16 rows, VNNI CPUs; off: bf16 dot "
-           "products, as for every other type)", ON_OFF),
+    EnvVar("FOLOVLLM_CPU_GGUF_A8", "auto",
+           "GGUF linears held packed round their rows' activations to int8 per 256 inputs for their Q4_K and "
+           "Q6_K parts, multiplied in AVX512_VNNI byte dot products (bf16 rows, VNNI CPUs at avx512_bf16 and "
+           "up): on at any rows, auto from 2 rows a call (one row reads weights: no faster), off never (bf16 "
+           "dot products, as for every other type)", ("auto", "on", "off")),
     # -- files and serving --------------------------------------------------------------------------
     EnvVar("FOLOVLLM_CACHE_ROOT", None,
            "where FoloVLLM keeps what it derives from models (converted GGUF tokenizers); unset: "

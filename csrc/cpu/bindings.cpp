@@ -97,8 +97,8 @@ TORCH_LIBRARY(folovllm, m) {
   m.def("int8_argmax(Tensor x, Tensor codes, Tensor scales, bool fused=True) -> Tensor");
 
   m.def("gguf_gemm(Tensor x, Tensor weight, Tensor parts) -> Tensor");
-  m.def("gguf_gemm_a8(Tensor x, Tensor weight, Tensor parts) -> Tensor");
-  m.def("gguf_argmax(Tensor x, Tensor weight, Tensor parts) -> Tensor");
+  m.def("gguf_gemm_a8(Tensor x, Tensor weight, Tensor parts, int a8_rows) -> Tensor");
+  m.def("gguf_argmax(Tensor x, Tensor weight, Tensor parts, int a8_rows=0) -> Tensor");
   m.def("gguf_rows(Tensor weight, Tensor parts, Tensor ids, ScalarType dtype) -> Tensor");
 
   m.def("top_k_rows(Tensor logits, int k) -> (Tensor, Tensor)");

@@ -91,7 +91,7 @@ std::shared_ptr<const TeamLinear> team_linear(const XFirstCall& call) {
   if (call.is("folovllm::int4_gemm_perm")) return int4_linear(call.args, 0, call.args[4].toTensor());
   if (call.is("folovllm::gguf_gemm") || call.is("folovllm::gguf_gemm_a8"))
     return std::make_shared<GgufLinear>(call.args[0].toTensor(), call.args[1].toTensor(),
-                                        call.is("folovllm::gguf_gemm_a8"));
+                                        call.is("folovllm::gguf_gemm_a8") ? call.args[2].toInt() : 0);
   if (call.is("folovllm::linear") && call.args[1].isNone())
     return std::make_shared<Bf16Linear>(call.args[0].toTensor());
   return nullptr;

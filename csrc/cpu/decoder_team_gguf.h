@@ -12,10 +12,11 @@ namespace {
 struct GgufLinear final : TeamLinear {
   at::Tensor weight, parts;
   GgufWeight w;
-  bool a8;  // gguf_gemm_a8's weight: its Q4_K parts with int8 activations where gguf_a8_takes the rows
+  int64_t a8_rows;  // gguf_gemm_a8's: Q4_K and Q6_K parts with int8 activations from this many rows (0: never)
 
-  GgufLinear(at::Tensor weight, at::Tensor parts, bool a8)
-      : weight(std::move(weight)), parts(std::move(parts)), w(gguf_weight(this->weight, this->parts)), a8(a8) {}
+  GgufLinear(at::Tensor weight, at::Tensor parts, int64_t a8_rows)
+      : weight(std::move(weight)), parts(std::move(parts)), w(gguf_weight(this->weight, this->parts)),
+        a8_rows(a8_rows) {}
 
   int64_t N() const override { return w.N; }
 
@@ -36,7 +37,7 @@ struct GgufLinear final : TeamLinear {
     scratch.xsum.resize(M * (w.K / 16));
     group_sums(x, M, w.K, 16, scratch.xsum.data());
     GgufA8Rows xa{};
-    if (a8 && gguf_a8_takes(w, M)) xa = gguf_a8_quantize(x, M, w.K, scratch.a8);  // each thread its own: a few us
+    if (a8_rows > 0 && gguf_a8_takes(w, M, a8_rows)) xa = gguf_a8_quantize(x, M, w.K, scratch.a8);  // each thread its own: a few us
     const auto [t0, t1] = share_of(w.tasks(), 1, t, threads);
     gguf_ranges(w, t0, t1, [&](const GgufPartView& part, int64_t b0, int64_t b1) {
       gguf_blocks_a8(part, b0, b1, x, xa.a != nullptr ? &xa : nullptr, M, w.K, scratch.xsum.data(), y, w.N);

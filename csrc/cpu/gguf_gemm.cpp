@@ -1,10 +1,10 @@
 // GGUF-typed weights in their own packed layout (gguf_layout.h), registered as torch.ops.folovllm.*:
 //   gguf_gemm  y = x W^T, W's outputs in parts (a merged q/k/v or gate/up linear), each part in one of
 //              Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K with the file's own scales: one call for the layer
-//   gguf_gemm_a8 gguf_gemm with a Q4_K part's few rows (bf16, below the panel's 8) rounded to int8 for
-//              AVX512_VNNI byte dot products (quant_gguf_a8.h); elsewhere gguf_gemm's bits
-//   gguf_argmax each row's first largest output of gguf_gemm (the LM head's greedy token, the logits never
-//              written for bf16 rows)
+//   gguf_gemm_a8 gguf_gemm with its Q4_K and Q6_K parts' bf16 rows rounded to int8 (from a8_rows rows on)
+//              for AVX512_VNNI byte dot products (quant_gguf_a8.h); elsewhere gguf_gemm's bits
+//   gguf_argmax each row's first largest output of gguf_gemm, or of gguf_gemm_a8 from a8_rows rows on (the LM
+//              head's greedy token, the logits never written for bf16 rows)
 //   gguf_rows  rows of a one-part weight dequantized, each value the gguf package's to the last bit: the
 //              lookup of an embedding table held packed (a tied head's, or a table alone)
 //
@@ -40,7 +40,7 @@ float* sums_buffer(int64_t size) {
   return sums.data();
 }
 
-// a8: Q4_K parts from the rows rounded to int8 (gguf_gemm_a8, where gguf_a8_takes them).
+// a8: Q4_K and Q6_K parts from the rows rounded to int8 (gguf_gemm_a8, where gguf_a8_takes them).
 void run_gguf_bf16(const GgufWeight& w, const at::Tensor& xb, at::Tensor& y, bool a8 = false) {
   const int64_t M = xb.size(0), K = w.K, N = w.N;
   const auto* x = xb.const_data_ptr<c10::BFloat16>();
@@ -77,18 +77,22 @@ void run_gguf_fp32(const GgufWeight& w, const at::Tensor& x, at::Tensor& y) {
   });
 }
 
-// bf16 rows [M, K] -> ids [M]: each row's argmax of run_gguf_bf16's bf16 y, without y. Each work item keeps its
-// own rows' best (slot p0: its first task), then the items are reduced in column order (the first maximum wins).
-void run_gguf_argmax(const GgufWeight& w, const at::Tensor& xb, at::Tensor& ids) {
+// bf16 rows [M, K] -> ids [M]: each row's argmax of run_gguf_bf16's bf16 y (a8: its Q4_K and Q6_K parts from
+// the rows rounded to int8), without y. Each work item keeps its own rows' best (slot p0: its first task), then
+// the items are reduced in column order (the first maximum wins).
+void run_gguf_argmax(const GgufWeight& w, const at::Tensor& xb, at::Tensor& ids, bool a8) {
   const int64_t M = xb.size(0), K = w.K, tasks = w.tasks();
   const auto* x = xb.const_data_ptr<c10::BFloat16>();
   float* sums = sums_buffer(M * (K / 16));
   group_sums(x, M, K, 16, sums);
+  thread_local A8Buffers buffers;
+  const GgufA8Rows xa = a8 ? gguf_a8_quantize(x, M, K, buffers) : GgufA8Rows{};
+  const GgufA8Rows* rounded = a8 ? &xa : nullptr;
   ItemArgmax items(tasks, M);
   parallel_tasks(tasks, M, [&](int64_t t0, int64_t t1) {
     const ArgmaxRows rows = items.rows(t0);
     gguf_ranges(w, t0, t1, [&](const GgufPartView& part, int64_t b0, int64_t b1) {
-      gguf_blocks_bf16(part, b0, b1, x, M, K, sums, rows, w.N);
+      gguf_blocks_a8(part, b0, b1, x, rounded, M, K, sums, rows, w.N);
     });
   });
   items.reduce(ids.mutable_data_ptr<int64_t>());
@@ -152,11 +156,11 @@ void dequantize_row(const GgufPartView& part, int64_t K, int64_t block, int lane
   }
 }
 
-// x [..., K] (checked against w) -> [..., N]; a8: as gguf_gemm_a8.
-at::Tensor run_gguf_gemm(const at::Tensor& x, const GgufWeight& w, bool a8) {
+// x [..., K] (checked against w) -> [..., N]; int8 activations from a8_rows rows on as gguf_gemm_a8 (0: never).
+at::Tensor run_gguf_gemm(const at::Tensor& x, const GgufWeight& w, int64_t a8_rows) {
   TORCH_CHECK(x.size(-1) == w.K, "x's last dim (", x.size(-1), ") does not match the weight's inputs (", w.K, ")");
   const int64_t M = x.dim() == 0 ? 0 : x.numel() / std::max<int64_t>(w.K, 1);
-  if (a8 && x.scalar_type() == at::kBFloat16 && gguf_a8_takes(w, M))
+  if (a8_rows > 0 && x.scalar_type() == at::kBFloat16 && gguf_a8_takes(w, M, a8_rows))
     return rows_gemm(x, w.N, [&](const at::Tensor& xb, at::Tensor& y) { run_gguf_bf16(w, xb, y, true); });
   if (!cpu_supported()) {
     return rows_gemm(x, w.N, [&](const at::Tensor& rows, at::Tensor& y) { run_gguf_fp32(w, rows, y); });
@@ -169,21 +173,24 @@ at::Tensor run_gguf_gemm(const at::Tensor& x, const GgufWeight& w, bool a8) {
 // x [..., K] -> [..., N]
 at::Tensor gguf_gemm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& parts) {
   check_activations(x, weight, "gguf_gemm", Tier::kAvx2);
-  return run_gguf_gemm(x, gguf_weight(weight, parts), false);
+  return run_gguf_gemm(x, gguf_weight(weight, parts), 0);
 }
 
-// x [..., K] -> [..., N]: gguf_gemm, its Q4_K parts multiplied with int8 activations where gguf_a8_takes the
-// rows (bf16 x; fp32 x and other hosts: gguf_gemm's path).
-at::Tensor gguf_gemm_a8(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& parts) {
+// x [..., K] -> [..., N]: gguf_gemm, its Q4_K and Q6_K parts multiplied with int8 activations where
+// gguf_a8_takes the rows (bf16 x of at least a8_rows rows on a VNNI CPU; else gguf_gemm's path).
+at::Tensor gguf_gemm_a8(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& parts, int64_t a8_rows) {
   check_activations(x, weight, "gguf_gemm_a8", Tier::kAvx2);
-  return run_gguf_gemm(x, gguf_weight(weight, parts), true);
+  TORCH_CHECK(a8_rows >= 1, "gguf_gemm_a8: a8_rows must be at least 1, got ", a8_rows);
+  return run_gguf_gemm(x, gguf_weight(weight, parts), a8_rows);
 }
 
-// x [M, K] -> [M] int64: each row's argmax of gguf_gemm(x) (torch's argmax: the first of equal values), the
-// LM head's greedy token. bf16 x at the avx512_bf16 tier: kept inside the matmul's loop, the logits never
-// written; else gguf_gemm's logits, then torch's argmax.
-at::Tensor gguf_argmax(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& parts) {
+// x [M, K] -> [M] int64: each row's argmax of gguf_gemm(x), or of gguf_gemm_a8(x, ..., a8_rows) where a8_rows
+// is positive (torch's argmax: the first of equal values), the LM head's greedy token. bf16 x at the
+// avx512_bf16 tier: kept inside the matmul's loop, the logits never written; else gguf_gemm's logits, then
+// torch's argmax.
+at::Tensor gguf_argmax(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& parts, int64_t a8_rows) {
   TORCH_CHECK(x.dim() == 2, "gguf_argmax takes x [rows, K]");
+  TORCH_CHECK(a8_rows >= 0, "gguf_argmax: a8_rows must be 0 (never) or positive, got ", a8_rows);
   if (x.size(0) == 0) return at::empty({0}, x.options().dtype(at::kLong));
   if (x.scalar_type() != at::kBFloat16 || !cpu_supported())
     return gguf_gemm(x, weight, parts).to(at::kFloat).argmax(-1);  // torch reduces fp32 faster than bf16
@@ -191,7 +198,7 @@ at::Tensor gguf_argmax(const at::Tensor& x, const at::Tensor& weight, const at::
   const GgufWeight w = gguf_weight(weight, parts);
   TORCH_CHECK(x.size(-1) == w.K, "x's last dim (", x.size(-1), ") does not match the weight's inputs (", w.K, ")");
   at::Tensor ids = at::empty({x.size(0)}, x.options().dtype(at::kLong));
-  run_gguf_argmax(w, x.contiguous(), ids);
+  run_gguf_argmax(w, x.contiguous(), ids, a8_rows > 0 && gguf_a8_takes(w, x.size(0), a8_rows));
   return ids;
 }
 

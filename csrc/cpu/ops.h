@@ -74,8 +74,8 @@ at::Tensor dequantized_int8_rows(const at::Tensor& codes, const at::Tensor& scal
 
 // gguf_gemm.cpp
 at::Tensor gguf_gemm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& parts);
-at::Tensor gguf_gemm_a8(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& parts);
-at::Tensor gguf_argmax(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& parts);
+at::Tensor gguf_gemm_a8(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& parts, int64_t a8_rows);
+at::Tensor gguf_argmax(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& parts, int64_t a8_rows);
 at::Tensor gguf_rows(const at::Tensor& weight, const at::Tensor& parts, const at::Tensor& ids, at::ScalarType dtype);
 
 // sampling.cpp: each row's k largest values (highest first, lower id first among equals) and their ids; each

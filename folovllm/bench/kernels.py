@@ -10,8 +10,8 @@
     FOLOVLLM_CPU_ISA=avx2 folovllm bench kernel linear       # the avx2 forms on a higher host
 
 Each candidate is one way to run the op (``folovllm``: ours; ``onednn``, ``torch``: what ours replaces;
-``gguf``: each GGUF type in our kernel, beside our bf16 linear, and Q4_K again with int8 activations as
-``Q4_K_a8``; for ``sampling``, the sampler with the platform's candidate kernel and with its torch form), each
+``gguf``: each GGUF type in our kernel, beside our bf16 linear, and Q4_K and Q6_K again with int8 activations
+as ``Q4_K_a8`` and ``Q6_K_a8``; for ``sampling``, the sampler with the platform's candidate kernel and with its torch form), each
 where it runs at this tier. A linear's
 weights are the model's shapes (or ``--shapes``) with random values, enough copies called in turn
 (``--copies``; default: at least 256 MiB of them, at most one per decoder layer) that a decode-sized call
@@ -39,7 +39,7 @@ from folovllm.platforms import platform_for
 
 KERNELS = ("linear", "int4", "int8", "gguf", "attention", "sampling")
 GGUF_TYPES = "Q4_K,Q6_K,Q5_K,Q8_0"
-GGUF_A8_TYPES = ("Q4_K",)  # types gguf_gemm_a8 multiplies with int8 activations: timed again as <type>_a8
+GGUF_A8_TYPES = ("Q4_K", "Q6_K")  # types gguf_gemm_a8 multiplies with int8 activations: timed again as <type>_a8
 COPIES_MIB = 256  # weight copies of at least this many MiB per candidate: each call reads from memory
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
@@ -165,7 +165,7 @@ def linear_candidates(out_f: int, in_f: int, dtype: torch.dtype, kind: str, most
                 tables.append(table)
             found[name] = ([t.matmul for t in tables], nbytes)
             if name in GGUF_A8_TYPES:  # the same weights through gguf_gemm_a8 (FOLOVLLM_CPU_GGUF_A8)
-                found[f"{name}_a8"] = ([lambda x, t=t: t.matmul(x, a8=True) for t in tables], nbytes)
+                found[f"{name}_a8"] = ([lambda x, t=t: t.matmul(x, a8_rows=1) for t in tables], nbytes)
         return found
     weights = [torch.randn(out_f, in_f, dtype=dtype) * 0.02 for _ in range(copies)]
     if kind == "linear":

@@ -23,6 +23,9 @@ from folovllm.platforms.interface import KernelOps, LinearKernels, Platform
 logger = logging.getLogger(__name__)
 
 QUANTIZE_LM_HEAD = ("auto", "on", "off")
+# FOLOVLLM_CPU_GGUF_A8 auto: int8 activations for GGUF Q4_K/Q6_K parts from this many rows a call on, where
+# byte dot products measured faster than bf16 ones (docs/gguf.md; one row reads weights, no faster)
+GGUF_A8_MIN_ROWS = 2
 
 
 @functools.cache
@@ -124,7 +127,7 @@ class CpuPlatform(Platform):
         return LinearKernels(dense=self._dense_kernel(dtype, onednn), dense_fallback="onednn" if onednn else "torch",
                              quant=self._quant_kernel(),
                              int4_activations=self._int4_activations(),
-                             gguf_a8=envs.switch("FOLOVLLM_CPU_GGUF_A8"),
+                             gguf_a8_rows=self._gguf_a8_rows(),
                              int8_lm_head=quantized_linears if quantize_lm_head == "auto" else quantize_lm_head == "on")
 
     def _invariant_linear_kernels(self, dtype: torch.dtype, quantize_lm_head: str,
@@ -168,6 +171,12 @@ class CpuPlatform(Platform):
                 _log_once(f"quantized linears: torch's int4/int8 kernels at tier {self.tier}")
             return "folovllm" if ours else "torch"
         return choice
+
+    @staticmethod
+    def _gguf_a8_rows() -> int:
+        """The fewest rows a GGUF linear's call takes int8 activations at (0: never); the kernel keeps bf16
+        ones wherever the CPU lacks AVX512_VNNI or the tier is below avx512_bf16."""
+        return {"off": 0, "on": 1, "auto": GGUF_A8_MIN_ROWS}[envs.value("FOLOVLLM_CPU_GGUF_A8")]
 
     def _int4_activations(self) -> str:
         return envs.value("FOLOVLLM_INT4_ACTIVATIONS")  # our int8-activation form runs wherever int4 does

@@ -191,7 +191,7 @@ def use_gguf_int4(reader: gguf.GGUFReader, model: CausalLM, kernels: LinearKerne
 
 
 def use_gguf_packed(reader: gguf.GGUFReader, model: CausalLM, quantize_lm_head: str,
-                    a8: bool = False) -> dict[str, str]:
+                    a8_rows: int = 0) -> dict[str, str]:
     """Switch every linear whose GGUF pieces are all packable (``gguf_native.packable``) to the packed GGUF
     method, and hold the embedding table (and, under ``quantize_lm_head`` auto, the LM head) in its file
     type where packable; the map of GGUF tensor name -> the parameter that loads its blocks. A merged linear
@@ -214,10 +214,10 @@ def use_gguf_packed(reader: gguf.GGUFReader, model: CausalLM, quantize_lm_head: 
         types = [(int(t.tensor_type), int(t.shape[1])) for _, t in tensors]
         if not all(packable(qtype, rows, layer.input_size) for qtype, rows in types):
             continue
-        layer.use_method(GGUFPackedLinearMethod(types, a8=a8))
+        layer.use_method(GGUFPackedLinearMethod(types, a8_rows=a8_rows))
         names.update({t.name: f"{module_name}.gguf.piece{i}" for i, (_, t) in enumerate(tensors)})
     packed_linears = len(names)
-    names.update(_use_packed_vocabulary(reader, model, quantize_lm_head))
+    names.update(_use_packed_vocabulary(reader, model, quantize_lm_head, a8_rows))
     total = sum(1 for m in model.modules() if isinstance(m, LinearBase))
     packed_layers = sum(isinstance(m.method, GGUFPackedLinearMethod) for m in model.modules() if isinstance(m, LinearBase))
     logger.info("load_quantized: %d of %d linear layers keep their GGUF types (%d tensors; the rest dequantized)%s",
@@ -226,10 +226,11 @@ def use_gguf_packed(reader: gguf.GGUFReader, model: CausalLM, quantize_lm_head: 
     return names
 
 
-def _use_packed_vocabulary(reader: gguf.GGUFReader, model: CausalLM, quantize_lm_head: str) -> dict[str, str]:
+def _use_packed_vocabulary(reader: gguf.GGUFReader, model: CausalLM, quantize_lm_head: str,
+                           a8_rows: int = 0) -> dict[str, str]:
     """The embedding table packed where its type is (its lookup reads rows from it); the LM head packed where
     its tensor is (output.weight, or the table it is tied to) and ``quantize_lm_head`` is auto (on: int8,
-    off: the model dtype, as for any checkpoint)."""
+    off: the model dtype, as for any checkpoint), int8 activations from ``a8_rows`` rows on as the linears."""
     tensors = {t.name: t for t in reader.tensors}
     embedding, head = model.get_submodule(_GLOBAL_TENSORS["token_embd"]), model.lm_head
     if not isinstance(embedding, VocabEmbedding) or embedding.tp_size != 1 or head.tp_size != 1:
@@ -244,10 +245,10 @@ def _use_packed_vocabulary(reader: gguf.GGUFReader, model: CausalLM, quantize_lm
         embedding.read_rows_from(rows)  # the embedding holds the table (a submodule)
         names[table.name] = f"{_GLOBAL_TENSORS['token_embd']}.row_table.piece0"
         if head.tied is not None:  # the head multiplies by the same table
-            head.use_method(GGUFPackedLinearMethod(rows.pieces, shared=rows))
+            head.use_method(GGUFPackedLinearMethod(rows.pieces, shared=rows, a8_rows=a8_rows))
     if head.tied is None and head_packs and output is not None and packable(
             int(output.tensor_type), head.output_size, head.input_size):
-        head.use_method(GGUFPackedLinearMethod([(int(output.tensor_type), head.output_size)]))
+        head.use_method(GGUFPackedLinearMethod([(int(output.tensor_type), head.output_size)], a8_rows=a8_rows))
         names[output.name] = "lm_head.gguf.piece0"
     return names
 

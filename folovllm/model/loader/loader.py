@@ -179,7 +179,7 @@ def load_model(
     packed: dict[str, str] = {}
     if load_quantized and reader is not None:
         if kernels.quant == "folovllm":  # our kernel takes the file's types as they are
-            packed = gguf.use_gguf_packed(reader, module, quantize_lm_head, kernels.gguf_a8)
+            packed = gguf.use_gguf_packed(reader, module, quantize_lm_head, kernels.gguf_a8_rows)
         else:
             int4 = gguf.use_gguf_int4(reader, module, kernels)
 

@@ -225,11 +225,12 @@ class GGUFWeight(nn.Module):
             for i in range(len(self.pieces)):
                 delattr(self, f"piece{i}")
 
-    def matmul(self, x: torch.Tensor, a8: bool = False) -> torch.Tensor:
-        """x [..., cols] -> x W^T [..., rows] in x's dtype; a8: ``gguf_gemm_a8`` (Q4_K parts' few bf16 rows
-        rounded to int8 on a VNNI CPU)."""
-        op = torch.ops.folovllm.gguf_gemm_a8 if a8 else torch.ops.folovllm.gguf_gemm
-        return op(x, self.weight, self.parts)
+    def matmul(self, x: torch.Tensor, a8_rows: int = 0) -> torch.Tensor:
+        """x [..., cols] -> x W^T [..., rows] in x's dtype; a8_rows: ``gguf_gemm_a8`` (Q4_K and Q6_K parts' bf16
+        rows rounded to int8 from this many rows on, on a VNNI CPU; 0: ``gguf_gemm``)."""
+        if a8_rows:
+            return torch.ops.folovllm.gguf_gemm_a8(x, self.weight, self.parts, a8_rows)
+        return torch.ops.folovllm.gguf_gemm(x, self.weight, self.parts)
 
     def rows_of(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """Rows ``ids`` of W (one piece: an embedding table) dequantized, each value the file's."""
@@ -240,10 +241,10 @@ class GGUFPackedLinearMethod(LinearMethod):
     """A linear whose every checkpoint piece is a packable GGUF tensor: ``pieces`` (ggml type, rows) in the
     layer's output order. Holds a ``GGUFWeight`` as ``layer.gguf`` (or multiplies by ``shared``, a table
     another module holds: a head tied to a packed embedding); one ``gguf_gemm`` call per forward (``gguf_gemm_a8``
-    with ``a8``: the platform's ``LinearKernels.gguf_a8``)."""
+    from ``a8_rows`` rows on: the platform's ``LinearKernels.gguf_a8_rows``, 0 never)."""
 
-    def __init__(self, pieces: list[tuple[int, int]], shared: GGUFWeight | None = None, a8: bool = False) -> None:
-        self.pieces, self.shared, self.a8 = pieces, shared, a8
+    def __init__(self, pieces: list[tuple[int, int]], shared: GGUFWeight | None = None, a8_rows: int = 0) -> None:
+        self.pieces, self.shared, self.a8_rows = pieces, shared, a8_rows
 
     def create_weights(self, layer: nn.Module, input_size: int, output_size: int, bias: bool, dtype: torch.dtype,
                        device: torch.device) -> None:
@@ -258,19 +259,20 @@ class GGUFPackedLinearMethod(LinearMethod):
         return self.shared if self.shared is not None else layer.gguf
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        y = self.table(layer).matmul(x, self.a8)
+        y = self.table(layer).matmul(x, self.a8_rows)
         return y if bias is None else y + bias
 
     def bind(self, layer: nn.Module, bias: torch.Tensor | None) -> Callable[[torch.Tensor], torch.Tensor]:
         table = self.table(layer)
         if bias is None:
-            op = torch.ops.folovllm.gguf_gemm_a8 if self.a8 else torch.ops.folovllm.gguf_gemm
-            return bound_op_call(op.default, table.weight, table.parts)
-        return lambda x: table.matmul(x, self.a8) + bias
+            if self.a8_rows:
+                return bound_op_call(torch.ops.folovllm.gguf_gemm_a8.default, table.weight, table.parts, self.a8_rows)
+            return bound_op_call(torch.ops.folovllm.gguf_gemm.default, table.weight, table.parts)
+        return lambda x: table.matmul(x, self.a8_rows) + bias
 
     def argmax(self, layer: nn.Module) -> Callable[[torch.Tensor], torch.Tensor] | None:
         """A head's greedy tokens: ``gguf_argmax`` (for bf16 rows each row's best kept inside the matmul's loop,
-        the logits never written)."""
+        the logits never written; the argmax of ``apply``'s logits, int8 activations where it takes them)."""
         table = self.table(layer)
-        op, weight, parts = torch.ops.folovllm.gguf_argmax.default, table.weight, table.parts
-        return lambda x: op(x, weight, parts)
+        op, weight, parts, a8_rows = torch.ops.folovllm.gguf_argmax.default, table.weight, table.parts, self.a8_rows
+        return lambda x: op(x, weight, parts, a8_rows)
