@@ -1,5 +1,5 @@
-// gguf_gemm_a8's Q4_K parts at few rows: the activations rounded to int8, one scale per row and super-block of
-// 256 inputs, so the 4-bit codes meet them in AVX512_VNNI's byte dot products (vpdpbusd: 64 products an
+// gguf_gemm_a8's Q4_K and Q6_K parts: the activations rounded to int8, one scale per row and super-block of
+// 256 inputs, so the codes meet them in AVX512_VNNI's byte dot products (vpdpbusd: 64 products an
 // instruction) instead of being turned into bf16 first (quant_gguf.h: a shift, a ternary-logic op and a
 // bf16 dot product per 32 codes; here an AND, half a shift and one vpdpbusd).
 //
@@ -15,6 +15,8 @@
 #pragma once
 
 #include "quant_gguf.h"
+
+#include <type_traits>
 
 namespace folovllm::cpu {
 namespace {
@@ -229,20 +231,18 @@ FOLO_TARGET_AVX512_VNNI void gguf_a8_direct(const GgufA8Rows& xa, int64_t M, int
   for (int64_t m = 0; m < M; m += kGgufRowBlock) {
     const GgufA8Rows rows{xa.a + m * K, xa.scale + m * (K / kA8SuperK), xa.sum + m * (K / kA8SumK)};
     const Out yr = offset(y, m, N, 0);
-    if constexpr (T == GgufType::kQ6_K) {
-      switch (std::min<int64_t>(kGgufRowBlock, M - m)) {
-        case 4: gguf_a8_q6_tile<4, C>(rows, K, block, block_bytes, meta_area, yr, N, end); break;
-        case 3: gguf_a8_q6_tile<3, C>(rows, K, block, block_bytes, meta_area, yr, N, end); break;
-        case 2: gguf_a8_q6_tile<2, C>(rows, K, block, block_bytes, meta_area, yr, N, end); break;
-        default: gguf_a8_q6_tile<1, C>(rows, K, block, block_bytes, meta_area, yr, N, end); break;
-      }
-    } else {
-      switch (std::min<int64_t>(kGgufRowBlock, M - m)) {
-        case 4: gguf_a8_tile<4, C, 1>(rows, K, block, block_bytes, meta_area, yr, N, end); break;
-        case 3: gguf_a8_tile<3, C, 1>(rows, K, block, block_bytes, meta_area, yr, N, end); break;
-        case 2: gguf_a8_tile<2, C, 1>(rows, K, block, block_bytes, meta_area, yr, N, end); break;
-        default: gguf_a8_tile<1, C, 2>(rows, K, block, block_bytes, meta_area, yr, N, end); break;
-      }
+    const auto tile = [&](auto rows_in_tile) {
+      constexpr int R = decltype(rows_in_tile)::value;
+      if constexpr (T == GgufType::kQ6_K)
+        gguf_a8_q6_tile<R, C>(rows, K, block, block_bytes, meta_area, yr, N, end);
+      else
+        gguf_a8_tile<R, C, R == 1 ? 2 : 1>(rows, K, block, block_bytes, meta_area, yr, N, end);
+    };
+    switch (std::min<int64_t>(kGgufRowBlock, M - m)) {
+      case 4: tile(std::integral_constant<int, 4>{}); break;
+      case 3: tile(std::integral_constant<int, 3>{}); break;
+      case 2: tile(std::integral_constant<int, 2>{}); break;
+      default: tile(std::integral_constant<int, 1>{}); break;
     }
   }
 }

@@ -23,8 +23,9 @@ class LinearKernels:
     ``onednn`` (prepacked for oneDNN) or ``torch`` (plain F.linear); dense_fallback: ``onednn`` or ``torch``,
     for a weight our kernel does not take (its shape). quant: int4/int8 weights: ``folovllm``,
     ``torch`` (torch's CPU kernels) or ``reference`` (dequantize, then matmul). int4_activations: what our
-    int4 kernel multiplies the codes with (bf16, int8, auto). gguf_a8_rows: GGUF linears held packed multiply their
-    Q4_K and Q6_K parts with int8 activations (``gguf_gemm_a8``) in calls of at least this many rows (0: never). int8_lm_head: the LM head held as int8 rows.
+    int4 kernel multiplies the codes with (bf16, int8, auto). gguf_a8_rows: GGUF linears held packed multiply
+    their Q4_K and Q6_K parts with int8 activations (``gguf_gemm_a8``) in calls of at least this many rows (0:
+    never). int8_lm_head: the LM head held as int8 rows.
     row_invariant: each row's outputs must not depend on how many rows a call multiplies (batch-invariant
     mode): dense weights on our kernel where it takes them, every other one in calls of a fixed row count.
     """

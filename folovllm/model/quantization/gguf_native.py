@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -225,12 +226,17 @@ class GGUFWeight(nn.Module):
             for i in range(len(self.pieces)):
                 delattr(self, f"piece{i}")
 
-    def matmul(self, x: torch.Tensor, a8_rows: int = 0) -> torch.Tensor:
-        """x [..., cols] -> x W^T [..., rows] in x's dtype; a8_rows: ``gguf_gemm_a8`` (Q4_K and Q6_K parts' bf16
-        rows rounded to int8 from this many rows on, on a VNNI CPU; 0: ``gguf_gemm``)."""
+    def matmul_op(self, a8_rows: int = 0) -> tuple[Any, ...]:
+        """The op that multiplies by W and its arguments after x: ``gguf_gemm_a8`` where ``a8_rows`` is set (Q4_K
+        and Q6_K parts' bf16 rows rounded to int8 from this many rows on, on a VNNI CPU), else ``gguf_gemm``."""
         if a8_rows:
-            return torch.ops.folovllm.gguf_gemm_a8(x, self.weight, self.parts, a8_rows)
-        return torch.ops.folovllm.gguf_gemm(x, self.weight, self.parts)
+            return torch.ops.folovllm.gguf_gemm_a8.default, self.weight, self.parts, a8_rows
+        return torch.ops.folovllm.gguf_gemm.default, self.weight, self.parts
+
+    def matmul(self, x: torch.Tensor, a8_rows: int = 0) -> torch.Tensor:
+        """x [..., cols] -> x W^T [..., rows] in x's dtype (``matmul_op``'s op)."""
+        op, *args = self.matmul_op(a8_rows)
+        return op(x, *args)
 
     def rows_of(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """Rows ``ids`` of W (one piece: an embedding table) dequantized, each value the file's."""
@@ -265,9 +271,7 @@ class GGUFPackedLinearMethod(LinearMethod):
     def bind(self, layer: nn.Module, bias: torch.Tensor | None) -> Callable[[torch.Tensor], torch.Tensor]:
         table = self.table(layer)
         if bias is None:
-            if self.a8_rows:
-                return bound_op_call(torch.ops.folovllm.gguf_gemm_a8.default, table.weight, table.parts, self.a8_rows)
-            return bound_op_call(torch.ops.folovllm.gguf_gemm.default, table.weight, table.parts)
+            return bound_op_call(*table.matmul_op(self.a8_rows))
         return lambda x: table.matmul(x, self.a8_rows) + bias
 
     def argmax(self, layer: nn.Module) -> Callable[[torch.Tensor], torch.Tensor] | None:
