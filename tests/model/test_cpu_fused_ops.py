@@ -28,11 +28,12 @@ def plain_norm(hidden: int, dtype: torch.dtype) -> RMSNorm:
 
 
 def assert_close_to_torch_path(ours: torch.Tensor, theirs: torch.Tensor) -> None:
-    """fp32: within 1e-5; bf16: the same value or one rounding step away (a norm's sum order)."""
+    """fp32: within 1e-5; bf16: at most two rounding steps away (the torch path rounds the normalized row to
+    bf16 and again after the weight's product, ours once, so two half-steps can add up to one more)."""
     if ours.dtype == torch.float32:
         torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
     else:
-        torch.testing.assert_close(ours.float(), theirs.float(), rtol=BF16_ULP, atol=1e-6)
+        torch.testing.assert_close(ours.float(), theirs.float(), rtol=2 * BF16_ULP, atol=1e-6)
 
 
 def rms_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
