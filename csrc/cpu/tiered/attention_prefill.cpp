@@ -17,8 +17,10 @@ namespace folovllm::cpu::FOLO_TIER {
 namespace {
 
 constexpr int64_t kTile = kPrefillTile;
-constexpr int kRows = 4;  // query rows per register block
-constexpr int kKeyVecs = 2;  // key vectors per register block of scores
+// Register blocks of twelve accumulators (two FMA pipes of four cycles' latency need eight at least; AVX2 has
+// sixteen registers): scores kRows query rows x kKeyVecs key vectors, P V kRows rows x 2 vectors of dims.
+constexpr int kRows = kLanes == 8 ? 6 : 4;
+constexpr int kKeyVecs = kLanes == 8 ? 2 : 3;
 static_assert(kTile % (kKeyVecs * kLanes) == 0 && kTile % kRows == 0, "a tile is whole register blocks");
 
 FOLO_VINLINE float element(const void* p, bool bf16, int64_t i) {
