@@ -91,7 +91,8 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const c10::opti
     return y;
   }
   const bool f32 = xc.scalar_type() == at::kFloat;
-  const LinearOut out{f32 ? y.data_ptr<float>() : nullptr, f32 ? nullptr : reinterpret_cast<uint16_t*>(y.data_ptr()), N};
+  const LinearOut out{f32 ? y.data_ptr<float>() : nullptr,
+                      f32 ? nullptr : reinterpret_cast<uint16_t*>(y.data_ptr()), N};
   const LinearIn xp{f32 ? xc.const_data_ptr<float>() : nullptr,
                     f32 ? nullptr : reinterpret_cast<const uint16_t*>(xc.const_data_ptr())};
   const uint32_t* wp = reinterpret_cast<const uint32_t*>(packed.const_data_ptr());

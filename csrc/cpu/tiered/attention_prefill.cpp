@@ -49,13 +49,15 @@ FOLO_VINLINE void score_block(const float* q, const float* keys, int64_t dim, in
     for (int n = 0; n < kKeyVecs; ++n) vstore(scores + r * kTile + j0 + n * kLanes, acc[r][n]);
 }
 
-// acc[kRows][dim] (columns [d0, d0 + NV kLanes)) += probs[kRows][kTile] . values of one tile.
+// acc[kRows][dim] (columns [d0, d0 + NV kLanes)) += probs[kRows][kTile] . values of the tile's first `keys` keys
+// (those past them have probability 0 for these rows).
 template <int NV>
-FOLO_VINLINE void add_values(const float* probs, const float* values, int64_t dim, int64_t d0, float* acc_rows) {
+FOLO_VINLINE void add_values(const float* probs, const float* values, int64_t dim, int64_t d0, int64_t keys,
+                             float* acc_rows) {
   Vec acc[kRows][NV];
   for (int r = 0; r < kRows; ++r)
     for (int n = 0; n < NV; ++n) acc[r][n] = vload(acc_rows + r * dim + d0 + n * kLanes);
-  for (int64_t j = 0; j < kTile; ++j) {
+  for (int64_t j = 0; j < keys; ++j) {
     Vec v[NV];
     for (int n = 0; n < NV; ++n) v[n] = vload(values + j * dim + d0 + n * kLanes);
     for (int r = 0; r < kRows; ++r) {
@@ -100,9 +102,13 @@ void prefill_item(const void* q, bool bf16, int64_t q_stride, void* out, int64_t
   for (int64_t tile = 0; tile <= q_tile; ++tile) {
     const float* kt = keys + tile * kTile * dim;
     const float* vt = values + tile * kTile * dim;
-    for (int64_t m = 0; m < blocks; m += kRows)
-      for (int64_t j0 = 0; j0 < kTile; j0 += kKeyVecs * kLanes) score_block(qs + m * dim, kt, dim, j0, scores + m * kTile);
     const bool diagonal = tile == q_tile;
+    // keys a block of rows [m, m + kRows) sees in this tile: on the diagonal none past its last row (the
+    // scores left stale there are masked below before the softmax reads them)
+    const auto seen = [&](int64_t m) { return diagonal ? std::min(kTile, m + kRows) : kTile; };
+    for (int64_t m = 0; m < blocks; m += kRows)
+      for (int64_t j0 = 0; j0 < seen(m); j0 += kKeyVecs * kLanes)
+        score_block(qs + m * dim, kt, dim, j0, scores + m * kTile);
     for (int64_t m = 0; m < blocks; ++m) {
       float* s = scores + m * kTile;
       if (diagonal)  // row m sees keys 0..m of its own tile
@@ -127,8 +133,9 @@ void prefill_item(const void* q, bool bf16, int64_t q_stride, void* out, int64_t
     }
     for (int64_t m = 0; m < blocks; m += kRows) {
       int64_t d0 = 0;
-      for (; d0 + 2 * kLanes <= dim; d0 += 2 * kLanes) add_values<2>(scores + m * kTile, vt, dim, d0, acc + m * dim);
-      if (d0 < dim) add_values<1>(scores + m * kTile, vt, dim, d0, acc + m * dim);
+      for (; d0 + 2 * kLanes <= dim; d0 += 2 * kLanes)
+        add_values<2>(scores + m * kTile, vt, dim, d0, seen(m), acc + m * dim);
+      if (d0 < dim) add_values<1>(scores + m * kTile, vt, dim, d0, seen(m), acc + m * dim);
     }
   }
 

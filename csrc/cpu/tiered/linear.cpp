@@ -207,8 +207,8 @@ int64_t linear_item_count(int64_t M, int64_t N) {
   return (N / kBlockRows) * items_per_block(M) * ((M + kChunkRows - 1) / kChunkRows);
 }
 
-void linear_items(const LinearIn& x, int64_t M, int64_t K, const uint32_t* w, const float* bias, const LinearOut& out,
-                  int64_t i0, int64_t i1) {
+void linear_items(const LinearIn& x, int64_t M, int64_t K, const uint32_t* w, const float* bias,
+                  const LinearOut& out, int64_t i0, int64_t i1) {
   const int64_t pairs = K / 2, per_block = items_per_block(M), per_chunk = out.N / kBlockRows * per_block;
   const int span = kPanels / static_cast<int>(per_block);  // panels per item
   const int item_lines = span * kPanelVecs * kLanes * 4 / 64;  // cache lines of an item's K pair
