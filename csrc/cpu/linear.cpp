@@ -3,8 +3,9 @@
 //   linear(x [..., K], packed, bias) x @ weight^T (+ bias), in x's dtype (bf16 or fp32)
 //
 // Two forms over one packed weight. At the AVX-512 BF16 tier, bf16 x (below). At every other tier from
-// avx2 on, and for fp32 x, the fp32 form (csrc/cpu/tiered/linear.cpp): x widened to fp32 once per call,
-// each bf16 weight pair widened in registers, FMAs into fp32 sums, the output rounded to x's dtype.
+// avx2 on, and for fp32 x, the fp32 form (csrc/cpu/tiered/linear.cpp): bf16 x widened to fp32 by each
+// thread a chunk of rows at a time, each bf16 weight pair widened in registers, FMAs into fp32 sums, the
+// output rounded to x's dtype.
 //
 // At decode a linear reads its whole weight to multiply a row or a few, so its time is the time to
 // stream the weight from memory. The packed layout makes that one sequential read: each pair of K
@@ -89,10 +90,11 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const c10::opti
     }
     return y;
   }
-  const at::Tensor xf = xc.scalar_type() == at::kFloat ? xc : xc.to(at::kFloat);
-  const LinearOut out{y.scalar_type() == at::kFloat ? y.data_ptr<float>() : nullptr,
-                      y.scalar_type() == at::kFloat ? nullptr : reinterpret_cast<uint16_t*>(y.data_ptr()), N};
-  const float* xp = xf.const_data_ptr<float>();
+  const bool f32 = xc.scalar_type() == at::kFloat;
+  const LinearOut out{f32 ? y.data_ptr<float>() : nullptr,
+                      f32 ? nullptr : reinterpret_cast<uint16_t*>(y.data_ptr()), N};
+  const LinearIn xp{f32 ? xc.const_data_ptr<float>() : nullptr,
+                    f32 ? nullptr : reinterpret_cast<const uint16_t*>(xc.const_data_ptr())};
   const uint32_t* wp = reinterpret_cast<const uint32_t*>(packed.const_data_ptr());
   const bool wide = tier_at_least(Tier::kAvx512);
   const int64_t fp32_items = wide ? avx512::linear_item_count(M, N) : avx2::linear_item_count(M, N);

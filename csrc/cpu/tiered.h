@@ -22,6 +22,13 @@ struct NextWeights {
   }
 };
 
+// What a linear kernel reads as x [M, K]: fp32, or bf16 that each thread widens chunk by chunk as it goes
+// (one of the two is null).
+struct LinearIn {
+  const float* f32;
+  const uint16_t* bf16;
+};
+
 // Where a linear kernel writes y [M, N]: fp32 or bf16 (one of the two is null).
 struct LinearOut {
   float* f32;
@@ -40,7 +47,7 @@ struct PagedHead {
 
 // The fp32 prefill form (tiered/attention_prefill.cpp): query rows per work item and keys per tile, and the
 // floats of one thread's workspace for head_dim `dim`.
-constexpr int64_t kPrefillTile = 32;
+constexpr int64_t kPrefillTile = 48;  // whole register blocks at every tier: 6 rows x 2 ymm, 4 rows x 3 zmm
 constexpr int64_t prefill_workspace_floats(int64_t dim) {
   return 2 * kPrefillTile * dim + kPrefillTile * kPrefillTile + 2 * kPrefillTile;
 }
@@ -60,11 +67,11 @@ struct LoraTables {
 };
 
 #define FOLO_TIERED_KERNELS                                                                                   \
-  /* Work items [i0, i1) of y = x W^T (x fp32 [M, K]; W bf16 packed [N/64][K/2][64][2]; bias fp32 [N] or */    \
-  /* null), linear_item_count(M, N) in all: an item is one weight block, or one panel of it where M is     */    \
-  /* large enough, times input rows [128 c, 128 c + 128), c counting chunks after all blocks of one chunk.  */    \
+  /* Work items [i0, i1) of y = x W^T (x fp32 or bf16 [M, K]; W bf16 packed [N/64][K/2][64][2]; bias fp32 */  \
+  /* [N] or null), linear_item_count(M, N) in all: an item is one weight block, or one panel of it where M  */  \
+  /* is large enough, times input rows [128 c, 128 c + 128), c counting chunks after all blocks of one chunk. */ \
   int64_t linear_item_count(int64_t M, int64_t N);                                                             \
-  void linear_items(const float* x, int64_t M, int64_t K, const uint32_t* w, const float* bias,                 \
+  void linear_items(const LinearIn& x, int64_t M, int64_t K, const uint32_t* w, const float* bias,              \
                     const LinearOut& out, int64_t i0, int64_t i1);                                              \
   /* Each row's best of x W^T over weight blocks [block0, block1) (bf16-rounded first with round_bf16):     */ \
   /* updates best[M], best_id[M] where strictly larger.                                                     */ \

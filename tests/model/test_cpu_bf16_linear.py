@@ -72,6 +72,20 @@ def test_kernel_matches_f_linear(rows: int, out_features: int, in_features: int,
     assert_matches_f_linear(packed_linear(x, packed, None), x, weight, None)
 
 
+@pytest.mark.parametrize("rows", [1, 7, 130, 300])
+def test_fp32_form_reads_bf16_rows_as_their_fp32_widening(rows: int, linear_tier: str) -> None:
+    # below avx512_bf16 each thread widens bf16 x a chunk of rows at a time (K = 90 leaves a tail shorter than
+    # a vector): the bits of the same rows handed over in fp32, rounded to bf16 once at the end
+    if linear_tier == "avx512_bf16":
+        pytest.skip("bf16 x takes the vdpbf16ps form at this tier")
+    torch.manual_seed(rows)
+    weight = torch.randn(192, 90, dtype=torch.bfloat16)
+    bias = torch.randn(192, dtype=torch.bfloat16)
+    packed = pack_linear_weight(weight, ours=True)
+    x = torch.randn(rows, 90, dtype=torch.bfloat16)
+    assert torch.equal(packed_linear(x, packed, bias), packed_linear(x.float(), packed, bias).bfloat16())
+
+
 def test_each_row_is_computed_alone_whatever_the_batch(linear_tier: str) -> None:
     # rows are multiplied in register groups (and chunks, or a block's panels, over threads): a row's result
     # must not depend on which group it lands in, bit for bit (its fp32 sum runs along K in one order)

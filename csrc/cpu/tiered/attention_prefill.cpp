@@ -17,8 +17,10 @@ namespace folovllm::cpu::FOLO_TIER {
 namespace {
 
 constexpr int64_t kTile = kPrefillTile;
-constexpr int kRows = 4;  // query rows per register block
-constexpr int kKeyVecs = 2;  // key vectors per register block of scores
+// Register blocks of twelve accumulators (two FMA pipes of four cycles' latency need eight at least; AVX2 has
+// sixteen registers): scores kRows query rows x kKeyVecs key vectors, P V kRows rows x 2 vectors of dims.
+constexpr int kRows = kLanes == 8 ? 6 : 4;
+constexpr int kKeyVecs = kLanes == 8 ? 2 : 3;
 static_assert(kTile % (kKeyVecs * kLanes) == 0 && kTile % kRows == 0, "a tile is whole register blocks");
 
 FOLO_VINLINE float element(const void* p, bool bf16, int64_t i) {
@@ -47,13 +49,15 @@ FOLO_VINLINE void score_block(const float* q, const float* keys, int64_t dim, in
     for (int n = 0; n < kKeyVecs; ++n) vstore(scores + r * kTile + j0 + n * kLanes, acc[r][n]);
 }
 
-// acc[kRows][dim] (columns [d0, d0 + NV kLanes)) += probs[kRows][kTile] . values of one tile.
+// acc[kRows][dim] (columns [d0, d0 + NV kLanes)) += probs[kRows][kTile] . values of the tile's first `keys` keys
+// (those past them have probability 0 for these rows).
 template <int NV>
-FOLO_VINLINE void add_values(const float* probs, const float* values, int64_t dim, int64_t d0, float* acc_rows) {
+FOLO_VINLINE void add_values(const float* probs, const float* values, int64_t dim, int64_t d0, int64_t keys,
+                             float* acc_rows) {
   Vec acc[kRows][NV];
   for (int r = 0; r < kRows; ++r)
     for (int n = 0; n < NV; ++n) acc[r][n] = vload(acc_rows + r * dim + d0 + n * kLanes);
-  for (int64_t j = 0; j < kTile; ++j) {
+  for (int64_t j = 0; j < keys; ++j) {
     Vec v[NV];
     for (int n = 0; n < NV; ++n) v[n] = vload(values + j * dim + d0 + n * kLanes);
     for (int r = 0; r < kRows; ++r) {
@@ -98,9 +102,13 @@ void prefill_item(const void* q, bool bf16, int64_t q_stride, void* out, int64_t
   for (int64_t tile = 0; tile <= q_tile; ++tile) {
     const float* kt = keys + tile * kTile * dim;
     const float* vt = values + tile * kTile * dim;
-    for (int64_t m = 0; m < blocks; m += kRows)
-      for (int64_t j0 = 0; j0 < kTile; j0 += kKeyVecs * kLanes) score_block(qs + m * dim, kt, dim, j0, scores + m * kTile);
     const bool diagonal = tile == q_tile;
+    // keys a block of rows [m, m + kRows) sees in this tile: on the diagonal none past its last row (the
+    // scores left stale there are masked below before the softmax reads them)
+    const auto seen = [&](int64_t m) { return diagonal ? std::min(kTile, m + kRows) : kTile; };
+    for (int64_t m = 0; m < blocks; m += kRows)
+      for (int64_t j0 = 0; j0 < seen(m); j0 += kKeyVecs * kLanes)
+        score_block(qs + m * dim, kt, dim, j0, scores + m * kTile);
     for (int64_t m = 0; m < blocks; ++m) {
       float* s = scores + m * kTile;
       if (diagonal)  // row m sees keys 0..m of its own tile
@@ -125,8 +133,9 @@ void prefill_item(const void* q, bool bf16, int64_t q_stride, void* out, int64_t
     }
     for (int64_t m = 0; m < blocks; m += kRows) {
       int64_t d0 = 0;
-      for (; d0 + 2 * kLanes <= dim; d0 += 2 * kLanes) add_values<2>(scores + m * kTile, vt, dim, d0, acc + m * dim);
-      if (d0 < dim) add_values<1>(scores + m * kTile, vt, dim, d0, acc + m * dim);
+      for (; d0 + 2 * kLanes <= dim; d0 += 2 * kLanes)
+        add_values<2>(scores + m * kTile, vt, dim, d0, seen(m), acc + m * dim);
+      if (d0 < dim) add_values<1>(scores + m * kTile, vt, dim, d0, seen(m), acc + m * dim);
     }
   }
 

@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -73,6 +74,23 @@ FOLO_VINLINE void widen_panel(const uint32_t* wb, int64_t pairs, int v0, float* 
     for (int c = 0; c < kPanelVecs; ++c) {
       for (int h = 0; h < 2; ++h) vstore(panel + ((2 * p + h) * kPanelVecs + c) * kLanes, Packed{wb, v0}.half(p, c, h));
     }
+}
+
+// Rows [first, last) of x as fp32: x's own rows, or bf16 rows widened into this thread's scratch (exact), so
+// a bf16 activation is never copied whole to fp32 in memory before the kernel reads it.
+const float* chunk_rows(const LinearIn& x, int64_t K, int64_t first, int64_t last) {
+  if (x.f32 != nullptr) return x.f32 + first * K;
+  thread_local std::vector<float> scratch;
+  const int64_t n = (last - first) * K;
+  if (static_cast<int64_t>(scratch.size()) < n) scratch.resize(n);
+  const uint16_t* src = x.bf16 + first * K;
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) vstore(scratch.data() + i, vload_bf16(src + i));
+  for (; i < n; ++i) {
+    const uint32_t bits = static_cast<uint32_t>(src[i]) << 16;
+    std::memcpy(&scratch[i], &bits, sizeof(float));
+  }
+  return scratch.data();
 }
 
 // A chunk's scratch for one panel: pairs x 2 x kPanelVecs vectors, per thread, grown as needed.
@@ -189,8 +207,8 @@ int64_t linear_item_count(int64_t M, int64_t N) {
   return (N / kBlockRows) * items_per_block(M) * ((M + kChunkRows - 1) / kChunkRows);
 }
 
-void linear_items(const float* x, int64_t M, int64_t K, const uint32_t* w, const float* bias, const LinearOut& out,
-                  int64_t i0, int64_t i1) {
+void linear_items(const LinearIn& x, int64_t M, int64_t K, const uint32_t* w, const float* bias,
+                  const LinearOut& out, int64_t i0, int64_t i1) {
   const int64_t pairs = K / 2, per_block = items_per_block(M), per_chunk = out.N / kBlockRows * per_block;
   const int span = kPanels / static_cast<int>(per_block);  // panels per item
   const int item_lines = span * kPanelVecs * kLanes * 4 / 64;  // cache lines of an item's K pair
@@ -198,16 +216,19 @@ void linear_items(const float* x, int64_t M, int64_t K, const uint32_t* w, const
   const auto weights_of = [&](int64_t j) {
     return w + (j / per_block) * pairs * kBlockRows + (j % per_block) * span * kPanelVecs * kLanes;
   };
-  for (int64_t i = i0; i < i1; ++i) {
+  const float* rows = nullptr;  // the fp32 rows of chunk `held`
+  for (int64_t i = i0, held = -1; i < i1; ++i) {
     const int64_t j = i % per_chunk, b = j / per_block, first = (i / per_chunk) * kChunkRows;
+    const int64_t last = std::min(M, first + kChunkRows);
+    if (i / per_chunk != held) rows = chunk_rows(x, K, first, last), held = i / per_chunk;
     const int q0 = static_cast<int>(j % per_block) * span, q1 = q0 + span;
     NextWeights next;  // the next item's lines of each K pair's 256-byte run of its block
     if (i + 1 < i1) {
       next = {reinterpret_cast<const char*>(weights_of((i + 1) % per_chunk)), kBlockRows * 4, item_lines};
     }
-    block_tiles(x, K, pairs, w + b * pairs * kBlockRows, first, std::min(M, first + kChunkRows), q0, q1, next,
+    block_tiles(rows, K, pairs, w + b * pairs * kBlockRows, 0, last - first, q0, q1, next,
                 [&](const auto& acc, int64_t m, int v0) {
-                  store_tile(acc, bias, out, m, b * kBlockRows + v0 * kLanes);
+                  store_tile(acc, bias, out, first + m, b * kBlockRows + v0 * kLanes);
                 });
   }
 }
