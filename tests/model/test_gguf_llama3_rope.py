@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import gguf
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -12,6 +11,7 @@ from transformers import AutoModelForCausalLM
 from folovllm.model.layers import rope_inv_freq
 from folovllm.model.loader import load_model
 from tests.helpers import BlockPool
+from tests.model.hf_gguf import write_hf_gguf
 from tests.model.test_model_vs_hf import CONFIGS, NUM_BLOCKS, Seq, hf_logits, new_kv_caches, run_step
 
 torch.set_num_threads(2)
@@ -33,40 +33,16 @@ def write_llama_gguf(hf_model: torch.nn.Module, path: Path, rope_freqs: bool = T
     """The model under llama.cpp's names and q/k order, F32; its llama3 rope scaling as ``rope_freqs``: the
     default frequencies over transformers' scaled ones (no scaling metadata, as the converter writes it)."""
     config = hf_model.config
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_context_length(config.max_position_embeddings)
-    writer.add_embedding_length(config.hidden_size)
-    writer.add_block_count(config.num_hidden_layers)
-    writer.add_feed_forward_length(config.intermediate_size)
-    writer.add_head_count(config.num_attention_heads)
-    writer.add_head_count_kv(config.num_key_value_heads)
-    writer.add_key_length(config.head_dim)
-    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
-    writer.add_vocab_size(config.vocab_size)
-    if rope_freqs:
-        default = rope_inv_freq(config.head_dim, config.rope_parameters["rope_theta"], None)
-        writer.add_tensor("rope_freqs.weight", (default / hf_model.model.rotary_emb.inv_freq.float()).numpy())
-    for name, tensor in hf_model.state_dict().items():
-        if name == "lm_head.weight":
-            continue  # tied
-        if name == "model.embed_tokens.weight":
-            gguf_name = "token_embd.weight"
-        elif name == "model.norm.weight":
-            gguf_name = "output_norm.weight"
-        else:
-            layer, rest = name.removeprefix("model.layers.").split(".", 1)
-            module, kind = rest.rsplit(".", 1)
-            gguf_name = f"blk.{layer}.{_BLOCK_NAMES[module]}.{kind}"
-            if module == "self_attn.q_proj":
-                tensor = permute_qk(tensor, config.num_attention_heads)
-            elif module == "self_attn.k_proj":
-                tensor = permute_qk(tensor, config.num_key_value_heads)
-        writer.add_tensor(gguf_name, tensor.float().contiguous().numpy())
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    theta = config.rope_parameters["rope_theta"]
+    heads = {"self_attn.q_proj": config.num_attention_heads, "self_attn.k_proj": config.num_key_value_heads}
+
+    def llama_cpp_rows(name: str, tensor: torch.Tensor) -> torch.Tensor:
+        module = name.rpartition(".")[0].split(".", 3)[-1]
+        return permute_qk(tensor, heads[module]) if module in heads else tensor
+
+    default = rope_inv_freq(config.head_dim, theta, None)
+    extra = {"rope_freqs.weight": (default / hf_model.model.rotary_emb.inv_freq.float()).numpy()} if rope_freqs else {}
+    write_hf_gguf(hf_model, path, "llama", _BLOCK_NAMES, theta, llama_cpp_rows, extra)
 
 
 @pytest.fixture(scope="module")
