@@ -102,10 +102,13 @@ def step_weight_bytes(model: torch.nn.Module) -> int:
     tensors = {}
     for module in model.modules():
         if isinstance(module, LinearBase):
-            held = [module]
+            # a tied head's embedding is its child: its table counts only as the head's own weight (a packed
+            # head reads its copy, not the embedding's)
+            named = [*module.named_parameters(), *module.named_buffers()]
+            tensors.update({id(t): t for name, t in named if not name.startswith("tied.")})
             if isinstance(module.method, GGUFPackedLinearMethod):
-                held.append(module.method.table(module))
-            tensors.update({id(t): t for m in held for t in (*m.parameters(), *m.buffers())})
+                table = module.method.table(module)
+                tensors.update({id(t): t for t in (*table.parameters(), *table.buffers())})
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
 

@@ -24,7 +24,7 @@ class ArchConfig:
     head_dim: int
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
-    rope_scaling: dict[str, Any] | None = None  # None, or {"rope_type": "linear" | "llama3", ...}
+    rope_scaling: dict[str, Any] | None = None  # None, or {"rope_type": "linear" | "llama3" | "freq_factors", ...}
     # Sliding-window layers (Gemma 3): layer i is SLIDING or FULL (empty: every layer FULL); a SLIDING
     # layer's query sees its last ``sliding_window`` positions, itself included, with its own rope.
     layer_types: list[str] = field(default_factory=list)

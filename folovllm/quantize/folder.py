@@ -80,6 +80,9 @@ def hf_config_from_arch(arch: ArchConfig, tokenizer: PreTrainedTokenizerBase) ->
         "eos_token_id": arch.eos_token_ids[0] if len(arch.eos_token_ids) == 1 else arch.eos_token_ids,
     }
     if arch.rope_scaling is not None:
+        if arch.rope_scaling["rope_type"] == "freq_factors":
+            raise ValueError("the GGUF's rope scaling is per-frequency factors (rope_freqs), which an HF config "
+                             "cannot state")
         config["rope_scaling"] = dict(arch.rope_scaling)
     if config["model_type"] == "llama":
         if arch.attention_bias != arch.attention_out_bias:

@@ -12,6 +12,7 @@ from folovllm.model.arch import FULL, SLIDING, ArchConfig
 from folovllm.model.layers import CausalLM
 from folovllm.model.loader import load_model
 from tests.helpers import BlockPool, use_triton_interpreter_without_cuda
+from tests.model.hf_gguf import write_hf_gguf
 from tests.model.test_model_vs_hf import (
     NUM_BLOCKS,
     Seq,
@@ -153,39 +154,10 @@ _GGUF_BLOCK_NAMES = {  # llama.cpp's names for Gemma 3 tensors
 def write_gemma3_gguf(hf_model: torch.nn.Module, path: Path) -> None:
     """The model as llama.cpp's converter writes it: its tensor names, norms stored as 1 + weight,
     no layer pattern, local rope base or query scalar in the metadata (fixed by the architecture)."""
-    import gguf
-
     config = hf_model.config
-    writer = gguf.GGUFWriter(str(path), "gemma3")
-    writer.add_context_length(config.max_position_embeddings)
-    writer.add_embedding_length(config.hidden_size)
-    writer.add_block_count(config.num_hidden_layers)
-    writer.add_feed_forward_length(config.intermediate_size)
-    writer.add_head_count(config.num_attention_heads)
-    writer.add_head_count_kv(config.num_key_value_heads)
-    writer.add_key_length(config.head_dim)
-    writer.add_value_length(config.head_dim)
-    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    writer.add_rope_freq_base(config.rope_parameters[FULL]["rope_theta"])
-    writer.add_sliding_window(config.sliding_window)
-    writer.add_vocab_size(config.vocab_size)
-    for name, tensor in hf_model.state_dict().items():
-        if name == "lm_head.weight":
-            continue  # tied
-        data = tensor.float() + (1.0 if name.endswith("norm.weight") else 0.0)
-        if name == "model.embed_tokens.weight":
-            gguf_name = "token_embd.weight"
-        elif name == "model.norm.weight":
-            gguf_name = "output_norm.weight"
-        else:
-            layer, rest = name.removeprefix("model.layers.").split(".", 1)
-            module, kind = rest.rsplit(".", 1)
-            gguf_name = f"blk.{layer}.{_GGUF_BLOCK_NAMES[module]}.{kind}"
-        writer.add_tensor(gguf_name, data.numpy())
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_hf_gguf(hf_model, path, "gemma3", _GGUF_BLOCK_NAMES, config.rope_parameters[FULL]["rope_theta"],
+                  lambda name, t: t + 1.0 if name.endswith("norm.weight") else t,
+                  sliding_window=config.sliding_window)
 
 
 def test_gguf_with_llama_cpp_conventions_matches_hf(tmp_path: Path) -> None:

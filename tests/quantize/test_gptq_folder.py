@@ -32,6 +32,12 @@ def test_rope_scaling_and_qwen2() -> None:
     assert back.rope_scaling == {"rope_type": "linear", "factor": 2.0} and back.eos_token_ids == [2, 7]
 
 
+def test_per_frequency_rope_factors_have_no_hf_config() -> None:
+    arch = ArchConfig(**{**SMOLLM2_LIKE.__dict__, "rope_scaling": {"rope_type": "freq_factors", "factors": [1.0] * 32}})
+    with pytest.raises(ValueError, match="per-frequency factors"):
+        hf_config_from_arch(arch, SimpleNamespace(bos_token_id=1))
+
+
 def test_a_llama_with_a_qkv_bias_but_no_o_bias_has_no_hf_config() -> None:
     arch = ArchConfig(**{**SMOLLM2_LIKE.__dict__, "attention_bias": True, "attention_out_bias": False})
     with pytest.raises(ValueError, match="one attention_bias flag"):

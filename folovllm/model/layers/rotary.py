@@ -10,7 +10,8 @@ Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, -sin | sin) per token, full he
 
 
 def rope_inv_freq(rotary_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
-    """Inverse frequencies for rotary embedding, with optional "linear" or "llama3" scaling."""
+    """Inverse frequencies for rotary embedding, with optional "linear", "llama3" or "freq_factors" scaling
+    (a GGUF's ``rope_freqs``: each frequency divided by its own factor)."""
     # on the CPU in float64 whatever the target device, so every device gets the same table
     inv_freq = 1.0 / theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64, device="cpu") / rotary_dim)
     rope_type = (scaling or {}).get("rope_type", "default")
@@ -27,7 +28,12 @@ def rope_inv_freq(rotary_dim: int, theta: float, scaling: dict | None) -> torch.
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
         return torch.where(medium, smoothed, scaled).float()
-    raise ValueError(f"rope type {rope_type!r} is not supported; supported: default, linear, llama3")
+    if rope_type == "freq_factors":
+        factors = torch.tensor(scaling["factors"], dtype=torch.float64)
+        if factors.shape != inv_freq.shape:
+            raise ValueError(f"rope freq_factors: {factors.numel()} factors for {inv_freq.numel()} frequencies")
+        return (inv_freq / factors).float()
+    raise ValueError(f"rope type {rope_type!r} is not supported; supported: default, linear, llama3, freq_factors")
 
 
 class RotaryEmbedding(nn.Module):

@@ -47,6 +47,7 @@ _BLOCK_TENSORS = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+_ROPE_FREQS = "rope_freqs.weight"
 _BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
 
@@ -68,8 +69,6 @@ def gguf_arch_config(reader: gguf.GGUFReader, name: str = "") -> ArchConfig:
     gguf_arch = _field(reader, "general.architecture")
     architecture = architecture_for_gguf(gguf_arch, name)
     defaults = get_model_class(architecture).gguf_defaults
-    if any(t.name == "rope_freqs.weight" for t in reader.tensors):
-        raise ValueError(f"GGUF {name!r} uses per-frequency rope factors (rope_freqs): not supported")
 
     def key(suffix: str, default: Any = None) -> Any:
         return _field(reader, f"{gguf_arch}.{suffix}", default)
@@ -85,6 +84,12 @@ def gguf_arch_config(reader: gguf.GGUFReader, name: str = "") -> ArchConfig:
     rope_scaling = None
     if scaling_type == "linear":
         rope_scaling = {"rope_type": "linear", "factor": key("rope.scaling.factor")}
+    rope_freqs = next((t for t in reader.tensors if t.name == _ROPE_FREQS), None)
+    if rope_freqs is not None:  # llama.cpp's form of Llama 3's rope scaling: one divisor per frequency
+        if rope_scaling is not None:
+            raise ValueError(f"GGUF {name!r} has both rope scaling {scaling_type!r} and per-frequency factors")
+        rope_scaling = {"rope_type": "freq_factors",
+                        "factors": [float(f) for f in gguf.quants.dequantize(rope_freqs.data, rope_freqs.tensor_type)]}
     eos_ids = [_field(reader, f"tokenizer.ggml.{kind}_token_id") for kind in ("eos", "eot")]
     has_bias = any(t.name.endswith("attn_q.bias") for t in reader.tensors)
     num_layers = key("block_count")
@@ -138,6 +143,8 @@ def iter_gguf_weights(
     block_tensors = {**_BLOCK_TENSORS, **model_class.gguf_block_tensors}
     packed = packed or {}
     for tensor in reader.tensors:
+        if tensor.name == _ROPE_FREQS:  # read into the ArchConfig's rope scaling, not a weight
+            continue
         name = _hf_name(tensor.name, block_tensors)
         if tensor.name in packed:
             with warnings.catch_warnings():  # the file's mapped bytes, read (packed) and never written
