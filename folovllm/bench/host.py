@@ -26,7 +26,6 @@ import gc
 import hashlib
 import json
 import random
-import shlex
 import statistics
 import sys
 import tempfile
@@ -34,6 +33,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from folovllm.bench.results import bench_command
 
 # what the engine's phase clock splits a step into (engine/step_phases.py), in its order
 PHASES = ("schedule", "input build", "launch", "sampling", "output processing", "stop checks", "detokenize")
@@ -304,8 +305,7 @@ def run_bench_host(args: argparse.Namespace) -> dict[str, Any]:
     rows = [summarize(c, runs[c], args.output_len) for c in configs]
     result = {
         "name": "bench-host",
-        "command": shlex.join(["folovllm", "bench", "host", *sys.argv[3:]]) if sys.argv[1:3] == ["bench", "host"]
-        else None,
+        "command": bench_command("host"),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": {"cpu": cpu_model(), "tier": isa.host_tier(), "threads": args.threads,
                     "torch": torch.__version__},

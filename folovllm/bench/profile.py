@@ -28,6 +28,7 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 from folovllm.bench.bandwidth import ARRAY_MIB, describe, memory_bandwidth
+from folovllm.bench.results import bench_command
 from folovllm.bench.switch_ab import prompt_id_range
 from folovllm.engine.args import add_engine_args, add_model_positional, engine_config_from_args
 from folovllm.model.layers.linear import LinearBase
@@ -70,7 +71,7 @@ def run_bench_profile(args: argparse.Namespace) -> dict[str, Any]:
     while not prefill and any(r.num_computed_tokens < r.num_prompt_tokens
                                    for r in scheduler.running + scheduler.waiting):
         engine.step()
-    results = {"batch": args.batch, "prompt_len": args.prompt_len, "prefill": prefill,
+    results = {"command": bench_command("profile"), "batch": args.batch, "prompt_len": args.prompt_len, "prefill": prefill,
                **profile_steps(engine, args.steps, args.top), "platform": engine.platform_info}
     print(f"platform: {engine.platform_info}")
     print(f"{results['steps']} steps of {args.batch} requests ({'prefill' if prefill else 'decode'}): "

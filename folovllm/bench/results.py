@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 import resource
+import shlex
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +43,12 @@ class RequestTiming:
         if self.ttft is None or self.num_output_tokens < 2:
             return None
         return (self.e2el - self.ttft) / (self.num_output_tokens - 1)
+
+
+def bench_command(name: str) -> str | None:
+    """The ``folovllm bench <name> ...`` command line this process runs, for a result to hold; None when the
+    process is not that command (a test or a script calling the benchmark's function)."""
+    return shlex.join(["folovllm", "bench", name, *sys.argv[3:]]) if sys.argv[1:3] == ["bench", name] else None
 
 
 def latency_stats(values_s: list[float]) -> dict[str, float] | None:

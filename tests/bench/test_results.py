@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from folovllm.bench.results import (
+    bench_command,
     CpuShare,
     RequestTiming,
     build_result,
@@ -127,3 +128,11 @@ def test_cpu_share_is_a_fraction_of_the_cores() -> None:
     while time.perf_counter() < deadline:
         pass
     assert 0.3 < share.stop() <= 1.2
+
+
+def test_bench_command_is_the_command_line_of_that_benchmark_only(monkeypatch) -> None:
+    monkeypatch.setattr("sys.argv", ["/x/bin/folovllm", "bench", "profile", "--model", "a b", "--out", "p.json"])
+    assert bench_command("profile") == "folovllm bench profile --model 'a b' --out p.json"
+    assert bench_command("host") is None
+    monkeypatch.setattr("sys.argv", ["pytest", "-q"])
+    assert bench_command("profile") is None
