@@ -172,6 +172,14 @@ FOLO_VINLINE Vec vround_bf16(Vec v) {
 #error "vec.h has an implementation for avx2 (x86-64-v3) and avx512 (x86-64-v4) builds only"
 #endif
 
+// One bf16 (its bits) as fp32, exact: a tail shorter than a vector, a scalar read.
+FOLO_VINLINE float bf16_scalar(uint16_t bits) {
+  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
+  float f;
+  std::memcpy(&f, &wide, sizeof f);
+  return f;
+}
+
 // The lanes of v as floats (a tail, an argmax's block), in order.
 FOLO_VINLINE void vspill(float* out, Vec v) { vstore(out, v); }
 

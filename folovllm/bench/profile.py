@@ -71,8 +71,8 @@ def run_bench_profile(args: argparse.Namespace) -> dict[str, Any]:
     while not prefill and any(r.num_computed_tokens < r.num_prompt_tokens
                                    for r in scheduler.running + scheduler.waiting):
         engine.step()
-    results = {"command": bench_command("profile"), "batch": args.batch, "prompt_len": args.prompt_len, "prefill": prefill,
-               **profile_steps(engine, args.steps, args.top), "platform": engine.platform_info}
+    results = {"command": bench_command("profile"), "batch": args.batch, "prompt_len": args.prompt_len,
+               "prefill": prefill, **profile_steps(engine, args.steps, args.top), "platform": engine.platform_info}
     print(f"platform: {engine.platform_info}")
     print(f"{results['steps']} steps of {args.batch} requests ({'prefill' if prefill else 'decode'}): "
           f"{results['step_us_median']:.0f} us per step (median)")

@@ -24,11 +24,7 @@ constexpr int kKeyVecs = kLanes == 8 ? 2 : 3;
 static_assert(kTile % (kKeyVecs * kLanes) == 0 && kTile % kRows == 0, "a tile is whole register blocks");
 
 FOLO_VINLINE float element(const void* p, bool bf16, int64_t i) {
-  if (!bf16) return static_cast<const float*>(p)[i];
-  const uint32_t bits = static_cast<uint32_t>(static_cast<const uint16_t*>(p)[i]) << 16;
-  float x;
-  std::memcpy(&x, &bits, sizeof(x));
-  return x;
+  return bf16 ? bf16_scalar(static_cast<const uint16_t*>(p)[i]) : static_cast<const float*>(p)[i];
 }
 
 // scores[kRows][kKeyVecs * kLanes] of query rows q (fp32, pre-scaled, row stride dim) against the keys of

@@ -19,7 +19,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -86,10 +85,7 @@ const float* chunk_rows(const LinearIn& x, int64_t K, int64_t first, int64_t las
   const uint16_t* src = x.bf16 + first * K;
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) vstore(scratch.data() + i, vload_bf16(src + i));
-  for (; i < n; ++i) {
-    const uint32_t bits = static_cast<uint32_t>(src[i]) << 16;
-    std::memcpy(&scratch[i], &bits, sizeof(float));
-  }
+  for (; i < n; ++i) scratch[i] = bf16_scalar(src[i]);
   return scratch.data();
 }
 
@@ -217,10 +213,11 @@ void linear_items(const LinearIn& x, int64_t M, int64_t K, const uint32_t* w, co
     return w + (j / per_block) * pairs * kBlockRows + (j % per_block) * span * kPanelVecs * kLanes;
   };
   const float* rows = nullptr;  // the fp32 rows of chunk `held`
-  for (int64_t i = i0, held = -1; i < i1; ++i) {
-    const int64_t j = i % per_chunk, b = j / per_block, first = (i / per_chunk) * kChunkRows;
+  int64_t held = -1;
+  for (int64_t i = i0; i < i1; ++i) {
+    const int64_t chunk = i / per_chunk, j = i % per_chunk, b = j / per_block, first = chunk * kChunkRows;
     const int64_t last = std::min(M, first + kChunkRows);
-    if (i / per_chunk != held) rows = chunk_rows(x, K, first, last), held = i / per_chunk;
+    if (chunk != held) rows = chunk_rows(x, K, first, last), held = chunk;
     const int q0 = static_cast<int>(j % per_block) * span, q1 = q0 + span;
     NextWeights next;  // the next item's lines of each K pair's 256-byte run of its block
     if (i + 1 < i1) {

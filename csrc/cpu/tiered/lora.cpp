@@ -19,12 +19,7 @@ FOLO_VINLINE void store(float* p, Vec v) { vstore(p, v); }
 FOLO_VINLINE void store(uint16_t* p, Vec v) { vstore_bf16(p, v); }
 
 FOLO_VINLINE float widen(float v) { return v; }
-FOLO_VINLINE float widen(uint16_t v) {
-  const uint32_t bits = static_cast<uint32_t>(v) << 16;
-  float f;
-  __builtin_memcpy(&f, &bits, sizeof f);
-  return f;
-}
+FOLO_VINLINE float widen(uint16_t v) { return bf16_scalar(v); }
 
 constexpr int kRowBlock = kLoraRowBlock;
 
