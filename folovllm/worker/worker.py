@@ -72,7 +72,7 @@ class Worker:
                                 hf_overrides=config.hf_overrides, tp_group=tp_group,
                                 load_quantized=config.load_quantized == "on",
                                 quantize_lm_head=config.quantize_lm_head, platform=self.platform,
-                                pooling=config.runner == "pooling")
+                                pooling=config.runner == "pooling", max_positions=config.max_model_len)
         self.platform.place_weights(self.model)
         if config.enable_lora and config.batch_invariant and self.platform.lora_op() is None:
             raise ValueError("batch-invariant mode with LoRA needs the lora_add kernel (each row's delta on its own); "

@@ -20,6 +20,7 @@ from folovllm.model.loader import load_model
 from folovllm.model.quantization.linear_method import UnquantizedLinearMethod
 from folovllm.model.quantization.packed import (
     PackedLinearMethod,
+    PackedRows,
     pack_linear_weight,
     packed_linear,
     select_linear_methods,
@@ -189,11 +190,14 @@ def test_loader_packs_linears_and_the_tied_head_for_the_kernel(tmp_path) -> None
     for on, model in models.items():
         linears = [m for m in model.modules() if isinstance(m, LinearBase)]
         assert linears and all((m.weight.dim() == 4) == on for m in linears)  # the head too
-    # tied: ours holds a packed head beside the embedding's table; plain torch shares the one table
-    extra = models[False].model.embed_tokens.weight.numel() * 2
-    assert models[True].weight_bytes() == models[False].weight_bytes() + extra
+    # tied: the packed head is the table's only copy (the lookup reads its rows back), as one plain table is
+    embed = models[True].model.embed_tokens
+    assert isinstance(embed.row_table, PackedRows) and not hasattr(embed, "weight")
+    assert models[True].weight_bytes() == models[False].weight_bytes()
+    ids = torch.tensor([[0, 63, 64], [255, 130, 1]])  # block edges, and a 2-d batch of ids
     hidden = torch.randn(3, TINY["hidden_size"], dtype=torch.bfloat16)
     with torch.inference_mode():
+        assert torch.equal(embed(ids), models[False].model.embed_tokens(ids))
         torch.testing.assert_close(models[True].compute_logits(hidden), models[False].compute_logits(hidden),
                                    rtol=BF16_ULP, atol=1e-6)
 

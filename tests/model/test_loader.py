@@ -137,6 +137,33 @@ def test_dummy_qwen3_from_config(tmp_path: Path) -> None:
     assert torch.equal(same.model.embed_tokens.weight, model.model.embed_tokens.weight)
 
 
+def test_position_tables_stop_at_the_served_length(tmp_path: Path) -> None:
+    """max_positions (the engine's max_model_len) caps the rotary table; the rows it keeps are the same."""
+    (tmp_path / "config.json").write_text(json.dumps(QWEN3_SMALL))
+    full = load_model(str(tmp_path), load_format="dummy", dtype=torch.bfloat16, device="cpu", seed=3)
+    short = load_model(str(tmp_path), load_format="dummy", dtype=torch.bfloat16, device="cpu", seed=3,
+                       max_positions=100)
+    assert full.model.rotary_emb.cos_sin.shape[0] == 1024 and short.model.rotary_emb.cos_sin.shape[0] == 100
+    assert short.arch.max_position_embeddings == 100
+    assert torch.equal(short.model.rotary_emb.cos_sin, full.model.rotary_emb.cos_sin[:100])
+    ids = list(range(1, 40))
+    assert torch.equal(prefill_logits(short, ids, torch.bfloat16), prefill_logits(full, ids, torch.bfloat16))
+    longer = load_model(str(tmp_path), load_format="dummy", dtype=torch.bfloat16, device="cpu", seed=3,
+                        max_positions=4096)  # past the model's maximum: the engine refuses that length
+    assert longer.model.rotary_emb.cos_sin.shape[0] == 1024
+
+
+def test_engine_builds_position_tables_for_its_max_model_len(tmp_path: Path) -> None:
+    from folovllm import LLM
+
+    (tmp_path / "config.json").write_text(json.dumps(QWEN3_SMALL))
+    llm = LLM(str(tmp_path), load_format="dummy", dtype="bfloat16", max_model_len=200, num_gpu_blocks_override=64)
+    assert llm.llm_engine.max_model_len == 200
+    assert llm.llm_engine.worker.model.model.rotary_emb.cos_sin.shape[0] == 200
+    with pytest.raises(ValueError, match="exceeds the model's maximum of 1024"):
+        LLM(str(tmp_path), load_format="dummy", dtype="bfloat16", max_model_len=2000, num_gpu_blocks_override=64)
+
+
 def test_tokenizer_falls_back_for_dummy_folder(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps(QWEN3_SMALL))
     assert load_tokenizer(str(tmp_path)).eos_token_id == 2

@@ -3,8 +3,8 @@
 Both are split by vocabulary rows under tensor parallelism (``vocab_shard``). The head is a linear like
 any other: its ``LinearMethod`` holds the weight (plain, packed for a kernel, int8 rows, or a GGUF file's
 blocks) and may offer a greedy argmax straight from the hidden states. A head tied to the embedding takes
-the embedding's table as its weight (``LMHead.tie``); where its method then holds int8 rows, the lookup
-reads those rows and the float table is dropped. A GGUF table kept in its file's type is read the same
+the embedding's table as its weight (``LMHead.tie``); where its method then holds a form that can serve
+lookups (int8 rows, our kernel's packed blocks), the lookup reads those rows and the float table is dropped. A GGUF table kept in its file's type is read the same
 way (``read_rows_from``), tied or not.
 """
 from __future__ import annotations
@@ -17,7 +17,6 @@ from torch import nn
 
 from folovllm.model.arch import ArchConfig
 from folovllm.model.layers.linear import LinearBase, WeightConfig, all_reduce
-from folovllm.model.quantization.kernels import Int8ChannelKernel
 
 
 def vocab_shard(vocab_size: int, tp_rank: int, tp_size: int) -> tuple[int, int]:
@@ -52,7 +51,7 @@ class VocabEmbedding(nn.Module):
             torch.empty(self.rows, hidden_size, dtype=weights.dtype, device=weights.device), requires_grad=False
         )
         self.weight.weight_loader = self.weight_loader
-        # a packed table whose rows are read instead (``rows_of``): a tied int8 head's, or a GGUF file's
+        # a packed table whose rows are read instead (``rows_of``): a tied head's, or a GGUF file's
         self.row_table: nn.Module | None = None
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
@@ -60,8 +59,8 @@ class VocabEmbedding(nn.Module):
         load_vocab_rows(param, loaded, self.first, self.vocab_size)
 
     def read_rows_from(self, table: nn.Module) -> None:
-        """Look rows up in a packed table (a tied int8 head's, or a GGUF table; its ``rows_of(ids, dtype)``
-        dequantizes them per lookup) and drop the float one."""
+        """Look rows up in a packed table (a tied head's, or a GGUF table; its ``rows_of(ids, dtype)`` reads
+        them per lookup) and drop the float one."""
         self.row_table = table
         del self.weight
 
@@ -99,10 +98,11 @@ class LMHead(LinearBase):
         self.tied = embedding
 
     def finish_tie(self) -> None:
-        """Once the method has processed the weight: an int8 head lends its rows to the tied lookup."""
-        kernel = getattr(self, "quant_kernel", None)
-        if self.tied is not None and isinstance(kernel, Int8ChannelKernel):
-            self.tied.read_rows_from(kernel)
+        """Once the method has processed the weight: where the form it holds can serve lookups (int8 rows,
+        our kernel's packed blocks), the tied embedding reads its rows from it and drops its own table."""
+        table = self.method.row_table(self) if self.tied is not None else None
+        if table is not None:
+            self.tied.read_rows_from(table)
 
     def greedy_argmax(self) -> Callable[[torch.Tensor], torch.Tensor] | None:
         """Each row's greedy token straight from the hidden states, where this head's method offers it

@@ -107,6 +107,12 @@ class LinearMethod(ABC):
         writing the outputs, where this method's kernel does that (an LM head's greedy step); else None."""
         return None
 
+    def row_table(self, layer: nn.Module) -> nn.Module | None:
+        """A module whose ``rows_of(ids, dtype)`` reads weight rows back from the form this method holds,
+        where that form alone can serve a tied embedding's lookup (the embedding then drops its own table);
+        else None."""
+        return None
+
 
 @register_linear_method("unquantized")
 class UnquantizedLinearMethod(LinearMethod):

@@ -44,6 +44,10 @@ class Int8HeadMethod(UnquantizedLinearMethod):
     def bind(self, layer: nn.Module, bias: torch.Tensor | None) -> Callable[[torch.Tensor], torch.Tensor]:
         return bind_quant_kernel(layer, bias)
 
+    def row_table(self, layer: nn.Module) -> nn.Module | None:
+        """The int8 codes: a tied lookup dequantizes its rows from them."""
+        return layer.quant_kernel
+
     def argmax(self, layer: nn.Module) -> Callable[[torch.Tensor], torch.Tensor] | None:
         """``int8_argmax`` on a head held for our int8 kernel: the matmul and each row's argmax in one call
         (for bf16 rows the best logit is kept inside the matmul's loop, the logits never written); None for

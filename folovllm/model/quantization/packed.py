@@ -78,6 +78,20 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
     return torch.nn.functional.linear(x, packed, bias)
 
 
+class PackedRows(nn.Module):
+    """Rows of a weight packed for our kernel ([out/64, in/2, 64, 2]) read back as [..., in], unchanged: the
+    lookup of an embedding whose tied head holds the table's only copy (a gather of a few rows per step)."""
+
+    def __init__(self, packed: nn.Parameter) -> None:
+        super().__init__()
+        self.weight = packed  # the head's own parameter: held (and counted) once
+
+    def rows_of(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        _, pairs, block_rows, two = self.weight.shape
+        rows = self.weight[ids // block_rows, :, ids % block_rows]  # [*ids.shape, in/2, 2]
+        return rows.reshape(*ids.shape, pairs * two).to(dtype)
+
+
 class PackedLinearMethod(UnquantizedLinearMethod):
     """An unquantized weight that loads plain (so merged shards fill their slots) and is then packed.
 
@@ -108,6 +122,11 @@ class PackedLinearMethod(UnquantizedLinearMethod):
         if packed.dim() == 4:
             return bound_op_call(torch.ops.folovllm.linear.default, packed, bias)
         return bound_op_call(torch.ops.aten.linear.default, packed, bias)
+
+    def row_table(self, layer: nn.Module) -> nn.Module | None:
+        """Our kernel's packed blocks (oneDNN's opaque layout and plain weights keep the embedding's table)."""
+        packed = layer.weight
+        return PackedRows(packed) if not packed.is_mkldnn and packed.dim() == 4 else None
 
     def argmax(self, layer: nn.Module) -> Callable[[torch.Tensor], torch.Tensor] | None:
         packed = layer.weight
