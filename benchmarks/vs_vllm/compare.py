@@ -128,6 +128,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(str(e))
     if args.embed is not None and len(args.embed) != 2:
         p.error("--embed takes NxL: N inputs of L tokens")
+    for flag, names, skipped in (("--engines", args.engines, args.skip_offline),
+                                 ("--serve-engines", args.serve_engines, args.skip_serve)):
+        if not skipped and not (any(map(report.is_vllm, names)) and not all(map(report.is_vllm, names))):
+            p.error(f"{flag} needs a vLLM variant and one of ours: each row sets ours against vLLM's best")
     return args
 
 

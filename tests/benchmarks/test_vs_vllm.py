@@ -424,3 +424,13 @@ def test_rss_line_names_each_side_and_the_file():
     line = report.format_rss({"peak_rss_mib": {"llama.cpp": 1024.0, "folo-gguf": 1536.0}, "gguf_mib": 1000.0},
                              {"folo-gguf": "FoloVLLM GGUF"})
     assert line == "peak RSS: llama.cpp 1.00 GiB, FoloVLLM GGUF 1.50 GiB (the GGUF: 0.98 GiB)\n"
+
+
+@pytest.mark.parametrize("argv, flag", [(["--engines", "folo", "--skip-serve"], "--engines"),
+                                        (["--skip-offline", "--serve-engines", "vllm,vllm-fp32"], "--serve-engines")])
+def test_a_phase_without_both_sides_is_refused_before_it_runs(argv: list[str], flag: str) -> None:
+    import subprocess
+
+    done = subprocess.run([sys.executable, str(FOLDER / "compare.py"), *argv], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2 and f"{flag} needs a vLLM variant and one of ours" in done.stderr
