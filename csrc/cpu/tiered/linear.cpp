@@ -8,8 +8,9 @@
 // the same order (k = 0, 1, 2, ... one FMA each) whatever the tile, so a row's result does not depend on
 // its batch. Tiles fill the registers: AVX2 (16 ymm) one row x the whole block, up to 3 rows x half of it,
 // 6 rows x a quarter; AVX-512 (32 zmm) up to 6 rows x the whole block. A chunk of 12 rows or more (a
-// prefill, a large batch) first widens each panel of its block to fp32 in a scratch buffer and then runs
-// the classic broadcast-FMA tile over it, so the widening is paid once per chunk, not once per row group.
+// prefill, a large batch) widens each panel of its block to fp32 into a scratch buffer as its first row
+// group reads it, and its other row groups run the classic broadcast-FMA tile over that buffer, so the
+// widening is paid once per chunk, not once per row group.
 // Work items are a block times a chunk of up to 128 rows, or, for 12 rows or more, one panel of a block (a
 // quarter on AVX2), so a weight of few blocks still splits evenly over the threads. The first tile of an
 // item pulls the thread's next item into L2, so that one does not start waiting on memory.
@@ -66,14 +67,18 @@ struct Panel {
   FOLO_VINLINE Vec half(int64_t p, int c, int h) const { return vload(panel + ((2 * p + h) * kPanelVecs + c) * kLanes); }
   FOLO_VINLINE void prefetch(int64_t) const {}
 };
-
-// Vectors [v0, v0 + kPanelVecs) of block `wb` widened into `panel`.
-FOLO_VINLINE void widen_panel(const uint32_t* wb, int64_t pairs, int v0, float* panel) {
-  for (int64_t p = 0; p < pairs; ++p)
-    for (int c = 0; c < kPanelVecs; ++c) {
-      for (int h = 0; h < 2; ++h) vstore(panel + ((2 * p + h) * kPanelVecs + c) * kLanes, Packed{wb, v0}.half(p, c, h));
-    }
-}
+// The packed block read as it goes, each widened vector also stored into the panel: a chunk's first row
+// group widens the panel that its other row groups then read, with no pass of its own.
+struct WidenInto {
+  Packed packed;
+  float* panel;
+  FOLO_VINLINE Vec half(int64_t p, int c, int h) const {
+    const Vec v = packed.half(p, c, h);
+    vstore(panel + ((2 * p + h) * kPanelVecs + c) * kLanes, v);
+    return v;
+  }
+  FOLO_VINLINE void prefetch(int64_t p) const { packed.prefetch(p); }
+};
 
 // Rows [first, last) of x as fp32: x's own rows, or bf16 rows widened into this thread's scratch (exact), so
 // a bf16 activation is never copied whole to fp32 in memory before the kernel reads it.
@@ -186,11 +191,16 @@ FOLO_VINLINE void block_tiles(const float* x, int64_t K, int64_t pairs, const ui
   }
   float* panel = panel_scratch(pairs);
   for (int v0 = q0 * kPanelVecs; v0 < q1 * kPanelVecs; v0 += kPanelVecs) {
-    widen_panel(wb, pairs, v0, panel);
+    bool widened = false;  // the first row group widens the panel as it reads the block
     by_row_groups(first, last, [&](auto rows, int64_t m) {
       constexpr int R = decltype(rows)::value;
       Vec acc[R][kPanelVecs];
-      tile<R, kPanelVecs>(x + m * K, K, pairs, Panel{panel}, next, acc);
+      if (widened) {
+        tile<R, kPanelVecs>(x + m * K, K, pairs, Panel{panel}, next, acc);
+      } else {
+        tile<R, kPanelVecs>(x + m * K, K, pairs, WidenInto{Packed{wb, v0}, panel}, next, acc);
+        widened = true;
+      }
       next = {};
       consume(acc, m, v0);
     });
