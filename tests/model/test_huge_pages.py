@@ -2,9 +2,15 @@
 sharing, and the same model outputs with the switch on and off."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
+import pytest
 import torch
 from torch import nn
 
+from folovllm.platforms.allocator import find_tcmalloc
 from folovllm.platforms.huge_pages import move_weights_to_huge_pages
 from tests.helpers import cpu_model
 from tests.model.quant.test_gptq_loading import make_gptq_model, tiny_llama  # noqa: F401 (a fixture)
@@ -62,3 +68,35 @@ def test_freed_storages_go_back_to_the_os(monkeypatch) -> None:
     module.register_buffer("small", torch.zeros(100))
     move_weights_to_huge_pages(module)
     assert len(calls) == 1
+
+
+_RESIDENT_GROWTH = """
+import torch
+from torch import nn
+from folovllm.platforms.allocator import loaded_allocator
+from folovllm.platforms.huge_pages import move_weights_to_huge_pages
+
+def anon_mib():
+    line = next(x for x in open("/proc/self/status") if x.startswith("RssAnon:"))
+    return int(line.split()[1]) / 1024
+
+module = nn.Module()
+for i in range(32):  # 128 MiB of weights, each its own heap block
+    module.register_buffer(f"w{i}", torch.ones(4 << 20, dtype=torch.uint8))
+before = anon_mib()
+move_weights_to_huge_pages(module)
+print(loaded_allocator(), anon_mib() - before)
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux" or find_tcmalloc() is None, reason="no tcmalloc installed")
+def test_moved_weights_stay_resident_once_under_tcmalloc() -> None:
+    """tcmalloc keeps freed spans, where glibc's malloc_trim does not reach: the old copies must still go
+    back to the OS, or a model stays resident twice (its weights moved, and the copies they left)."""
+    env = {**os.environ, "LD_PRELOAD": find_tcmalloc(), "FOLOVLLM_CPU_ALLOCATOR": "tcmalloc"}
+    done = subprocess.run([sys.executable, "-c", _RESIDENT_GROWTH], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    allocator, growth_mib = done.stdout.split()
+    assert allocator == "tcmalloc"
+    assert float(growth_mib) < 32, f"resident memory grew {growth_mib} MiB moving 128 MiB of weights"

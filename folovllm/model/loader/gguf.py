@@ -4,6 +4,7 @@ head and the embedding table), or as int4 parts for torch's int4 kernel (``use_g
 from __future__ import annotations
 
 import logging
+import mmap
 import re
 import warnings
 from collections.abc import Iterator, Mapping
@@ -145,25 +146,42 @@ def iter_gguf_weights(
     for tensor in reader.tensors:
         if tensor.name == _ROPE_FREQS:  # read into the ArchConfig's rope scaling, not a weight
             continue
-        name = _hf_name(tensor.name, block_tensors)
-        if tensor.name in packed:
-            with warnings.catch_warnings():  # the file's mapped bytes, read (packed) and never written
-                warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-                blocks = torch.from_numpy(tensor.data.reshape(int(tensor.shape[1]), -1))
-            yield packed[tensor.name], _undo_qk_permutation(name, blocks, arch, model_class)
-            continue
-        if tensor.name in int4:
-            rows, cols = int(tensor.shape[1]), int(tensor.shape[0])  # GGUF lists the fastest dimension first
-            parts = gguf_int4_parts(tensor.data, tensor.tensor_type, rows, cols)
-            base = name.removesuffix(".weight")
-            for part_name, part in zip(GGUF_INT4_TENSORS, parts):
-                yield f"{base}.{part_name}", _undo_qk_permutation(name, part, arch, model_class)
-            continue
-        # np.array copies: F32 tensors come back as views of the read-only mmap
-        weights = torch.from_numpy(np.array(gguf.quants.dequantize(tensor.data, tensor.tensor_type)))
-        if model_class.gguf_norm_offset and name.endswith("norm.weight"):
-            weights = weights - model_class.gguf_norm_offset
-        yield name, _undo_qk_permutation(name, weights, arch, model_class).float()
+        yield from _tensor_weights(tensor, _hf_name(tensor.name, block_tensors), arch, model_class, int4, packed)
+        _drop_mapped_pages(reader, tensor)  # copied by now (load_weights takes each as it comes)
+
+
+def _tensor_weights(tensor: gguf.ReaderTensor, name: str, arch: ArchConfig, model_class: type[CausalLM],
+                    int4: frozenset[str], packed: Mapping[str, str]) -> Iterator[tuple[str, torch.Tensor]]:
+    """One GGUF tensor's (HF parameter name, tensor) pairs, as ``iter_gguf_weights`` says."""
+    if tensor.name in packed:
+        with warnings.catch_warnings():  # the file's mapped bytes, read (packed) and never written
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            blocks = torch.from_numpy(tensor.data.reshape(int(tensor.shape[1]), -1))
+        yield packed[tensor.name], _undo_qk_permutation(name, blocks, arch, model_class)
+        return
+    if tensor.name in int4:
+        rows, cols = int(tensor.shape[1]), int(tensor.shape[0])  # GGUF lists the fastest dimension first
+        parts = gguf_int4_parts(tensor.data, tensor.tensor_type, rows, cols)
+        base = name.removesuffix(".weight")
+        for part_name, part in zip(GGUF_INT4_TENSORS, parts):
+            yield f"{base}.{part_name}", _undo_qk_permutation(name, part, arch, model_class)
+        return
+    # np.array copies: F32 tensors come back as views of the read-only mmap
+    weights = torch.from_numpy(np.array(gguf.quants.dequantize(tensor.data, tensor.tensor_type)))
+    if model_class.gguf_norm_offset and name.endswith("norm.weight"):
+        weights = weights - model_class.gguf_norm_offset
+    yield name, _undo_qk_permutation(name, weights, arch, model_class).float()
+
+
+def _drop_mapped_pages(reader: gguf.GGUFReader, tensor: gguf.ReaderTensor) -> None:
+    """Unmaps ``tensor``'s pages of the file from this process (MADV_DONTNEED; the mapping is read-only, so a
+    later read faults them in again from the page cache): else loading holds the whole file resident beside the
+    weights it made, twice a model's size at the peak (4.6 GiB more for an 8B Q4_K_M file)."""
+    mapping = getattr(reader.data, "_mmap", None)  # numpy's memmap keeps its mmap.mmap there
+    if mapping is None or not hasattr(mmap, "MADV_DONTNEED"):
+        return
+    start = tensor.data_offset // mmap.PAGESIZE * mmap.PAGESIZE
+    mapping.madvise(mmap.MADV_DONTNEED, start, tensor.data_offset + tensor.n_bytes - start)
 
 
 def gguf_int4_layers(reader: gguf.GGUFReader, model: CausalLM) -> dict[str, list[str]]:

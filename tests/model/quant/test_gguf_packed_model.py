@@ -181,3 +181,36 @@ def test_a_q4_k_m_files_memory_is_its_size(tmp_path: Path) -> None:
     found = json.loads(done.stdout.strip().splitlines()[-1])
     assert found["weight_bytes"] <= 1.03 * size
     assert found["anon_kib"] * 1024 <= 1.15 * size, (found, size)
+
+
+def _mapped_kib(path: str) -> int:
+    """This process's resident KiB of its mappings of ``path`` (/proc/self/smaps)."""
+    total, inside = 0, False
+    for line in open("/proc/self/smaps"):
+        first = line.split(maxsplit=1)[0]
+        if not first.endswith(":"):  # a mapping's header: its address range, ..., the file it maps
+            inside = line.rstrip().endswith(path)
+        elif inside and first == "Rss:":
+            total += int(line.split()[1])
+    return total
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc/self/smaps")
+def test_loading_lets_go_of_the_files_pages(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each tensor's pages of the mapped file leave the process once its weights are copied: at the end of the
+    load the process holds the weights it made, not the whole file beside them."""
+    from folovllm.model.loader import gguf as loader_gguf
+
+    path = (tmp_path / "q4_k_m.gguf").resolve()
+    write_tiny_llama_gguf(path, [{"attn_v": Q.Q6_K, "ffn_down": Q.Q6_K}, {}], embedding=Q.Q4_K, output=Q.Q6_K,
+                          default=Q.Q4_K, hidden=1024, inter=2816, vocab=8192)
+    iterate, resident = loader_gguf.iter_gguf_weights, []
+
+    def measured(*args: object, **kwargs: object):
+        yield from iterate(*args, **kwargs)
+        resident.append(_mapped_kib(str(path)))  # every tensor taken, the file still mapped
+
+    monkeypatch.setattr(loader_gguf, "iter_gguf_weights", measured)
+    model = _load(str(path), quantize_lm_head="auto")
+    assert "lm_head" in _packed(model)  # the packed path, the file's own bytes, was the one taken
+    assert len(resident) == 1 and resident[0] * 1024 < 0.05 * path.stat().st_size, (resident, path.stat().st_size)
