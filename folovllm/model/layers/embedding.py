@@ -4,8 +4,8 @@ Both are split by vocabulary rows under tensor parallelism (``vocab_shard``). Th
 any other: its ``LinearMethod`` holds the weight (plain, packed for a kernel, int8 rows, or a GGUF file's
 blocks) and may offer a greedy argmax straight from the hidden states. A head tied to the embedding takes
 the embedding's table as its weight (``LMHead.tie``); where its method then holds a form that can serve
-lookups (int8 rows, our kernel's packed blocks), the lookup reads those rows and the float table is dropped. A GGUF table kept in its file's type is read the same
-way (``read_rows_from``), tied or not.
+lookups (int8 rows, our kernel's packed blocks), the lookup reads those rows and the float table is dropped.
+A GGUF table kept in its file's type is read the same way (``read_rows_from``), tied or not.
 """
 from __future__ import annotations
 
