@@ -87,9 +87,11 @@ class PackedRows(nn.Module):
         self.weight = packed  # the head's own parameter: held (and counted) once
 
     def rows_of(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        _, pairs, block_rows, two = self.weight.shape
-        rows = self.weight[ids // block_rows, :, ids % block_rows]  # [*ids.shape, in/2, 2]
-        return rows.reshape(*ids.shape, pairs * two).to(dtype)
+        blocks, pairs, block_rows, _ = self.weight.shape
+        # each input pair is one 32-bit word: gathering words from a [block, row, pair] view is several times
+        # faster than gathering bf16 pairs (views made per call: the huge-page move replaces the storage)
+        words = self.weight.view(torch.int32).view(blocks, pairs, block_rows).transpose(1, 2)
+        return words[ids // block_rows, ids % block_rows].view(self.weight.dtype).to(dtype)
 
 
 class PackedLinearMethod(UnquantizedLinearMethod):
