@@ -8,12 +8,14 @@ import mmap
 import re
 import warnings
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import gguf
 import numpy as np
+import numpy.typing as npt
 import torch
 
+from folovllm import envs
 from folovllm.model.arch import FULL, SLIDING, ArchConfig
 from folovllm.model.layers.embedding import VocabEmbedding
 from folovllm.model.layers.linear import LinearBase, MergedColumnParallelLinear
@@ -52,10 +54,27 @@ _ROPE_FREQS = "rope_freqs.weight"
 _BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
 
+class _PlainViewReader(gguf.GGUFReader):
+    """gguf's reader whose every read of the header is a view of a plain ndarray over its memmap: the reader
+    slices once per vocabulary entry (about 700,000 times for a Llama 3 file), and a memmap's slice costs
+    several times an ndarray's (4.3 s of an 8B file's load, 1.3 s so). The same fields and tensors; the
+    tensors' data are plain views of the same mapping (``data`` stays the memmap)."""
+
+    def _get(self, offset: int, dtype: npt.DTypeLike, count: int = 1,
+             override_order: Literal["I", "S", "<"] | None = None) -> npt.NDArray[Any]:
+        plain = self.__dict__.get("_plain")
+        if plain is None:
+            plain = self._plain = self.data.view(np.ndarray)
+        count = int(count)
+        values = plain[offset:offset + np.dtype(dtype).itemsize * count].view(dtype)[:count]
+        return values.view(values.dtype.newbyteorder(self.byte_order if override_order is None else override_order))
+
+
 def open_gguf(path: str) -> gguf.GGUFReader:
-    """Memory-map a GGUF file (nothing is dequantized yet)."""
+    """Memory-map a GGUF file (nothing is dequantized yet); read by ``_PlainViewReader`` under
+    ``FOLOVLLM_GGUF_FAST_LOAD`` (on by default)."""
     try:
-        return gguf.GGUFReader(path)
+        return (_PlainViewReader if envs.switch("FOLOVLLM_GGUF_FAST_LOAD") else gguf.GGUFReader)(path)
     except (OSError, ValueError) as e:
         raise ValueError(f"cannot read GGUF file {path!r}: {e}") from e
 

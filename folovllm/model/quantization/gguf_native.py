@@ -142,9 +142,9 @@ def pack_gguf(data: np.ndarray, qtype: int, rows: int, cols: int, out: np.ndarra
 
 def pack_into(data: torch.Tensor, qtype: int, cols: int, out: torch.Tensor) -> None:
     """``pack_gguf`` of a tensor's file blocks (uint8 [rows, bytes per row]) into ``out`` (uint8
-    [packed_bytes]): by the kernel library's ``gguf_pack`` where it is loaded and ``FOLOVLLM_CPU_GGUF_PACK`` is
-    on (a load's repacking: several times faster), else numpy's ``pack_gguf``; the same bytes either way."""
-    if envs.switch("FOLOVLLM_CPU_GGUF_PACK") and hasattr(torch.ops.folovllm, "gguf_pack"):
+    [packed_bytes]): by the kernel library's ``gguf_pack`` where it is loaded and ``FOLOVLLM_GGUF_FAST_LOAD``
+    is on, else numpy's ``pack_gguf``; the same bytes either way."""
+    if envs.switch("FOLOVLLM_GGUF_FAST_LOAD") and hasattr(torch.ops.folovllm, "gguf_pack"):
         torch.ops.folovllm.gguf_pack(out, data, qtype, cols)
     else:
         pack_gguf(data.numpy(), qtype, data.shape[0], cols, out=out.numpy())

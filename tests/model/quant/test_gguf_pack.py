@@ -1,6 +1,6 @@
 """The kernel library's ``gguf_pack`` (csrc/cpu/gguf_pack.cpp): a GGUF tensor's file blocks packed for gguf_gemm,
 byte for byte numpy's ``pack_gguf`` (the layout's readable form) for every packable type, any number of column
-blocks and threads, random and real blocks; a load packs with it, and ``FOLOVLLM_CPU_GGUF_PACK`` off (numpy)
+blocks and threads, random and real blocks; a load packs with it, and ``FOLOVLLM_GGUF_FAST_LOAD`` off (numpy)
 gives the same weights."""
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ def test_real_blocks_and_strided_rows() -> None:
 
 @pytest.mark.parametrize("qtype", PACKED_TYPES, ids=lambda t: t.name)
 def test_switch_off_loads_the_same_weight(qtype: gguf.GGMLQuantizationType, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A GGUFWeight of two pieces loaded with FOLOVLLM_CPU_GGUF_PACK on (our op) and off (numpy): the same bytes."""
+    """A GGUFWeight of two pieces loaded with FOLOVLLM_GGUF_FAST_LOAD on (our op) and off (numpy): the same bytes."""
     cols = 2 * LAYOUTS[int(qtype)].super_k
     pieces = [random_blocks(qtype, 48, cols, seed=1), random_blocks(qtype, 16, cols, seed=2)]
     numpy_calls = []
@@ -74,7 +74,7 @@ def test_switch_off_loads_the_same_weight(qtype: gguf.GGMLQuantizationType, monk
     loaded = {}
     for value, calls in (("on", 0), ("off", 2)):
         numpy_calls.clear()
-        with envs.overridden({"FOLOVLLM_CPU_GGUF_PACK": value}):
+        with envs.overridden({"FOLOVLLM_GGUF_FAST_LOAD": value}):
             weight = GGUFWeight([(int(qtype), len(p)) for p in pieces], cols)
             for i, data in enumerate(pieces):
                 piece = getattr(weight, f"piece{i}")
