@@ -56,13 +56,20 @@ class Engine:
         outputs = self.llm.embed([{"prompt_token_ids": p} for p in prompts], use_tqdm=False)
         return [list(map(float, o.outputs.embedding)) for o in outputs]
 
-    def generate(self, requests: list[dict[str, Any]], ignore_eos: bool) -> list[list[int]]:
+    def generate(self, requests: list[dict[str, Any]], ignore_eos: bool) -> tuple[list[list[int]], float | None]:
+        """The requests' output tokens, and the decode phase's seconds (from the last first token to the last
+        token: every request's prompt excluded, as llama.cpp's batched bench times generation) where the
+        engine's outputs carry those times (ours do; None otherwise)."""
         prompts = [{"prompt_token_ids": r["prompt_token_ids"]} for r in requests]
         # greedy unless a request says otherwise ("sampling": SamplingParams fields both engines name alike)
         params = [self.params(**{"temperature": 0.0, **r.get("sampling", {})}, max_tokens=r["max_tokens"],
                               ignore_eos=ignore_eos) for r in requests]
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
-        return [list(o.outputs[0].token_ids) for o in outputs]
+        times = [getattr(o, "metrics", None) for o in outputs]
+        decode_s = None
+        if times and all(getattr(m, "first_token_time", None) and getattr(m, "last_token_time", None) for m in times):
+            decode_s = max(m.last_token_time for m in times) - max(m.first_token_time for m in times)
+        return [list(o.outputs[0].token_ids) for o in outputs], decode_s
 
 
 def serve_commands(engine: Engine, commands, reply: Callable[[dict[str, Any]], None]) -> None:
@@ -83,9 +90,9 @@ def serve_commands(engine: Engine, commands, reply: Callable[[dict[str, Any]], N
         requests = command["requests"]
         engine.llm.reset_prefix_cache()  # a repeated workload must not reuse the previous run's KV
         start = time.perf_counter()
-        tokens = engine.generate(requests, command.get("ignore_eos", True))
+        tokens, decode_s = engine.generate(requests, command.get("ignore_eos", True))
         wall = time.perf_counter() - start
-        reply({"event": "done", "wall_s": wall,
+        reply({"event": "done", "wall_s": wall, "decode_s": decode_s,
                "input_tokens": sum(len(r["prompt_token_ids"]) for r in requests),
                "output_tokens": sum(len(t) for t in tokens),
                "token_ids": tokens[:command.get("keep_tokens", 0)]})

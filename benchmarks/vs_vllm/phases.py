@@ -191,7 +191,8 @@ def llama_phase(setup: Setup, engines: tuple[str, ...], parallel: list[int], rou
     """llama.cpp's batched bench on the GGUF against our engines on the same shapes: n streams x 16 prompt
     tokens x 128 new, for each n in ``parallel``; rounds alternate who goes first. llama.cpp's figure is its
     generation rate (S_TG, prompts excluded); ours is output tokens over the whole run (the 16-token prompts
-    included), so the comparison leans its way. Peak RSS of every side beside its speed."""
+    included), so that comparison leans its way; beside it, ours over the decode phase alone (from the last
+    first token on, as llama.cpp times generation). Peak RSS of every side beside its speed."""
     shapes = [Workload(f"batched_{n}", n, LLAMA_SHAPE["prompt"], LLAMA_SHAPE["generate"], seed=10 + n,
                        metric="output_tok_s") for n in parallel]
     print(f"llama.cpp ({tier} build) on {setup.gguf.name} against {', '.join(map(label, engines))}", flush=True)
@@ -221,6 +222,8 @@ def llama_phase(setup: Setup, engines: tuple[str, ...], parallel: list[int], rou
                         for wl, n in zip(shapes, parallel):
                             row = res["rows"][n]
                             runs[wl.name][side].append({"value": row["tg_tok_s"], "ms_per_step": row["ms_per_token"],
+                                                        "decode_tok_s": row["tg_tok_s"],
+                                                        "decode_ms_per_step": row["ms_per_token"],
                                                         "pp_tok_s": row["pp_tok_s"], **meta})
                             print(f"  round {r + 1}/{rounds} {wl.name:<11} llama.cpp  {row['tg_tok_s']:8.1f} tg tok/s "
                                   f"({row['ms_per_token']:.1f} ms/step) others {meta['others_share']:.0%}", flush=True)
@@ -229,16 +232,22 @@ def llama_phase(setup: Setup, engines: tuple[str, ...], parallel: list[int], rou
                         done, meta = timer.run(workers[side].proc, lambda: workers[side].generate(build_requests(wl)))
                         rates = report.run_rates(done["wall_s"], done["input_tokens"], done["output_tokens"])
                         ms_per_step = 1000.0 * done["wall_s"] / wl.output_len
-                        runs[wl.name][side].append({"value": rates["output_tok_s"], "ms_per_step": ms_per_step, **meta})
+                        steps = wl.output_len - 1  # decode steps after each request's first token
+                        decode = {"decode_tok_s": wl.num_requests * steps / done["decode_s"],
+                                  "decode_ms_per_step": 1000.0 * done["decode_s"] / steps}
+                        runs[wl.name][side].append({"value": rates["output_tok_s"], "ms_per_step": ms_per_step,
+                                                    **decode, **meta})
                         print(f"  round {r + 1}/{rounds} {wl.name:<11} {side:<10} {rates['output_tok_s']:8.1f} output "
-                              f"tok/s ({ms_per_step:.1f} ms/step) others {meta['others_share']:.0%}", flush=True)
+                              f"tok/s ({ms_per_step:.1f} ms/step; decode {decode['decode_ms_per_step']:.1f} ms/step) "
+                              f"others {meta['others_share']:.0%}", flush=True)
             for e, w in workers.items():
                 peak[e] = max(peak.get(e, 0.0), rss.peak_mib(w.popen.pid))
         finally:
             for w in workers.values():
                 w.close()
             rss.stop()
-    medians = {wl.name: {e: {k: report.median([x[k] for x in runs[wl.name][e]]) for k in ("value", "ms_per_step")}
+    medians = {wl.name: {e: {k: report.median([x[k] for x in runs[wl.name][e]])
+                             for k in ("value", "ms_per_step", "decode_tok_s", "decode_ms_per_step")}
                          for e in sides} for wl in shapes}
     return {"engines": list(engines), "tier": tier, "gguf": str(setup.gguf), "gguf_mib": setup.gguf.stat().st_size / 2**20,
             "shape": LLAMA_SHAPE, "parallel": parallel, "one_at_a_time": one_at_a_time, "commands": commands[:1],

@@ -94,13 +94,19 @@ def format_table(rows: Sequence[dict[str, Any]], labels: dict[str, str] | None =
 
 def llama_rows(llama: dict[str, Any]) -> list[dict[str, Any]]:
     """The llama.cpp table's lines: per stream count, generation tok/s (llama.cpp's S_TG; ours over the whole
-    run), and for one stream ms per token; each with ours (on the same GGUF, and our best) against llama.cpp's."""
+    run, and over the decode phase alone where the run has it), and for one stream ms per token (likewise);
+    each with ours (on the same GGUF, and our best) against llama.cpp's."""
     rows = []
     for name, by_side in llama["median"].items():
         n = int(name.split("_")[1])
         shape = f"{n} × {llama['shape']['prompt']} × {llama['shape']['generate']}"
-        figures = [("output tok/s", "value", True)] + ([("ms per token", "ms_per_step", False)] if n == 1 else [])
+        figures = [("output tok/s", "value", True), ("decode tok/s, prompts excluded", "decode_tok_s", True)]
+        if n == 1:
+            figures += [("ms per token", "ms_per_step", False),
+                        ("ms per decode step, prompts excluded", "decode_ms_per_step", False)]
         for metric, key, higher in figures:
+            if any(key not in f for f in by_side.values()):  # a run from before the decode phase was timed
+                continue
             values = {side: f[key] for side, f in by_side.items()}
             theirs = values["llama.cpp"]
             ours = {e: v for e, v in values.items() if e != "llama.cpp"}

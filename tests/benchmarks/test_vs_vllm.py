@@ -175,6 +175,20 @@ def test_llama_rows_put_our_4_bit_and_our_best_against_llama_cpp():
     assert table[4] == "| 16 streams, 16 × 16 × 128 | output tok/s (higher is better) | 270 | 405 | 270 | 1.00× | 1.50× |"
 
 
+
+def test_llama_rows_set_our_decode_phase_beside_llama_cpps_generation_time():
+    llama = {"shape": {"prompt": 16, "generate": 128},
+             "median": {"batched_1": {"llama.cpp": {"value": 100.0, "ms_per_step": 10.0, "decode_tok_s": 100.0,
+                                                    "decode_ms_per_step": 10.0},
+                                      "folo-gguf": {"value": 95.0, "ms_per_step": 10.5, "decode_tok_s": 105.0,
+                                                    "decode_ms_per_step": 9.5}}}}
+    rows = {r["metric"]: r for r in report.llama_rows(llama)}
+    assert list(rows) == ["output tok/s", "decode tok/s, prompts excluded", "ms per token",
+                          "ms per decode step, prompts excluded"]
+    assert rows["ms per token"]["four_bit"] == pytest.approx(10.0 / 10.5)  # whole run: the prompt counts
+    assert rows["ms per decode step, prompts excluded"]["four_bit"] == pytest.approx(10.0 / 9.5)
+    assert rows["decode tok/s, prompts excluded"]["best"] == pytest.approx(1.05)
+
 BATCHED_BENCH = """
 main: n_kv_max = 16384, n_batch = 2048, n_ubatch = 512, flash_attn = 0, is_pp_shared = 0, n_gpu_layers = -1
 
