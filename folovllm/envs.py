@@ -130,6 +130,11 @@ VARIABLES: dict[str, EnvVar] = {v.name: v for v in (
            "Q6_K parts, multiplied in AVX512_VNNI byte dot products (bf16 rows, VNNI CPUs at avx512_bf16 and "
            "up): on at any rows, auto from 2 rows a call (one row reads weights: no faster), off never (bf16 "
            "dot products, as for every other type)", ("auto", "on", "off")),
+    EnvVar("FOLOVLLM_GGUF_FAST_LOAD", "on",
+           "a GGUF file's metadata is read through plain array views of its mapping (gguf's reader slices its "
+           "memmap once per vocabulary entry), and its blocks are repacked for our kernel by our C++ op, threaded "
+           "over column blocks, where the kernel library is loaded (off: gguf's reader as it is, numpy's "
+           "pack_gguf; the same fields and bytes, an 8B Q4_K_M file's load several times slower)", ON_OFF),
     # -- files and serving --------------------------------------------------------------------------
     EnvVar("FOLOVLLM_CACHE_ROOT", None,
            "where FoloVLLM keeps what it derives from models (converted GGUF tokenizers); unset: "

@@ -100,6 +100,7 @@ TORCH_LIBRARY(folovllm, m) {
   m.def("gguf_gemm_a8(Tensor x, Tensor weight, Tensor parts, int a8_rows) -> Tensor");
   m.def("gguf_argmax(Tensor x, Tensor weight, Tensor parts, int a8_rows=0) -> Tensor");
   m.def("gguf_rows(Tensor weight, Tensor parts, Tensor ids, ScalarType dtype) -> Tensor");
+  m.def("gguf_pack(Tensor(a!) out, Tensor blocks, int type, int cols) -> ()");
 
   m.def("top_k_rows(Tensor logits, int k) -> (Tensor, Tensor)");
   m.def("sample_top_k(Tensor logits, int k, Tensor temperature, Tensor top_k, Tensor? top_p, Tensor? min_p, "
@@ -132,6 +133,7 @@ TORCH_LIBRARY_IMPL(folovllm, CPU, m) {
   m.impl("gguf_gemm_a8", &gguf_gemm_a8);
   m.impl("gguf_argmax", &gguf_argmax);
   m.impl("gguf_rows", &gguf_rows);
+  m.impl("gguf_pack", &gguf_pack);
   m.impl("top_k_rows", &top_k_rows);
   m.impl("sample_top_k", &sample_top_k);
   m.impl("lora_add", &lora_add);

@@ -43,15 +43,28 @@ struct GgufLayout {
 constexpr int64_t kGgufBlockCols = 16;
 constexpr int64_t kGgufAlign = 64;
 
+// The layout of a type held packed (a constant where the type is: gguf_pack.cpp's per-type loops).
+constexpr GgufLayout gguf_layout_of(GgufType type) {
+  switch (type) {
+    case GgufType::kQ4_0: return {32, 32, 32, 256};
+    case GgufType::kQ4_1: return {32, 32, 64, 256};
+    case GgufType::kQ8_0: return {32, 32, 32, 512};
+    case GgufType::kQ4_K: return {256, 32, 320, 256};
+    case GgufType::kQ5_K: return {256, 32, 320, 320};
+    case GgufType::kQ6_K: return {256, 16, 288, 192};
+  }
+  return {0, 0, 0, 0};
+}
+
 // The layout of ggml type `type`; false for a type not held packed.
 inline bool gguf_layout(int64_t type, GgufLayout& out) {
   switch (static_cast<GgufType>(type)) {
-    case GgufType::kQ4_0: out = {32, 32, 32, 256}; return true;
-    case GgufType::kQ4_1: out = {32, 32, 64, 256}; return true;
-    case GgufType::kQ8_0: out = {32, 32, 32, 512}; return true;
-    case GgufType::kQ4_K: out = {256, 32, 320, 256}; return true;
-    case GgufType::kQ5_K: out = {256, 32, 320, 320}; return true;
-    case GgufType::kQ6_K: out = {256, 16, 288, 192}; return true;
+    case GgufType::kQ4_0:
+    case GgufType::kQ4_1:
+    case GgufType::kQ8_0:
+    case GgufType::kQ4_K:
+    case GgufType::kQ5_K:
+    case GgufType::kQ6_K: out = gguf_layout_of(static_cast<GgufType>(type)); return true;
   }
   return false;
 }

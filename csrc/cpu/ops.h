@@ -77,6 +77,8 @@ at::Tensor gguf_gemm(const at::Tensor& x, const at::Tensor& weight, const at::Te
 at::Tensor gguf_gemm_a8(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& parts, int64_t a8_rows);
 at::Tensor gguf_argmax(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& parts, int64_t a8_rows);
 at::Tensor gguf_rows(const at::Tensor& weight, const at::Tensor& parts, const at::Tensor& ids, at::ScalarType dtype);
+// gguf_pack.cpp: a GGUF tensor's file blocks into gguf_gemm's packed layout (the load's repacking)
+void gguf_pack(at::Tensor& out, const at::Tensor& blocks, int64_t type, int64_t cols);
 
 // sampling.cpp: each row's k largest values (highest first, lower id first among equals) and their ids; each
 // row's token sampled among them (the sampler's candidate path)

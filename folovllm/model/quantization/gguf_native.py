@@ -10,6 +10,9 @@ kernel call runs them all.
 
 Outputs in column blocks of 16: a tensor whose rows are not a multiple of 16 is not packed (dequantized
 instead). The inputs are whole blocks of the type by the file's own rule.
+
+``pack_gguf`` (numpy) is the layout's readable form; a load packs with the kernel library's ``gguf_pack``
+(csrc/cpu/gguf_pack.cpp: the same bytes, threaded) where the library is loaded (``pack_into``).
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from folovllm import envs
 from folovllm.model.quantization.linear_method import LinearMethod, register_bias
 from folovllm.model.quantization.op_call import bound_op_call
 
@@ -136,6 +140,16 @@ def pack_gguf(data: np.ndarray, qtype: int, rows: int, cols: int, out: np.ndarra
     return out
 
 
+def pack_into(data: torch.Tensor, qtype: int, cols: int, out: torch.Tensor) -> None:
+    """``pack_gguf`` of a tensor's file blocks (uint8 [rows, bytes per row]) into ``out`` (uint8
+    [packed_bytes]): by the kernel library's ``gguf_pack`` where it is loaded and ``FOLOVLLM_GGUF_FAST_LOAD``
+    is on, else numpy's ``pack_gguf``; the same bytes either way."""
+    if envs.switch("FOLOVLLM_GGUF_FAST_LOAD") and hasattr(torch.ops.folovllm, "gguf_pack"):
+        torch.ops.folovllm.gguf_pack(out, data, qtype, cols)
+    else:
+        pack_gguf(data.numpy(), qtype, data.shape[0], cols, out=out.numpy())
+
+
 def _pack_rows(data: np.ndarray, qtype: int, rows: int, cols: int) -> np.ndarray:
     """``pack_gguf`` of ``rows`` rows (a multiple of 16)."""
     layout = LAYOUTS[qtype]
@@ -220,7 +234,7 @@ class GGUFWeight(nn.Module):
         if loaded.dtype != torch.uint8 or tuple(loaded.shape) != expected:
             raise ValueError(f"has {loaded.dtype} {tuple(loaded.shape)}; its packed piece takes the file's "
                              f"blocks, uint8 {expected}")
-        pack_gguf(loaded.numpy(), qtype, rows, self.cols, out=param.data.numpy())
+        pack_into(loaded, qtype, self.cols, param.data)
         self._waiting.discard(index)
         if not self._waiting:  # every piece in: the bytes are the buffer's alone
             for i in range(len(self.pieces)):

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from folovllm import envs
 from folovllm.compilation.layer_chain import layer_chain
 from folovllm.model.layers.linear import LinearBase
 from folovllm.model.loader import load_model
@@ -47,6 +48,17 @@ def untied_gguf(tmp_path_factory: pytest.TempPathFactory) -> str:
     path = tmp_path_factory.mktemp("gguf") / "untied.gguf"
     write_tiny_llama_gguf(path, LAYERS, embedding=Q.Q4_K, output=Q.Q6_K, default=Q.Q4_K)
     return str(path)
+
+
+def test_fast_load_off_loads_the_same_model(untied_gguf: str) -> None:
+    """FOLOVLLM_GGUF_FAST_LOAD off (gguf's reader as it is, numpy's pack_gguf, pages faulted as read): every
+    buffer and parameter the same bytes as a load with it on."""
+    with envs.overridden({"FOLOVLLM_GGUF_FAST_LOAD": "off"}):
+        slow = _load(untied_gguf).state_dict()
+    fast = _load(untied_gguf).state_dict()
+    assert list(fast) == list(slow) and any(name.endswith("gguf.weight") for name in fast)
+    for name, value in fast.items():
+        assert value.dtype == slow[name].dtype and torch.equal(value, slow[name]), name
 
 
 def _packed(model: torch.nn.Module) -> set[str]:
