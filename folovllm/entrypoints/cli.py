@@ -240,6 +240,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_perplexity_args(perplexity)
     perplexity.set_defaults(func=lambda args: _run_bench(run_perplexity, args))
+    load = bench_sub.add_parser("load", help="seconds from nothing to a ready engine and peak RSS, each load in a "
+                                             "fresh process (a FOLOVLLM_* variable's two values alternating)")
+    from folovllm.bench.load import add_load_args, run_bench_load
+
+    add_load_args(load)
+    load.set_defaults(func=lambda args: _run_bench(run_bench_load, args))
 
     _add_simulate(sub)
     quantize = sub.add_parser("quantize", help="write a GPTQ checkpoint folder (GPTQ or round-to-nearest)")
