@@ -26,7 +26,11 @@ def platform_rows(result: dict | list, run: int):
             theirs = sig(r["vllm"]) + (f" ({labels[best].removeprefix('vLLM ')})" if best in labels else "")
             yield r["label"] + r["metric"], [workload, r["metric"], sig(r["folo"]), theirs, "", "",
                                              f"{r['advantage']:.2f}×", run]
-        for r in first.get("llama_rows", []):
+        llama_rows = first.get("llama_rows", [])
+        decode_only = {r["label"] for r in llama_rows if "prompts excluded" in r["metric"]}
+        for r in llama_rows:
+            if r["label"] in decode_only and "prompts excluded" not in r["metric"]:
+                continue  # llama.cpp times its generation alone: ours likewise, where the run has it
             theirs, ours = r["by_engine"]["llama.cpp"], r["by_engine"]["folo-q4"]
             yield "llama" + r["label"] + r["metric"], [f"{r['label']}, 4-bit weights", r["metric"], sig(ours), "",
                                                        sig(theirs), "", f"{r['four_bit']:.2f}×", run]
