@@ -233,13 +233,14 @@ def llama_phase(setup: Setup, engines: tuple[str, ...], parallel: list[int], rou
                         rates = report.run_rates(done["wall_s"], done["input_tokens"], done["output_tokens"])
                         ms_per_step = 1000.0 * done["wall_s"] / wl.output_len
                         steps = wl.output_len - 1  # decode steps after each request's first token
-                        decode = {"decode_tok_s": wl.num_requests * steps / done["decode_s"],
-                                  "decode_ms_per_step": 1000.0 * done["decode_s"] / steps}
+                        decode = {} if done.get("decode_s") is None else {  # an engine that keeps no token times
+                            "decode_tok_s": wl.num_requests * steps / done["decode_s"],
+                            "decode_ms_per_step": 1000.0 * done["decode_s"] / steps}
                         runs[wl.name][side].append({"value": rates["output_tok_s"], "ms_per_step": ms_per_step,
                                                     **decode, **meta})
+                        timed = f"; decode {decode['decode_ms_per_step']:.1f} ms/step" if decode else ""
                         print(f"  round {r + 1}/{rounds} {wl.name:<11} {side:<10} {rates['output_tok_s']:8.1f} output "
-                              f"tok/s ({ms_per_step:.1f} ms/step; decode {decode['decode_ms_per_step']:.1f} ms/step) "
-                              f"others {meta['others_share']:.0%}", flush=True)
+                              f"tok/s ({ms_per_step:.1f} ms/step{timed}) others {meta['others_share']:.0%}", flush=True)
             for e, w in workers.items():
                 peak[e] = max(peak.get(e, 0.0), rss.peak_mib(w.popen.pid))
         finally:
@@ -247,7 +248,8 @@ def llama_phase(setup: Setup, engines: tuple[str, ...], parallel: list[int], rou
                 w.close()
             rss.stop()
     medians = {wl.name: {e: {k: report.median([x[k] for x in runs[wl.name][e]])
-                             for k in ("value", "ms_per_step", "decode_tok_s", "decode_ms_per_step")}
+                             for k in ("value", "ms_per_step", "decode_tok_s", "decode_ms_per_step")
+                             if all(k in x for x in runs[wl.name][e])}
                          for e in sides} for wl in shapes}
     return {"engines": list(engines), "tier": tier, "gguf": str(setup.gguf), "gguf_mib": setup.gguf.stat().st_size / 2**20,
             "shape": LLAMA_SHAPE, "parallel": parallel, "one_at_a_time": one_at_a_time, "commands": commands[:1],
