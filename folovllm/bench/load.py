@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from folovllm import envs
+from folovllm.bench.switch import switch_from_text
 
 FIGURES = ("ready_s", "peak_rss_mib")
 
@@ -43,15 +43,11 @@ def parse_variable_switch(text: str | None) -> tuple[str | None, tuple[str, ...]
     """``NAME=A,B`` -> (NAME, (A, B)) for a FOLOVLLM_* variable; None -> (None, ("",)): the environment as it is."""
     if text is None:
         return None, ("",)
-    name, _, values = text.partition("=")
-    sides = tuple(v for v in values.split(",") if v)
-    if name not in envs.VARIABLES or len(sides) != 2:
-        raise ValueError(f"--switch is NAME=A,B with NAME a FOLOVLLM_* variable (`folovllm --help-env`), got {text!r}")
-    choices = envs.VARIABLES[name].choices
-    bad = [v for v in sides if choices and v not in choices]
-    if bad:
-        raise ValueError(f"{name} takes {', '.join(choices)}; got {bad}")
-    return name, sides
+    switch = switch_from_text(text)
+    if not switch.is_variable:
+        raise ValueError(f"--switch names a FOLOVLLM_* variable (`folovllm --help-env`): a load takes the engine's "
+                         f"defaults, got {switch.name!r}")
+    return switch.name, switch.values
 
 
 def load_here(model: str, max_model_len: int) -> dict[str, float]:

@@ -49,22 +49,30 @@ class Switch:
         return self.name in envs.VARIABLES
 
 
-def parse_switch(text: str) -> Switch:
-    """``NAME=A,B`` -> Switch; SystemExit naming what is wrong."""
+def switch_from_text(text: str) -> Switch:
+    """``NAME=A,B`` -> Switch; ValueError naming what is wrong."""
     name, _, values = text.partition("=")
     sides = tuple(v for v in values.split(",") if v)
     if not name or len(sides) != 2:
-        raise SystemExit(f"a switch is NAME=A,B (two values), got {text!r}")
+        raise ValueError(f"a switch is NAME=A,B (two values), got {text!r}")
     fields = {f.name for f in dataclasses.fields(EngineConfig)}
     if name not in envs.VARIABLES and name not in fields:
-        raise SystemExit(f"{name!r} is neither a FOLOVLLM_* variable (`folovllm --help-env`) nor an engine "
+        raise ValueError(f"{name!r} is neither a FOLOVLLM_* variable (`folovllm --help-env`) nor an engine "
                          "setting (an EngineConfig field, e.g. attention_backend, dtype)")
     switch = Switch(name, sides)  # type: ignore[arg-type]
     if switch.is_variable and envs.VARIABLES[name].choices:
         bad = [v for v in sides if v not in envs.VARIABLES[name].choices]
         if bad:
-            raise SystemExit(f"{name} takes {', '.join(envs.VARIABLES[name].choices)}; got {bad}")
+            raise ValueError(f"{name} takes {', '.join(envs.VARIABLES[name].choices)}; got {bad}")
     return switch
+
+
+def parse_switch(text: str) -> Switch:
+    """``switch_from_text`` for the command line: SystemExit naming what is wrong."""
+    try:
+        return switch_from_text(text)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
 
 
 def add_bench_switch_args(parser: argparse.ArgumentParser) -> None:

@@ -28,6 +28,7 @@ from torch import nn
 from folovllm import envs
 from folovllm.model.quantization.linear_method import LinearMethod, register_bias
 from folovllm.model.quantization.op_call import bound_op_call
+from folovllm.platforms import kernel_library
 
 BLOCK_COLS = 16  # outputs per column block
 ALIGN = 64  # a block's meta area is padded to this many bytes
@@ -144,7 +145,7 @@ def pack_into(data: torch.Tensor, qtype: int, cols: int, out: torch.Tensor) -> N
     """``pack_gguf`` of a tensor's file blocks (uint8 [rows, bytes per row]) into ``out`` (uint8
     [packed_bytes]): by the kernel library's ``gguf_pack`` where it is loaded and ``FOLOVLLM_GGUF_FAST_LOAD``
     is on, else numpy's ``pack_gguf``; the same bytes either way."""
-    if envs.switch("FOLOVLLM_GGUF_FAST_LOAD") and hasattr(torch.ops.folovllm, "gguf_pack"):
+    if envs.switch("FOLOVLLM_GGUF_FAST_LOAD") and kernel_library.load() is None:
         torch.ops.folovllm.gguf_pack(out, data, qtype, cols)
     else:
         pack_gguf(data.numpy(), qtype, data.shape[0], cols, out=out.numpy())
