@@ -22,33 +22,37 @@ def _stream_to_end(lines) -> tuple[str, str | None]:
 
 
 def test_backpressure_then_sigterm_drain(start_server, tiny_model):
-    # the tiny random model starts fast; 200 tokens keep A running while B queues and C is refused.
-    # A drain timeout far above the 400 tokens' time on a loaded CPU: this test is about finishing them
-    srv = start_server("--model", tiny_model, "--max-num-seqs", "1", "--max-waiting-requests", "1",
-                       "--drain-timeout", "300")
+    # the tiny random model starts fast; 1000 tokens (its context is 1024) keep A running while B queues and
+    # three more requests are refused (200 tokens ran out before the third of three in turn at times).
+    # A drain timeout far above the 2000 tokens' time on a loaded CPU: this test is about finishing them
+    srv = start_server("--model", tiny_model, "--max-model-len", "1024", "--max-num-seqs", "1",
+                       "--max-waiting-requests", "1", "--drain-timeout", "300")
     try:
         srv.wait_ready()
-        body = {"prompt": "Count slowly:", "max_tokens": 200, "temperature": 0, "ignore_eos": True,
+        body = {"prompt": "Count slowly:", "max_tokens": 1000, "temperature": 0, "ignore_eos": True,
                 "stream": True}
         with httpx.Client(base_url=srv.base_url, timeout=60.0) as a_client, \
                 httpx.Client(base_url=srv.base_url, timeout=60.0) as b_client, \
-                ThreadPoolExecutor(2) as pool:
+                ThreadPoolExecutor(3) as pool:
             with a_client.stream("POST", "/v1/completions", json=body) as a:
                 assert a.status_code == 200
                 a_lines = a.iter_lines()
                 first_a = next(a_lines)  # A has a token: it is the one running (max-num-seqs 1)
                 with b_client.stream("POST", "/v1/completions", json=body) as b:
                     assert b.status_code == 200  # B waits: the queue (1) is now full
-                    busy = httpx.post(f"{srv.base_url}/v1/completions", json={"prompt": "Hi", "max_tokens": 2})
-                    assert busy.status_code == 503, busy.text
-                    assert busy.headers["Retry-After"] == "1"
-                    assert busy.json()["error"]["code"] == "server_busy"
-                    # the agent APIs queue through the same gate, each answering in its own error shape
-                    busy = httpx.post(f"{srv.base_url}/v1/responses", json={"input": "Hi", "max_output_tokens": 2})
-                    assert busy.status_code == 503 and busy.json()["error"]["code"] == "server_busy"
-                    busy = httpx.post(f"{srv.base_url}/v1/messages", json={
-                        "model": "", "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]})
-                    assert busy.status_code == 503 and busy.json()["error"]["type"] == "overloaded_error"
+                    # every generating endpoint at once (one request's time, not three in turn) while A runs; the
+                    # agent APIs queue through the same gate, each answering in its own error shape
+                    probes = [("/v1/completions", {"prompt": "Hi", "max_tokens": 2}),
+                              ("/v1/responses", {"input": "Hi", "max_output_tokens": 2}),
+                              ("/v1/messages", {"model": "", "max_tokens": 2,
+                                                "messages": [{"role": "user", "content": "Hi"}]})]
+                    completions, responses, messages = pool.map(
+                        lambda probe: httpx.post(srv.base_url + probe[0], json=probe[1]), probes)
+                    assert completions.status_code == 503, completions.text
+                    assert completions.headers["Retry-After"] == "1"
+                    assert completions.json()["error"]["code"] == "server_busy"
+                    assert responses.status_code == 503 and responses.json()["error"]["code"] == "server_busy"
+                    assert messages.status_code == 503 and messages.json()["error"]["type"] == "overloaded_error"
 
                     futures = [pool.submit(_stream_to_end, lines) for lines in (a_lines, b.iter_lines())]
                     assert srv.stop() == 0  # SIGTERM: drains both in-flight streams, then exits cleanly
