@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import resource
-import shlex
 import statistics
 import subprocess
 import sys
@@ -24,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from folovllm.bench.results import bench_command
 from folovllm.bench.switch import switch_from_text
 
 FIGURES = ("ready_s", "peak_rss_mib")
@@ -101,8 +101,7 @@ def run_bench_load(args: argparse.Namespace) -> dict[str, Any]:
     from folovllm.platforms import isa
 
     result: dict[str, Any] = {
-        "command": shlex.join(["folovllm", "bench", "load", *sys.argv[3:]]) if sys.argv[1:3] == ["bench", "load"]
-        else None,
+        "command": bench_command("load"),
         "cpu": isa.cpu_model_name(), "isa": isa.host_tier(), "cpus": os.cpu_count(), "variable": variable,
         "max_model_len": args.max_model_len, "models": {}}
     for model, by_value in runs.items():
