@@ -53,9 +53,11 @@ def hf_greedy(model, prompt: list[int], max_new_tokens: int,
 
 def assert_greedy_match(ours: list[int], reference: list[int], reference_gaps: list[float],
                         tolerance: float = TOP2_TOLERANCE) -> None:
+    # the gaps come out of an fp32 log-softmax: a gap of exactly the tolerance (bf16 logits 0.25 apart) may
+    # read a few fp32 steps above it
     for step, (a, b) in enumerate(zip(ours, reference)):
         if a != b:
-            assert reference_gaps[step] <= tolerance, (
+            assert reference_gaps[step] <= tolerance * (1 + 1e-5), (
                 f"greedy tokens differ at step {step} ({a} vs reference {b}) although the reference's "
                 f"top-2 logprobs are {reference_gaps[step]:.2e} apart (> {tolerance})")
             return

@@ -29,12 +29,14 @@ SERVED_MODEL_NAME = "smollm2"
 @dataclass(frozen=True)
 class Variant:
     """One engine in one setting: which engine (folo, vllm), its label, the LLM arguments beyond the shared
-    ones, and whether it loads the GGUF (its quantized weights) rather than the HF folder."""
+    ones, whether it loads the GGUF (its quantized weights) rather than the HF folder, and a tier cap of its
+    own (FOLOVLLM_CPU_ISA, for our engine)."""
 
     engine: str
     label: str
     args: dict[str, Any]
     gguf: bool = False
+    isa: str | None = None
 
 
 VARIANTS = {
@@ -47,6 +49,8 @@ VARIANTS = {
                        {"dtype": "auto", "load_quantized": "on"}, gguf=True),
     "folo-gguf": Variant("folo", "FoloVLLM, the GGUF with default flags", {"dtype": "auto"}, gguf=True),
     "folo-int8": Variant("folo", "FoloVLLM int8", {"dtype": "auto", "quantization": "int8"}),
+    # an AMX host's engine without its AMX forms
+    "folo-avx512-bf16": Variant("folo", "FoloVLLM capped at avx512_bf16", {"dtype": "auto"}, isa="avx512_bf16"),
 }
 DEFAULT_ENGINES = ("vllm", "vllm-fp32", "folo")
 
@@ -85,12 +89,13 @@ class Setup:
     def model_of(self, variant: str) -> Path:
         return self.gguf if VARIANTS[variant].gguf else self.model
 
-    def env(self, engine: str) -> dict[str, str]:
+    def env(self, engine: str, isa: str | None = None) -> dict[str, str]:
         """The process environment: vLLM's CPU settings (its docs' tcmalloc + the venv's libiomp5,
         KV space, OpenMP threads bound to the first cores; under a tier cap, torch's and oneDNN's kernels
         capped at it, as our cap caps them, while vLLM's own kernels stay as built for the host); for
-        FoloVLLM, this checkout first on the path, the tier cap, if any, and the allocator the ``folovllm``
-        command would run on (tcmalloc where installed, under ``FOLOVLLM_CPU_ALLOCATOR``'s default)."""
+        FoloVLLM, this checkout first on the path, the tier cap, if any (``isa``, a variant's own, else the
+        run's), and the allocator the ``folovllm`` command would run on (tcmalloc where installed, under
+        ``FOLOVLLM_CPU_ALLOCATOR``'s default)."""
         env = dict(os.environ)
         if engine == "vllm":
             env.update(VLLM_CPU_KVCACHE_SPACE=str(self.kv_cache_gib),
@@ -99,8 +104,8 @@ class Setup:
             env.update(torch_caps(self.isa))
         else:
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(self.root), env.get("PYTHONPATH")]))
-            if self.isa:
-                env["FOLOVLLM_CPU_ISA"] = self.isa
+            if isa or self.isa:
+                env["FOLOVLLM_CPU_ISA"] = isa or self.isa
             env = preload_env(env, find_tcmalloc(), has_gpu=False) or env
         return env
 
@@ -162,7 +167,8 @@ class Worker(Process):
         cmd = [setup.python(engine), str(HERE / "engine_worker.py"), engine, "--model", str(setup.model_of(variant)),
                "--args", json.dumps({**VARIANTS[variant].args, **(extra_args or {})}), "--threads", str(setup.threads),
                "--max-model-len", str(setup.max_model_len), "--max-num-seqs", str(setup.max_num_seqs)]
-        super().__init__(cmd, setup.env(engine), setup.root, setup.logs / f"{phase}-{variant}.log", stdio=True)
+        super().__init__(cmd, setup.env(engine, VARIANTS[variant].isa), setup.root,
+                         setup.logs / f"{phase}-{variant}.log", stdio=True)
         self.replies: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -225,7 +231,7 @@ class Server(Process):
         else:
             cmd = [setup.python(engine), "-m", "folovllm.entrypoints.cli", "serve", "--model", model,
                    *common, "--num-threads", str(setup.threads), "--log-level", "warning"]
-        super().__init__(cmd, setup.env(engine), setup.root, setup.logs / f"serve-{variant}.log")
+        super().__init__(cmd, setup.env(engine, VARIANTS[variant].isa), setup.root, setup.logs / f"serve-{variant}.log")
         self.base_url = f"http://127.0.0.1:{self.port}"
 
     def wait_first_token(self, timeout_s: float = 900.0) -> dict[str, float]:

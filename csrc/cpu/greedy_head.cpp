@@ -14,10 +14,13 @@
 // zero), so the logits themselves are bit-identical to the linear kernel's. Up to 6 rows share each
 // weight load (the linear kernel uses 4): 24 fp32 accumulators, 4 weight vectors and one broadcast in
 // the 32 zmm registers. Work items are ranges of weight blocks on torch's intra-op threads; each keeps
-// its own per-row best, reduced in block order at the end.
+// its own per-row best, reduced in block order at the end. Where the linear op takes its AMX form (an AMX
+// host, 16 rows or more: linear_amx.h), the head is that op's logits and their argmax.
 
 #include "isa.h"
 #include "linear_bf16.h"
+#include "linear_amx.h"
+#include "ops.h"
 #include "tiered.h"
 
 #include <ATen/Parallel.h>
@@ -119,6 +122,8 @@ at::Tensor linear_argmax(const at::Tensor& x, const at::Tensor& packed) {
   const int64_t M = xc.size(0);
   at::Tensor out = at::empty({M}, x.options().dtype(at::kLong));
   if (M == 0) return out;
+  // where the linear op takes the AMX form, its logits, written out: the tile unit rounds otherwise
+  if (x.scalar_type() == at::kBFloat16 && amx_takes(M, K)) return linear(xc, packed, c10::nullopt).argmax(1);
   const int64_t parts = (blocks + kPartBlocks - 1) / kPartBlocks;
   std::vector<float> best(parts * M, -std::numeric_limits<float>::infinity());
   std::vector<int64_t> best_id(parts * M, 0);

@@ -4,7 +4,7 @@
 // compiled for its tier with a target attribute (the macros below, defined nowhere else) and called only
 // when the current tier allows it. The current tier starts as the CPU's own (host_tier) and is lowered
 // by folovllm/platforms/isa.py to the FOLOVLLM_CPU_ISA cap (set_tier), so any host runs and tests every
-// lower tier's code. AMX hosts run the AVX-512 BF16 kernels (no kernel here uses AMX tiles yet).
+// lower tier's code. AMX hosts run the AVX-512 BF16 kernels, and the bf16 linear's AMX form (linear_amx.h).
 #pragma once
 
 #include <cstdint>
@@ -32,6 +32,8 @@
 #define FOLO_TARGET_AVX512 __attribute__((target(FOLO_ISA_AVX512)))
 #define FOLO_TARGET_AVX512_BF16 __attribute__((target(FOLO_ISA_AVX512_BF16)))
 #define FOLO_TARGET_AVX512_VNNI __attribute__((target(FOLO_ISA_AVX512_VNNI)))
+// The AVX-512 BF16 set plus the AMX tile unit and its bf16 dot products (Sapphire Rapids and later).
+#define FOLO_TARGET_AMX __attribute__((target(FOLO_ISA_AVX512_BF16 ",amx-tile,amx-bf16")))
 // For lambdas inside such kernels (a lambda does not take its enclosing function's target).
 #define FOLO_LAMBDA_AVX512_BF16 __attribute__((always_inline, target(FOLO_ISA_AVX512_BF16)))
 

@@ -2,7 +2,8 @@
 //   linear_pack(weight [N, K])       the weight reordered for streaming: [N/64][K/2][64 rows][2]
 //   linear(x [..., K], packed, bias) x @ weight^T (+ bias), in x's dtype (bf16 or fp32)
 //
-// Two forms over one packed weight. At the AVX-512 BF16 tier, bf16 x (below). At every other tier from
+// Three forms over one packed weight. On an AMX host, bf16 x of 16 rows or more: the tile unit's form
+// (linear_amx.h). At the AVX-512 BF16 tier, other bf16 x (below). At every other tier from
 // avx2 on, and for fp32 x, the fp32 form (csrc/cpu/tiered/linear.cpp): bf16 x widened to fp32 by each
 // thread a chunk of rows at a time, each bf16 weight pair widened in registers, FMAs into fp32 sums, the
 // output rounded to x's dtype.
@@ -24,6 +25,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Optional.h>
 #include <torch/library.h>
@@ -33,6 +35,7 @@
 #include <vector>
 
 #include "linear_bf16.h"
+#include "linear_amx.h"
 #include "tiered.h"
 
 namespace folovllm::cpu {
@@ -45,6 +48,8 @@ void check_weight(const at::Tensor& w) {
 }
 
 }  // namespace
+
+bool amx_linear_runs() { return tier_at_least(Tier::kAmx) && amx_permitted(); }
 
 at::Tensor linear_pack(const at::Tensor& weight) {
   check_weight(weight);
@@ -80,6 +85,20 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const c10::opti
     const uint32_t* xp = reinterpret_cast<const uint32_t*>(xc.data_ptr<c10::BFloat16>());
     const __m512bh* wp = reinterpret_cast<const __m512bh*>(packed.data_ptr<c10::BFloat16>());
     c10::BFloat16* yp = y.data_ptr<c10::BFloat16>();
+    if (amx_takes(M, K)) {  // an AMX host: the tile unit's form (linear_amx.h)
+      const int64_t tail_rows = M % kAmxUnitRows;
+      at::Tensor tail;  // the last rows of x, zeros below them: a whole unit for the tile loads
+      if (tail_rows > 0 && M != 16) {
+        tail = at::zeros({kAmxUnitRows, K}, xc.options());
+        tail.narrow(0, 0, tail_rows).copy_(xc.narrow(0, M - tail_rows, tail_rows));
+      }
+      const uint16_t* xa = reinterpret_cast<const uint16_t*>(xp);
+      const uint16_t* ta = tail.defined() ? reinterpret_cast<const uint16_t*>(tail.const_data_ptr()) : nullptr;
+      const char* wa = reinterpret_cast<const char*>(wp);
+      at::parallel_for(0, amx_item_count(M, N), 1,
+                       [&](int64_t i0, int64_t i1) { amx_linear_items(xa, ta, M, K, wa, bp, yp, N, i0, i1); });
+      return y;
+    }
     // grain 1: even a 576-row weight (9 blocks) is worth splitting over two threads at M = 1
     if (M <= kChunkRows) {
       at::parallel_for(0, packed.size(0) * group_count(M), 1,

@@ -133,9 +133,10 @@ class CpuPlatform(Platform):
     def _invariant_linear_kernels(self, dtype: torch.dtype, quantize_lm_head: str,
                                   quantized_linears: bool) -> LinearKernels:
         """Batch-invariant mode: our kernel (each output summed along K in one order, whatever the rows) where
-        it takes the dtype, else torch's GEMM in calls of a fixed row count; quantized weights refused (our
-        int4/int8 kernels multiply few rows and many rows in different orders), oneDNN's too (its blocking
-        follows the row count)."""
+        it takes the dtype and has no AMX form here (that form takes calls of 16 rows or more, rounding apart
+        from the row-at-a-time one), else torch's GEMM in calls of a fixed row count; quantized weights refused
+        (our int4/int8 kernels multiply few rows and many rows in different orders), oneDNN's too (its
+        blocking follows the row count)."""
         if quantized_linears or quantize_lm_head == "on":
             raise ValueError("batch-invariant mode takes float weights only: the CPU's int4/int8 kernels sum a few "
                              "rows and many rows in different orders (load a float checkpoint, load_quantized off, "
@@ -144,7 +145,12 @@ class CpuPlatform(Platform):
         if choice == "onednn":
             raise ValueError("FOLOVLLM_CPU_LINEAR=onednn cannot run batch-invariant: oneDNN's GEMMs block by the row "
                              "count; use auto, folovllm or torch")
-        ours = dtype == torch.bfloat16 and kernel_library.has_kernel("linear")
+        amx = kernel_library.has_kernel("linear_amx")
+        if choice == "folovllm" and amx:
+            raise ValueError("FOLOVLLM_CPU_LINEAR=folovllm cannot run batch-invariant on this AMX host: our kernel "
+                             "multiplies calls of 16 rows or more with AMX tiles, which round apart from its "
+                             "row-at-a-time form; use auto or torch, or FOLOVLLM_CPU_ISA=avx512_bf16")
+        ours = dtype == torch.bfloat16 and kernel_library.has_kernel("linear") and not amx
         dense = self._dense_kernel(dtype, onednn=False) if choice != "auto" else "folovllm" if ours else "torch"
         return LinearKernels(dense=dense, dense_fallback="torch", quant=self._quant_kernel(), row_invariant=True)
 

@@ -62,7 +62,8 @@ def has_kernel(name: str) -> bool:
     """Whether kernel ``name`` runs at the library's current tier (False when it is not loaded).
 
     Names: top_k (every tier); paged_attention, prefill_attention, fused_ops, linear, linear_argmax, int4,
-    int4_a8, int8, gguf, lora (avx2 and up); decode_avx512; team (avx512_bf16 and up)."""
+    int4_a8, int8, gguf, lora (avx2 and up); decode_avx512; team (avx512_bf16 and up); linear_amx (the linear
+    kernel's AMX form: the amx tier, where the OS grants the tile registers)."""
     return load() is None and bool(torch.ops.folovllm.has_kernel(name))
 
 
