@@ -71,13 +71,17 @@ FOLO_INLINE void prefetch_b(const char* wp, int lines) {
     for (int l = 0; l < lines; ++l) _mm_prefetch(ahead + q * 256 + l * 64, _MM_HINT_T0);
 }
 
-// 32 rows of x (row stride `ld` elements) times 32 outputs of a packed block (`wh`: the block's first K
-// pair, offset to the half's first output) into c [32][64] fp32 at the half's columns.
-FOLO_TARGET_AMX inline void amx_unit_half(const uint16_t* x, int64_t ld, const char* wh, int64_t pairs, float* c) {
+FOLO_TARGET_AMX FOLO_INLINE void zero_c_tiles() {
   _tile_zero(0);
   _tile_zero(1);
   _tile_zero(2);
   _tile_zero(3);
+}
+
+// 32 rows of x (row stride `ld` elements) times 32 outputs of a packed block (`wh`: the block's first K
+// pair, offset to the half's first output) into c [32][64] fp32 at the half's columns.
+FOLO_TARGET_AMX inline void amx_unit_half(const uint16_t* x, int64_t ld, const char* wh, int64_t pairs, float* c) {
+  zero_c_tiles();
   for (int64_t p = 0; p < pairs; p += kAmxPairs) {
     prefetch_b(wh + p * 256, 2);
     _tile_loadd(4, x + 2 * p, ld * 2);
@@ -99,10 +103,7 @@ FOLO_TARGET_AMX inline void amx_unit_half(const uint16_t* x, int64_t ld, const c
 // outputs as four C tiles, so each 32 K values read the block's 4 KiB in order, and half the tile work of a
 // 32-row unit.
 FOLO_TARGET_AMX inline void amx_unit16(const uint16_t* x, int64_t ld, const char* wb, int64_t pairs, float* c) {
-  _tile_zero(0);
-  _tile_zero(1);
-  _tile_zero(2);
-  _tile_zero(3);
+  zero_c_tiles();
   for (int64_t p = 0; p < pairs; p += kAmxPairs) {
     const char* wp = wb + p * 256;
     prefetch_b(wp, 4);
