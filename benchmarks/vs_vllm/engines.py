@@ -104,8 +104,9 @@ class Setup:
             env.update(torch_caps(self.isa))
         else:
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(self.root), env.get("PYTHONPATH")]))
-            if isa or self.isa:
-                env["FOLOVLLM_CPU_ISA"] = isa or self.isa
+            cap = isa or self.isa
+            if cap:
+                env["FOLOVLLM_CPU_ISA"] = cap
             env = preload_env(env, find_tcmalloc(), has_gpu=False) or env
         return env
 

@@ -49,7 +49,7 @@ void check_weight(const at::Tensor& w) {
 
 }  // namespace
 
-bool amx_linear_runs() { return tier_at_least(Tier::kAmx) && amx_permitted(); }
+bool amx_linear_runs() { return amx_runs(); }
 
 at::Tensor linear_pack(const at::Tensor& weight) {
   check_weight(weight);
@@ -86,9 +86,9 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const c10::opti
     const __m512bh* wp = reinterpret_cast<const __m512bh*>(packed.data_ptr<c10::BFloat16>());
     c10::BFloat16* yp = y.data_ptr<c10::BFloat16>();
     if (amx_takes(M, K)) {  // an AMX host: the tile unit's form (linear_amx.h)
-      const int64_t tail_rows = M % kAmxUnitRows;
       at::Tensor tail;  // the last rows of x, zeros below them: a whole unit for the tile loads
-      if (tail_rows > 0 && M != 16) {
+      if (amx_needs_tail(M)) {
+        const int64_t tail_rows = M % kAmxUnitRows;
         tail = at::zeros({kAmxUnitRows, K}, xc.options());
         tail.narrow(0, 0, tail_rows).copy_(xc.narrow(0, M - tail_rows, tail_rows));
       }

@@ -7,8 +7,8 @@
 // weight block, as two halves of 32 outputs, each four fp32 C tiles (2 row tiles x 2 column tiles) fed by
 // two A and two B tiles per 32 K values, so every tile load serves two dot products. A unit of 16 rows or
 // fewer (a call of 16 rows, a last unit): one A tile times the block's 64 outputs as four C tiles
-// (amx_unit16), the block's 4 KiB per 32 K values read in order, as a decode step streams it. The last
-// unit's rows, fewer than 32, are copied by the call to a zero-padded unit once (`tail`).
+// (amx_unit16), the block's 4 KiB per 32 K values read in order, as a decode step streams it. A last unit of
+// other than 16 or 32 rows is copied by the call to a zero-padded unit once (`tail`, amx_needs_tail).
 //
 // Each output's fp32 sum runs along K in the same order as the row-at-a-time form's, but the tile unit's
 // arithmetic rounds apart from vdpbf16ps's (the two agree to within an fp32 step or so before the bf16
@@ -41,10 +41,15 @@ inline bool amx_permitted() {
   return permitted;
 }
 
+// Whether this form runs here: the amx tier, and the tile state granted.
+inline bool amx_runs() { return tier_at_least(Tier::kAmx) && amx_permitted(); }
+
 // Whether a call of M rows of bf16 x, K columns, takes this form at the current tier.
-inline bool amx_takes(int64_t M, int64_t K) {
-  return M >= kAmxMinRows && K % (2 * kAmxPairs) == 0 && tier_at_least(Tier::kAmx) && amx_permitted();
-}
+inline bool amx_takes(int64_t M, int64_t K) { return M >= kAmxMinRows && K % (2 * kAmxPairs) == 0 && amx_runs(); }
+
+// Whether a call of M rows reads its last unit from a zero-padded copy: a last unit of 16 rows is one A tile
+// of x itself (amx_unit16), a whole unit two; any other count would read past x.
+inline bool amx_needs_tail(int64_t M) { return M % kAmxUnitRows != 0 && M % kAmxUnitRows != 16; }
 
 // Every tile 16 rows of 64 bytes: C 0-3 (16 rows x 16 fp32 outputs), A 4-5 (16 rows x 32 bf16 of x), B 6-7
 // (16 K pairs x 16 outputs).
@@ -159,8 +164,7 @@ FOLO_TARGET_AMX void amx_linear_items(const uint16_t* x, const uint16_t* tail, i
     const int64_t chunk_units = std::min(per_chunk, units - chunk * per_chunk);
     const int64_t b = in_chunk / chunk_units, u = chunk * per_chunk + in_chunk % chunk_units;
     const int64_t m = u * kAmxUnitRows, rows = std::min(kAmxUnitRows, M - m);
-    // the last unit from the padded copy (a call of 16 rows has none: one A tile reads x itself)
-    const uint16_t* xu = rows < kAmxUnitRows && tail != nullptr ? tail : x + m * K;
+    const uint16_t* xu = rows == kAmxUnitRows || rows == 16 ? x + m * K : tail;
     const char* wb = w + b * pairs * kBlockRows * 4;
     if (rows <= 16) {
       amx_unit16(xu, K, wb, pairs, c);
