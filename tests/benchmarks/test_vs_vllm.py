@@ -400,6 +400,18 @@ def test_one_at_a_time_sessions_keep_alternating():
     assert [list(r) for _, r in alone] == [[0], [0], [1], [1], [2], [2]]
 
 
+def test_llama_cpp_builds_below_native_leave_out_ggml_amx():
+    llama_cpp = _with_siblings("llama_cpp")
+    amx_off = {"-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"}
+    for tier in ("avx2", "avx512"):
+        flags = set(llama_cpp.TIER_FLAGS[tier])
+        assert "-DGGML_NATIVE=OFF" in flags and amx_off <= flags, tier
+    assert "-DGGML_AVX512=OFF" in llama_cpp.TIER_FLAGS["avx2"]
+    assert {"-DGGML_AVX512=ON", "-DGGML_AVX512_BF16=ON", "-DGGML_AVX512_VNNI=ON"} <= set(llama_cpp.TIER_FLAGS["avx512"])
+    with pytest.raises(ValueError, match="tier must be one of"):
+        llama_cpp.build("amx")
+
+
 def test_shapes_are_the_published_configs_and_refuse_others(tmp_path):
     shapes = _with_siblings("shapes")
     qwen = shapes.shape_config("qwen3-1.7b")
