@@ -11,7 +11,10 @@ most time (self CPU time per step, calls per step), and the step time no op acco
 the model's Python, the host work around the kernels. On CUDA also the kernels with the most device time
 per step, and their sum against the step time. On the CPU also the weights a step reads (every linear's,
 the LM head's) over the step time, as GB/s and as a share of the host's memory bandwidth (a STREAM-style
-triad measured after the steps, bench/bandwidth.py): how near a decode step runs to the memory's limit.
+triad, bench/bandwidth.py): how near a decode step runs to the memory's limit. A shared host's bandwidth
+moves from one minute to the next, so after the profiled decode steps ``--bandwidth-rounds`` rounds each
+measure the triad and then time ``--round-steps`` steps; the share is the median of the rounds' own
+(``weights_read.rounds``), each step set against the triad of its moment.
 """
 from __future__ import annotations
 
@@ -44,6 +47,9 @@ def add_profile_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top", type=int, default=15, help="ops listed")
     parser.add_argument("--bandwidth-mib", type=int, default=ARRAY_MIB,
                         help="MiB per array of the memory bandwidth measurement (far past the caches)")
+    parser.add_argument("--bandwidth-rounds", type=int, default=3,
+                        help="rounds of a triad and then --round-steps timed decode steps (CPU, decode steps)")
+    parser.add_argument("--round-steps", type=int, default=8, help="decode steps timed in each bandwidth round")
     parser.add_argument("--out", help="write the results here (JSON)")
     add_model_positional(parser)
     add_engine_args(parser)
@@ -58,7 +64,11 @@ def run_bench_profile(args: argparse.Namespace) -> dict[str, Any]:
     low, high = prompt_id_range(engine.vocab_size)
     pooling = engine.pooler_config is not None  # its requests end with their prompts: those steps are profiled
     prefill = args.prefill or pooling
-    params = PoolingParams() if pooling else SamplingParams(temperature=0, max_tokens=args.steps + 8, ignore_eos=True)
+    if args.bandwidth_rounds < 0 or args.round_steps < 1:
+        raise ValueError("--bandwidth-rounds must be at least 0 and --round-steps at least 1")
+    rounds = args.bandwidth_rounds if engine.device.type == "cpu" and not prefill else 0
+    params = PoolingParams() if pooling else SamplingParams(
+        temperature=0, max_tokens=args.steps + rounds * args.round_steps + 8, ignore_eos=True)
     engine.add_request({"prompt_token_ids": [rng.randrange(low, high) for _ in range(8)]},
                        PoolingParams() if pooling else SamplingParams(temperature=0, max_tokens=4, ignore_eos=True),
                        request_id="warm-up")
@@ -85,6 +95,12 @@ def run_bench_profile(args: argparse.Namespace) -> dict[str, Any]:
                                    "triad_share": gb_s / bandwidth["triad_gb_s"]}
         print(f"weights read per step: {read / 2**20:.1f} MiB, {gb_s:.1f} GB/s at the median step "
               f"({gb_s / bandwidth['triad_gb_s']:.0%} of triad); {describe(bandwidth)}")
+        if rounds:
+            by_round = bandwidth_rounds(engine, read, rounds, args.round_steps, args.bandwidth_mib)
+            results["weights_read"].update(by_round)
+            print(f"  in {rounds} rounds of a triad and {args.round_steps} steps: "
+                  + ", ".join(f"{r['gb_s']:.1f} of {r['triad_gb_s']:.1f} GB/s" for r in by_round["rounds"])
+                  + f"; median share {by_round['round_share_median']:.0%} of the triad")
     for row in results["ops"]:
         print(f"  {row['op']:45s} {row['us_per_step']:9.1f} us  {row['calls_per_step']:6.1f} calls")
     print(f"  {'(no op: Python, the engine, the host)':45s} {results['host_us_per_step']:9.1f} us")
@@ -95,6 +111,28 @@ def run_bench_profile(args: argparse.Namespace) -> dict[str, Any]:
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
     return results
+
+
+def bandwidth_rounds(engine: Any, read: int, rounds: int, steps: int, mib: int) -> dict[str, Any]:
+    """``rounds`` rounds of the host's triad, then ``steps`` timed engine steps: per round its triad, median
+    step, the ``read`` bytes a step reads over that step time and their share of the triad; and the
+    rounds' median share."""
+    found = []
+    with torch.inference_mode():
+        for _ in range(rounds):
+            bandwidth = memory_bandwidth(engine.config.num_threads, mib, tries=3)
+            step_s = []
+            for _ in range(steps):
+                if not engine.has_unfinished_requests():
+                    raise ValueError("the requests ended before the bandwidth rounds did")
+                start = time.perf_counter()
+                engine.step()
+                step_s.append(time.perf_counter() - start)
+            step_us = statistics.median(step_s) * 1e6
+            gb_s = read / step_us / 1e3
+            found.append({"triad_gb_s": bandwidth["triad_gb_s"], "read_gb_s": bandwidth["read_gb_s"],
+                          "step_us_median": step_us, "gb_s": gb_s, "triad_share": gb_s / bandwidth["triad_gb_s"]})
+    return {"rounds": found, "round_share_median": statistics.median(r["triad_share"] for r in found)}
 
 
 def step_weight_bytes(model: torch.nn.Module) -> int:

@@ -130,9 +130,15 @@ def test_scattered_decode_inputs_put_the_blocks_in_random_places_and_attend_alik
 def test_profile_splits_steps_into_ops_and_host_time(tiny_llama_dir, tmp_path) -> None:  # noqa: F811
     out = tmp_path / "profile.json"
     main(["bench", "profile", tiny_llama_dir, "--batch", "2", "--steps", "3", "--dtype", "float32",
-          "--bandwidth-mib", "8", "--out", str(out)])
+          "--bandwidth-mib", "8", "--bandwidth-rounds", "2", "--round-steps", "2", "--out", str(out)])
     results = json.loads(out.read_text())
     assert results["steps"] == 3 and results["step_us_median"] > 0 and results["ops"]
     assert results["host_us_per_step"] >= 0
     read = results["weights_read"]  # every linear's weights, the head's included, against the host's bandwidth
     assert read["bytes_per_step"] > 0 and read["gb_s"] > 0 and read["memory_bandwidth"]["triad_gb_s"] > 0
+    # rounds of a triad and then timed steps: each step time set against the triad of its moment
+    assert len(read["rounds"]) == 2
+    for r in read["rounds"]:
+        assert r["triad_share"] == pytest.approx(read["bytes_per_step"] / r["step_us_median"] / 1e3 / r["triad_gb_s"])
+    assert min(r["triad_share"] for r in read["rounds"]) <= read["round_share_median"] <= \
+        max(r["triad_share"] for r in read["rounds"])
