@@ -164,7 +164,7 @@ FOLO_TARGET_AMX void amx_linear_items(const uint16_t* x, const uint16_t* tail, i
     const int64_t chunk_units = std::min(per_chunk, units - chunk * per_chunk);
     const int64_t b = in_chunk / chunk_units, u = chunk * per_chunk + in_chunk % chunk_units;
     const int64_t m = u * kAmxUnitRows, rows = std::min(kAmxUnitRows, M - m);
-    const uint16_t* xu = rows == kAmxUnitRows || rows == 16 ? x + m * K : tail;
+    const uint16_t* xu = amx_needs_tail(rows) ? tail : x + m * K;
     const char* wb = w + b * pairs * kBlockRows * 4;
     if (rows <= 16) {
       amx_unit16(xu, K, wb, pairs, c);
