@@ -187,19 +187,21 @@ def switch(name: str) -> bool:
     return value(name) == "on"
 
 
-# what a FOLOVLLM_CPU_ISA cap sets torch's own variables to: ATen's vector width, oneDNN's instruction set
-# (none leaves torch's kernels as they are: that tier means none of ours, as on Arm, where torch has its own)
-_TORCH_CAPS = {"avx2": ("avx2", "AVX2"), "avx512": ("avx512", "AVX512_CORE"),
-               "avx512_bf16": ("avx512", "AVX512_CORE_BF16"), "amx": ("avx512", "AVX512_CORE_AMX")}
+# what a FOLOVLLM_CPU_ISA cap sets torch's own variables to: ATen's vector width, oneDNN's instruction set,
+# MKL's (torch's fp32 matmul on an Intel CPU: capped by neither of the other two, it would run AVX-512 under
+# an AVX2 cap); none leaves torch's kernels as they are: that tier means none of ours, as on Arm
+_TORCH_CAPS = {"avx2": ("avx2", "AVX2", "AVX2"), "avx512": ("avx512", "AVX512_CORE", "AVX512"),
+               "avx512_bf16": ("avx512", "AVX512_CORE_BF16", "AVX512_E3"),
+               "amx": ("avx512", "AVX512_CORE_AMX", "AVX512_E4")}
 
 
 def torch_caps(tier: str | None) -> dict[str, str]:
     """The variables that cap torch's own kernels at a CPU tier (``ATEN_CPU_CAPABILITY``,
-    ``ONEDNN_MAX_CPU_ISA``); none for no tier or ``none``."""
+    ``ONEDNN_MAX_CPU_ISA``, ``MKL_ENABLE_INSTRUCTIONS``); none for no tier or ``none``."""
     if tier not in _TORCH_CAPS:
         return {}
-    aten, onednn = _TORCH_CAPS[tier]
-    return {"ATEN_CPU_CAPABILITY": aten, "ONEDNN_MAX_CPU_ISA": onednn}
+    aten, onednn, mkl = _TORCH_CAPS[tier]
+    return {"ATEN_CPU_CAPABILITY": aten, "ONEDNN_MAX_CPU_ISA": onednn, "MKL_ENABLE_INSTRUCTIONS": mkl}
 
 
 def cap_torch_kernels() -> None:

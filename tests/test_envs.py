@@ -40,11 +40,12 @@ def test_every_variable_the_package_names_is_declared() -> None:
 
 
 def test_a_cap_reaches_torchs_own_variables(monkeypatch) -> None:
-    for name in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA"):
+    for name in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("FOLOVLLM_CPU_ISA", "avx2")
     envs.cap_torch_kernels()
     assert os.environ["ATEN_CPU_CAPABILITY"] == "avx2" and os.environ["ONEDNN_MAX_CPU_ISA"] == "AVX2"
+    assert os.environ["MKL_ENABLE_INSTRUCTIONS"] == "AVX2"
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE")  # set by the user: kept
     envs.cap_torch_kernels()
     assert os.environ["ONEDNN_MAX_CPU_ISA"] == "AVX512_CORE"

@@ -87,7 +87,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--serve-engines", default="vllm,folo", help="the engine variants of the server phase")
     p.add_argument("--isa", default=None, choices=["avx2", "avx512", "avx512_bf16"],
                    help="our engines at this CPU tier (FOLOVLLM_CPU_ISA), and vLLM's torch and oneDNN kernels "
-                        "(ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA; its own kernels stay as built for the host)")
+                        "(ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA, MKL_ENABLE_INSTRUCTIONS; its own kernels stay as built "
+                        "for the host)")
     p.add_argument("--llama-cpp", action="store_true",
                    help="also llama.cpp's batched bench on the GGUF (make llama-cpp; at --isa avx2 its avx2 build)")
     p.add_argument("--llama-tier", default=None, choices=list(llama_cpp.TIER_FLAGS),

@@ -379,8 +379,9 @@ def test_a_tier_cap_caps_vllms_torch_kernels_as_it_caps_ours(tmp_path):
     assert capped.env("folovllm")["FOLOVLLM_CPU_ISA"] == "avx2"
     vllm = capped.env("vllm")
     assert vllm["ATEN_CPU_CAPABILITY"] == "avx2" and vllm["ONEDNN_MAX_CPU_ISA"] == "AVX2"
+    assert vllm["MKL_ENABLE_INSTRUCTIONS"] == "AVX2"  # torch's fp32 matmul on Intel, else AVX-512
     host = setup(None).env("vllm")
-    for name in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA"):
+    for name in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS"):
         assert host.get(name) == os.environ.get(name)
 
 
