@@ -86,9 +86,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help=f"the engine variants of the offline phase, from: {', '.join(VARIANTS)}")
     p.add_argument("--serve-engines", default="vllm,folo", help="the engine variants of the server phase")
     p.add_argument("--isa", default=None, choices=["avx2", "avx512", "avx512_bf16"],
-                   help="our engines at this CPU tier (FOLOVLLM_CPU_ISA), and vLLM's torch and oneDNN kernels "
-                        "(ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA, MKL_ENABLE_INSTRUCTIONS; its own kernels stay as built "
-                        "for the host)")
+                   help="our engines at this CPU tier (FOLOVLLM_CPU_ISA), and vLLM too: torch's kernels "
+                        "(ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA, MKL_ENABLE_INSTRUCTIONS) and its own, picked by "
+                        "CPU features answered as on a host of that tier (tier_cap/sitecustomize.py)")
     p.add_argument("--llama-cpp", action="store_true",
                    help="also llama.cpp's batched bench on the GGUF (make llama-cpp; at --isa avx2 its avx2 build)")
     p.add_argument("--llama-tier", default=None, choices=list(llama_cpp.TIER_FLAGS),
@@ -143,7 +143,7 @@ def tiers(setup: Setup) -> dict[str, Any]:
     """The host's CPU tier and the one our engines ran at."""
     from folovllm.platforms import isa
 
-    vllm = f"{isa.host_tier()} (torch and oneDNN at {setup.isa})" if setup.isa else isa.host_tier()
+    vllm = f"{setup.isa} (its build for that tier; torch's kernels capped at it)" if setup.isa else isa.host_tier()
     return {"host": isa.host_tier(), "folovllm": setup.isa or isa.host_tier(), "vllm": vllm}
 
 

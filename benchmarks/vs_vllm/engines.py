@@ -23,6 +23,7 @@ from folovllm.envs import torch_caps
 from folovllm.platforms.allocator import find_tcmalloc, preload_env
 
 HERE = Path(__file__).resolve().parent
+TIER_CAP = HERE / "tier_cap"  # first on vLLM's path under a tier cap: its feature probes answer for that tier
 SERVED_MODEL_NAME = "smollm2"
 
 
@@ -91,8 +92,9 @@ class Setup:
 
     def env(self, engine: str, isa: str | None = None) -> dict[str, str]:
         """The process environment: vLLM's CPU settings (its docs' tcmalloc + the venv's libiomp5,
-        KV space, OpenMP threads bound to the first cores; under a tier cap, torch's and oneDNN's kernels
-        capped at it, as our cap caps them, while vLLM's own kernels stay as built for the host); for
+        KV space, OpenMP threads bound to the first cores; under a tier cap, torch's kernels capped at it,
+        as our cap caps them, and torch's CPU feature probes answering as on a host of that tier, so that
+        vLLM loads and picks its own kernels for that tier: tier_cap/sitecustomize.py); for
         FoloVLLM, this checkout first on the path, the tier cap, if any (``isa``, a variant's own, else the
         run's), and the allocator the ``folovllm`` command would run on (tcmalloc where installed, under
         ``FOLOVLLM_CPU_ALLOCATOR``'s default)."""
@@ -102,6 +104,9 @@ class Setup:
                        VLLM_CPU_OMP_THREADS_BIND=f"0-{self.threads - 1}",
                        LD_PRELOAD=f"{find_tcmalloc()}:{self.vllm_venv / 'lib' / 'libiomp5.so'}")
             env.update(torch_caps(self.isa))
+            if self.isa:
+                env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TIER_CAP), env.get("PYTHONPATH")]))
+                env["VS_VLLM_TIER"] = self.isa
         else:
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(self.root), env.get("PYTHONPATH")]))
             cap = isa or self.isa

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -380,9 +382,30 @@ def test_a_tier_cap_caps_vllms_torch_kernels_as_it_caps_ours(tmp_path):
     vllm = capped.env("vllm")
     assert vllm["ATEN_CPU_CAPABILITY"] == "avx2" and vllm["ONEDNN_MAX_CPU_ISA"] == "AVX2"
     assert vllm["MKL_ENABLE_INSTRUCTIONS"] == "AVX2"  # torch's fp32 matmul on Intel, else AVX-512
+    assert vllm["VS_VLLM_TIER"] == "avx2" and vllm["PYTHONPATH"].split(os.pathsep)[0] == str(engines.TIER_CAP)
     host = setup(None).env("vllm")
-    for name in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS"):
+    for name in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "VS_VLLM_TIER"):
         assert host.get(name) == os.environ.get(name)
+
+
+@pytest.mark.parametrize("tier", ["avx2", "avx512", "amx", ""])
+def test_under_a_tier_cap_torchs_cpu_probes_answer_as_a_host_of_that_tier(tier):
+    """vLLM picks its own kernels' build by these probes: a capped one must see no feature above the cap."""
+    probe = ("import json, torch.cpu as c; print(json.dumps([c._is_avx512_supported(), "
+             "c._is_avx512_bf16_supported(), c._is_amx_tile_supported()]))")
+    env = {**os.environ, "PYTHONPATH": str(FOLDER / "tier_cap"), "VS_VLLM_TIER": tier}
+    seen = json.loads(subprocess.run([sys.executable, "-c", probe], env=env, check=True, capture_output=True,
+                                     text=True).stdout)
+    host = json.loads(subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True,
+                                     text=True).stdout)
+    allowed = {"avx2": [False] * 3, "avx512": [True, False, False], "amx": [True] * 3, "": [True] * 3}[tier]
+    assert seen == [h and a for h, a in zip(host, allowed)]
+
+
+def test_an_unknown_tier_cap_stops_vllms_process():
+    env = {**os.environ, "PYTHONPATH": str(FOLDER / "tier_cap"), "VS_VLLM_TIER": "avx3"}
+    done = subprocess.run([sys.executable, "-c", "print('ran')"], env=env, capture_output=True, text=True)
+    assert done.returncode != 0 and "VS_VLLM_TIER" in done.stderr and "ran" not in done.stdout
 
 
 def _with_siblings(name: str) -> ModuleType:
