@@ -65,6 +65,11 @@ def variants(names: str) -> tuple[str, ...]:
     return chosen
 
 
+def _first_on_path(env: dict[str, str], folder: Path) -> None:
+    """Puts ``folder`` first on ``env``'s PYTHONPATH."""
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(folder), env.get("PYTHONPATH")]))
+
+
 def label(name: str) -> str:
     return VARIANTS[name].label
 
@@ -105,10 +110,10 @@ class Setup:
                        LD_PRELOAD=f"{find_tcmalloc()}:{self.vllm_venv / 'lib' / 'libiomp5.so'}")
             env.update(torch_caps(self.isa))
             if self.isa:
-                env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TIER_CAP), env.get("PYTHONPATH")]))
+                _first_on_path(env, TIER_CAP)
                 env["VS_VLLM_TIER"] = self.isa
         else:
-            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(self.root), env.get("PYTHONPATH")]))
+            _first_on_path(env, self.root)
             cap = isa or self.isa
             if cap:
                 env["FOLOVLLM_CPU_ISA"] = cap
