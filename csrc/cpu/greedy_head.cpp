@@ -135,8 +135,11 @@ at::Tensor linear_argmax(const at::Tensor& x, const at::Tensor& packed) {
     });
   } else {
     const bool round_bf16 = x.scalar_type() == at::kBFloat16, wide = tier_at_least(Tier::kAvx512);
-    const at::Tensor xf = round_bf16 ? xc.to(at::kFloat) : xc;
-    const float* xp = xf.const_data_ptr<float>();
+    const LinearIn rows = round_bf16 ? LinearIn{nullptr, reinterpret_cast<const uint16_t*>(xc.const_data_ptr())}
+                                     : LinearIn{xc.const_data_ptr<float>(), nullptr};
+    const at::Tensor laid = at::empty({M, K}, xc.options().dtype(at::kFloat));  // as the tiles read x, once
+    (wide ? &avx512::linear_group_rows : &avx2::linear_group_rows)(rows, K, 0, M, laid.data_ptr<float>());
+    const float* xp = laid.const_data_ptr<float>();
     const uint32_t* wp = reinterpret_cast<const uint32_t*>(packed.const_data_ptr());
     at::parallel_for(0, parts, 1, [&](int64_t p0, int64_t p1) {
       for (int64_t p = p0; p < p1; ++p) {

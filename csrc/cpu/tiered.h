@@ -73,8 +73,11 @@ struct LoraTables {
   int64_t linear_item_count(int64_t M, int64_t N);                                                             \
   void linear_items(const LinearIn& x, int64_t M, int64_t K, const uint32_t* w, const float* bias,              \
                     const LinearOut& out, int64_t i0, int64_t i1);                                              \
-  /* Each row's best of x W^T over weight blocks [block0, block1) (bf16-rounded first with round_bf16):     */ \
-  /* updates best[M], best_id[M] where strictly larger.                                                     */ \
+  /* x's rows [first, last) as fp32 into out ((last - first) K floats), laid out as the tiles read them     */ \
+  /* (AVX2: groups of up to 6 rows, [K pair][row][2]; else row after row): linear_argmax_part's input.       */ \
+  void linear_group_rows(const LinearIn& x, int64_t K, int64_t first, int64_t last, float* out);               \
+  /* Each row's best of x W^T (x grouped: linear_group_rows) over weight blocks [block0, block1)            */ \
+  /* (bf16-rounded first with round_bf16): updates best[M], best_id[M] where strictly larger.               */ \
   void linear_argmax_part(const float* x, int64_t M, int64_t K, const uint32_t* w, int64_t block0,             \
                           int64_t block1, bool round_bf16, float* best, int64_t* best_id);                  \
   /* One decode query row over kv_heads consecutive kv heads from `kv`'s (rows dim apart), `heads` query   */  \
