@@ -110,8 +110,8 @@ void widen_bf16(const uint16_t* src, int64_t n, float* dst) {
 
 // Rows [first, last) of x (fp32, or bf16 widened: exact) into `out` as the tiles read them. On AVX2 grouped as
 // by_row_groups groups them: the group of R rows that starts at row m lies at out + (m - first) K as
-// [K pair][R rows][2], so a tile's broadcasts read one stream rather than R rows K apart (2-9 % faster at
-// 32-2,048 rows); elsewhere row after row. The values, and so the bits, are x's own.
+// [K pair][R rows][2], so a tile's broadcasts read one stream rather than R rows K apart (1-9 % faster at
+// 32-2,048 rows in alternating kernel rounds); elsewhere row after row. The values, and so the bits, are x's own.
 void linear_group_rows(const LinearIn& x, int64_t K, int64_t first, int64_t last, float* out) {
   if constexpr (!kGroupedRows) {
     if (x.f32 != nullptr) {
@@ -126,8 +126,8 @@ void linear_group_rows(const LinearIn& x, int64_t K, int64_t first, int64_t last
   const int64_t pairs = K / 2;
   by_row_groups(first, last, [&](auto rows, int64_t m) {
     constexpr int R = decltype(rows)::value;
-    const float* src = x.f32 + m * K;  // the group's R rows, K apart
-    if (x.f32 == nullptr) widen_bf16(x.bf16 + m * K, R * K, widened.data()), src = widened.data();
+    if (x.f32 == nullptr) widen_bf16(x.bf16 + m * K, R * K, widened.data());
+    const float* src = x.f32 != nullptr ? x.f32 + m * K : widened.data();  // the group's R rows, K apart
     char* group = reinterpret_cast<char*>(out + (m - first) * K);
     for (int64_t p = 0; p < pairs; ++p)  // written in order, one K pair (8 bytes) of each row at a time
       for (int r = 0; r < R; ++r) std::memcpy(group + (p * R + r) * 8, src + r * K + 2 * p, 8);
