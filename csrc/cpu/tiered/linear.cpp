@@ -13,8 +13,9 @@
 // widening is paid once per chunk, not once per row group. On AVX2 each thread first copies its chunk's rows
 // as fp32 grouped the way the tiles take them (linear_group_rows), so a tile's broadcasts are one stream.
 // Work items are a block times a chunk of up to 128 rows, or, for 12 rows or more, one panel of a block (a
-// quarter on AVX2), so a weight of few blocks still splits evenly over the threads. The first tile of an
-// item pulls the thread's next item into L2, so that one does not start waiting on memory.
+// quarter on AVX2), so a weight of few blocks still splits evenly over the threads; on AVX2 a chunk's last
+// 1-3 rows then take the whole block apart, where they have sums enough to keep the FMAs busy. The first tile
+// of an item pulls the thread's next item into L2, so that one does not start waiting on memory.
 // linear_argmax keeps each row's best output instead of writing them (a greedy LM head).
 #include "../tiered.h"
 #include "../vec.h"
@@ -50,8 +51,19 @@ constexpr int kPanels = kBlockVecs / kPanelVecs;   // panels per block
 
 // Work items per block and chunk of rows: a chunk of kPanelRows rows or more splits each block into its
 // panels (AVX2: 4), so a weight of few blocks still spreads evenly over the threads (a 576-row weight
-// is 9 blocks: 5 and 4 items on two threads, but 18 and 18 panels).
-int64_t items_per_block(int64_t M) { return M >= kPanelRows ? kPanels : 1; }
+// is 9 blocks: 5 and 4 items on two threads, but 18 and 18 panels). On AVX2 a chunk's last row group of 1-3
+// rows (rest_rows) gets one more item, the whole block in packed tiles of tile_vecs<R>() vectors (8-12 sums):
+// over one panel it would keep 2-6 sums, too few to cover the FMA latency (2 rows: half the FMA rate).
+constexpr bool kRestApart = kLanes == 8;
+int64_t rest_rows(int64_t rows) {  // rows of a chunk of `rows` that its block's rest item takes
+  const int64_t rest = rows % kMaxRows;
+  return kRestApart && rows >= kPanelRows && rest <= 3 ? rest : 0;
+}
+// Whether some chunk of M rows has a rest of its own (full chunks have kChunkRows % kMaxRows rows left over).
+bool has_rest(int64_t M) {
+  return M >= kPanelRows && (rest_rows(M % kChunkRows) > 0 || (M >= kChunkRows && rest_rows(kChunkRows) > 0));
+}
+int64_t items_per_block(int64_t M) { return M >= kPanelRows ? kPanels + has_rest(M) : 1; }
 
 // The weights a tile reads, pair p, vector c: straight from the packed bf16 block (widened in registers as
 // read), or from a panel of it widened to fp32 once ([pair][even, odd][kPanelVecs vectors]) for a chunk of
@@ -220,19 +232,27 @@ FOLO_VINLINE void store_tile(const Vec (&acc)[R][C], const float* bias, const Li
 // the packed block as they go; otherwise each panel is widened once and the rows run over it. The first tile
 // pulls `next` into L2.
 template <typename Consume>
+FOLO_VINLINE void packed_tiles(const float* x, int64_t K, int64_t pairs, const uint32_t* wb, int64_t first,
+                               int64_t last, NextWeights next, Consume&& consume) {
+  by_row_groups(first, last, [&](auto rows, int64_t m) {
+    constexpr int R = decltype(rows)::value, C = tile_vecs<R>();
+    for (int v0 = 0; v0 < kBlockVecs; v0 += C) {
+      Vec acc[R][C];
+      tile<R, C>(x + (m - first) * K, K, pairs, Packed{wb, v0}, next, acc);
+      next = {};
+      consume(acc, m, v0);
+    }
+  });
+}
+
+template <typename Consume>
 FOLO_VINLINE void block_tiles(const float* x, int64_t K, int64_t pairs, const uint32_t* wb, int64_t first,
                               int64_t last, int q0, int q1, NextWeights next, Consume&& consume) {
-  if (last - first < kPanelRows && q0 == 0 && q1 == kPanels) {
-    by_row_groups(first, last, [&](auto rows, int64_t m) {
-      constexpr int R = decltype(rows)::value, C = tile_vecs<R>();
-      for (int v0 = 0; v0 < kBlockVecs; v0 += C) {
-        Vec acc[R][C];
-        tile<R, C>(x + (m - first) * K, K, pairs, Packed{wb, v0}, next, acc);
-        next = {};
-        consume(acc, m, v0);
-      }
-    });
-    return;
+  const bool whole = q0 == 0 && q1 == kPanels;
+  if (last - first < kPanelRows && whole) return packed_tiles(x, K, pairs, wb, first, last, next, consume);
+  if (const int64_t rest = whole ? rest_rows(last - first) : 0; rest > 0) {
+    packed_tiles(x + (last - rest - first) * K, K, pairs, wb, last - rest, last, next, consume);
+    last -= rest, next = {};
   }
   float* panel = panel_scratch(pairs);
   for (int v0 = q0 * kPanelVecs; v0 < q1 * kPanelVecs; v0 += kPanelVecs) {
@@ -261,11 +281,12 @@ int64_t linear_item_count(int64_t M, int64_t N) {
 void linear_items(const LinearIn& x, int64_t M, int64_t K, const uint32_t* w, const float* bias,
                   const LinearOut& out, int64_t i0, int64_t i1) {
   const int64_t pairs = K / 2, per_block = items_per_block(M), per_chunk = out.N / kBlockRows * per_block;
-  const int span = kPanels / static_cast<int>(per_block);  // panels per item
+  const int span = per_block == 1 ? kPanels : 1;  // panels per item
   const int item_lines = span * kPanelVecs * kLanes * 4 / 64;  // cache lines of an item's K pair
   // item j of a chunk: its block's first packed pair, offset to its first panel
   const auto weights_of = [&](int64_t j) {
-    return w + (j / per_block) * pairs * kBlockRows + (j % per_block) * span * kPanelVecs * kLanes;
+    const int64_t panel = std::min<int64_t>(j % per_block, kPanels - 1);  // the rest's item: the last panel's
+    return w + (j / per_block) * pairs * kBlockRows + panel * span * kPanelVecs * kLanes;
   };
   const float* rows = nullptr;  // chunk `held`'s rows as the tiles read them
   int64_t held = -1;
@@ -273,12 +294,20 @@ void linear_items(const LinearIn& x, int64_t M, int64_t K, const uint32_t* w, co
     const int64_t chunk = i / per_chunk, j = i % per_chunk, b = j / per_block, first = chunk * kChunkRows;
     const int64_t last = std::min(M, first + kChunkRows);
     if (chunk != held) rows = tile_rows(x, K, first, last), held = chunk;
-    const int q0 = static_cast<int>(j % per_block) * span, q1 = q0 + span;
+    const int64_t part = j % per_block, rest = per_block > kPanels ? rest_rows(last - first) : 0;
+    int64_t lo = 0, hi = last - first;  // rows of the chunk this item takes
+    int q0 = static_cast<int>(part) * span, q1 = q0 + span;
+    if (part == kPanels) {
+      lo = hi - rest, q0 = 0, q1 = kPanels;  // the rest's item: its rows over the whole block
+    } else {
+      hi -= rest;
+    }
+    if (lo == hi) continue;
     NextWeights next;  // the next item's lines of each K pair's 256-byte run of its block
     if (i + 1 < i1) {
       next = {reinterpret_cast<const char*>(weights_of((i + 1) % per_chunk)), kBlockRows * 4, item_lines};
     }
-    block_tiles(rows, K, pairs, w + b * pairs * kBlockRows, 0, last - first, q0, q1, next,
+    block_tiles(rows + lo * K, K, pairs, w + b * pairs * kBlockRows, lo, hi, q0, q1, next,
                 [&](const auto& acc, int64_t m, int v0) {
                   store_tile(acc, bias, out, first + m, b * kBlockRows + v0 * kLanes);
                 });
