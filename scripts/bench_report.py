@@ -149,6 +149,13 @@ def vs_vllm_table(path: Path) -> str:
                       *tables, vs_vllm.format_notes(result), ""])
 
 
+def sweeps_table(paths: list[Path]) -> str:
+    """Sweeps side by side (tiers of a host, runs of a tier), formatted by the comparison's own report module."""
+    vs_vllm = _load("vs_vllm_report", Path("benchmarks/vs_vllm/report.py"))
+    results = [json.loads(p.read_text())[0] for p in paths]
+    return vs_vllm.format_sweep_runs(results, [p.as_posix() for p in paths])
+
+
 def pd_burst_table(path: Path) -> str:
     """The PD-under-bursts table, formatted by the benchmark's own module."""
     sys.path.insert(0, ".")
@@ -265,6 +272,9 @@ def render_docs() -> str:
     text = TEMPLATE.read_text()
     text = re.sub(r"^<!-- platform: (.+?) -->$",
                   lambda m: summary.platform_table([RESULTS / f"{n}.json" for n in m.group(1).split()]).rstrip(),
+                  text, flags=re.M)
+    text = re.sub(r"^<!-- sweeps: (.+?) -->$",
+                  lambda m: sweeps_table([RESULTS / f"{n}.json" for n in m.group(1).split()]).rstrip(),
                   text, flags=re.M)
     text = re.sub(r"^<!-- tables: (.+?) -->$",
                   lambda m: render([RESULTS / f"{n}.json" for n in m.group(1).split()]).rstrip(),

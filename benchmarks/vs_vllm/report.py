@@ -277,3 +277,19 @@ def format_sweep(rows: Sequence[dict[str, Any]], summary: dict[str, dict[str, An
         lines.append(f"| {SWEEP_KINDS[kind]} | {s['points']} | {s['median']:.2f}× | {s['lowest']:.2f}× | "
                      f"{s['bar_median']:.2f}× / {floor} | {'yes' if s['met'] else 'no'} |")
     return "\n".join(lines) + "\n"
+
+
+def format_sweep_runs(results: Sequence[dict[str, Any]], names: Sequence[str]) -> str:
+    """Several sweeps side by side, one line per run (each kind's median, its lowest point in brackets), for
+    the tiers of one host or the runs of one tier; ``names`` are the runs' result files."""
+    kinds = [k for k in SWEEP_KINDS if any(k in r["sweep"]["summary"] for r in results)]
+    lines = ["| run | tiers: ours / vLLM | vLLM's variants | " + " | ".join(SWEEP_KINDS[k] for k in kinds)
+             + " | every bar met |", "|---|---|---|" + "---|" * len(kinds) + "---|"]
+    for name, r in zip(names, results):
+        tier, summary = r["machine"]["tier"], r["sweep"]["summary"]
+        vllm = ", ".join(e for e in r["sweep"]["rows"][0]["by_engine"] if is_vllm(e))
+        cells = [f"{summary[k]['median']:.2f}× ({summary[k]['lowest']:.2f}×)" if k in summary else "–" for k in kinds]
+        met = "yes" if all(s["met"] for s in summary.values()) else "no"
+        lines.append(f"| `{name}` | {tier['folovllm']} / {tier['vllm'].split(' ')[0]} | {vllm} | "
+                     + " | ".join(cells) + f" | {met} |")
+    return "\n".join(lines) + "\n"

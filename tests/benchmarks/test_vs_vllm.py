@@ -292,6 +292,21 @@ def test_a_sweep_result_renders_as_its_own_table(tmp_path, monkeypatch):
     assert "| offline start-up |" in page and "tier avx512_bf16 (ours at avx2)" in page
 
 
+def test_sweeps_side_by_side_show_each_kinds_median_and_lowest_per_run():
+    rows = report.sweep_rows(sweep_offline())
+    lower = report.sweep_rows({"workloads": [{**w, "median": {"vllm": 100.0, "folo": 90.0}}
+                                             for w in sweep_offline()["workloads"] if w["kind"] == "decode"]})
+    runs = [{"machine": {"tier": {"host": "amx", "folovllm": tier, "vllm": vllm}},
+             "sweep": {"rows": r, "summary": report.sweep_summary(r)}}
+            for tier, vllm, r in (("avx2", "avx2 (its build for that tier)", rows), ("amx", "amx", lower))]
+    table = report.format_sweep_runs(runs, ["docs/results/a.json", "docs/results/b.json"]).splitlines()
+    assert table[0] == ("| run | tiers: ours / vLLM | vLLM's variants | batched decode | prefill | one stream "
+                        "| every bar met |")
+    assert table[2] == ("| `docs/results/a.json` | avx2 / avx2 | vllm-fp32 | 1.40× (1.20×) | 0.95× (0.95×) "
+                        "| 2.00× (2.00×) | no |")
+    assert table[3] == "| `docs/results/b.json` | amx / amx | vllm | 0.90× (0.90×) | – | – | no |"
+
+
 def test_agreement_counts_identical_outputs_and_the_shared_prefix():
     same = report.agreement([[1, 2, 3], [4, 5, 6]], [[1, 2, 3], [4, 9, 6]])
     assert same["identical"] == 1 and same["match_rate"] == 0.5
