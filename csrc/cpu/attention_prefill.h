@@ -1,7 +1,8 @@
 // Causal attention over fresh prefill chunks (no cached context): the torch.ops.folovllm.prefill_attention op
-// (registered with the paged kernel's, attention.cpp). Two forms on one thread team (run_prefill_team): at
-// the avx512_bf16 tier, bf16 with vdpbf16ps (below); at the avx2 and avx512 tiers, fp32 FMAs on fp32 or
-// bf16 inputs (tiered/attention_prefill.cpp). The bf16 dot-product form:
+// (registered with the paged kernel's, attention.cpp). Three forms on one thread team (run_prefill_team): at
+// the avx512_bf16 tier, bf16 with vdpbf16ps (below); at the amx tier, the same with Q K^T and P V on the tile
+// unit (attention_prefill_amx.h); at the avx2 and avx512 tiers, fp32 FMAs on fp32 or bf16 inputs
+// (tiered/attention_prefill.cpp). The bf16 dot-product form:
 //
 // A fresh chunk's K/V are contiguous already (q [T, Hq, D], k and v [T, Hkv, D], rows may be strided).
 // Each (chunk, kv head) first has its keys and values reordered into tiles of kTile keys laid out for
@@ -15,6 +16,7 @@
 // torch.get_num_threads() threads.
 #pragma once
 
+#include "attention_prefill_amx.h"
 #include "simd.h"
 #include "isa.h"
 #include "tiered.h"
@@ -29,6 +31,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 namespace folovllm::cpu {
@@ -122,8 +125,15 @@ struct PrefillWorkspace {
         row_sum(kTile) {}
 };
 
-// One work item: query rows [q0, q0 + kTile) of one head of a chunk, against key tiles 0 .. q0 / kTile.
-template <int NV>
+// The AMX form's: the tile layout loaded on the thread while it runs items.
+struct AmxPrefillWorkspace : PrefillWorkspace {
+  explicit AmxPrefillWorkspace(int64_t D) : PrefillWorkspace(D) { amx_configure(); }
+  ~AmxPrefillWorkspace() { amx_release(); }
+};
+
+// One work item: query rows [q0, q0 + kTile) of one head of a chunk, against key tiles 0 .. q0 / kTile; Q K^T
+// and P V with vdpbf16ps, or on the tile unit (kAmx).
+template <int NV, bool kAmx>
 FOLO_TARGET_AVX512_BF16 void attend_prefill_item(const PrefillProblem& p, const PrefillChunk& c, int64_t head,
                                                int64_t q_tile, const uint16_t* keys, const uint16_t* values,
                                                PrefillWorkspace& ws) {
@@ -142,9 +152,17 @@ FOLO_TARGET_AVX512_BF16 void attend_prefill_item(const PrefillProblem& p, const 
   std::fill(ws.row_sum.begin(), ws.row_sum.end(), 0.f);
 
   for (int64_t tile = 0; tile <= q_tile; ++tile) {
-    const __m512bh* kt = reinterpret_cast<const __m512bh*>(keys + tile * kTile * D);
-    const __m512bh* vt = reinterpret_cast<const __m512bh*>(values + tile * kTile * D);
-    for (int64_t m = 0; m < kTile; m += 4) score_rows4(ws.q.data() + m * pairs, pairs, kt, p.scale, &ws.scores[m * kTile]);
+    const uint16_t* kt = keys + tile * kTile * D;
+    const uint16_t* vt = values + tile * kTile * D;
+    if constexpr (kAmx) {
+      for (int64_t m = 0; m < kTile; m += 16)
+        amx_score_rows16<kTile>(reinterpret_cast<const uint16_t*>(ws.q.data()) + m * D, D, kt, p.scale,
+                                &ws.scores[m * kTile]);
+    } else {
+      for (int64_t m = 0; m < kTile; m += 4)
+        score_rows4(ws.q.data() + m * pairs, pairs, reinterpret_cast<const __m512bh*>(kt), p.scale,
+                    &ws.scores[m * kTile]);
+    }
     const bool diagonal = tile == q_tile;
     for (int64_t m = 0; m < kTile; ++m) {
       float* s = &ws.scores[m * kTile];
@@ -176,7 +194,13 @@ FOLO_TARGET_AVX512_BF16 void attend_prefill_item(const PrefillProblem& p, const 
         for (int j = 0; j < NV; ++j) _mm512_storeu_ps(a + j * 16, _mm512_mul_ps(_mm512_loadu_ps(a + j * 16), cv));
       }
     }
-    for (int64_t m = 0; m < kTile; m += R) add_values<NV, R>(ws.probs.data() + m * (kTile / 2), vt, &ws.acc[m * D]);
+    if constexpr (kAmx) {
+      for (int64_t m = 0; m < kTile; m += 16)
+        amx_add_values16<kTile>(reinterpret_cast<const uint16_t*>(ws.probs.data()) + m * kTile, vt, D, &ws.acc[m * D]);
+    } else {
+      for (int64_t m = 0; m < kTile; m += R)
+        add_values<NV, R>(ws.probs.data() + m * (kTile / 2), reinterpret_cast<const __m512bh*>(vt), &ws.acc[m * D]);
+    }
   }
 
   for (int64_t m = 0; m < rows; ++m) {
@@ -230,8 +254,10 @@ std::vector<int64_t> pack_offsets(const std::vector<PrefillChunk>& chunks, int64
   return offsets;
 }
 
-// The AVX-512 BF16 form: bf16 K/V packed for vdpbf16ps.
-void run_prefill_bf16_dot(const PrefillProblem& p, const std::vector<PrefillChunk>& chunks) {
+// The bf16 dot-product forms: K/V packed as the header says, items with vdpbf16ps or (kAmx) on the tile unit.
+template <bool kAmx>
+void run_prefill_bf16(const PrefillProblem& p, const std::vector<PrefillChunk>& chunks) {
+  using Workspace = std::conditional_t<kAmx, AmxPrefillWorkspace, PrefillWorkspace>;
   const int64_t D = p.head_dim, group = p.num_heads / p.num_kv_heads;
   int64_t total = 0;
   const std::vector<int64_t> offsets = pack_offsets(chunks, kTile, D * p.num_kv_heads, &total);
@@ -242,15 +268,15 @@ void run_prefill_bf16_dot(const PrefillProblem& p, const std::vector<PrefillChun
   const auto at_head = [&](int64_t c, int64_t kv_head) {
     return offsets[c] + kv_head * ((chunks[c].len + kTile - 1) / kTile * kTile) * D;
   };
-  run_prefill_team<PrefillWorkspace>(
+  run_prefill_team<Workspace>(
       chunks, p.num_heads, p.num_kv_heads, D, kTile,
       [&](int64_t c, int64_t h) { pack_kv(p, chunks[c], h, keys + at_head(c, h), values + at_head(c, h)); },
-      [&](const PrefillItem& it, PrefillWorkspace& ws) {
+      [&](const PrefillItem& it, Workspace& ws) {
         const int64_t at = at_head(it.chunk, it.head / group);
         if (D == 64)
-          attend_prefill_item<4>(p, chunks[it.chunk], it.head, it.q_tile, keys + at, values + at, ws);
+          attend_prefill_item<4, kAmx>(p, chunks[it.chunk], it.head, it.q_tile, keys + at, values + at, ws);
         else
-          attend_prefill_item<8>(p, chunks[it.chunk], it.head, it.q_tile, keys + at, values + at, ws);
+          attend_prefill_item<8, kAmx>(p, chunks[it.chunk], it.head, it.q_tile, keys + at, values + at, ws);
       });
 }
 
@@ -342,7 +368,8 @@ void prefill_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k
   const auto bits = [](const at::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.const_data_ptr()); };
   PrefillProblem p{bits(q), bits(k), bits(v), reinterpret_cast<uint16_t*>(out.mutable_data_ptr()),
                    q.stride(0), k.stride(0), v.stride(0), Hq, Hkv, D, static_cast<float>(scale)};
-  run_prefill_bf16_dot(p, chunks);
+  if (amx_runs()) return run_prefill_bf16<true>(p, chunks);  // head_dim 64 or 128: whole C tiles of 64 dims
+  run_prefill_bf16<false>(p, chunks);
 }
 
 }  // namespace folovllm::cpu

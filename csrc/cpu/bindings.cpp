@@ -1,6 +1,7 @@
 // The CPU kernel library's one op namespace, torch.ops.folovllm: every op's schema and implementation
 // (declared in ops.h, defined beside their kernels), the DecoderChain class, and the tier ops that
 // folovllm/platforms/isa.py reads and caps.
+#include "amx.h"
 #include "isa.h"
 #include "ops.h"
 
@@ -25,7 +26,8 @@ Tier kernel_floor(const std::string& name) {
 }
 
 bool has_kernel(const std::string& name) {
-  if (name == "linear_amx") return amx_linear_runs();  // the amx tier, where the OS grants the tile registers
+  // the AMX forms (linear_amx.h, attention_prefill_amx.h): the amx tier, where the OS grants the tile registers
+  if (name == "linear_amx" || name == "prefill_attention_amx") return amx_runs();
   return tier_at_least(kernel_floor(name));
 }
 

@@ -49,8 +49,6 @@ void check_weight(const at::Tensor& w) {
 
 }  // namespace
 
-bool amx_linear_runs() { return amx_runs(); }
-
 at::Tensor linear_pack(const at::Tensor& weight) {
   check_weight(weight);
   const at::Tensor w = weight.contiguous();

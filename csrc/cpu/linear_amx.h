@@ -15,10 +15,8 @@
 // rounding): so a row's bits depend on whether its call took this form, never on the other rows of the call.
 #pragma once
 
+#include "amx.h"
 #include "isa.h"
-
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -31,19 +29,6 @@ constexpr int64_t kAmxUnitRows = 32;  // rows per work item: two A tiles
 constexpr int64_t kAmxPairs = 16;     // K pairs per tile step: 32 K values of bf16, one 64-byte tile row
 constexpr int64_t kAmxAhead = 2;      // tile steps the weights are prefetched ahead
 
-// Linux hands a process the tile registers' state only once asked (arch_prctl ARCH_REQ_XCOMP_PERM); false
-// where the kernel refuses, and then this form never runs.
-inline bool amx_permitted() {
-  static const bool permitted = [] {
-    constexpr int kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
-    return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
-  }();
-  return permitted;
-}
-
-// Whether this form runs here: the amx tier, and the tile state granted.
-inline bool amx_runs() { return tier_at_least(Tier::kAmx) && amx_permitted(); }
-
 // Whether a call of M rows of bf16 x, K columns, takes this form at the current tier.
 inline bool amx_takes(int64_t M, int64_t K) { return M >= kAmxMinRows && K % (2 * kAmxPairs) == 0 && amx_runs(); }
 
@@ -51,36 +36,12 @@ inline bool amx_takes(int64_t M, int64_t K) { return M >= kAmxMinRows && K % (2 
 // of x itself (amx_unit16), a whole unit two; any other count would read past x.
 inline bool amx_needs_tail(int64_t M) { return M % kAmxUnitRows != 0 && M % kAmxUnitRows != 16; }
 
-// Every tile 16 rows of 64 bytes: C 0-3 (16 rows x 16 fp32 outputs), A 4-5 (16 rows x 32 bf16 of x), B 6-7
-// (16 K pairs x 16 outputs).
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
-FOLO_TARGET_AMX inline void amx_configure() {
-  TileConfig config;
-  for (int t = 0; t < 8; ++t) {
-    config.colsb[t] = 64;
-    config.rows[t] = 16;
-  }
-  _tile_loadconfig(&config);
-}
-
 // The B tiles kAmxAhead steps of 32 K values past `wp` (`lines` 64-byte lines of each K pair's 256 bytes)
 // pulled into L1: a tile load waits on memory otherwise, the hardware prefetchers not running ahead of it.
 FOLO_INLINE void prefetch_b(const char* wp, int lines) {
   const char* ahead = wp + kAmxAhead * kAmxPairs * 256;
   for (int64_t q = 0; q < kAmxPairs; ++q)
     for (int l = 0; l < lines; ++l) _mm_prefetch(ahead + q * 256 + l * 64, _MM_HINT_T0);
-}
-
-FOLO_TARGET_AMX FOLO_INLINE void zero_c_tiles() {
-  _tile_zero(0);
-  _tile_zero(1);
-  _tile_zero(2);
-  _tile_zero(3);
 }
 
 // 32 rows of x (row stride `ld` elements) times 32 outputs of a packed block (`wh`: the block's first K

@@ -56,8 +56,6 @@ at::Tensor silu_and_mul(const at::Tensor& gate_up);
 at::Tensor linear_pack(const at::Tensor& weight);
 at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias);
 at::Tensor linear_argmax(const at::Tensor& x, const at::Tensor& packed);
-// Whether the linear op's AMX form runs here (the amx tier, and the OS grants the tile registers).
-bool amx_linear_runs();
 
 // quant_gemm.cpp
 at::Tensor int4_gemm(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& zeros,

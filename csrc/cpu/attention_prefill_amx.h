@@ -1,0 +1,75 @@
+// The prefill kernel's AMX form (attention_prefill.h picks it on an AMX host): the bf16 dot-product form's work
+// items with Q K^T and P V on the tile unit (TDPBF16PS, amx.h) instead of vdpbf16ps. That form's packed keys
+// ([D/2 pairs of dims][kTile keys][2]) and values ([kTile/2 pairs of keys][D][2]) are B tiles as they lie; 16
+// query rows are an A tile of q (32 dims) for the scores and of the rounded probabilities (32 keys) for the
+// values. Per 16 rows: the scores as four C tiles of 16 keys, stepping through D 32 dims at a time; the values
+// as four C tiles of 16 dims loaded from the rows' fp32 accumulators (the softmax's rescaling already applied),
+// stepping through the tile's keys 32 at a time, and stored back. The online softmax between them is the other
+// form's. Every sum runs in the same order, but the tile unit rounds apart from vdpbf16ps: the two forms agree
+// to within a bf16 step, not bit for bit.
+#pragma once
+
+#include "amx.h"
+#include "isa.h"
+
+#include <cstdint>
+
+namespace folovllm::cpu {
+namespace {
+
+// scores[16][Tile] = scale * q[16][D] (bf16, row stride D) . the keys of one packed tile.
+template <int64_t Tile>
+FOLO_TARGET_AMX inline void amx_score_rows16(const uint16_t* q, int64_t D, const uint16_t* keys, float scale,
+                                             float* scores) {
+  static_assert(Tile == 64, "a tile's keys are four C tiles of 16");
+  zero_c_tiles();
+  for (int64_t d = 0; d < D; d += 32) {
+    const uint16_t* kd = keys + d * Tile;  // dims [d, d + 32): pairs d/2 on, Tile keys x 2 each
+    _tile_loadd(4, q + d, D * 2);
+    _tile_loadd(6, kd, Tile * 4);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_loadd(7, kd + 32, Tile * 4);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_loadd(6, kd + 64, Tile * 4);
+    _tile_dpbf16ps(2, 4, 6);
+    _tile_loadd(7, kd + 96, Tile * 4);
+    _tile_dpbf16ps(3, 4, 7);
+  }
+  _tile_stored(0, scores, Tile * 4);
+  _tile_stored(1, scores + 16, Tile * 4);
+  _tile_stored(2, scores + 32, Tile * 4);
+  _tile_stored(3, scores + 48, Tile * 4);
+  const __m512 s = _mm512_set1_ps(scale);
+  for (int64_t i = 0; i < 16 * Tile; i += 16)
+    _mm512_storeu_ps(scores + i, _mm512_mul_ps(_mm512_loadu_ps(scores + i), s));
+}
+
+// acc[16][D] (fp32, row stride D) += probs[16][Tile] (bf16, row stride Tile) . the values of one packed tile.
+template <int64_t Tile>
+FOLO_TARGET_AMX inline void amx_add_values16(const uint16_t* probs, const uint16_t* values, int64_t D, float* acc) {
+  for (int64_t d0 = 0; d0 < D; d0 += 64) {  // four C tiles of 16 dims
+    _tile_loadd(0, acc + d0, D * 4);
+    _tile_loadd(1, acc + d0 + 16, D * 4);
+    _tile_loadd(2, acc + d0 + 32, D * 4);
+    _tile_loadd(3, acc + d0 + 48, D * 4);
+    for (int64_t k = 0; k < Tile; k += 32) {
+      const uint16_t* vk = values + k * D + 2 * d0;  // pairs of keys k/2 on, dims d0 on, x 2 each
+      _tile_loadd(4, probs + k, Tile * 2);
+      _tile_loadd(6, vk, D * 4);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_loadd(7, vk + 32, D * 4);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_loadd(6, vk + 64, D * 4);
+      _tile_dpbf16ps(2, 4, 6);
+      _tile_loadd(7, vk + 96, D * 4);
+      _tile_dpbf16ps(3, 4, 7);
+    }
+    _tile_stored(0, acc + d0, D * 4);
+    _tile_stored(1, acc + d0 + 16, D * 4);
+    _tile_stored(2, acc + d0 + 32, D * 4);
+    _tile_stored(3, acc + d0 + 48, D * 4);
+  }
+}
+
+}  // namespace
+}  // namespace folovllm::cpu
