@@ -152,8 +152,10 @@ def vs_vllm_table(path: Path) -> str:
 def sweeps_table(paths: list[Path]) -> str:
     """Sweeps side by side (tiers of a host, runs of a tier), formatted by the comparison's own report module."""
     vs_vllm = _load("vs_vllm_report", Path("benchmarks/vs_vllm/report.py"))
-    results = [json.loads(p.read_text())[0] for p in paths]
-    return vs_vllm.format_sweep_runs(results, [p.as_posix() for p in paths])
+    results = [json.loads(p.read_text()) for p in paths]
+    runs = [summary.run_line(i + 1, path, result) for i, (path, result) in enumerate(zip(paths, results))]
+    table = vs_vllm.format_sweep_runs([r[0] for r in results], [str(i + 1) for i in range(len(paths))])
+    return "\n".join([table, "Runs:", "", *runs]) + "\n"
 
 
 def pd_burst_table(path: Path) -> str:

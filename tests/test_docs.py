@@ -42,7 +42,7 @@ def test_benchmarks_page_is_short() -> None:
 
 def results_read_by_the_template() -> set[str]:
     text = TEMPLATE.read_text()
-    names = {n for m in re.finditer(r"^<!-- (?:tables|platform): (.+?) -->$", text, re.M) for n in m.group(1).split()}
+    names = {n for m in re.finditer(r"^<!-- (?:tables|platform|sweeps): (.+?) -->$", text, re.M) for n in m.group(1).split()}
     return names | set(re.findall(r"J\('([^']+)'\)", text))
 
 

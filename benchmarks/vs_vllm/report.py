@@ -281,7 +281,7 @@ def format_sweep(rows: Sequence[dict[str, Any]], summary: dict[str, dict[str, An
 
 def format_sweep_runs(results: Sequence[dict[str, Any]], names: Sequence[str]) -> str:
     """Several sweeps side by side, one line per run (each kind's median, its lowest point in brackets), for
-    the tiers of one host or the runs of one tier; ``names`` are the runs' result files."""
+    the tiers of one host or the runs of one tier; ``names`` label the runs (their files, or numbers)."""
     kinds = [k for k in SWEEP_KINDS if any(k in r["sweep"]["summary"] for r in results)]
     lines = ["| run | tiers: ours / vLLM | vLLM's variants | " + " | ".join(SWEEP_KINDS[k] for k in kinds)
              + " | every bar met |", "|---|---|---|" + "---|" * len(kinds) + "---|"]
@@ -290,6 +290,6 @@ def format_sweep_runs(results: Sequence[dict[str, Any]], names: Sequence[str]) -
         vllm = ", ".join(e for e in r["sweep"]["rows"][0]["by_engine"] if is_vllm(e))
         cells = [f"{summary[k]['median']:.2f}× ({summary[k]['lowest']:.2f}×)" if k in summary else "–" for k in kinds]
         met = "yes" if all(s["met"] for s in summary.values()) else "no"
-        lines.append(f"| `{name}` | {tier['folovllm']} / {tier['vllm'].split(' ')[0]} | {vllm} | "
+        lines.append(f"| {name} | {tier['folovllm']} / {tier['vllm'].split(' ')[0]} | {vllm} | "
                      + " | ".join(cells) + f" | {met} |")
     return "\n".join(lines) + "\n"
