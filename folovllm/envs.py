@@ -68,6 +68,10 @@ VARIABLES: dict[str, EnvVar] = {v.name: v for v in (
     EnvVar("FOLOVLLM_CPU_ATTENTION_CHUNKED_CLAIMS", "on",
            "the CPU attention kernel's threads claim runs of work items rather than one at a time (the same bits "
            "either way)", ON_OFF),
+    EnvVar("FOLOVLLM_CPU_LINEAR_CLAIMS", "on",
+           "the linear kernels' threads (and the greedy head's) claim runs of work items as they go, so one that "
+           "started late or lost its core a while takes fewer (off: a fixed share each, as torch's parallel_for "
+           "splits; the same bits either way)", ON_OFF),
     EnvVar("FOLOVLLM_CPU_TOP_K_KERNEL", "on",
            "rows sampled among their top k logits find them with our kernel: one pass per row, the lower token id "
            "first among equal logits (off: torch.topk, whose order among equal logits is its own)", ON_OFF),

@@ -16,7 +16,7 @@
 // head_dim a multiple of 8) below it or for other head_dims (the fast_decode switch off forces the portable path); with bf16
 // caches at the AVX-512 BF16 tier they score keys with bf16 dot products (bf16_dot off widens to fp32
 // instead), and prefetch the next tile's K/V rows while a tile computes (prefetch off: only the current
-// tile's). These switches (AttentionSwitches) are set once for the process, not passed per call.
+// tile's). These switches (KernelSwitches, isa.h) are set once for the process, not passed per call.
 
 #include "attention.h"
 #include "attention_decode.h"
@@ -170,37 +170,21 @@ FOLO_INLINE void attend_item(const Item& item, const Problem<scalar_t>& p, Works
   }
 }
 
-// The next run of items a thread takes, [*begin, *end): with ``chunked``, a share of those left that
-// shrinks as they run out (a sixth of them each at 2 threads, down to one), else one item. Items of a
-// decode step take a microsecond or less, and each claim moves the shared counter's cache line from
-// the other core: claimed one at a time, two threads spent longer claiming than computing at short contexts.
-FOLO_INLINE void claim_items(int64_t* next, int64_t n, int num_threads, bool chunked, int64_t* begin, int64_t* end) {
-  int64_t first = __atomic_load_n(next, __ATOMIC_RELAXED);
-  for (;;) {
-    if (first >= n) {
-      *begin = *end = n;
-      return;
-    }
-    const int64_t count = chunked ? std::max<int64_t>(1, (n - first) / (3 * num_threads)) : 1;
-    if (__atomic_compare_exchange_n(next, &first, first + count, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
-      *begin = first;
-      *end = first + count;
-      return;
-    }
-  }
-}
-
 // A thread's items: it claims its next run before the last item of this one, so the decode fast path
 // can prefetch the next item's first keys (prefetch_next) while it computes the current one.
 template <typename scalar_t>
 FOLO_INLINE void attend_claimed_items(const Item* items, int64_t n, const Problem<scalar_t>& p, Workspace& ws,
                                       int64_t* next, int num_threads) {
+  // Items of a decode step take a microsecond or less, and each claim moves the shared counter's cache line
+  // from the other core: claimed one at a time, two threads spent longer claiming than computing at short
+  // contexts, hence runs of them (chunked_claims).
+  ItemClaims claims{.next = next, .n = n, .threads = num_threads, .chunked = p.chunked_claims};
   int64_t begin, end;
-  claim_items(next, n, num_threads, p.chunked_claims, &begin, &end);
+  claims.claim(&begin, &end);
   while (begin < end) {
     int64_t next_begin = end, next_end = end;
     for (int64_t i = begin; i < end; ++i) {
-      if (i + 1 == end) claim_items(next, n, num_threads, p.chunked_claims, &next_begin, &next_end);
+      if (i + 1 == end) claims.claim(&next_begin, &next_end);
       const Item* following = i + 1 < end ? &items[i + 1] : next_begin < next_end ? &items[next_begin] : nullptr;
       attend_item(items[i], p, ws, following);
     }
@@ -290,29 +274,13 @@ void check_int64(const at::Tensor& t, const char* name) {
 
 }  // namespace
 
-namespace {
-// AttentionSwitches as bits, so that a call reads all four at once while a test may set them.
-constexpr unsigned kFastDecode = 1, kBf16Dot = 2, kPrefetch = 4, kChunkedClaims = 8;
-std::atomic<unsigned> g_attention_switches{kFastDecode | kBf16Dot | kPrefetch | kChunkedClaims};
-}  // namespace
-
-void set_attention_switches(const AttentionSwitches& s) {
-  g_attention_switches = (s.fast_decode ? kFastDecode : 0) | (s.bf16_dot ? kBf16Dot : 0) |
-                         (s.prefetch ? kPrefetch : 0) | (s.chunked_claims ? kChunkedClaims : 0);
-}
-
-AttentionSwitches attention_switches() {
-  const unsigned bits = g_attention_switches;
-  return {(bits & kFastDecode) != 0, (bits & kBf16Dot) != 0, (bits & kPrefetch) != 0, (bits & kChunkedClaims) != 0};
-}
-
 void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& k_cache,
                      const at::Tensor& v_cache, const at::Tensor& block_tables, const at::Tensor& seq_lens,
                      const at::Tensor& query_start_loc, const AttentionCall& call) {
   if (kv_format_of(k_cache.scalar_type()) != 0)
     return paged_attention_quantized(out, query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, call);
   const int64_t sliding_window = call.sliding_window, skip_prefills_from = call.skip_prefills_from;
-  const AttentionSwitches switches = attention_switches();
+  const KernelSwitches switches = kernel_switches();
   TORCH_CHECK(sliding_window >= 0, "sliding_window must be >= 0 (0: no window)");
   TORCH_CHECK(skip_prefills_from >= 0, "skip_prefills_from must be >= 0 (0: compute every chunk over context)");
   TORCH_CHECK(query.dim() == 3 && k_cache.dim() == 4, "query must be [T, Hq, D] and the caches "

@@ -44,7 +44,7 @@ struct Problem {
   bool decode_fast_path;  // single-row items take attend_decode_item (AVX-512, avx512_decode_fits)
   bool bf16_dot;  // the decode fast path scores bf16 keys with vdpbf16ps (AVX-512 BF16)
   bool prefetch_next;  // the decode fast path prefetches the next tile's K/V rows while a tile computes
-  bool chunked_claims;  // threads claim runs of items (claim_items), not one at a time
+  bool chunked_claims;  // threads claim runs of items (ItemClaims), not one at a time
   bool tiered_decode;  // single-row items take the per-tier decode form (tiered/attention_decode.cpp)
 };
 

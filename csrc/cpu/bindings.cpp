@@ -47,18 +47,19 @@ void paged_attention_op(at::Tensor& out, const at::Tensor& query, const at::Tens
                    .skip_fresh_prefills = skip_fresh_prefills});
 }
 
-void set_attention_switches_op(bool fast_decode, bool bf16_dot, bool prefetch, bool chunked_claims) {
-  set_attention_switches({.fast_decode = fast_decode, .bf16_dot = bf16_dot, .prefetch = prefetch,
-                          .chunked_claims = chunked_claims});
+void set_kernel_switches_op(bool fast_decode, bool bf16_dot, bool prefetch, bool chunked_claims, bool linear_claims) {
+  set_kernel_switches({.fast_decode = fast_decode, .bf16_dot = bf16_dot, .prefetch = prefetch,
+                       .chunked_claims = chunked_claims, .linear_claims = linear_claims});
 }
 
-c10::Dict<std::string, bool> attention_switches_op() {
-  const AttentionSwitches s = attention_switches();
+c10::Dict<std::string, bool> kernel_switches_op() {
+  const KernelSwitches s = kernel_switches();
   c10::Dict<std::string, bool> named;
   named.insert("fast_decode", s.fast_decode);
   named.insert("bf16_dot", s.bf16_dot);
   named.insert("prefetch", s.prefetch);
   named.insert("chunked_claims", s.chunked_claims);
+  named.insert("linear_claims", s.linear_claims);
   return named;
 }
 
@@ -75,9 +76,9 @@ TORCH_LIBRARY(folovllm, m) {
   m.def("paged_attention(Tensor(a!) out, Tensor query, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
         "Tensor seq_lens, Tensor query_start_loc, *, float scale, int sliding_window=0, int skip_prefills_from=0, "
         "bool skip_fresh_prefills=True) -> ()");
-  m.def("set_attention_switches(*, bool fast_decode, bool bf16_dot, bool prefetch, bool chunked_claims) -> ()",
-        &set_attention_switches_op);
-  m.def("attention_switches() -> Dict(str, bool)", &attention_switches_op);
+  m.def("set_kernel_switches(*, bool fast_decode, bool bf16_dot, bool prefetch, bool chunked_claims, "
+        "bool linear_claims) -> ()", &set_kernel_switches_op);
+  m.def("kernel_switches() -> Dict(str, bool)", &kernel_switches_op);
   m.def("prefill_attention(Tensor(a!) out, Tensor q, Tensor k, Tensor v, int[] starts, int[] lens, float scale) -> ()");
   m.def("prefill_attention_takes(bool bf16, int head_dim) -> bool", &prefill_attention_takes);
 

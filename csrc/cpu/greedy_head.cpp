@@ -21,6 +21,7 @@
 #include "linear_bf16.h"
 #include "linear_amx.h"
 #include "ops.h"
+#include "parallel_items.h"
 #include "tiered.h"
 
 #include <ATen/Parallel.h>
@@ -130,7 +131,7 @@ at::Tensor linear_argmax(const at::Tensor& x, const at::Tensor& packed) {
   if (x.scalar_type() == at::kBFloat16 && tier_at_least(Tier::kAvx512Bf16)) {
     const uint32_t* xp = reinterpret_cast<const uint32_t*>(xc.data_ptr<c10::BFloat16>());
     const __m512bh* wp = reinterpret_cast<const __m512bh*>(packed.data_ptr<c10::BFloat16>());
-    at::parallel_for(0, parts, 1, [&](int64_t p0, int64_t p1) {
+    parallel_runs(parts, [&](int64_t p0, int64_t p1) {
       for (int64_t p = p0; p < p1; ++p) part_argmax(xp, M, pairs, wp, blocks, p, &best[p * M], &best_id[p * M]);
     });
   } else {
@@ -141,7 +142,7 @@ at::Tensor linear_argmax(const at::Tensor& x, const at::Tensor& packed) {
     (wide ? &avx512::linear_group_rows : &avx2::linear_group_rows)(rows, K, 0, M, laid.data_ptr<float>());
     const float* xp = laid.const_data_ptr<float>();
     const uint32_t* wp = reinterpret_cast<const uint32_t*>(packed.const_data_ptr());
-    at::parallel_for(0, parts, 1, [&](int64_t p0, int64_t p1) {
+    parallel_runs(parts, [&](int64_t p0, int64_t p1) {
       for (int64_t p = p0; p < p1; ++p) {
         const int64_t b0 = p * kPartBlocks, b1 = std::min(blocks, b0 + kPartBlocks);
         if (wide) {

@@ -1,4 +1,5 @@
-// The current tier of the kernel library (isa.h): the CPU's own, capped by folovllm/platforms/isa.py.
+// The current tier of the kernel library (isa.h): the CPU's own, capped by folovllm/platforms/isa.py; and the
+// kernels' switches.
 #include "isa.h"
 
 #include <c10/util/Exception.h>
@@ -18,6 +19,10 @@ Tier detect() {
 }
 
 std::atomic<int> current{static_cast<int>(host_tier())};
+
+// KernelSwitches as bits, so that a call reads them all at once while a test may set them.
+constexpr unsigned kFastDecode = 1, kBf16Dot = 2, kPrefetch = 4, kChunkedClaims = 8, kLinearClaims = 16;
+std::atomic<unsigned> switch_bits{kFastDecode | kBf16Dot | kPrefetch | kChunkedClaims | kLinearClaims};
 
 }  // namespace
 
@@ -57,6 +62,18 @@ Tier tier_from_name(const std::string& name) {
   for (Tier t : {Tier::kNone, Tier::kAvx2, Tier::kAvx512, Tier::kAvx512Bf16, Tier::kAmx})
     if (tier_name(t) == name) return t;
   TORCH_CHECK(false, "unknown CPU tier '", name, "': use none, avx2, avx512, avx512_bf16 or amx");
+}
+
+void set_kernel_switches(const KernelSwitches& s) {
+  switch_bits = (s.fast_decode ? kFastDecode : 0) | (s.bf16_dot ? kBf16Dot : 0) | (s.prefetch ? kPrefetch : 0) |
+                (s.chunked_claims ? kChunkedClaims : 0) | (s.linear_claims ? kLinearClaims : 0);
+}
+
+KernelSwitches kernel_switches() {
+  const unsigned bits = switch_bits;
+  return {.fast_decode = (bits & kFastDecode) != 0, .bf16_dot = (bits & kBf16Dot) != 0,
+          .prefetch = (bits & kPrefetch) != 0, .chunked_claims = (bits & kChunkedClaims) != 0,
+          .linear_claims = (bits & kLinearClaims) != 0};
 }
 
 }  // namespace folovllm::cpu

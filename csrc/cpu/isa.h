@@ -1,4 +1,5 @@
-// The instruction-set tiers of the CPU kernel library, and the one place that says which tier runs.
+// The instruction-set tiers of the CPU kernel library, and the one place that says which tier runs and which
+// of the kernels' switchable optimizations are on.
 //
 // The library is built once for every x86-64 CPU: each kernel that needs more than the baseline is
 // compiled for its tier with a target attribute (the macros below, defined nowhere else) and called only
@@ -57,5 +58,18 @@ FOLO_INLINE bool tier_at_least(Tier floor) { return static_cast<int>(tier()) >= 
 
 std::string tier_name(Tier t);
 Tier tier_from_name(const std::string& name);
+
+// The kernels' optimizations that have an off-path to compare against: process-wide like the tier, set once
+// from the environment (folovllm/platforms/kernel_library.py), never a per-call argument.
+struct KernelSwitches {
+  bool fast_decode = true;  // attention's decode rows take the AVX-512 / per-tier forms (off: the portable path)
+  bool bf16_dot = true;  // attention scores bf16 keys with bf16 dot products at avx512_bf16 (off: widened to fp32)
+  bool prefetch = true;  // attention prefetches the next tile's K/V rows while a tile computes (the same bits)
+  bool chunked_claims = true;  // attention's threads claim runs of work items, not one at a time (the same bits)
+  bool linear_claims = true;  // the linears' threads claim runs of work items as they go, not a fixed share each
+                              // (the same bits)
+};
+void set_kernel_switches(const KernelSwitches& switches);
+KernelSwitches kernel_switches();
 
 }  // namespace folovllm::cpu

@@ -17,8 +17,8 @@
 // ~5 % faster than groups of 4 at prefill: fewer loads per dot product; each row's sum runs along K in
 // the same order either way). Work items (a weight block x a chunk of input rows, or up to 128 rows a
 // block x a group of 6, so a weight of few blocks still splits evenly; in the fp32 form a block's panel
-// where the rows are many) run on torch's intra-op threads, each pulling the block it multiplies next into
-// L2 while it multiplies this one. fp32 accumulation along K, as
+// where the rows are many) are claimed in runs by torch's intra-op threads as they go (parallel_items.h),
+// each pulling the block it multiplies next into L2 while it multiplies this one. fp32 accumulation along K, as
 // oneDNN's bf16 kernels: results agree with F.linear before the final bf16 rounding up to fp32 summation
 // order.
 
@@ -36,6 +36,7 @@
 
 #include "linear_bf16.h"
 #include "linear_amx.h"
+#include "parallel_items.h"
 #include "tiered.h"
 
 namespace folovllm::cpu {
@@ -93,17 +94,17 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const c10::opti
       const uint16_t* xa = reinterpret_cast<const uint16_t*>(xp);
       const uint16_t* ta = tail.defined() ? reinterpret_cast<const uint16_t*>(tail.const_data_ptr()) : nullptr;
       const char* wa = reinterpret_cast<const char*>(wp);
-      at::parallel_for(0, amx_item_count(M, N), 1,
-                       [&](int64_t i0, int64_t i1) { amx_linear_items(xa, ta, M, K, wa, bp, yp, N, i0, i1); });
+      parallel_runs(amx_item_count(M, N),
+                    [&](int64_t i0, int64_t i1) { amx_linear_items(xa, ta, M, K, wa, bp, yp, N, i0, i1); });
       return y;
     }
     // grain 1: even a 576-row weight (9 blocks) is worth splitting over two threads at M = 1
     if (M <= kChunkRows) {
-      at::parallel_for(0, packed.size(0) * group_count(M), 1,
-                       [&](int64_t i0, int64_t i1) { linear_group_items(xp, M, pairs, wp, bp, yp, N, i0, i1); });
+      parallel_runs(packed.size(0) * group_count(M),
+                    [&](int64_t i0, int64_t i1) { linear_group_items(xp, M, pairs, wp, bp, yp, N, i0, i1); });
     } else {
       const int64_t items = packed.size(0) * ((M + kChunkRows - 1) / kChunkRows);  // blocks x chunks
-      at::parallel_for(0, items, 1, [&](int64_t i0, int64_t i1) { linear_items(xp, M, pairs, wp, bp, yp, N, i0, i1); });
+      parallel_runs(items, [&](int64_t i0, int64_t i1) { linear_items(xp, M, pairs, wp, bp, yp, N, i0, i1); });
     }
     return y;
   }
@@ -115,11 +116,11 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const c10::opti
   const uint32_t* wp = reinterpret_cast<const uint32_t*>(packed.const_data_ptr());
   const bool wide = tier_at_least(Tier::kAvx512);
   const int64_t fp32_items = wide ? avx512::linear_item_count(M, N) : avx2::linear_item_count(M, N);
-  at::parallel_for(0, fp32_items, 1, [&](int64_t i0, int64_t i1) {
+  parallel_items(fp32_items, [&](ItemClaims& claims) {
     if (wide) {
-      avx512::linear_items(xp, M, K, wp, bp, out, i0, i1);
+      avx512::linear_items(xp, M, K, wp, bp, out, claims);
     } else {
-      avx2::linear_items(xp, M, K, wp, bp, out, i0, i1);
+      avx2::linear_items(xp, M, K, wp, bp, out, claims);
     }
   });
   return y;

@@ -21,16 +21,6 @@ struct AttentionCall {
 void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v_cache,
                      const at::Tensor& block_tables, const at::Tensor& seq_lens, const at::Tensor& query_start_loc,
                      const AttentionCall& call);
-// The decode path's optimizations, each with an off-path for comparison: process-wide, set once from the
-// environment (folovllm/platforms/kernel_library.py), never a per-call argument.
-struct AttentionSwitches {
-  bool fast_decode = true;  // decode rows take the AVX-512 / per-tier decode forms (off: the portable path)
-  bool bf16_dot = true;  // bf16 keys scored with bf16 dot products at avx512_bf16 (off: widened to fp32)
-  bool prefetch = true;  // the next tile's K/V rows are prefetched while a tile computes (the same bits)
-  bool chunked_claims = true;  // threads claim runs of work items, not one at a time (the same bits)
-};
-void set_attention_switches(const AttentionSwitches& switches);
-AttentionSwitches attention_switches();
 void prefill_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                        at::IntArrayRef starts, at::IntArrayRef lens, double scale);
 // Whether prefill_attention takes q/k/v of this dtype (bf16, else fp32) and head_dim at the current tier.

@@ -22,6 +22,39 @@ struct NextWeights {
   }
 };
 
+// Work items [0, n) that a parallel region's threads share. Shared (`next` set), each thread claims its next run
+// when it needs one: with `chunked` a share of those left that shrinks as they run out (a sixth of them at 2
+// threads, down to one item), else one item. A thread that started late or lost its core a while takes fewer,
+// and none idles at the end waiting on another's fixed half. Fixed (`next` null): the one range [begin, end),
+// handed out once, as at::parallel_for splits. Which thread runs an item never changes what the item computes.
+struct ItemClaims {
+  int64_t* next = nullptr;
+  int64_t n = 0;
+  int threads = 1;
+  bool chunked = true;
+  int64_t begin = 0, end = 0;
+
+  // The next run [*b, *e); false (and both at the end) when none is left.
+  inline bool claim(int64_t* b, int64_t* e) {
+    if (next == nullptr) {
+      *b = begin, *e = end, begin = end;
+      return *b < *e;
+    }
+    int64_t first = __atomic_load_n(next, __ATOMIC_RELAXED);
+    for (;;) {
+      if (first >= n) {
+        *b = *e = n;
+        return false;
+      }
+      const int64_t share = chunked ? (n - first) / (3 * threads) : 1, count = share > 1 ? share : 1;
+      if (__atomic_compare_exchange_n(next, &first, first + count, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+        *b = first, *e = first + count;
+        return true;
+      }
+    }
+  }
+};
+
 // What a linear kernel reads as x [M, K]: fp32, or bf16 that each thread widens chunk by chunk as it goes
 // (one of the two is null).
 struct LinearIn {
@@ -67,12 +100,12 @@ struct LoraTables {
 };
 
 #define FOLO_TIERED_KERNELS                                                                                   \
-  /* Work items [i0, i1) of y = x W^T (x fp32 or bf16 [M, K]; W bf16 packed [N/64][K/2][64][2]; bias fp32 */  \
+  /* The work items it claims of y = x W^T (x fp32 or bf16 [M, K]; W bf16 packed [N/64][K/2][64][2]; bias fp32 */  \
   /* [N] or null), linear_item_count(M, N) in all: an item is one weight block, or one panel of it where M  */  \
   /* is large enough, times input rows [128 c, 128 c + 128), c counting chunks after all blocks of one chunk. */ \
   int64_t linear_item_count(int64_t M, int64_t N);                                                             \
   void linear_items(const LinearIn& x, int64_t M, int64_t K, const uint32_t* w, const float* bias,              \
-                    const LinearOut& out, int64_t i0, int64_t i1);                                              \
+                    const LinearOut& out, ItemClaims& claims);                                                  \
   /* x's rows [first, last) as fp32 into out ((last - first) K floats), laid out as the tiles read them     */ \
   /* (AVX2: groups of up to 6 rows, [K pair][row][2]; else row after row): linear_argmax_part's input.       */ \
   void linear_group_rows(const LinearIn& x, int64_t K, int64_t first, int64_t last, float* out);               \

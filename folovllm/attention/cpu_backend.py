@@ -21,7 +21,7 @@ threads take their work items in runs that shrink as items run out, not one at a
 claiming each sub-microsecond item moved the shared counter between the two cores about as often as it
 computed). Both change only when loads and claims happen: the outputs are the same bits either way. They
 and the decode forms are the kernel's switches, set for the process from ``FOLOVLLM_CPU_ATTENTION_*``
-(``kernel_library.attention_switches`` in tests), not arguments of a call.
+(``kernel_library.kernel_switches`` in tests), not arguments of a call.
 
 Batch-invariant mode (``batch_invariant=True``): every query row goes through the kernel as a decode row
 (its own sequence of one new token at its position), so a row's keys are reduced by one form, in tiles set

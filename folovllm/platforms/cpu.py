@@ -50,7 +50,7 @@ class CpuPlatform(Platform):
         super().__init__(device, batch_invariant)
         self.tier = isa.cpu_tier()
         self.kernels_unavailable = kernel_library.set_tier(self.tier)  # why none of ours runs, or None
-        kernel_library.set_attention_switches()
+        kernel_library.set_kernel_switches()
         if self.kernels_unavailable is not None:
             _log_once(f"CPU kernels: plain torch, since {self.kernels_unavailable}")
         self.allocator = loaded_allocator()

@@ -31,7 +31,7 @@ def load(path: Path = LIBRARY) -> str | None:
         torch.ops.load_library(str(path))
     except (OSError, RuntimeError) as exc:
         return f"the CPU kernel library {path} does not load ({exc}): rebuild it with `make kernels`"
-    if not hasattr(torch.ops.folovllm, "has_kernel") or not hasattr(torch.ops.folovllm, "attention_switches"):
+    if not hasattr(torch.ops.folovllm, "has_kernel") or not hasattr(torch.ops.folovllm, "kernel_switches"):
         return f"the CPU kernel library {path} is older than this package: rebuild it with `make kernels`"
     tier = isa.cpu_tier()  # from the start at the engine's tier, before any platform sets it
     library_host = torch.ops.folovllm.host_tier()
@@ -79,31 +79,32 @@ def running_at(tier_name: str) -> Iterator[None]:
         torch.ops.folovllm.set_tier(previous)
 
 
-# The attention kernel's decode switches (csrc/cpu/ops.h AttentionSwitches) and the variables that set them.
-ATTENTION_SWITCHES = {"fast_decode": "FOLOVLLM_CPU_ATTENTION_FAST_DECODE",
-                      "bf16_dot": "FOLOVLLM_CPU_ATTENTION_BF16_DOT",
-                      "prefetch": "FOLOVLLM_CPU_ATTENTION_PREFETCH",
-                      "chunked_claims": "FOLOVLLM_CPU_ATTENTION_CHUNKED_CLAIMS"}
+# The kernels' switches (csrc/cpu/isa.h KernelSwitches) and the variables that set them.
+KERNEL_SWITCHES = {"fast_decode": "FOLOVLLM_CPU_ATTENTION_FAST_DECODE",
+                   "bf16_dot": "FOLOVLLM_CPU_ATTENTION_BF16_DOT",
+                   "prefetch": "FOLOVLLM_CPU_ATTENTION_PREFETCH",
+                   "chunked_claims": "FOLOVLLM_CPU_ATTENTION_CHUNKED_CLAIMS",
+                   "linear_claims": "FOLOVLLM_CPU_LINEAR_CLAIMS"}
 
 
-def set_attention_switches() -> None:
-    """Sets the attention kernel's switches from their environment variables (for the whole process, like
-    the tier); the CPU platform does it as it is built."""
+def set_kernel_switches() -> None:
+    """Sets the kernels' switches from their environment variables (for the whole process, like the tier);
+    the CPU platform does it as it is built."""
     if load() is None:
-        torch.ops.folovllm.set_attention_switches(
-            **{name: envs.switch(variable) for name, variable in ATTENTION_SWITCHES.items()})
+        torch.ops.folovllm.set_kernel_switches(
+            **{name: envs.switch(variable) for name, variable in KERNEL_SWITCHES.items()})
 
 
 @contextlib.contextmanager
-def attention_switches(**switches: bool) -> Iterator[None]:
-    """The attention kernel with the given switches (``ATTENTION_SWITCHES``' names) inside the block, the
-    others as they are (a test of an optimization's off-path against its on-path in one process)."""
-    unknown = set(switches) - set(ATTENTION_SWITCHES)
+def kernel_switches(**switches: bool) -> Iterator[None]:
+    """The kernels with the given switches (``KERNEL_SWITCHES``' names) inside the block, the others as they
+    are (a test of an optimization's off-path against its on-path in one process)."""
+    unknown = set(switches) - set(KERNEL_SWITCHES)
     if unknown:
-        raise ValueError(f"unknown attention switches {sorted(unknown)}; choose among {sorted(ATTENTION_SWITCHES)}")
-    previous = dict(torch.ops.folovllm.attention_switches())
-    torch.ops.folovllm.set_attention_switches(**{**previous, **switches})
+        raise ValueError(f"unknown kernel switches {sorted(unknown)}; choose among {sorted(KERNEL_SWITCHES)}")
+    previous = dict(torch.ops.folovllm.kernel_switches())
+    torch.ops.folovllm.set_kernel_switches(**{**previous, **switches})
     try:
         yield
     finally:
-        torch.ops.folovllm.set_attention_switches(**previous)
+        torch.ops.folovllm.set_kernel_switches(**previous)

@@ -165,7 +165,7 @@ def test_kernel_options_give_the_same_output(option: str, query_lens: list[int],
                                              kernel_tier: str) -> None:
     outputs = {}
     for on in (True, False):
-        with kernel_library.attention_switches(**{option: on}):
+        with kernel_library.kernel_switches(**{option: on}):
             outputs[on], ref = run_case(query_lens, seq_lens, 9, 3, 64, 16, torch.bfloat16, backend=BACKEND)
     assert torch.equal(outputs[True], outputs[False])
     torch.testing.assert_close(outputs[True].double(), ref, atol=3e-2, rtol=3e-2)
@@ -219,14 +219,15 @@ def test_a_library_that_does_not_load_is_reported(tmp_path: Path) -> None:
 
 
 @needs_kernel
-def test_the_platform_sets_the_attention_switches_from_the_environment() -> None:
+def test_the_platform_sets_the_kernel_switches_from_the_environment() -> None:
     from folovllm.platforms.cpu import CpuPlatform
 
-    with kernel_library.attention_switches():  # as they were, after the test
+    with kernel_library.kernel_switches():  # as they were, after the test
         with switches(CPU_ATTENTION_PREFETCH="off", CPU_ATTENTION_BF16_DOT="off"):
             CpuPlatform(torch.device("cpu"))
-        assert dict(torch.ops.folovllm.attention_switches()) == {
-            "fast_decode": True, "bf16_dot": False, "prefetch": False, "chunked_claims": True}
-    with pytest.raises(ValueError, match="unknown attention switches"):
-        with kernel_library.attention_switches(decode_prefetch=False):
+        assert dict(torch.ops.folovllm.kernel_switches()) == {
+            "fast_decode": True, "bf16_dot": False, "prefetch": False, "chunked_claims": True,
+            "linear_claims": True}
+    with pytest.raises(ValueError, match="unknown kernel switches"):
+        with kernel_library.kernel_switches(decode_prefetch=False):
             pass

@@ -52,7 +52,7 @@ def run_kernel(query_lens: list[int], seq_lens: list[int], num_heads: int, num_k
     query = torch.cat(queries)
     out = torch.full_like(query, float("nan"))
     starts = torch.tensor([0, *query_lens]).cumsum(0)
-    with kernel_library.attention_switches(fast_decode=fast, bf16_dot=bf16_dot, prefetch=prefetch,
+    with kernel_library.kernel_switches(fast_decode=fast, bf16_dot=bf16_dot, prefetch=prefetch,
                                            chunked_claims=chunked):
         torch.ops.folovllm.paged_attention(out, query, k_cache, v_cache, tables, torch.tensor(seq_lens), starts,
                                            scale=scale, sliding_window=sliding_window, skip_fresh_prefills=False)

@@ -25,7 +25,7 @@ from folovllm.model.quantization.packed import (
     packed_linear,
     select_linear_methods,
 )
-from folovllm.platforms import LinearKernels, platform_for
+from folovllm.platforms import LinearKernels, kernel_library, platform_for
 from tests.engine.conftest import make_llm, random_prompts, tiny_llama_dir  # noqa: F401
 from tests.helpers import switches
 from tests.tiers import kernel_missing, skip_unless_kernel
@@ -127,6 +127,30 @@ def test_any_thread_count_gives_the_same_bits(rows: int, linear_tier: str) -> No
     # up to 128 rows split into (block, group of rows) items, so a thread's share may end inside a block
     # (9 blocks x 11 groups at 64 rows: 50 and 49 items on two threads); more rows split by (chunk, block)
     assert_matches_f_linear(*same_bits_on_any_thread_count(rows))
+
+
+@pytest.mark.parametrize("rows", [1, 20, 32, 64, 128, 300])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_claimed_items_give_the_bits_of_fixed_shares(rows: int, dtype: torch.dtype, linear_tier: str) -> None:
+    # linear_claims on: the threads claim runs of work items as they go; off: a fixed share each. Every item
+    # is computed alike on whichever thread, so every output is written once, to the same bits.
+    torch.manual_seed(rows)
+    weight = torch.randn(576, 160, dtype=torch.bfloat16)
+    bias = torch.randn(576, dtype=torch.bfloat16)
+    packed = pack_linear_weight(weight, ours=True)
+    x = torch.randn(rows, 160, dtype=dtype)
+    with kernel_library.kernel_switches(linear_claims=False):
+        fixed = packed_linear(x, packed, bias)
+    threads = torch.get_num_threads()
+    try:
+        for n in (2, 3):
+            torch.set_num_threads(n)
+            with kernel_library.kernel_switches(linear_claims=True):
+                assert torch.equal(packed_linear(x, packed, bias), fixed)
+    finally:
+        torch.set_num_threads(threads)
+    if dtype == torch.bfloat16:
+        assert_matches_f_linear(fixed, x, weight, bias)
 
 
 def test_kernel_takes_bias_strided_and_batched_inputs(linear_tier: str) -> None:

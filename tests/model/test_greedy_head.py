@@ -11,7 +11,7 @@ import torch
 from folovllm import SamplingParams
 from folovllm.model.loader import load_model
 from folovllm.model.quantization.packed import pack_linear_weight, packed_linear
-from folovllm.platforms import platform_for
+from folovllm.platforms import kernel_library, platform_for
 from tests.engine.conftest import make_llm, random_prompts, tiny_llama_dir  # noqa: F401
 from tests.helpers import switches
 from tests.tiers import kernel_missing, skip_unless_kernel
@@ -52,6 +52,19 @@ def test_ties_go_to_the_first_token_across_blocks_and_threads(argmax_tier: str) 
         expected = reference_argmax(x, packed)
         assert set(expected.tolist()) <= {0, 700}
         assert torch.equal(torch.ops.folovllm.linear_argmax(x, packed), expected)
+
+
+@pytest.mark.parametrize("rows", [1, 7, 40])
+def test_claimed_parts_give_the_tokens_of_fixed_shares(rows: int, argmax_tier: str) -> None:
+    # linear_claims on: the threads claim runs of vocabulary parts as they go; off: a fixed share each
+    torch.manual_seed(rows)
+    packed = pack_linear_weight(torch.randn(8192, 64, dtype=torch.bfloat16), ours=True)
+    x = torch.randn(rows, 64, dtype=torch.bfloat16)
+    with kernel_library.kernel_switches(linear_claims=False):
+        fixed = torch.ops.folovllm.linear_argmax(x, packed)
+    with kernel_library.kernel_switches(linear_claims=True):
+        assert torch.equal(torch.ops.folovllm.linear_argmax(x, packed), fixed)
+    assert torch.equal(fixed, reference_argmax(x, packed))
 
 
 def test_kernel_rejects_an_unpacked_weight(argmax_tier: str) -> None:

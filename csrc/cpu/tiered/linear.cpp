@@ -14,8 +14,9 @@
 // as fp32 grouped the way the tiles take them (linear_group_rows), so a tile's broadcasts are one stream.
 // Work items are a block times a chunk of up to 128 rows, or, for 12 rows or more, one panel of a block (a
 // quarter on AVX2), so a weight of few blocks still splits evenly over the threads; on AVX2 a chunk's last
-// 1-3 rows then take the whole block apart, where they have sums enough to keep the FMAs busy. The first tile
-// of an item pulls the thread's next item into L2, so that one does not start waiting on memory.
+// 1-3 rows then take the whole block apart, where they have sums enough to keep the FMAs busy. Threads claim
+// runs of items as they go (ItemClaims); the first tile of an item pulls the thread's next item into L2, so
+// that one does not start waiting on memory.
 // linear_argmax keeps each row's best output instead of writing them (a greedy LM head).
 #include "../tiered.h"
 #include "../vec.h"
@@ -279,7 +280,7 @@ int64_t linear_item_count(int64_t M, int64_t N) {
 }
 
 void linear_items(const LinearIn& x, int64_t M, int64_t K, const uint32_t* w, const float* bias,
-                  const LinearOut& out, int64_t i0, int64_t i1) {
+                  const LinearOut& out, ItemClaims& claims) {
   const int64_t pairs = K / 2, per_block = items_per_block(M), per_chunk = out.N / kBlockRows * per_block;
   const int span = per_block == 1 ? kPanels : 1;  // panels per item
   const int item_lines = span * kPanelVecs * kLanes * 4 / 64;  // cache lines of an item's K pair
@@ -289,28 +290,35 @@ void linear_items(const LinearIn& x, int64_t M, int64_t K, const uint32_t* w, co
     return w + (j / per_block) * pairs * kBlockRows + panel * span * kPanelVecs * kLanes;
   };
   const float* rows = nullptr;  // chunk `held`'s rows as the tiles read them
-  int64_t held = -1;
-  for (int64_t i = i0; i < i1; ++i) {
-    const int64_t chunk = i / per_chunk, j = i % per_chunk, b = j / per_block, first = chunk * kChunkRows;
-    const int64_t last = std::min(M, first + kChunkRows);
-    if (chunk != held) rows = tile_rows(x, K, first, last), held = chunk;
-    const int64_t part = j % per_block, rest = per_block > kPanels ? rest_rows(last - first) : 0;
-    int64_t lo = 0, hi = last - first;  // rows of the chunk this item takes
-    int q0 = static_cast<int>(part) * span, q1 = q0 + span;
-    if (part == kPanels) {
-      lo = hi - rest, q0 = 0, q1 = kPanels;  // the rest's item: its rows over the whole block
-    } else {
-      hi -= rest;
+  int64_t held = -1, begin, end;
+  claims.claim(&begin, &end);
+  while (begin < end) {
+    int64_t next_begin = end, next_end = end;  // the run after this one, claimed before its last item
+    for (int64_t i = begin; i < end; ++i) {
+      if (i + 1 == end) claims.claim(&next_begin, &next_end);
+      const int64_t following = i + 1 < end ? i + 1 : next_begin < next_end ? next_begin : -1;
+      const int64_t chunk = i / per_chunk, j = i % per_chunk, b = j / per_block, first = chunk * kChunkRows;
+      const int64_t last = std::min(M, first + kChunkRows);
+      if (chunk != held) rows = tile_rows(x, K, first, last), held = chunk;
+      const int64_t part = j % per_block, rest = per_block > kPanels ? rest_rows(last - first) : 0;
+      int64_t lo = 0, hi = last - first;  // rows of the chunk this item takes
+      int q0 = static_cast<int>(part) * span, q1 = q0 + span;
+      if (part == kPanels) {
+        lo = hi - rest, q0 = 0, q1 = kPanels;  // the rest's item: its rows over the whole block
+      } else {
+        hi -= rest;
+      }
+      if (lo == hi) continue;
+      NextWeights next;  // the next item's lines of each K pair's 256-byte run of its block
+      if (following >= 0) {
+        next = {reinterpret_cast<const char*>(weights_of(following % per_chunk)), kBlockRows * 4, item_lines};
+      }
+      block_tiles(rows + lo * K, K, pairs, w + b * pairs * kBlockRows, lo, hi, q0, q1, next,
+                  [&](const auto& acc, int64_t m, int v0) {
+                    store_tile(acc, bias, out, first + m, b * kBlockRows + v0 * kLanes);
+                  });
     }
-    if (lo == hi) continue;
-    NextWeights next;  // the next item's lines of each K pair's 256-byte run of its block
-    if (i + 1 < i1) {
-      next = {reinterpret_cast<const char*>(weights_of((i + 1) % per_chunk)), kBlockRows * 4, item_lines};
-    }
-    block_tiles(rows + lo * K, K, pairs, w + b * pairs * kBlockRows, lo, hi, q0, q1, next,
-                [&](const auto& acc, int64_t m, int v0) {
-                  store_tile(acc, bias, out, first + m, b * kBlockRows + v0 * kLanes);
-                });
+    begin = next_begin, end = next_end;
   }
 }
 
