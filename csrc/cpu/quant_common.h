@@ -3,6 +3,7 @@
 #pragma once
 
 #include "isa.h"
+#include "parallel_items.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -124,9 +125,11 @@ at::Tensor bf16_rows_gemm(const at::Tensor& x, int64_t N, Run run) {
   return y.view(shape);
 }
 
-// Splits [0, tasks) over torch's intra-op threads; few rows split finer so both threads always have work.
+// Splits [0, tasks) over torch's intra-op threads: claimed in runs as they go (parallel_items.h), or with the
+// linear_claims switch off, a fixed share each, few rows split finer so both threads always have work.
 template <typename Fn>
 void parallel_tasks(int64_t tasks, int64_t rows, Fn fn) {
+  if (kernel_switches().linear_claims) return parallel_runs(tasks, fn);
   const int64_t grain = std::max<int64_t>(1, std::min<int64_t>(8, 256 / std::max<int64_t>(rows, 1)));
   at::parallel_for(0, tasks, grain, fn);
 }

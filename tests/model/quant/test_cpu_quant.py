@@ -15,6 +15,7 @@ from folovllm.model.quantization.cpu_int4 import (
     packed_int8_rows,
 )
 from folovllm.model.quantization.kernels import Int8ChannelKernel
+from folovllm.platforms import kernel_library
 from tests.tiers import kernel_missing
 
 NOT_BUILT = kernel_missing("int4")
@@ -115,6 +116,24 @@ def test_int8_matches_reference(n: int, k: int, m: int, dtype: torch.dtype) -> N
     expected = (x.double() @ codes.double().t()) * scales.double()
     rel = 1e-5 if dtype == torch.float32 else 8e-3
     assert (got.double() - expected).abs().max().item() <= rel * expected.abs().max().item()
+
+
+@pytest.mark.parametrize("m", [1, 17, 130])
+def test_claimed_tasks_give_the_bits_of_fixed_shares(m: int) -> None:
+    # linear_claims on: the threads claim runs of column tasks as they go; off: a fixed share each
+    codes, scales, zeros = _weights(1024, 256, 64, seed=m)
+    int4 = CpuInt4Kernel([codes], [scales], [zeros], 64, torch.bfloat16, None)
+    int8 = pack_int8(torch.randint(-127, 128, (1024, 256), dtype=torch.int8))
+    int8_scales = torch.rand(1024).bfloat16() * 0.01 + 1e-3
+    x = torch.randn(m, 256).bfloat16()
+    outputs = {}
+    for on in (False, True):
+        with kernel_library.kernel_switches(linear_claims=on):
+            outputs[on] = (int4(x), torch.ops.folovllm.int8_gemm(x, int8, int8_scales),
+                           torch.ops.folovllm.int8_argmax(x, int8, int8_scales))
+    for fixed, claimed in zip(outputs[False], outputs[True]):
+        assert torch.equal(fixed, claimed)
+    _check(1024, 256, 64, m, torch.bfloat16, seed=m)
 
 
 def test_int8_packed_rows() -> None:

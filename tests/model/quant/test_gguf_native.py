@@ -108,6 +108,23 @@ def test_argmax_is_the_logits_argmax(kernel_tier: str, m: int) -> None:
     assert torch.ops.folovllm.gguf_argmax(tie, weight.weight, weight.parts).tolist() == [0, 0]
 
 
+@pytest.mark.parametrize("m", [1, 17, 130])
+def test_claimed_tasks_give_the_bits_of_fixed_shares(kernel_tier: str, m: int) -> None:
+    """linear_claims on: the threads claim runs of the layer's tasks as they go; off: a fixed share each."""
+    from folovllm.platforms import kernel_library
+
+    weight = _loaded([(Q.Q4_K, random_blocks(Q.Q4_K, 512, 256, 1)), (Q.Q6_K, random_blocks(Q.Q6_K, 256, 256, 2))],
+                     256)
+    x = torch.randn(m, 256, generator=torch.Generator().manual_seed(m))
+    outputs = {}
+    for on in (False, True):
+        with kernel_library.kernel_switches(linear_claims=on):
+            outputs[on] = [weight.matmul(x), weight.matmul(x.bfloat16()),
+                           torch.ops.folovllm.gguf_argmax(x.bfloat16(), weight.weight, weight.parts)]
+    for fixed, claimed in zip(outputs[False], outputs[True]):
+        assert torch.equal(fixed, claimed)
+
+
 def test_leading_dims_and_empty_input() -> None:
     weight = _loaded([(Q.Q8_0, random_blocks(Q.Q8_0, 32, 64))], 64)
     x = torch.randn(2, 3, 64).bfloat16()
