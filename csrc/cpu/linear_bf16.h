@@ -99,8 +99,8 @@ FOLO_TARGET_AVX512_BF16 void linear_items(const uint32_t* x, int64_t M, int64_t 
 }
 
 // A call of at most kChunkRows rows (a batched decode step) in finer items: item i is row group
-// i % groups (kMaxRows rows, the last fewer) of block i / groups. A thread's contiguous share is whole
-// blocks but at its edges, so each block is read by one thread or two, and a weight of few blocks still
+// i % groups (kMaxRows rows, the last fewer) of block i / groups. A run of items a thread claims is whole
+// blocks but at its edges, so each block is read by one thread or a few, and a weight of few blocks still
 // splits evenly: at 64 rows a 576-row weight is 99 items, 50 and 49 on two threads, where whole blocks
 // are 5 and 4 (faster per call there, timed on an AVX-512 BF16 host). Each output is the same sum as in linear_items,
 // so the bits are too.
