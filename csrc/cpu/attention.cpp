@@ -25,7 +25,6 @@
 #include "tiered.h"
 
 #include <ATen/Parallel.h>
-#include <atomic>
 #include <ATen/core/Tensor.h>
 #include <c10/util/BFloat16.h>
 #include <omp.h>

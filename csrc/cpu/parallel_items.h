@@ -13,12 +13,13 @@
 
 namespace folovllm::cpu {
 
-// fn(claims) once on each thread (at most n of them), the threads sharing items [0, n).
+// fn(claims) once on each thread (at most n of them), the threads sharing items [0, n); `grain`: the fewest
+// items of a fixed share (the switch off).
 template <typename Fn>
-void parallel_items(int64_t n, Fn&& fn) {
+void parallel_items(int64_t n, Fn&& fn, int64_t grain = 1) {
   if (n <= 0) return;
   if (!kernel_switches().linear_claims) {
-    at::parallel_for(0, n, 1, [&](int64_t b, int64_t e) {
+    at::parallel_for(0, n, grain, [&](int64_t b, int64_t e) {
       ItemClaims claims{.begin = b, .end = e};
       fn(claims);
     });
@@ -34,10 +35,12 @@ void parallel_items(int64_t n, Fn&& fn) {
 
 // fn(i0, i1) for each run of items [i0, i1) that a thread claims.
 template <typename Fn>
-void parallel_runs(int64_t n, Fn&& fn) {
-  parallel_items(n, [&](ItemClaims& claims) {
-    for (int64_t b, e; claims.claim(&b, &e);) fn(b, e);
-  });
+void parallel_runs(int64_t n, Fn&& fn, int64_t grain = 1) {
+  parallel_items(
+      n, [&](ItemClaims& claims) {
+        for (int64_t b, e; claims.claim(&b, &e);) fn(b, e);
+      },
+      grain);
 }
 
 }  // namespace folovllm::cpu

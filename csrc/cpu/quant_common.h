@@ -129,9 +129,7 @@ at::Tensor bf16_rows_gemm(const at::Tensor& x, int64_t N, Run run) {
 // linear_claims switch off, a fixed share each, few rows split finer so both threads always have work.
 template <typename Fn>
 void parallel_tasks(int64_t tasks, int64_t rows, Fn fn) {
-  if (kernel_switches().linear_claims) return parallel_runs(tasks, fn);
-  const int64_t grain = std::max<int64_t>(1, std::min<int64_t>(8, 256 / std::max<int64_t>(rows, 1)));
-  at::parallel_for(0, tasks, grain, fn);
+  parallel_runs(tasks, fn, std::max<int64_t>(1, std::min<int64_t>(8, 256 / std::max<int64_t>(rows, 1))));
 }
 
 }  // namespace
